@@ -1,0 +1,113 @@
+"""Typed run configuration and named presets.
+
+Each component owns a small pydantic model with a description on every field; the
+top-level `VivaceConfig` only composes them. Presets are named starting points
+(`--preset tiny`); an unknown name fails with the list of valid ones. Invalid values fail
+at construction with a message naming the field.
+
+Later components (model, inference, rl) add their own sections here as they land.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def default_state_dir() -> Path:
+    """Where machine-wide sandbox state lives (snapshot cache, workspaces): $VIVACE_STATE_DIR or ~/.cache."""
+    env = os.environ.get("VIVACE_STATE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vivace" / "sandbox"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SandboxConfig(_Strict):
+    """How workspaces are made and how commands inside them are confined."""
+
+    backend: Literal["auto", "isolated", "plain"] = Field(
+        "auto",
+        description="isolated: namespaces+overlayfs+cgroups (needs root and bubblewrap); "
+        "plain: directory copy + rlimits, NOT isolated; auto: isolated when available, "
+        "else plain with a loud warning.",
+    )
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="Snapshot cache and live workspaces; shared by every process on the machine.",
+    )
+    memory_mb: int = Field(2048, ge=16, description="Memory limit per workspace (cgroup), MiB.")
+    pids_max: int = Field(256, ge=8, description="Maximum processes+threads per workspace.")
+    cpus: float = Field(1.0, gt=0, description="CPU quota per workspace, in cores.")
+    disk_mb: int = Field(1024, ge=1, description="Size of a workspace's writable layer, MiB.")
+    tmp_mb: int = Field(256, ge=1, description="Size of the private /tmp inside the sandbox, MiB.")
+    timeout_s: float = Field(120.0, gt=0, description="Default wall-clock limit per command, s.")
+    output_limit_bytes: int = Field(
+        256 * 1024, ge=1024, description="Bytes kept per stream (stdout, stderr); the rest is counted and dropped."
+    )
+    toolchain: list[Path] = Field(
+        default_factory=list,
+        description="Directories mounted read-only at the same path inside the sandbox (a "
+        "virtualenv, an interpreter prefix); their bin/ goes first on PATH. Empty: the "
+        "running Python's environment.",
+    )
+    sandbox_uid: int = Field(65534, ge=1, description="Unprivileged uid commands run as (isolated backend).")
+    sandbox_gid: int = Field(65534, ge=1, description="Unprivileged gid commands run as (isolated backend).")
+    diff_ignore: list[str] = Field(
+        default_factory=lambda: [".git", "__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache", ".mypy_cache"],
+        description="Path components (fnmatch patterns) left out of workspace diffs.",
+    )
+
+
+class PoolConfig(_Strict):
+    """How many workspaces exist at once and how fast they are made."""
+
+    max_live: int = Field(64, ge=1, description="Cap on live workspaces; callers wait beyond it.")
+    create_concurrency: int = Field(8, ge=1, description="Workspaces created at the same time.")
+    warm: int = Field(0, ge=0, description="Workspaces kept ready in advance.")
+
+
+class ServerConfig(_Strict):
+    """The environment server (HTTP)."""
+
+    host: str = Field("127.0.0.1", description="Bind address; loopback by default.")
+    port: int = Field(8765, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    token: str | None = Field(
+        None, description="Bearer token clients must send; None: $VIVACE_SANDBOX_TOKEN or a random one."
+    )
+
+
+class VivaceConfig(_Strict):
+    """The whole run configuration."""
+
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+
+
+PRESETS: dict[str, dict] = {
+    "default": {},
+    # A laptop-sized run: small limits, few workspaces.
+    "tiny": {"sandbox": {"memory_mb": 1024, "cpus": 1.0}, "pool": {"max_live": 16, "create_concurrency": 4}},
+    # The smallest end-to-end check (CI): tight limits so runaway commands end fast.
+    "smoke": {
+        "sandbox": {"memory_mb": 512, "timeout_s": 30.0, "disk_mb": 256},
+        "pool": {"max_live": 8, "create_concurrency": 4},
+    },
+}
+
+
+def load_preset(name: str, **overrides: dict) -> VivaceConfig:
+    """Build a config from a named preset, with optional per-section overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+    data: dict = {k: dict(v) for k, v in PRESETS[name].items()}
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update(values)
+    return VivaceConfig.model_validate(data)

@@ -1,0 +1,235 @@
+"""The isolated backend: overlayfs workspaces, commands in bubblewrap namespaces, cgroup limits.
+
+Each workspace is a size-capped tmpfs holding an overlayfs upper layer over the cached
+snapshot, so creating one costs two mounts whatever the repository's size, and a command
+that fills the disk fills only its own quota. Each command runs as:
+
+    sh (joins the workspace's cgroups) -> bwrap (new mount, PID, network, IPC, UTS and
+    cgroup namespaces; minimal read-only root) -> setpriv (drops to an unprivileged uid,
+    no capabilities, no_new_privs) -> the command
+
+The network namespace has only loopback; the root holds read-only /usr (and the /bin,
+/lib links), a few synthetic /etc files, the configured toolchain, a private /tmp and the
+workspace at /workspace. When the command exits, its PID namespace dies with it, so no
+background process survives one `exec`. Requires root, bubblewrap, setpriv, overlayfs and
+writable cgroups; `probe()` says which is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat as stat_mod
+import subprocess
+from pathlib import Path
+
+from vivace.config import SandboxConfig
+from vivace.sandbox.base import BackendUnavailable, ExecResult
+from vivace.sandbox.diff import walk_files
+from vivace.sandbox.linux import MS_NODEV, MS_NOSUID, Cgroups, mount, mounts_under, umount
+from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, toolchain_dirs
+from vivace.sandbox.paths import WORKSPACE_MOUNT
+from vivace.sandbox.process import run_capped
+from vivace.sandbox.snapshot import Snapshot
+
+# Host files the sandbox sees under /etc (when they exist): dynamic linker, TLS roots, tz.
+_ETC_PASSTHROUGH = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "localtime")
+_CGROUP_JOIN = 'p=$$; while [ "$1" != -- ]; do echo $p > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def probe() -> str | None:
+    """None when the isolated backend can run here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "the isolated backend needs root (for overlayfs mounts and cgroups)"
+    for tool in ("bwrap", "setpriv"):
+        if shutil.which(tool) is None:
+            hint = "apt-get install bubblewrap" if tool == "bwrap" else "install util-linux"
+            return f"{tool} is not installed ({hint})"
+    with open("/proc/filesystems") as f:
+        if "overlay" not in f.read():
+            return "the kernel has no overlayfs (modprobe overlay)"
+    try:
+        Cgroups()
+    except OSError as e:
+        return f"cgroups are not usable: {e}"
+    return None
+
+
+class IsolatedBackend(LocalBackend):
+    name = "isolated"
+    isolated = True
+
+    def __init__(self, config: SandboxConfig):
+        reason = probe()
+        if reason:
+            raise BackendUnavailable(f"isolated sandbox unavailable: {reason}")
+        self.file_owner = (config.sandbox_uid, config.sandbox_gid)
+        self.cgroups = Cgroups()
+        super().__init__(config)
+        self.toolchain = toolchain_dirs(config)
+        self._bwrap_prefix = self._static_bwrap_args()
+        self._trial_run()
+
+    # -- command line ------------------------------------------------------------------------
+    def _write_etc(self) -> Path:
+        etc = self.state / "etc"
+        etc.mkdir(exist_ok=True)
+        uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
+        files = {
+            "passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n",
+            "group": f"root:x:0:\nsandbox:x:{gid}:\n",
+            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+            "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+            "hostname": "sandbox\n",
+        }
+        for name, text in files.items():
+            if not (etc / name).exists() or (etc / name).read_text() != text:
+                (etc / name).write_text(text)
+        return etc
+
+    def _static_bwrap_args(self) -> list[str]:
+        args = [
+            "bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr",
+        ]  # fmt: skip
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / name
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), f"/{name}"]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), f"/{name}"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--size", str(self.config.tmp_mb << 20), "--tmpfs", "/tmp"]
+        args += ["--perms", "0755", "--dir", "/etc"]
+        for name, src in [(n, self._write_etc() / n) for n in ("passwd", "group", "hosts", "nsswitch.conf", "hostname")]:
+            args += ["--ro-bind", str(src), f"/etc/{name}"]
+        for name in _ETC_PASSTHROUGH:
+            if os.path.lexists(f"/etc/{name}"):
+                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        made = {Path("/"), Path("/usr"), Path("/etc"), Path("/tmp")}
+        for d in self.toolchain:
+            if d == Path("/usr") or Path("/usr") in d.parents:
+                continue
+            for parent in reversed(d.parents):
+                if parent not in made:
+                    args += ["--perms", "0755", "--dir", str(parent)]
+                    made.add(parent)
+            args += ["--ro-bind", str(d), str(d)]
+            made.add(d)
+        return args
+
+    def _argv(self, ws: LocalWorkspace, argv: list[str], env: dict[str, str]) -> list[str]:
+        cg = [str(p) for p in self.cgroups.procs_files(self._cg_name(ws.id))]
+        bwrap = list(self._bwrap_prefix)
+        bwrap += ["--bind", str(ws.root), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+        for key, value in command_env(self.toolchain, "/tmp", env).items():
+            bwrap += ["--setenv", key, value]
+        uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
+        return ["/bin/sh", "-c", _CGROUP_JOIN, "sh", *cg, "--", *bwrap, "--", *drop, *argv]
+
+    def _cg_name(self, ws_id: str, owner: str | None = None) -> str:
+        return f"{owner or self.owner}.{ws_id}"
+
+    def _trial_run(self) -> None:
+        """Fail at start-up, with bwrap's own message, rather than on the first command."""
+        argv = [*self._bwrap_prefix, "--", "/bin/true"]
+        proc = subprocess.run(argv, capture_output=True, env={"PATH": "/usr/bin:/bin"}, timeout=30)
+        if proc.returncode != 0:
+            raise BackendUnavailable(f"isolated sandbox unavailable: bwrap failed: {proc.stderr.decode().strip()}")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def _create(self, ws_id: str, snapshot: Snapshot, ws_dir: Path) -> Path:
+        uid, gid = self.file_owner
+        ws_dir.mkdir()
+        try:
+            mount("tmpfs", ws_dir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={self.config.disk_mb}m,mode=0700")
+            for sub in ("upper", "work", "merged"):
+                (ws_dir / sub).mkdir()
+            os.chown(ws_dir / "upper", uid, gid)
+            opts = f"lowerdir={snapshot.root},upperdir={ws_dir / 'upper'},workdir={ws_dir / 'work'}"
+            mount("overlay", ws_dir / "merged", "overlay", MS_NOSUID | MS_NODEV, opts + ",redirect_dir=off,metacopy=off")
+            self.cgroups.create(
+                self._cg_name(ws_id), self.config.memory_mb << 20, self.config.pids_max, self.config.cpus
+            )
+        except BaseException:
+            self._destroy(ws_id, ws_dir)
+            raise
+        return ws_dir / "merged"
+
+    def _destroy(self, ws_id: str, ws_dir: Path, owner: str | None = None) -> None:
+        self.cgroups.remove(self._cg_name(ws_id, owner))
+        for point in mounts_under(ws_dir):
+            umount(point)
+        shutil.rmtree(ws_dir, ignore_errors=True)
+
+    def _sweep_owner(self, owner_dir: Path) -> None:
+        owner = owner_dir.name
+        prefix = owner + "."
+        for name in self.cgroups.names():
+            if name.startswith(prefix):
+                self.cgroups.remove(name)
+        for point in mounts_under(owner_dir):
+            umount(point)
+        shutil.rmtree(owner_dir, ignore_errors=True)
+
+    def sweep(self) -> int:
+        swept = super().sweep()
+        # Cgroups whose owner directory is already gone (crash between the two removals).
+        live_owners = {d.name for d in (self.state / "owners").iterdir()} | {self.owner}
+        for name in self.cgroups.names():
+            if name.partition(".")[0] not in live_owners:
+                self.cgroups.remove(name)
+        return swept
+
+    # -- commands --------------------------------------------------------------------------
+    async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult:
+        name = self._cg_name(ws.id)
+        ooms_before = self.cgroups.oom_kills(name)
+
+        def kill(proc: asyncio.subprocess.Process) -> None:
+            try:
+                proc.kill()  # bwrap dies; --die-with-parent takes the namespace's init with it
+            except ProcessLookupError:
+                pass
+            self.cgroups.kill_all(name)
+
+        raw = await run_capped(
+            self._argv(ws, argv, env),
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=timeout,
+            output_limit=self.config.output_limit_bytes,
+            kill=kill,
+        )
+        if raw.exit_code == 125 and "cgroup" in raw.stderr and not raw.stdout:
+            raise OSError(f"could not place command in its cgroup: {raw.stderr.strip()}")
+        return ExecResult(**vars(raw), oom_killed=self.cgroups.oom_kills(name) > ooms_before)
+
+    def changed_paths(self, ws: LocalWorkspace) -> list[str]:
+        """Every path the upper layer touched, plus lower files hidden by whiteouts/opaque dirs."""
+        upper = ws.root.parent / "upper"
+        lower = ws.snapshot.root
+        out: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(upper):
+            rel_dir = os.path.relpath(dirpath, upper)
+            rel_dir = "" if rel_dir == "." else rel_dir
+            if rel_dir and _opaque(dirpath):
+                out += walk_files(lower, rel_dir)
+            for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                rel = os.path.join(rel_dir, name)
+                out.append(rel)
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat_mod.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # whiteout: maybe a whole dir
+                    out += walk_files(lower, rel)
+        return out
+
+
+def _opaque(path: str) -> bool:
+    try:
+        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError:
+        return False

@@ -1,0 +1,184 @@
+"""Thin wrappers over the Linux primitives the isolated backend needs: mounts and cgroups.
+
+Mounts go through libc directly (a `mount` process per workspace would cost more than
+the workspace itself). Cgroups work on both the unified (v2) hierarchy and the legacy (v1)
+per-controller hierarchies, because both are still common on hosts and CI runners.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+MS_NOSUID = 2
+MS_NODEV = 4
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def mount(source: str, target: str | Path, fstype: str, flags: int = 0, data: str = "") -> None:
+    if _libc.mount(source.encode(), str(target).encode(), fstype.encode(), flags, data.encode()) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {fstype} on {target}: {os.strerror(e)}")
+
+
+def umount(target: str | Path) -> None:
+    """Lazy unmount: detaches even if something still holds the mount busy."""
+    if _libc.umount2(str(target).encode(), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):  # not a mount point / already gone
+            raise OSError(e, f"umount {target}: {os.strerror(e)}")
+
+
+def mounts_under(prefix: Path) -> list[str]:
+    """Mount points at or below `prefix`, deepest first (the order to unmount them)."""
+    prefix_s = str(prefix).rstrip("/")
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point == prefix_s or point.startswith(prefix_s + "/"):
+                found.append(point)
+    return sorted(found, key=lambda p: p.count("/"), reverse=True)
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+class Cgroups:
+    """Per-workspace cgroups with memory, pids and cpu limits under a `vivace` parent group."""
+
+    CONTROLLERS = ("memory", "pids", "cpu")
+
+    def __init__(self, root: str = "/sys/fs/cgroup", parent: str = "vivace"):
+        root_p = Path(root)
+        self.v2 = (root_p / "cgroup.controllers").exists()
+        if self.v2:
+            self.parents = {"unified": root_p / parent}
+        else:
+            self.parents = {}
+            for ctrl in self.CONTROLLERS:
+                mnt = _v1_mount(ctrl)
+                if mnt is None:
+                    raise OSError(f"cgroup v1 controller {ctrl!r} is not mounted")
+                self.parents[ctrl] = mnt / parent
+        self._setup_parents(root_p)
+
+    def _setup_parents(self, root: Path) -> None:
+        for p in self.parents.values():
+            p.mkdir(exist_ok=True)
+        if self.v2:
+            want = " ".join(f"+{c}" for c in self.CONTROLLERS)
+            for d in (root, self.parents["unified"]):
+                (d / "cgroup.subtree_control").write_text(want)
+
+    def dirs(self, name: str) -> list[Path]:
+        return [p / name for p in self.parents.values()]
+
+    def procs_files(self, name: str) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs(name)]
+
+    def create(self, name: str, memory_bytes: int, pids_max: int, cpus: float) -> None:
+        for d in self.dirs(name):
+            d.mkdir(exist_ok=True)
+        period = 100_000
+        quota = max(1000, int(cpus * period))
+        if self.v2:
+            d = self.parents["unified"] / name
+            (d / "memory.max").write_text(str(memory_bytes))
+            if (d / "memory.swap.max").exists():
+                (d / "memory.swap.max").write_text("0")
+            (d / "pids.max").write_text(str(pids_max))
+            (d / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            mem = self.parents["memory"] / name
+            (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            if (mem / "memory.memsw.limit_in_bytes").exists():
+                (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+            (self.parents["pids"] / name / "pids.max").write_text(str(pids_max))
+            cpu = self.parents["cpu"] / name
+            (cpu / "cpu.cfs_period_us").write_text(str(period))
+            (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def oom_kills(self, name: str) -> int:
+        f = (self.parents["unified"] / name / "memory.events") if self.v2 else (
+            self.parents["memory"] / name / "memory.oom_control"
+        )
+        try:
+            for line in f.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except OSError:
+            pass
+        return 0
+
+    def pids(self, name: str) -> set[int]:
+        out: set[int] = set()
+        for f in self.procs_files(name):
+            try:
+                out.update(int(x) for x in f.read_text().split())
+            except OSError:
+                pass
+        return out
+
+    def kill_all(self, name: str, timeout: float = 5.0) -> None:
+        """SIGKILL every process in the group until it is empty (forks may race the first pass)."""
+        if self.v2:
+            kill_file = self.parents["unified"] / name / "cgroup.kill"
+            if kill_file.exists():
+                try:
+                    kill_file.write_text("1")
+                except OSError:
+                    pass
+        deadline = time.monotonic() + timeout
+        while (pids := self.pids(name)) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+
+    def remove(self, name: str) -> None:
+        self.kill_all(name)
+        for d in self.dirs(name):
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        raise
+                    time.sleep(0.01)  # dying processes leave the group a moment later
+
+    def names(self) -> set[str]:
+        out: set[str] = set()
+        for p in self.parents.values():
+            if p.exists():
+                out.update(c.name for c in p.iterdir() if c.is_dir())
+        return out
+
+
+def _v1_mount(controller: str) -> Path | None:
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, point, fstype, opts = line.split()[:4]
+            if fstype == "cgroup" and controller in opts.split(","):
+                return Path(point)
+    return None

@@ -1,0 +1,268 @@
+"""What the two in-process backends share: the workspace object, state layout and sweeping.
+
+State directory layout (one per machine, shared by every process):
+
+    snapshots/<key>/            materialised base snapshots (see snapshot.py)
+    owners/<pid>-<start>/<ws>/  live workspaces of one owning process
+    etc/                        the sandbox's synthetic /etc files (isolated backend)
+
+A process that dies without cleaning up (SIGKILL, OOM, power loss of a container) leaves
+its `owners/` entry behind; the next backend to start on the machine sees that the owner is
+dead (its pid is gone or belongs to a newer process) and removes everything it left:
+processes, mounts, cgroups and directories.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import itertools
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vivace.config import SandboxConfig
+from vivace.sandbox.base import (
+    DirEntry,
+    ExecResult,
+    FileStat,
+    LatencyStats,
+    TextFilesMixin,
+    WorkspaceClosedError,
+)
+from vivace.sandbox.diff import tree_diff
+from vivace.sandbox.linux import process_start_time
+from vivace.sandbox.paths import ConfinedFS
+from vivace.sandbox.snapshot import Snapshot, SnapshotSource, materialize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SandboxMetrics:
+    created: int = 0
+    destroyed: int = 0
+    execs: int = 0
+    create: LatencyStats = field(default_factory=LatencyStats)
+    exec: LatencyStats = field(default_factory=LatencyStats)
+    destroy: LatencyStats = field(default_factory=LatencyStats)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "live": self.created - self.destroyed,
+            "created": self.created,
+            "destroyed": self.destroyed,
+            "execs": self.execs,
+            "create_latency": self.create.summary(),
+            "exec_latency": self.exec.summary(),
+            "destroy_latency": self.destroy.summary(),
+        }
+
+
+def owner_id(pid: int | None = None) -> str:
+    pid = pid or os.getpid()
+    return f"{pid}-{process_start_time(pid)}"
+
+
+def owner_alive(owner: str) -> bool:
+    pid_s, _, start = owner.partition("-")
+    try:
+        pid = int(pid_s)
+    except ValueError:
+        return False
+    return str(process_start_time(pid)) == start
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def toolchain_dirs(config: SandboxConfig) -> list[Path]:
+    """The directories mounted into the sandbox for tools: configured, or this Python's env."""
+    dirs = config.toolchain or [Path(sys.prefix), Path(sys.base_prefix)]
+    out: list[Path] = []
+    for d in dirs:
+        real = Path(d).expanduser().resolve()
+        if not real.is_dir():
+            raise ValueError(f"sandbox.toolchain: {d} is not a directory")
+        if real not in out:
+            out.append(real)
+    return out
+
+
+def command_env(toolchain: list[Path], home: str, extra: dict[str, str]) -> dict[str, str]:
+    """The complete environment of a command: nothing from the host leaks in."""
+    path = [str(d / "bin") for d in toolchain if (d / "bin").is_dir()]
+    env = {
+        "PATH": ":".join(path + ["/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": home,
+        "TMPDIR": "/tmp" if home == "/tmp" else home,
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "USER": "sandbox",
+    }
+    venvs = [d for d in toolchain if (d / "pyvenv.cfg").exists()]
+    if venvs:
+        env["VIRTUAL_ENV"] = str(venvs[0])
+    for key, value in extra.items():
+        if not _ENV_NAME.match(key) or "\0" in value:
+            raise ValueError(f"invalid environment variable {key!r}")
+        env[key] = value
+    return env
+
+
+class LocalWorkspace(TextFilesMixin):
+    """A workspace whose files are a directory on this machine; commands go to its backend."""
+
+    def __init__(self, backend: LocalBackend, ws_id: str, snapshot: Snapshot, root: Path, owner: tuple[int, int] | None):
+        self.id = ws_id
+        self.backend = backend
+        self.snapshot = snapshot
+        self.root = root  # the tree the agent sees (overlay merge or plain copy)
+        self.fs = ConfinedFS(root, owner)
+        self.closed = False
+        self._destroy_lock = asyncio.Lock()
+
+    def _check(self) -> None:
+        if self.closed:
+            raise WorkspaceClosedError(f"workspace {self.id} is closed")
+
+    async def exec(
+        self, cmd: str | list[str], timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        self._check()
+        argv = ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise ValueError("empty command")
+        t0 = time.perf_counter()
+        result = await self.backend.run(self, argv, timeout or self.backend.config.timeout_s, env or {})
+        self.backend.metrics.execs += 1
+        self.backend.metrics.exec.add(time.perf_counter() - t0)
+        return result
+
+    async def read_bytes(self, path: str) -> bytes:
+        self._check()
+        return await asyncio.to_thread(self.fs.read_bytes, path)
+
+    async def write_bytes(self, path: str, data: bytes) -> None:
+        self._check()
+        await asyncio.to_thread(self.fs.write_bytes, path, data)
+
+    async def list(self, path: str = ".") -> list[DirEntry]:
+        self._check()
+        return await asyncio.to_thread(self.fs.list, path)
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        self._check()
+        await asyncio.to_thread(self.fs.remove, path, recursive)
+
+    async def stat(self, path: str) -> FileStat:
+        self._check()
+        return await asyncio.to_thread(self.fs.stat, path)
+
+    async def diff(self) -> str:
+        self._check()
+
+        def compute() -> str:
+            candidates = self.backend.changed_paths(self)
+            return tree_diff(self.snapshot.root, self.root, candidates, self.backend.config.diff_ignore)
+
+        return await asyncio.to_thread(compute)
+
+    async def close(self) -> None:
+        async with self._destroy_lock:
+            if self.closed:
+                return
+            self.closed = True
+            t0 = time.perf_counter()
+            await self.backend.destroy(self)
+            self.backend.metrics.destroyed += 1
+            self.backend.metrics.destroy.add(time.perf_counter() - t0)
+
+
+class LocalBackend(abc.ABC):
+    """Common lifecycle of the isolated and plain backends (subclasses fill the abstract parts)."""
+
+    name = "local"
+    isolated = False
+    file_owner: tuple[int, int] | None = None
+
+    def __init__(self, config: SandboxConfig):
+        self.config = config
+        self.state = Path(config.state_dir).expanduser()
+        self.owner = owner_id()
+        self.owner_dir = self.state / "owners" / self.owner
+        self.metrics = SandboxMetrics()
+        self.live: dict[str, LocalWorkspace] = {}
+        self._ids = itertools.count()
+        for d in (self.state, self.state / "owners", self.state / "snapshots"):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state / "owners", 0o700)
+        os.chmod(self.state / "snapshots", 0o700)
+        self.sweep()
+        self.owner_dir.mkdir(exist_ok=True)
+
+    # -- snapshots and workspaces ----------------------------------------------------------
+    def snapshot(self, source: SnapshotSource | str) -> Snapshot:
+        if isinstance(source, str):
+            source = SnapshotSource(path=source)
+        return materialize(source, self.state / "snapshots", self.file_owner)
+
+    async def create(self, snapshot: Snapshot) -> LocalWorkspace:
+        ws_id = f"w{next(self._ids)}"
+        t0 = time.perf_counter()
+        root = await self._create(ws_id, snapshot, self.owner_dir / ws_id)
+        ws = LocalWorkspace(self, ws_id, snapshot, root, self.file_owner)
+        self.live[ws_id] = ws
+        self.metrics.created += 1
+        self.metrics.create.add(time.perf_counter() - t0)
+        return ws
+
+    async def destroy(self, ws: LocalWorkspace) -> None:
+        self.live.pop(ws.id, None)
+        await asyncio.to_thread(self._destroy, ws.id, self.owner_dir / ws.id)
+
+    async def aclose(self) -> None:
+        """Destroy every workspace this backend still holds."""
+        for ws in list(self.live.values()):
+            await ws.close()
+        shutil.rmtree(self.owner_dir, ignore_errors=True)
+
+    def sweep(self) -> int:
+        """Remove what dead owners left behind; returns how many owners were swept."""
+        swept = 0
+        for d in (self.state / "owners").iterdir():
+            if d.name != self.owner and not owner_alive(d.name):
+                log.warning("sweeping workspaces left by dead process %s", d.name)
+                self._sweep_owner(d)
+                swept += 1
+        return swept
+
+    # -- backend specifics -----------------------------------------------------------------
+    @abc.abstractmethod
+    async def _create(self, ws_id: str, snapshot: Snapshot, ws_dir: Path) -> Path:
+        ...
+
+    @abc.abstractmethod
+    def _destroy(self, ws_id: str, ws_dir: Path) -> None:
+        ...
+
+    @abc.abstractmethod
+    def _sweep_owner(self, owner_dir: Path) -> None:
+        ...
+
+    @abc.abstractmethod
+    async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult:
+        ...
+
+    @abc.abstractmethod
+    def changed_paths(self, ws: LocalWorkspace) -> list[str]:
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "isolated": self.isolated, "state_dir": str(self.state)}

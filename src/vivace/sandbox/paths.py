@@ -1,0 +1,230 @@
+"""File operations confined to a workspace root.
+
+Every path is walked one component at a time from an open directory descriptor with
+O_NOFOLLOW, resolving symlinks by hand, so neither `..`, an absolute path nor a symlink
+(even one swapped in by a command running concurrently) can lead outside the root.
+Symlinks that stay inside the root are followed; absolute targets under the sandbox mount
+point (`/workspace/...`) count as inside.
+
+Not covered: hard links made inside the workspace to files outside it (the isolated
+backend cannot create those; the plain backend is not a security boundary anyway).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat as stat_mod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from vivace.sandbox.base import DirEntry, FileKind, FileStat, NotAFileError, PathEscapeError, WorkspaceFileNotFound
+
+WORKSPACE_MOUNT = "/workspace"  # where the workspace appears inside the sandbox
+MAX_SYMLINKS = 40
+MAX_READ_BYTES = 64 * 1024 * 1024
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _kind(mode: int) -> FileKind:
+    if stat_mod.S_ISREG(mode):
+        return "file"
+    if stat_mod.S_ISDIR(mode):
+        return "dir"
+    if stat_mod.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _split(path: str, original: str) -> list[str]:
+    if path.startswith(WORKSPACE_MOUNT + "/") or path == WORKSPACE_MOUNT:
+        path = path[len(WORKSPACE_MOUNT) :].lstrip("/") or "."
+    if path.startswith("/"):
+        raise PathEscapeError(
+            f"{original!r}: absolute paths are outside the workspace; use a path relative to the workspace root"
+        )
+    if "\0" in path:
+        raise PathEscapeError(f"{original!r}: path contains a NUL byte")
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+def _check_lexical(parts: list[str], original: str) -> None:
+    """Refuse a path whose `..` climb above the root on paper, whatever exists on disk."""
+    depth = 0
+    for p in parts:
+        depth += -1 if p == ".." else 1
+        if depth < 0:
+            raise PathEscapeError(f"{original!r} leads outside the workspace")
+
+
+class ConfinedFS:
+    """Byte-level file API over one directory tree; `owner` (uid, gid) is given to new files."""
+
+    def __init__(self, root: Path, owner: tuple[int, int] | None = None):
+        self.root = Path(root)
+        self.owner = owner
+
+    # -- resolution ---------------------------------------------------------------------
+    @contextmanager
+    def _resolve(
+        self, path: str, *, follow_final: bool = True, create_parents: bool = False
+    ) -> Iterator[tuple[int, str | None]]:
+        """Yield (dir_fd, name) for `path`; name None means the root itself."""
+        fds = [os.open(self.root, _DIR_FLAGS)]
+        try:
+            pending = _split(path, path)
+            _check_lexical(pending, path)
+            links = 0
+            while pending:
+                comp = pending.pop(0)
+                if comp == "..":
+                    if len(fds) == 1:
+                        raise PathEscapeError(f"{path!r} leads outside the workspace")
+                    os.close(fds.pop())
+                    continue
+                final = not pending
+                try:
+                    st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
+                except FileNotFoundError:
+                    if final:
+                        yield fds[-1], comp
+                        return
+                    if not create_parents:
+                        raise WorkspaceFileNotFound(f"{path!r}: no such directory {comp!r}") from None
+                    os.mkdir(comp, 0o755, dir_fd=fds[-1])
+                    if self.owner:
+                        os.chown(comp, *self.owner, dir_fd=fds[-1], follow_symlinks=False)
+                    st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
+                if stat_mod.S_ISLNK(st.st_mode) and (follow_final or not final):
+                    links += 1
+                    if links > MAX_SYMLINKS:
+                        raise PathEscapeError(f"{path!r}: too many levels of symbolic links")
+                    target = os.readlink(comp, dir_fd=fds[-1])
+                    if target.startswith("/"):
+                        if not (target == WORKSPACE_MOUNT or target.startswith(WORKSPACE_MOUNT + "/")):
+                            raise PathEscapeError(f"{path!r}: symlink {comp!r} points outside the workspace ({target})")
+                        while len(fds) > 1:
+                            os.close(fds.pop())
+                    pending = _split(target, path) + pending
+                    continue
+                if final:
+                    yield fds[-1], comp
+                    return
+                if not stat_mod.S_ISDIR(st.st_mode):
+                    raise NotAFileError(f"{path!r}: {comp!r} is not a directory")
+                try:
+                    fds.append(os.open(comp, _DIR_FLAGS, dir_fd=fds[-1]))
+                except OSError as e:  # swapped for a symlink between stat and open
+                    raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
+            yield fds[-1], None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    # -- operations ---------------------------------------------------------------------
+    def read_bytes(self, path: str, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        with self._resolve(path) as (dfd, name):
+            if name is None:
+                raise NotAFileError(f"{path!r} is a directory")
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+            except FileNotFoundError:
+                raise WorkspaceFileNotFound(f"{path!r}: no such file") from None
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise PathEscapeError(f"{path!r} changed while resolving") from None
+                raise
+            try:
+                st = os.fstat(fd)
+                if stat_mod.S_ISDIR(st.st_mode):
+                    raise NotAFileError(f"{path!r} is a directory; list it instead")
+                if not stat_mod.S_ISREG(st.st_mode):
+                    raise NotAFileError(f"{path!r} is not a regular file")
+                if st.st_size > max_bytes:
+                    raise NotAFileError(f"{path!r} is {st.st_size} bytes, over the {max_bytes}-byte read limit")
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        with self._resolve(path, create_parents=True) as (dfd, name):
+            if name is None:
+                raise NotAFileError(f"{path!r} is a directory")
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                created = False
+            except FileNotFoundError:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+                created = True
+            except IsADirectoryError:
+                raise NotAFileError(f"{path!r} is a directory") from None
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise PathEscapeError(f"{path!r} changed while resolving") from None
+                raise
+            try:
+                if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                    raise NotAFileError(f"{path!r} is not a regular file")
+                os.ftruncate(fd, 0)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if created and self.owner:
+                    os.fchown(fd, *self.owner)
+            finally:
+                os.close(fd)
+
+    def list(self, path: str = ".") -> list[DirEntry]:
+        with self._resolve(path) as (dfd, name):
+            try:
+                fd = os.open(name or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except FileNotFoundError:
+                raise WorkspaceFileNotFound(f"{path!r}: no such directory") from None
+            except NotADirectoryError:
+                raise NotAFileError(f"{path!r} is not a directory") from None
+            try:
+                out = []
+                for n in sorted(os.listdir(fd)):
+                    try:
+                        st = os.stat(n, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed while listing
+                    out.append(DirEntry(name=n, kind=_kind(st.st_mode), size=st.st_size))
+                return out
+            finally:
+                os.close(fd)
+
+    def stat(self, path: str) -> FileStat:
+        with self._resolve(path, follow_final=False) as (dfd, name):
+            try:
+                st = os.stat(name or ".", dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise WorkspaceFileNotFound(f"{path!r}: no such file or directory") from None
+            rel = "/".join(_split(path, path)) or "."
+            return FileStat(path=rel, kind=_kind(st.st_mode), size=st.st_size, mode=st.st_mode & 0o7777, mtime=st.st_mtime)
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        with self._resolve(path, follow_final=False) as (dfd, name):
+            if name is None:
+                raise PathEscapeError("refusing to remove the workspace root")
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise WorkspaceFileNotFound(f"{path!r}: no such file or directory") from None
+            if stat_mod.S_ISDIR(st.st_mode):
+                if recursive:
+                    shutil.rmtree(name, dir_fd=dfd)  # symlink-attack safe with dir_fd
+                else:
+                    try:
+                        os.rmdir(name, dir_fd=dfd)
+                    except OSError as e:
+                        if e.errno == errno.ENOTEMPTY:
+                            raise NotAFileError(f"{path!r} is a non-empty directory; pass recursive=True") from None
+                        raise
+            else:
+                os.unlink(name, dir_fd=dfd)

@@ -1,0 +1,128 @@
+"""Run one command with a wall-clock timeout and capped output (shared by every backend).
+
+Output beyond the cap is still read (so the command never blocks on a full pipe) but only
+the first and last halves of the cap are kept, with a marker saying how much was dropped:
+the end of a test run's output usually matters as much as its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+CHUNK = 64 * 1024
+
+
+@dataclass
+class RawResult:
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration_s: float
+    timed_out: bool
+    stdout_dropped: int
+    stderr_dropped: int
+
+
+class _CappedBuffer:
+    """Keeps the first and last `limit // 2` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int):
+        self.half = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self.tail += data
+        if len(self.tail) > self.half:
+            excess = len(self.tail) - self.half
+            self.dropped += excess
+            del self.tail[:excess]
+
+    def text(self) -> str:
+        if not self.dropped:
+            return (self.head + self.tail).decode("utf-8", errors="replace")
+        marker = f"\n[... {self.dropped} bytes of output dropped ...]\n"
+        return self.head.decode("utf-8", errors="replace") + marker + self.tail.decode("utf-8", errors="replace")
+
+
+async def _drain(stream: asyncio.StreamReader, buf: _CappedBuffer) -> None:
+    while chunk := await stream.read(CHUNK):
+        buf.feed(chunk)
+
+
+def exit_status(returncode: int) -> int:
+    """Shell convention: a process killed by signal N reports 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+async def run_capped(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    timeout: float,
+    output_limit: int,
+    kill: Callable[[asyncio.subprocess.Process], None],
+    pass_fds: Sequence[int] = (),
+) -> RawResult:
+    """Run `argv`; on timeout call `kill(proc)`, which must end the whole process tree."""
+    start = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+    )
+    out, err = _CappedBuffer(output_limit), _CappedBuffer(output_limit)
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
+    timed_out = False
+    try:
+        await asyncio.wait_for(asyncio.shield(readers), timeout)
+        await asyncio.wait_for(proc.wait(), max(0.0, timeout - (time.monotonic() - start)) + 0.5)
+    except asyncio.TimeoutError:
+        timed_out = True
+        kill(proc)
+    except BaseException:
+        kill(proc)  # cancelled by the caller: never leave the process tree running
+        readers.cancel()
+        raise
+    if timed_out:
+        try:  # pipes close once every process holding them is dead
+            await asyncio.wait_for(asyncio.shield(readers), 5.0)
+        except asyncio.TimeoutError:
+            readers.cancel()
+        await proc.wait()
+    return RawResult(
+        stdout=out.text(),
+        stderr=err.text(),
+        exit_code=exit_status(proc.returncode if proc.returncode is not None else -9),
+        duration_s=time.monotonic() - start,
+        timed_out=timed_out,
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped,
+    )
+
+
+def kill_process_group(proc: asyncio.subprocess.Process) -> None:
+    """Kill the session a command was started in (the plain backend's best effort)."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,86 @@
+"""Shared fixtures: a small repository, backends, and a factory that makes workspaces over it.
+
+`make_workspace` is parametrized over every Workspace implementation, so one contract suite
+(test_workspace.py) checks them all the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vivace.config import SandboxConfig
+from vivace.sandbox.isolated import probe
+
+ISOLATION_PROBLEM = probe()
+needs_isolation = pytest.mark.skipif(ISOLATION_PROBLEM is not None, reason=f"isolated backend: {ISOLATION_PROBLEM}")
+
+REPO_FILES = {
+    "README.md": "# demo\n",
+    "pkg/__init__.py": "",
+    "pkg/calc.py": "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n",
+    "tests/test_calc.py": "from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    "data/blob.bin": "\x00\x01\x02binary",
+}
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    for rel, text in REPO_FILES.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    os.symlink("calc.py", root / "pkg" / "alias.py")
+    return root
+
+
+@pytest.fixture(scope="session")
+def state_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("state")
+
+
+def sandbox_config(state_dir: Path, backend: str, **kw) -> SandboxConfig:
+    return SandboxConfig(backend=backend, state_dir=state_dir, **kw)
+
+
+def make_backend(kind: str, state_dir: Path):
+    """A real backend on the test state dir; skips when the isolated one cannot run here."""
+    if kind == "isolated":
+        if ISOLATION_PROBLEM:
+            pytest.skip(f"isolated backend: {ISOLATION_PROBLEM}")
+        from vivace.sandbox.isolated import IsolatedBackend
+
+        return IsolatedBackend(sandbox_config(state_dir, "isolated", memory_mb=256, pids_max=64, disk_mb=64, tmp_mb=32))
+    from vivace.sandbox.plain import PlainBackend
+
+    return PlainBackend(sandbox_config(state_dir, "plain"))
+
+
+@pytest.fixture
+async def isolated_backend(state_dir):
+    backend = make_backend("isolated", state_dir)
+    yield backend
+    await backend.aclose()
+
+
+@pytest.fixture
+async def plain_backend(state_dir):
+    backend = make_backend("plain", state_dir)
+    yield backend
+    await backend.aclose()
+
+
+@pytest.fixture(params=["isolated", "plain"])
+async def make_workspace(request, repo, state_dir):
+    """An async factory: `ws = await make_workspace()` gives a fresh workspace over `repo`."""
+    backend = make_backend(request.param, state_dir)
+    snapshot = backend.snapshot(str(repo))
+
+    async def make():
+        return await backend.create(snapshot)
+
+    yield make
+    await backend.aclose()

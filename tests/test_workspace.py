@@ -1,0 +1,172 @@
+"""The Workspace contract: every backend (isolated, plain, HTTP client) must pass all of it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+
+from vivace.sandbox import NotAFileError, PathEscapeError, WorkspaceClosedError, WorkspaceFileNotFound
+
+
+async def test_exec_runs_in_workspace_root(make_workspace):
+    ws = await make_workspace()
+    r = await ws.exec("cat README.md && echo err >&2 && exit 3")
+    assert r.stdout == "# demo\n"
+    assert r.stderr == "err\n"
+    assert r.exit_code == 3
+    assert not r.timed_out
+    assert r.duration_s > 0
+
+
+async def test_exec_argv_form_and_env(make_workspace):
+    ws = await make_workspace()
+    r = await ws.exec(["sh", "-c", 'printf "%s" "$GREETING"'], env={"GREETING": "hi there"})
+    assert r.stdout == "hi there"
+
+
+async def test_toolchain_python_and_pytest_available(make_workspace):
+    ws = await make_workspace()
+    r = await ws.exec("python -m pytest -q tests 2>&1 | tail -1", timeout=60)
+    assert "1 passed" in r.stdout, r.stdout
+
+
+async def test_timeout_reports_and_returns(make_workspace):
+    ws = await make_workspace()
+    r = await ws.exec("sleep 30", timeout=0.5)
+    assert r.timed_out
+    assert r.duration_s < 10
+    assert (await ws.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_output_is_capped_head_and_tail(make_workspace):
+    ws = await make_workspace()
+    r = await ws.exec("seq 1 2000000; echo LAST")
+    assert r.stdout.startswith("1\n2\n")
+    assert r.stdout.rstrip().endswith("LAST")
+    assert r.stdout_dropped > 0
+    assert "bytes of output dropped" in r.stdout
+
+
+async def test_workspaces_are_independent(make_workspace):
+    a, b = await make_workspace(), await make_workspace()
+    await a.write_text("pkg/calc.py", "changed\n")
+    await a.exec("echo new > fresh.txt")
+    assert (await b.read_text("pkg/calc.py")).startswith("def add")
+    with pytest.raises(WorkspaceFileNotFound):
+        await b.read_text("fresh.txt")
+
+
+async def test_file_api_roundtrip(make_workspace):
+    ws = await make_workspace()
+    await ws.write_text("new/dir/file.txt", "héllo\n")
+    assert await ws.read_text("new/dir/file.txt") == "héllo\n"
+    assert (await ws.exec("cat new/dir/file.txt")).stdout == "héllo\n"
+    # A file written through the API stays writable by commands (ownership is right).
+    assert (await ws.exec("echo more >> new/dir/file.txt")).exit_code == 0
+    await ws.write_bytes("bin.dat", b"\x00\xff")
+    assert await ws.read_bytes("bin.dat") == b"\x00\xff"
+    names = {e.name: e for e in await ws.list(".")}
+    assert names["pkg"].kind == "dir" and names["README.md"].kind == "file"
+    st = await ws.stat("README.md")
+    assert st.kind == "file" and st.size == len("# demo\n")
+    assert (await ws.stat("pkg/alias.py")).kind == "symlink"
+
+
+async def test_inside_symlinks_are_followed(make_workspace):
+    ws = await make_workspace()
+    assert (await ws.read_text("pkg/alias.py")).startswith("def add")
+    assert (await ws.read_text("pkg/../README.md")) == "# demo\n"
+    assert (await ws.read_text("/workspace/README.md")) == "# demo\n"
+
+
+@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "pkg/../../x", "a/../../b"])
+async def test_escaping_paths_refused(make_workspace, path):
+    ws = await make_workspace()
+    ops = (ws.read_bytes, lambda p: ws.write_bytes(p, b"x"), ws.list, ws.stat, ws.remove)
+    for op in ops:
+        with pytest.raises(PathEscapeError):
+            await op(path)
+
+
+async def test_symlink_escape_refused(make_workspace):
+    ws = await make_workspace()
+    await ws.exec("ln -s /etc/passwd leak && ln -s ../../../../.. up && ln -s /etc etcdir")
+    for path in ("leak", "up/etc/passwd", "etcdir/passwd"):
+        with pytest.raises(PathEscapeError):
+            await ws.read_bytes(path)
+        with pytest.raises(PathEscapeError):
+            await ws.write_bytes(path, b"pwned")
+    with pytest.raises(PathEscapeError):
+        await ws.list("etcdir")
+    # Removing the link itself is fine and does not touch its target.
+    await ws.remove("leak")
+    assert open("/etc/passwd").read()
+
+
+async def test_errors_are_typed(make_workspace):
+    ws = await make_workspace()
+    with pytest.raises(WorkspaceFileNotFound):
+        await ws.read_text("missing.txt")
+    with pytest.raises(NotAFileError):
+        await ws.read_text("pkg")
+    with pytest.raises(NotAFileError):
+        await ws.remove("pkg")  # non-empty directory without recursive
+    await ws.remove("pkg", recursive=True)
+    with pytest.raises(WorkspaceFileNotFound):
+        await ws.stat("pkg/calc.py")
+
+
+async def test_diff_against_base(make_workspace, repo, tmp_path):
+    ws = await make_workspace()
+    await ws.write_text("pkg/calc.py", "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n")
+    await ws.exec("rm README.md && mkdir -p docs && echo guide > docs/guide.md && printf 'z\\x00' > data/blob.bin")
+    await ws.exec("python -c 'import pkg.calc'")  # __pycache__ must not show up in the diff
+    await ws.write_text("pkg/alias.py", "")  # through the symlink: edits calc.py's content
+    diff = await ws.diff()
+    assert "diff --git a/README.md b/README.md\ndeleted file mode 100644" in diff
+    assert "+++ b/docs/guide.md" in diff and "+guide" in diff
+    assert "Binary files a/data/blob.bin and b/data/blob.bin differ" in diff
+    assert "__pycache__" not in diff
+    # The diff applies cleanly to a pristine copy of the repository with git.
+    subprocess.run(["cp", "-a", f"{repo}/.", str(tmp_path)], check=True)
+    parts = diff.split("diff --git ")[1:]
+    patch = tmp_path / "p.diff"
+    patch.write_text("".join("diff --git " + p for p in parts if "Binary files" not in p))
+    subprocess.run(["git", "apply", "--unsafe-paths", "-p1", str(patch)], cwd=tmp_path, check=True)
+    assert not (tmp_path / "README.md").exists()
+    assert (tmp_path / "docs/guide.md").read_text() == "guide\n"
+    assert (tmp_path / "pkg/calc.py").read_text() == ""
+
+
+async def test_diff_empty_when_unchanged_and_after_revert(make_workspace):
+    ws = await make_workspace()
+    assert await ws.diff() == ""
+    original = await ws.read_text("pkg/calc.py")
+    await ws.write_text("pkg/calc.py", "x\n")
+    await ws.write_text("pkg/calc.py", original)
+    assert await ws.diff() == ""
+
+
+async def test_diff_of_removed_directory(make_workspace):
+    ws = await make_workspace()
+    await ws.exec("rm -rf pkg")
+    diff = await ws.diff()
+    assert "deleted file mode 100644" in diff and "a/pkg/calc.py" in diff and "a/pkg/__init__.py" in diff
+
+
+async def test_concurrent_execs_in_one_workspace(make_workspace):
+    ws = await make_workspace()
+    results = await asyncio.gather(*(ws.exec(f"echo {i} > f{i}.txt && cat f{i}.txt") for i in range(8)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+
+
+async def test_closed_workspace_refuses_work(make_workspace):
+    ws = await make_workspace()
+    await ws.close()
+    await ws.close()  # idempotent
+    with pytest.raises(WorkspaceClosedError):
+        await ws.exec("true")
+    with pytest.raises(WorkspaceClosedError):
+        await ws.read_text("README.md")
