@@ -4,9 +4,13 @@ Each workspace is a size-capped tmpfs holding an overlayfs upper layer over the 
 snapshot, so creating one costs two mounts whatever the repository's size, and a command
 that fills the disk fills only its own quota. Each command runs as:
 
-    sh (joins the workspace's cgroups) -> bwrap (new mount, PID, network, IPC, UTS and
-    cgroup namespaces; minimal read-only root) -> setpriv (drops to an unprivileged uid,
-    no capabilities, no_new_privs) -> the command
+    bwrap (new mount, PID, network, IPC, UTS and cgroup namespaces; minimal read-only
+    root) -> setpriv (drops to an unprivileged uid, no capabilities, no_new_privs) -> the
+    command
+
+bwrap reports its sandbox child's pid on an info pipe and then waits on a block pipe; we
+move the child into the workspace's cgroups before releasing it, so not one instruction of
+the command runs outside its limits (and no extra process is spawned to join the group).
 
 The network namespace has only loopback; the root holds read-only /usr (and the /bin,
 /lib links), a few synthetic /etc files, the configured toolchain, a private /tmp and the
@@ -18,6 +22,7 @@ writable cgroups; `probe()` says which is missing.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import stat as stat_mod
@@ -28,14 +33,13 @@ from vivace.config import SandboxConfig
 from vivace.sandbox.base import BackendUnavailable, ExecResult
 from vivace.sandbox.diff import walk_files
 from vivace.sandbox.linux import MS_NODEV, MS_NOSUID, Cgroups, mount, mounts_under, umount
-from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, toolchain_dirs
+from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, owner_alive, toolchain_dirs
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
 from vivace.sandbox.snapshot import Snapshot
 
 # Host files the sandbox sees under /etc (when they exist): dynamic linker, TLS roots, tz.
 _ETC_PASSTHROUGH = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "localtime")
-_CGROUP_JOIN = 'p=$$; while [ "$1" != -- ]; do echo $p > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
 def probe() -> str | None:
@@ -120,16 +124,15 @@ class IsolatedBackend(LocalBackend):
             made.add(d)
         return args
 
-    def _argv(self, ws: LocalWorkspace, argv: list[str], env: dict[str, str]) -> list[str]:
-        cg = [str(p) for p in self.cgroups.procs_files(self._cg_name(ws.id))]
-        bwrap = list(self._bwrap_prefix)
+    def _argv(self, ws: LocalWorkspace, argv: list[str], env: dict[str, str], info_fd: int, block_fd: int) -> list[str]:
+        bwrap = [*self._bwrap_prefix, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
         bwrap += ["--bind", str(ws.root), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
         for key, value in command_env(self.toolchain, "/tmp", env).items():
             bwrap += ["--setenv", key, value]
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
         drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
-        return ["/bin/sh", "-c", _CGROUP_JOIN, "sh", *cg, "--", *bwrap, "--", *drop, *argv]
+        return [*bwrap, "--", *drop, *argv]
 
     def _cg_name(self, ws_id: str, owner: str | None = None) -> str:
         return f"{owner or self.owner}.{ws_id}"
@@ -178,10 +181,11 @@ class IsolatedBackend(LocalBackend):
 
     def sweep(self) -> int:
         swept = super().sweep()
-        # Cgroups whose owner directory is already gone (crash between the two removals).
-        live_owners = {d.name for d in (self.state / "owners").iterdir()} | {self.owner}
+        # Cgroups are machine-wide while state dirs are not: judge them by their owner's
+        # liveness (another live process may use another state dir), never by directories.
         for name in self.cgroups.names():
-            if name.partition(".")[0] not in live_owners:
+            owner = name.partition(".")[0]
+            if owner != self.owner and not owner_alive(owner):
                 self.cgroups.remove(name)
         return swept
 
@@ -197,16 +201,38 @@ class IsolatedBackend(LocalBackend):
                 pass
             self.cgroups.kill_all(name)
 
-        raw = await run_capped(
-            self._argv(ws, argv, env),
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin"},
-            timeout=timeout,
-            output_limit=self.config.output_limit_bytes,
-            kill=kill,
-        )
-        if raw.exit_code == 125 and "cgroup" in raw.stderr and not raw.stdout:
-            raise OSError(f"could not place command in its cgroup: {raw.stderr.strip()}")
+        info_r, info_w = os.pipe2(os.O_CLOEXEC)
+        block_r, block_w = os.pipe2(os.O_CLOEXEC)
+
+        async def join_cgroup(proc: asyncio.subprocess.Process) -> None:
+            os.close(info_w)
+            os.close(block_r)
+            info = await _read_json(info_r, timeout=30.0)
+            if info is None:
+                return  # bwrap failed before starting the sandbox; its stderr says why
+            for procs in self.cgroups.procs_files(name):
+                for pid in (proc.pid, info["child-pid"]):
+                    procs.write_text(str(pid))
+            os.write(block_w, b"go")
+
+        fds = (info_w, block_r, info_r, block_w)
+        try:
+            raw = await run_capped(
+                self._argv(ws, argv, env, info_w, block_r),
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin"},
+                timeout=timeout,
+                output_limit=self.config.output_limit_bytes,
+                kill=kill,
+                pass_fds=(info_w, block_r),
+                on_spawn=join_cgroup,
+            )
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # already closed after the spawn
         return ExecResult(**vars(raw), oom_killed=self.cgroups.oom_kills(name) > ooms_before)
 
     def changed_paths(self, ws: LocalWorkspace) -> list[str]:
@@ -226,6 +252,34 @@ class IsolatedBackend(LocalBackend):
                 if stat_mod.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # whiteout: maybe a whole dir
                     out += walk_files(lower, rel)
         return out
+
+
+async def _read_json(fd: int, timeout: float) -> dict | None:
+    """Read one JSON object from a pipe without blocking the event loop; None on EOF."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[dict | None] = loop.create_future()
+    buf = bytearray()
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        if not chunk:
+            done.done() or done.set_result(None)
+            return
+        buf.extend(chunk)
+        try:
+            done.done() or done.set_result(json.loads(buf))
+        except ValueError:
+            pass  # incomplete; wait for more
+
+    loop.add_reader(fd, readable)
+    try:
+        return await asyncio.wait_for(done, timeout)
+    finally:
+        loop.remove_reader(fd)
 
 
 def _opaque(path: str) -> bool:

@@ -11,7 +11,7 @@ import asyncio
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 CHUNK = 64 * 1024
@@ -76,8 +76,13 @@ async def run_capped(
     output_limit: int,
     kill: Callable[[asyncio.subprocess.Process], None],
     pass_fds: Sequence[int] = (),
+    on_spawn: Callable[[asyncio.subprocess.Process], Awaitable[None]] | None = None,
 ) -> RawResult:
-    """Run `argv`; on timeout call `kill(proc)`, which must end the whole process tree."""
+    """Run `argv`; on timeout call `kill(proc)`, which must end the whole process tree.
+
+    `on_spawn(proc)` runs right after the process starts (before its output is read); if it
+    fails, the process is killed and the error propagates.
+    """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -89,6 +94,13 @@ async def run_capped(
         start_new_session=True,
         pass_fds=tuple(pass_fds),
     )
+    if on_spawn is not None:
+        try:
+            await on_spawn(proc)
+        except BaseException:
+            kill(proc)
+            await proc.wait()
+            raise
     out, err = _CappedBuffer(output_limit), _CappedBuffer(output_limit)
     assert proc.stdout is not None and proc.stderr is not None
     readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
@@ -96,7 +108,7 @@ async def run_capped(
     try:
         await asyncio.wait_for(asyncio.shield(readers), timeout)
         await asyncio.wait_for(proc.wait(), max(0.0, timeout - (time.monotonic() - start)) + 0.5)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         timed_out = True
         kill(proc)
     except BaseException:
@@ -106,7 +118,7 @@ async def run_capped(
     if timed_out:
         try:  # pipes close once every process holding them is dead
             await asyncio.wait_for(asyncio.shield(readers), 5.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             readers.cancel()
         await proc.wait()
     return RawResult(

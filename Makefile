@@ -1,0 +1,40 @@
+# The newcomer's entry points. `make test` and `make bench` set everything up first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps test bench lint clean
+
+setup: $(STAMP)
+
+# torch is pinned and installed first so that nothing pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	@$(MAKE) --no-print-directory system-deps
+	touch $(STAMP)
+
+# The isolated sandbox needs bubblewrap; without it (or without root) vivace falls back to
+# the plain, unisolated backend with a loud warning and the isolation tests are skipped.
+system-deps:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) || \
+		echo "warning: could not install bubblewrap; the isolated sandbox will be unavailable"; \
+	else echo "note: install bubblewrap (and run as root) for the isolated sandbox"; fi
+
+test: setup
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/pytest -q -m slow
+	$(BIN)/vivace sandbox bench --n 500 --concurrency 32 --json
+
+lint: setup
+	$(BIN)/ruff check src tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,185 @@
+"""The `vivace` command. Each stage of the system is a subcommand; this file only wires them.
+
+Commands that report numbers take `--json`; long work shows a progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vivace import __version__
+from vivace.config import PRESETS, ServerConfig, VivaceConfig, load_preset
+
+app = typer.Typer(help="vivace: train fast coding agents with RL in real sandboxed environments.", no_args_is_help=True)
+sandbox_app = typer.Typer(help="Sandboxed workspaces (environment servers).", no_args_is_help=True)
+config_app = typer.Typer(help="Run configuration and presets.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(config_app, name="config")
+
+err = Console(stderr=True)
+out = Console()
+
+PresetOpt = Annotated[str, typer.Option("--preset", help=f"Named preset: {', '.join(PRESETS)}.")]
+BackendOpt = Annotated[
+    str | None, typer.Option("--backend", help="auto | isolated | plain (plain is NOT isolated).")
+]
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="Sandbox state directory.")]
+
+
+def _config(preset: str, backend: str | None = None, state_dir: Path | None = None) -> VivaceConfig:
+    try:
+        cfg = load_preset(preset)
+        if backend:
+            cfg.sandbox.backend = backend  # type: ignore[assignment]
+        if state_dir:
+            cfg.sandbox.state_dir = state_dir
+    except ValueError as e:  # pydantic's ValidationError is a ValueError and names the field
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    return cfg
+
+
+@app.command()
+def version() -> None:
+    """Print the vivace version."""
+    out.print(__version__)
+
+
+@config_app.command("show")
+def config_show(preset: PresetOpt = "default") -> None:
+    """Print a preset's full configuration as JSON."""
+    out.print_json(_config(preset).model_dump_json())
+
+
+@sandbox_app.command(
+    "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def sandbox_run(
+    ctx: typer.Context,
+    repo: Annotated[Path, typer.Option("--repo", help="Directory, tarball or git repository to start from.")],
+    commit: Annotated[str | None, typer.Option(help="Git revision (makes --repo a git snapshot).")] = None,
+    keep_diff: Annotated[bool, typer.Option("--keep-diff", help="Print the workspace diff after the command.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Wall-clock limit, seconds.")] = None,
+    preset: PresetOpt = "default",
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
+) -> None:
+    """Run a command in a fresh workspace over REPO: `vivace sandbox run --repo DIR -- CMD...`."""
+    from vivace.sandbox import SandboxError, SnapshotSource, open_backend
+
+    cmd = list(ctx.args)
+    if not cmd:
+        err.print("[red]error:[/red] no command given; usage: vivace sandbox run --repo DIR -- CMD...")
+        raise typer.Exit(2)
+    cfg = _config(preset, backend, state_dir)
+
+    async def go() -> int:
+        b = open_backend(cfg.sandbox)
+        try:
+            ws = await b.create(b.snapshot(SnapshotSource(path=str(repo), commit=commit)))
+            result = await ws.exec(cmd, timeout=timeout)
+            sys.stdout.write(result.stdout)
+            sys.stderr.write(result.stderr)
+            if result.timed_out:
+                err.print(f"[yellow]timed out after {result.duration_s:.1f}s[/yellow]")
+            if result.oom_killed:
+                err.print("[yellow]a process was killed by the memory limit[/yellow]")
+            if keep_diff:
+                sys.stdout.write(await ws.diff())
+            return result.exit_code
+        finally:
+            await b.aclose()
+
+    try:
+        code = asyncio.run(go())
+    except SandboxError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+@sandbox_app.command("bench")
+def sandbox_bench(
+    n: Annotated[int, typer.Option("--n", help="Workspaces per backend (all live at once).")] = 100,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Workspaces created at the same time.")] = 16,
+    files: Annotated[int, typer.Option("--files", help="Files in the generated repository.")] = 2000,
+    baseline: Annotated[bool, typer.Option(help="Also measure the full-copy (plain) baseline.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
+    preset: PresetOpt = "default",
+    state_dir: StateOpt = None,
+) -> None:
+    """Measure workspace creation + first command: isolated overlay vs full copy, side by side."""
+    from vivace.sandbox.bench import run_bench
+    from vivace.sandbox.isolated import probe
+
+    cfg = _config(preset, None, state_dir)
+    backends = tuple(b for b in ("isolated", "plain") if b != "plain" or baseline)
+    if (problem := probe()) is not None:
+        err.print(f"[yellow]isolated backend unavailable ({problem}); measuring the plain backend only[/yellow]")
+        backends = ("plain",)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err)  # fmt: skip
+
+    def factory(name: str, total: int):
+        task = progress.add_task(f"{name:>8}", total=total)
+        return lambda k: progress.advance(task, k)
+
+    repo_dir = cfg.sandbox.state_dir / "bench-repo"
+    with progress:
+        results = asyncio.run(run_bench(cfg.sandbox, n, concurrency, files, repo_dir, backends, factory))
+    if as_json:
+        out.print_json(json.dumps(results))
+        return
+    table = Table(title=f"{n} workspaces, concurrency {concurrency}, {files}-file repo")
+    table.add_column("backend")
+    for col in ("first cmd p50", "p99", "alone p50", "throughput/s", "disk/ws", "failures"):
+        table.add_column(col, justify="right")
+    for name in backends:
+        r = results[name]
+        table.add_row(
+            name, f"{r['first_command_ms']['p50']:.1f} ms", f"{r['first_command_ms']['p99']:.1f} ms",
+            f"{r['first_command_alone_ms']['p50']:.1f} ms", f"{r['throughput_per_s']:.1f}",
+            f"{r['disk_bytes_per_workspace'] / 1024:.0f} KiB", str(r["failures"]),
+        )  # fmt: skip
+    out.print(table)
+    if ratio := results.get("ratio_plain_over_isolated"):
+        out.print(
+            f"isolated vs full copy: first command {ratio['first_command_p50']:.1f}x faster (p50), "
+            f"{ratio['first_command_alone_p50']:.1f}x alone, throughput {ratio['throughput']:.1f}x, "
+            f"disk {ratio['disk']:.0f}x smaller"
+        )
+
+
+@sandbox_app.command("serve")
+def sandbox_serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port.")] = None,
+    token: Annotated[str | None, typer.Option(help="Bearer token (default: $VIVACE_SANDBOX_TOKEN or random).")] = None,
+    preset: PresetOpt = "default",
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
+) -> None:
+    """Serve workspaces over HTTP (token-authenticated, loopback by default)."""
+    from vivace.sandbox.server import serve
+
+    cfg = _config(preset, backend, state_dir)
+    updates = {k: v for k, v in {"host": host, "port": port, "token": token}.items() if v is not None}
+    cfg.server = ServerConfig.model_validate({**cfg.server.model_dump(), **updates})
+    serve(cfg)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
