@@ -203,19 +203,27 @@ class IsolatedBackend(LocalBackend):
 
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC)
+        open_fds = {info_r, info_w, block_r, block_w}
+
+        def close(fd: int) -> None:
+            # Close each fd exactly once: a closed number is reused at once by other
+            # concurrent commands' pipes, so a second close would break them.
+            if fd in open_fds:
+                open_fds.discard(fd)
+                os.close(fd)
 
         async def join_cgroup(proc: asyncio.subprocess.Process) -> None:
-            os.close(info_w)
-            os.close(block_r)
+            close(info_w)  # the child holds its own copies now
+            close(block_r)
             info = await _read_json(info_r, timeout=30.0)
             if info is None:
                 return  # bwrap failed before starting the sandbox; its stderr says why
             for procs in self.cgroups.procs_files(name):
-                for pid in (proc.pid, info["child-pid"]):
-                    procs.write_text(str(pid))
+                # The child only: bwrap's outer monitor runs nothing of the command's and is
+                # killed directly; each migration costs kernel synchronisation.
+                procs.write_text(str(info["child-pid"]))
             os.write(block_w, b"go")
 
-        fds = (info_w, block_r, info_r, block_w)
         try:
             raw = await run_capped(
                 self._argv(ws, argv, env, info_w, block_r),
@@ -228,11 +236,8 @@ class IsolatedBackend(LocalBackend):
                 on_spawn=join_cgroup,
             )
         finally:
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass  # already closed after the spawn
+            for fd in list(open_fds):
+                close(fd)
         return ExecResult(**vars(raw), oom_killed=self.cgroups.oom_kills(name) > ooms_before)
 
     def changed_paths(self, ws: LocalWorkspace) -> list[str]:
