@@ -25,7 +25,7 @@ config_app = typer.Typer(help="Run configuration and presets.", no_args_is_help=
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(config_app, name="config")
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable)
 out = Console()
 
 PresetOpt = Annotated[str, typer.Option("--preset", help=f"Named preset: {', '.join(PRESETS)}.")]
