@@ -133,8 +133,9 @@ def _overlay_bytes(workspaces: list) -> int:
 
 async def run_bench(
     config: SandboxConfig, n: int, concurrency: int, files: int, repo_dir: Path,
-    backends: tuple[str, ...] = ("isolated", "plain"), progress_factory=None,
+    backends: tuple[str, ...] = ("isolated", "plain"), progress_factory=None, baseline_n: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """Bench each backend; the plain (full-copy) one may use fewer workspaces (`baseline_n`)."""
     from vivace.sandbox.isolated import IsolatedBackend
     from vivace.sandbox.plain import PlainBackend
 
@@ -143,9 +144,10 @@ async def run_bench(
     for name in backends:
         cls = IsolatedBackend if name == "isolated" else PlainBackend
         backend = cls(config.model_copy(update={"backend": name}))
-        progress = progress_factory(name, n) if progress_factory else None
+        count = n if name == "isolated" or baseline_n is None else min(n, baseline_n)
+        progress = progress_factory(name, count) if progress_factory else None
         try:
-            results[name] = await bench_backend(backend, repo, n, concurrency, progress=progress)
+            results[name] = await bench_backend(backend, repo, count, concurrency, progress=progress)
         finally:
             await backend.aclose()
     if "isolated" in results and "plain" in results:
@@ -154,6 +156,5 @@ async def run_bench(
             "first_command_p50": plain["first_command_ms"]["p50"] / iso["first_command_ms"]["p50"],
             "first_command_alone_p50": plain["first_command_alone_ms"]["p50"] / iso["first_command_alone_ms"]["p50"],
             "throughput": iso["throughput_per_s"] / plain["throughput_per_s"],
-            "disk": plain["disk_bytes_per_workspace"] / max(1, iso["disk_bytes_per_workspace"]),
         }
     return results
