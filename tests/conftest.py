@@ -1,17 +1,20 @@
 """Shared fixtures: a small repository, backends, and a factory that makes workspaces over it.
 
 `make_workspace` is parametrized over every Workspace implementation, so one contract suite
-(test_workspace.py) checks them all the same way.
+(test_workspace.py) checks them all the same way; "http" is the HTTP client talking to a
+real uvicorn server (one per session, in a background thread on 127.0.0.1).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 
-from vivace.config import SandboxConfig
+from vivace.config import PoolConfig, SandboxConfig
 from vivace.sandbox.isolated import probe
 
 ISOLATION_PROBLEM = probe()
@@ -73,9 +76,53 @@ async def plain_backend(state_dir):
     await backend.aclose()
 
 
-@pytest.fixture(params=["isolated", "plain"])
+@dataclass
+class EnvServer:
+    url: str
+    token: str
+    app: FastAPI
+
+
+# Enough live workspaces for the 200-client burst to flow, few enough creations at once
+# that a 2-core machine is not thrashed by mounts and copies.
+HTTP_POOL = PoolConfig(max_live=64, create_concurrency=4)
+SERVER_TOKEN = "test-token-" + os.urandom(8).hex()
+
+
+@pytest.fixture(scope="session")
+def env_server(state_dir):
+    """A real environment server for the whole session: isolated backend if possible, else plain."""
+    from vivace.sandbox.background import BackgroundServer
+    from vivace.sandbox.server import create_app
+
+    # Its own state dir: backends of one process share `owners/<pid>` and workspace ids
+    # (see the report on local.py), so it must not share one with the per-test backends.
+    backend = make_backend("plain" if ISOLATION_PROBLEM else "isolated", state_dir / "http-server")
+    app = create_app(backend, HTTP_POOL, SERVER_TOKEN, own_backend=True)
+    server = BackgroundServer(app).start()
+    yield EnvServer(server.url, SERVER_TOKEN, app)
+    server.stop()
+
+
+@pytest.fixture(params=["isolated", "plain", "http"])
 async def make_workspace(request, repo, state_dir):
     """An async factory: `ws = await make_workspace()` gives a fresh workspace over `repo`."""
+    if request.param == "http":
+        from vivace.sandbox.client import EnvClient
+
+        server = request.getfixturevalue("env_server")
+        client = EnvClient(server.url, server.token)
+        made = []
+
+        async def make_remote():
+            made.append(await client.create(str(repo)))
+            return made[-1]
+
+        yield make_remote
+        for ws in made:  # the server is shared by the session: leave nothing behind
+            await ws.close()
+        await client.aclose()
+        return
     backend = make_backend(request.param, state_dir)
     snapshot = backend.snapshot(str(repo))
 

@@ -41,6 +41,18 @@ class WorkspaceClosedError(SandboxError):
     kind = "closed"
 
 
+class UnknownWorkspace(SandboxError, LookupError):
+    """An environment server has no workspace with this id (never created, or server restarted)."""
+
+    kind = "unknown_workspace"
+
+
+class Unauthorized(SandboxError, PermissionError):
+    """An environment server refused the request: missing or wrong bearer token."""
+
+    kind = "unauthorized"
+
+
 class BackendUnavailable(SandboxError):
     """The requested backend cannot run on this machine; the message says why and what to do."""
 
@@ -55,6 +67,8 @@ ERRORS_BY_KIND: dict[str, type[SandboxError]] = {
         WorkspaceFileNotFound,
         NotAFileError,
         WorkspaceClosedError,
+        UnknownWorkspace,
+        Unauthorized,
         BackendUnavailable,
     )
 }

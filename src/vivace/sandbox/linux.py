@@ -58,6 +58,24 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def kill_processes_mentioning(text: str) -> int:
+    """SIGKILL every process whose command line contains `text`; returns how many."""
+    needle = text.encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if needle not in f.read():
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return killed
+
+
 class Cgroups:
     """Per-workspace cgroups with memory, pids and cpu limits under a `vivace` parent group."""
 

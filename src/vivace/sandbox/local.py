@@ -3,7 +3,7 @@
 State directory layout (one per machine, shared by every process):
 
     snapshots/<key>/            materialised base snapshots (see snapshot.py)
-    owners/<pid>-<start>/<ws>/  live workspaces of one owning process
+    owners/<pid>-<start>-<nonce>/<ws>/  live workspaces of one backend instance
     etc/                        the sandbox's synthetic /etc files (isolated backend)
 
 A process that dies without cleaning up (SIGKILL, OOM, power loss of a container) leaves
@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import re
+import secrets
 import shutil
 import sys
 import time
@@ -65,18 +66,20 @@ class SandboxMetrics:
         }
 
 
-def owner_id(pid: int | None = None) -> str:
-    pid = pid or os.getpid()
-    return f"{pid}-{process_start_time(pid)}"
+def owner_id() -> str:
+    """`<pid>-<start time>-<nonce>`: unique per backend instance, even several in one process."""
+    pid = os.getpid()
+    return f"{pid}-{process_start_time(pid)}-{secrets.token_hex(3)}"
 
 
 def owner_alive(owner: str) -> bool:
-    pid_s, _, start = owner.partition("-")
+    """Whether the process that created `owner` still runs (a reused pid has another start time)."""
+    pid_s, _, rest = owner.partition("-")
     try:
         pid = int(pid_s)
     except ValueError:
         return False
-    return str(process_start_time(pid)) == start
+    return str(process_start_time(pid)) == rest.partition("-")[0]
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

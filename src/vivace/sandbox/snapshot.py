@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 import subprocess
@@ -61,7 +62,7 @@ def materialize(source: SnapshotSource, cache_dir: Path, owner: tuple[int, int] 
     if target.is_dir():
         return Snapshot(key=key, root=target, source=source)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".{key}.tmp-{os.getpid()}"
+    tmp = cache_dir / f".{key}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # unique per thread too
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         if kind == "dir":

@@ -1,0 +1,294 @@
+"""The environment server: workspace pools of one machine exposed over HTTP (FastAPI).
+
+`create_app` serves one backend: a `WorkspacePool` per snapshot key, made on first use from
+the request's source (paths name files on the *server's* machine), and the workspace API
+under /v1. Every route except GET /v1/health needs `Authorization: Bearer <token>`; errors
+come back as {"error": {"kind", "message"}} with the stable `kind` of base.py's errors, so
+`client.py` re-raises the same exception classes as the in-process backend.
+
+Guarantees: a request without the right token is refused before any handler runs; closing
+is idempotent; shutdown closes every workspace the server handed out. Not guaranteed: TLS
+(bind to loopback, or put it behind a proxy), isolation between token holders (a token
+holder may snapshot any path the server can read and use every workspace), and reaping of
+workspaces whose client vanished without closing them (they hold a pool slot until closed
+or until the server stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import secrets
+import sys
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from vivace.config import PoolConfig, ServerConfig, VivaceConfig
+from vivace.sandbox.base import SandboxError, Unauthorized, UnknownWorkspace, WorkspaceClosedError
+from vivace.sandbox.local import LocalBackend, LocalWorkspace
+from vivace.sandbox.pool import WorkspacePool, open_backend
+from vivace.sandbox.snapshot import Snapshot, SnapshotSource
+
+log = logging.getLogger(__name__)
+
+MAX_UPLOAD_BYTES = 64 << 20  # a PUT body beyond this is refused (413) instead of filling memory
+HEALTH_PATH = "/v1/health"
+STATUS_BY_KIND = {"path_escape": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
+                  "unauthorized": 401, "backend_unavailable": 503}  # fmt: skip
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceBody(_Body):
+    path: str = Field(min_length=1, description="Directory, tarball or git repository on the server's machine.")
+    kind: Literal["dir", "tar", "git"] | None = None
+    commit: str | None = None
+
+
+class CreateBody(_Body):
+    source: SourceBody
+
+
+class ExecBody(_Body):
+    cmd: str | list[str]
+    timeout: float | None = Field(None, gt=0)
+    env: dict[str, str] | None = None
+
+
+def error_response(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status, headers=headers or None)
+
+
+class TokenGate:
+    """Pure ASGI middleware: refuses every HTTP request but the health check without the token.
+
+    It runs before routing and body parsing, so a refused request never reaches a handler.
+    """
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] != HEALTH_PATH and not self._allowed(scope):
+            await error_response(
+                401, Unauthorized.kind, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"}
+            )(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope: dict) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                # Constant-time comparison: response timing must not reveal a token prefix.
+                return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.token)
+        return False
+
+
+class Registry:
+    """Pools and live workspaces of one app; only touched from the server's event loop."""
+
+    def __init__(self, backend: LocalBackend, pool_config: PoolConfig) -> None:
+        self.backend = backend
+        self.pool_config = pool_config
+        self.pools: dict[str, WorkspacePool] = {}
+        self.workspaces: dict[str, LocalWorkspace] = {}
+        # Closed ids are remembered (bounded) so a late request says "closed", not "unknown".
+        self.recently_closed: OrderedDict[str, None] = OrderedDict()
+        self._inflight: dict[SnapshotSource, asyncio.Future[Snapshot]] = {}
+
+    async def snapshot(self, source: SnapshotSource) -> Snapshot:
+        # Single flight: a burst of creates for one source hashes and copies the tree once.
+        fut = self._inflight.get(source)
+        if fut is None:
+            fut = asyncio.ensure_future(self._materialize(source))
+            self._inflight[source] = fut
+            fut.add_done_callback(lambda f: self._settled(source, f))
+        return await asyncio.shield(fut)  # a client hanging up must not cancel the others' wait
+
+    def _settled(self, source: SnapshotSource, fut: asyncio.Future[Snapshot]) -> None:
+        self._inflight.pop(source, None)
+        if not fut.cancelled():
+            fut.exception()  # retrieved: no "never retrieved" noise when every waiter left
+
+    async def _materialize(self, source: SnapshotSource) -> Snapshot:
+        return await asyncio.to_thread(self.backend.snapshot, source)  # hashing a tree blocks
+
+    async def create(self, source: SnapshotSource) -> str:
+        snapshot = await self.snapshot(source)
+        pool = self.pools.get(snapshot.key)
+        if pool is None:
+            pool = self.pools[snapshot.key] = WorkspacePool(self.backend, snapshot, self.pool_config)
+        ws = await pool.acquire()  # waits while the pool is at max_live
+        # Backend ids restart with every process; the random suffix keeps a stale client
+        # from reaching a newer server's workspace of the same number.
+        ws_id = f"{ws.id}-{secrets.token_hex(4)}"
+        self.workspaces[ws_id] = ws
+        return ws_id
+
+    def get(self, ws_id: str) -> LocalWorkspace:
+        ws = self.workspaces.get(ws_id)
+        if ws is not None:
+            return ws
+        if ws_id in self.recently_closed:
+            raise WorkspaceClosedError(f"workspace {ws_id} is closed")
+        raise UnknownWorkspace(f"no workspace {ws_id!r} on this server")
+
+    async def close(self, ws_id: str) -> None:
+        ws = self.workspaces.pop(ws_id, None)
+        if ws is None:
+            return  # idempotent: already closed (or never existed)
+        self.recently_closed[ws_id] = None
+        while len(self.recently_closed) > 10_000:
+            self.recently_closed.popitem(last=False)
+        await ws.close()
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(self.close(i) for i in list(self.workspaces)), return_exceptions=True)
+        for pool in self.pools.values():
+            await pool.close()
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend.describe(),
+            "live": len(self.workspaces),
+            "pools": [pool.metrics() for pool in self.pools.values()],
+        }
+
+
+async def _read_body(request: Request) -> bytes | None:
+    """The request body, or None when it is over MAX_UPLOAD_BYTES (checked while streaming)."""
+    if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_UPLOAD_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, own_backend: bool = False) -> FastAPI:
+    """The HTTP app over `backend`; with `own_backend` its shutdown also closes the backend."""
+    if not token:
+        raise ValueError("the environment server needs a non-empty token")
+    reg = Registry(backend, pool_config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await reg.aclose()
+        if own_backend:
+            await backend.aclose()
+
+    # No /docs or /openapi.json: they would be unauthenticated surface for no benefit here.
+    app = FastAPI(title="vivace environment server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(TokenGate, token=token)
+    app.state.registry = reg
+
+    @app.exception_handler(SandboxError)
+    async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
+        return error_response(STATUS_BY_KIND.get(e.kind, 400), e.kind, str(e))
+
+    @app.exception_handler(ValueError)  # what the backend raises for a bad argument (env name, empty argv)
+    async def _value_error(_: Request, e: ValueError) -> JSONResponse:
+        return error_response(400, "invalid_argument", str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        return error_response(422, "invalid_request", str(e.errors()))
+
+    @app.get(HEALTH_PATH)
+    async def health() -> dict[str, Any]:
+        return {"ok": True, "backend": backend.name, "isolated": backend.isolated}
+
+    @app.get("/v1/metrics")
+    async def metrics() -> dict[str, Any]:
+        return reg.metrics()
+
+    @app.post("/v1/workspaces")
+    async def create(body: CreateBody) -> dict[str, Any]:
+        ws_id = await reg.create(SnapshotSource(**body.source.model_dump()))
+        info = {"backend": backend.name, "isolated": backend.isolated, "timeout_s": backend.config.timeout_s}
+        return {"id": ws_id, **info}
+
+    @app.post("/v1/workspaces/{ws_id}/exec")
+    async def exec_(ws_id: str, body: ExecBody) -> dict[str, Any]:
+        result = await reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env)
+        return result.to_dict()
+
+    @app.get("/v1/workspaces/{ws_id}/file")
+    async def read(ws_id: str, path: str) -> Response:
+        data = await reg.get(ws_id).read_bytes(path)
+        return Response(content=data, media_type="application/octet-stream")
+
+    @app.put("/v1/workspaces/{ws_id}/file", status_code=204)
+    async def write(ws_id: str, path: str, request: Request) -> Response:
+        ws = reg.get(ws_id)
+        data = await _read_body(request)
+        if data is None:
+            return error_response(413, "too_large", f"upload over {MAX_UPLOAD_BYTES} bytes")
+        await ws.write_bytes(path, data)
+        return Response(status_code=204)
+
+    @app.delete("/v1/workspaces/{ws_id}/file", status_code=204)
+    async def remove(ws_id: str, path: str, recursive: bool = False) -> Response:
+        await reg.get(ws_id).remove(path, recursive=recursive)
+        return Response(status_code=204)
+
+    @app.get("/v1/workspaces/{ws_id}/list")
+    async def list_(ws_id: str, path: str = ".") -> dict[str, Any]:
+        return {"entries": [e.to_dict() for e in await reg.get(ws_id).list(path)]}
+
+    @app.get("/v1/workspaces/{ws_id}/stat")
+    async def stat(ws_id: str, path: str) -> dict[str, Any]:
+        return (await reg.get(ws_id).stat(path)).to_dict()
+
+    @app.get("/v1/workspaces/{ws_id}/diff")
+    async def diff(ws_id: str) -> dict[str, str]:
+        return {"diff": await reg.get(ws_id).diff()}
+
+    @app.delete("/v1/workspaces/{ws_id}", status_code=204)
+    async def close(ws_id: str) -> Response:
+        await reg.close(ws_id)
+        return Response(status_code=204)
+
+    return app
+
+
+def resolve_token(server: ServerConfig) -> tuple[str, bool]:
+    """The token to require: configured, else $VIVACE_SANDBOX_TOKEN, else a fresh random one."""
+    token = server.token or os.environ.get("VIVACE_SANDBOX_TOKEN")
+    if token:
+        return token, False
+    return secrets.token_urlsafe(24), True
+
+
+def serve(config: VivaceConfig) -> None:
+    """Run the server in the foreground until interrupted (the `vivace sandbox serve` command)."""
+    token, generated = resolve_token(config.server)
+    if generated:
+        # Printed once, here only: it is needed by every client and stored nowhere.
+        print(
+            f"vivace sandbox server token (set VIVACE_SANDBOX_TOKEN to choose one): {token}",
+            file=sys.stderr,
+            flush=True,
+        )
+    if config.server.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("environment server bound to %s: reachable from the network, without TLS", config.server.host)
+    app = create_app(open_backend(config.sandbox), config.pool, token, own_backend=True)
+    uvicorn.run(app, host=config.server.host, port=config.server.port, backlog=2048, timeout_graceful_shutdown=30)
