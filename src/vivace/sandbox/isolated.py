@@ -32,7 +32,7 @@ from pathlib import Path
 from vivace.config import SandboxConfig
 from vivace.sandbox.base import BackendUnavailable, ExecResult
 from vivace.sandbox.diff import walk_files
-from vivace.sandbox.linux import MS_NODEV, MS_NOSUID, Cgroups, mount, mounts_under, umount
+from vivace.sandbox.linux import MS_NODEV, MS_NOSUID, Cgroups, kill_processes_mentioning, mount, mounts_under, umount
 from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, owner_alive, toolchain_dirs
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
@@ -175,6 +175,9 @@ class IsolatedBackend(LocalBackend):
         for name in self.cgroups.names():
             if name.startswith(prefix):
                 self.cgroups.remove(name)
+        # A sandbox whose owner died before moving it into its cgroup is in no group; its
+        # bwrap command line names the workspace directory.
+        kill_processes_mentioning(str(owner_dir) + "/")
         for point in mounts_under(owner_dir):
             umount(point)
         shutil.rmtree(owner_dir, ignore_errors=True)
