@@ -38,7 +38,7 @@ from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
 from vivace.sandbox.snapshot import Snapshot
 
-# Host files the sandbox sees under /etc (when they exist): dynamic linker, TLS roots, tz.
+# Host files copied into the sandbox's /etc (when they exist): dynamic linker, TLS roots, tz.
 _ETC_PASSTHROUGH = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "localtime")
 
 
@@ -76,9 +76,13 @@ class IsolatedBackend(LocalBackend):
         self._trial_run()
 
     # -- command line ------------------------------------------------------------------------
-    def _write_etc(self) -> Path:
-        etc = self.state / "etc"
-        etc.mkdir(exist_ok=True)
+    def _build_etc(self) -> Path:
+        """The sandbox's /etc, built once per backend: synthetic identity files plus copies of
+        the few host files programs need. One bind mount instead of one per file saves ~2 ms
+        on every command."""
+        etc = self.owner_dir / "etc"
+        shutil.rmtree(etc, ignore_errors=True)
+        etc.mkdir()
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
         files = {
             "passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n",
@@ -88,8 +92,14 @@ class IsolatedBackend(LocalBackend):
             "hostname": "sandbox\n",
         }
         for name, text in files.items():
-            if not (etc / name).exists() or (etc / name).read_text() != text:
-                (etc / name).write_text(text)
+            (etc / name).write_text(text)
+        for name in _ETC_PASSTHROUGH:
+            host = Path("/etc") / name
+            if host.is_dir() and not host.is_symlink():
+                shutil.copytree(host, etc / name, symlinks=True)
+            elif host.exists():
+                shutil.copyfile(host, etc / name)  # follows a symlink (localtime -> zoneinfo)
+        etc.chmod(0o755)
         return etc
 
     def _static_bwrap_args(self) -> list[str]:
@@ -106,12 +116,7 @@ class IsolatedBackend(LocalBackend):
                 args += ["--ro-bind", str(host), f"/{name}"]
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--perms", "1777", "--size", str(self.config.tmp_mb << 20), "--tmpfs", "/tmp"]
-        args += ["--perms", "0755", "--dir", "/etc"]
-        for name, src in [(n, self._write_etc() / n) for n in ("passwd", "group", "hosts", "nsswitch.conf", "hostname")]:
-            args += ["--ro-bind", str(src), f"/etc/{name}"]
-        for name in _ETC_PASSTHROUGH:
-            if os.path.lexists(f"/etc/{name}"):
-                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        args += ["--ro-bind", str(self._build_etc()), "/etc"]
         made = {Path("/"), Path("/usr"), Path("/etc"), Path("/tmp")}
         for d in self.toolchain:
             if d == Path("/usr") or Path("/usr") in d.parents:
