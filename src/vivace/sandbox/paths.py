@@ -93,15 +93,21 @@ class ConfinedFS:
                         return
                     if not create_parents:
                         raise WorkspaceFileNotFound(f"{path!r}: no such directory {comp!r}") from None
-                    os.mkdir(comp, 0o755, dir_fd=fds[-1])
-                    if self.owner:
-                        os.chown(comp, *self.owner, dir_fd=fds[-1], follow_symlinks=False)
-                    st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
+                    try:
+                        os.mkdir(comp, 0o755, dir_fd=fds[-1])
+                        if self.owner:
+                            os.chown(comp, *self.owner, dir_fd=fds[-1], follow_symlinks=False)
+                        st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
+                    except (FileExistsError, FileNotFoundError) as e:  # a concurrent command got there first
+                        raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
                 if stat_mod.S_ISLNK(st.st_mode) and (follow_final or not final):
                     links += 1
                     if links > MAX_SYMLINKS:
                         raise PathEscapeError(f"{path!r}: too many levels of symbolic links")
-                    target = os.readlink(comp, dir_fd=fds[-1])
+                    try:
+                        target = os.readlink(comp, dir_fd=fds[-1])
+                    except OSError as e:  # replaced (EINVAL) or removed (ENOENT) since the stat above
+                        raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
                     if target.startswith("/"):
                         if not (target == WORKSPACE_MOUNT or target.startswith(WORKSPACE_MOUNT + "/")):
                             raise PathEscapeError(f"{path!r}: symlink {comp!r} points outside the workspace ({target})")

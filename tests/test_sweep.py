@@ -1,0 +1,300 @@
+"""Crash recovery: what a dead process leaves behind is swept by the next backend to start.
+
+Killing (SIGKILL) a process that holds 50 live workspaces, then starting again, leaves no
+mount, cgroup, process or directory behind. The holder runs as a separate Python process
+(a helper script written to tmp_path) so that it can really be SIGKILLed mid-flight.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from vivace.config import SandboxConfig
+from vivace.sandbox.isolated import probe
+from vivace.sandbox.local import owner_alive
+
+ISOLATION_PROBLEM = probe()
+needs_isolation = pytest.mark.skipif(ISOLATION_PROBLEM is not None, reason=f"isolated backend: {ISOLATION_PROBLEM}")
+
+HOLDER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from pathlib import Path
+
+    from vivace.config import SandboxConfig
+    from vivace.sandbox.isolated import IsolatedBackend
+    from vivace.sandbox.plain import PlainBackend
+
+    kind, state, repo, count, busy, nonce = sys.argv[1:7]
+    count, busy = int(count), int(busy)
+
+
+    def running(nonce):
+        n = 0
+        for d in os.listdir("/proc"):
+            try:
+                if d.isdigit() and Path(f"/proc/{d}/cmdline").read_bytes() == f"sleep\\0{nonce}\\0".encode():
+                    n += 1
+            except OSError:
+                pass
+        return n
+
+
+    async def main():
+        if kind == "isolated":
+            config = SandboxConfig(backend="isolated", state_dir=state, memory_mb=64, pids_max=16, disk_mb=4, tmp_mb=4)
+            backend = IsolatedBackend(config)
+        else:
+            backend = PlainBackend(SandboxConfig(backend="plain", state_dir=state))
+        snapshot = backend.snapshot(repo)
+        workspaces = await asyncio.gather(*(backend.create(snapshot) for _ in range(count)))
+        tasks = [asyncio.create_task(ws.exec(f"sleep {nonce}", timeout=3600)) for ws in workspaces[:busy]]
+        while running(nonce) < busy:
+            assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
+            await asyncio.sleep(0.05)
+        print("ready", backend.owner, flush=True)
+        await asyncio.Event().wait()
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def _spawn(
+    holder: list, tmp_path: Path, kind: str, state: Path, repo: Path, count: int, busy: int, nonce: str
+) -> subprocess.Popen:
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), kind, str(state), str(repo), str(count), str(busy), nonce],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    holder.append((proc, kind, state))
+    return proc
+
+
+def _wait_ready(proc: subprocess.Popen, timeout: float = 60.0) -> str:
+    """The holder's owner id, once it printed `ready`."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if not line.startswith("ready "):
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"holder did not get ready: {line!r}\n{err}")
+    return line.split()[1]
+
+
+def _sigkill(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.fixture
+async def holder() -> AsyncIterator[list[tuple[subprocess.Popen, str, Path]]]:
+    """Holder processes a test started, as (process, backend kind, state dir). Whatever the test
+    did, they are killed at the end and what they left is swept, so a failure leaks nothing."""
+    started: list[tuple[subprocess.Popen, str, Path]] = []
+    yield started
+    for proc, kind, state in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+        if kind == "isolated":
+            from vivace.sandbox.isolated import IsolatedBackend
+
+            backend = IsolatedBackend(isolated_config(state))
+        else:
+            from vivace.sandbox.plain import PlainBackend
+
+            backend = PlainBackend(SandboxConfig(backend="plain", state_dir=state))
+        await backend.aclose()  # its __init__ swept the dead holder
+
+
+def mounts_under(prefix: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return [p for p in points if p == str(prefix) or p.startswith(f"{prefix}/")]
+
+
+def procs_with_cmdline(cmdline: bytes) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            if Path(f"/proc/{d}/cmdline").read_bytes() == cmdline:
+                found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+def wait_gone(cmdline: bytes, within: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + within
+    while (left := procs_with_cmdline(cmdline)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def isolated_config(state: Path) -> SandboxConfig:
+    return SandboxConfig(backend="isolated", state_dir=state, memory_mb=64, pids_max=16, disk_mb=4, tmp_mb=4)
+
+
+@needs_isolation
+@pytest.mark.isolated
+async def test_sigkilled_owner_of_50_workspaces_is_swept(tmp_path, repo, holder):
+    """SIGKILL a process holding 50 live workspaces (5 running `sleep`); the next backend to
+    start on the state dir removes every mount, cgroup, process and directory it left."""
+    from vivace.sandbox.isolated import IsolatedBackend
+    from vivace.sandbox.linux import Cgroups
+
+    state = tmp_path / "state"
+    nonce = f"1000.{secrets.randbelow(10**6):06d}"  # `sleep 1000`, recognisable as this test's
+    sleep_cmdline = f"sleep\0{nonce}\0".encode()
+    proc = _spawn(holder, tmp_path, "isolated", state, repo, count=50, busy=5, nonce=nonce)
+    owner = _wait_ready(proc)
+    owner_dir = state / "owners" / owner
+    cgroups = Cgroups()
+    prefix = f"{owner}."
+    assert len([d for d in owner_dir.iterdir() if re.fullmatch(r"w\d+", d.name)]) == 50
+    assert len(mounts_under(owner_dir)) == 100  # a tmpfs and an overlay per workspace
+    assert len([n for n in cgroups.names() if n.startswith(prefix)]) == 50
+    assert len(procs_with_cmdline(sleep_cmdline)) == 5
+
+    _sigkill(proc)
+    assert not owner_alive(owner)
+    # The kernel does not clean up after the dead process: this is the sweep's job.
+    assert len(mounts_under(owner_dir)) == 100
+    assert len([n for n in cgroups.names() if n.startswith(prefix)]) == 50
+
+    backend = IsolatedBackend(isolated_config(state))  # __init__ sweeps
+    try:
+        assert mounts_under(state) == []
+        assert [n for n in Cgroups().names() if n.startswith(prefix)] == []
+        assert wait_gone(sleep_cmdline) == []
+        assert not owner_dir.exists()
+        assert [d.name for d in (state / "owners").iterdir()] == [backend.owner]
+        # The new backend works on the swept state dir.
+        ws = await backend.create(backend.snapshot(str(repo)))
+        assert (await ws.exec("echo ok", timeout=10)).stdout == "ok\n"
+    finally:
+        await backend.aclose()
+    assert mounts_under(state) == [] and list((state / "owners").iterdir()) == []
+
+
+@needs_isolation
+@pytest.mark.isolated
+async def test_sweep_leaves_live_owners_of_other_state_dirs_alone(tmp_path, repo, holder):
+    """Cgroups are machine-wide but state dirs are not: a backend starting on another state
+    dir must not sweep (kill) the workspaces of a live process."""
+    from vivace.sandbox.isolated import IsolatedBackend
+    from vivace.sandbox.linux import Cgroups
+
+    nonce = f"1000.{secrets.randbelow(10**6):06d}"
+    sleep_cmdline = f"sleep\0{nonce}\0".encode()
+    proc = _spawn(holder, tmp_path, "isolated", tmp_path / "state-a", repo, count=2, busy=1, nonce=nonce)
+    owner = _wait_ready(proc)
+    backend = IsolatedBackend(isolated_config(tmp_path / "state-b"))
+    try:
+        assert len([n for n in Cgroups().names() if n.startswith(f"{owner}.")]) == 2
+        assert len(procs_with_cmdline(sleep_cmdline)) == 1
+        assert len(mounts_under(tmp_path / "state-a")) == 4
+    finally:
+        await backend.aclose()
+    _sigkill(proc)
+    # Once that owner is dead, any backend sweeps its cgroups, whatever its state dir...
+    await IsolatedBackend(isolated_config(tmp_path / "state-b")).aclose()
+    assert [n for n in Cgroups().names() if n.startswith(f"{owner}.")] == []
+    assert wait_gone(sleep_cmdline) == []
+    # ...and one on its own state dir sweeps its mounts and directories.
+    later = IsolatedBackend(isolated_config(tmp_path / "state-a"))
+    await later.aclose()
+    assert mounts_under(tmp_path / "state-a") == []
+    assert list((tmp_path / "state-a" / "owners").iterdir()) == []
+
+
+async def test_plain_backend_sweeps_dead_owner_directories(tmp_path, repo, holder):
+    """The plain backend has only directories to leave behind; the next start removes them."""
+    from vivace.sandbox.plain import PlainBackend
+
+    state = tmp_path / "state"
+    proc = _spawn(holder, tmp_path, "plain", state, repo, count=5, busy=0, nonce="unused")
+    owner = _wait_ready(proc)
+    owner_dir = state / "owners" / owner
+    assert sorted(d.name for d in owner_dir.iterdir() if re.fullmatch(r"w\d+", d.name)) == [f"w{i}" for i in range(5)]
+    _sigkill(proc)
+    assert owner_dir.exists()
+    backend = PlainBackend(SandboxConfig(backend="plain", state_dir=state))
+    try:
+        assert not owner_dir.exists()
+        assert [d.name for d in (state / "owners").iterdir()] == [backend.owner]
+        assert backend.sweep() == 0  # nothing left to sweep; the live owner (us) is kept
+    finally:
+        await backend.aclose()
+    assert list((state / "owners").iterdir()) == []
+
+
+@needs_isolation
+@pytest.mark.isolated
+async def test_isolated_aclose_leaves_nothing(tmp_path, repo):
+    """A normal shutdown, even with commands still running, leaves no mount, cgroup, process
+    or directory behind."""
+    import asyncio
+
+    from vivace.sandbox.isolated import IsolatedBackend
+    from vivace.sandbox.linux import Cgroups
+
+    state = tmp_path / "state"
+    nonce = f"1000.{secrets.randbelow(10**6):06d}"
+    sleep_cmdline = f"sleep\0{nonce}\0".encode()
+    backend = IsolatedBackend(isolated_config(state))
+    snapshot = backend.snapshot(str(repo))
+    workspaces = await asyncio.gather(*(backend.create(snapshot) for _ in range(10)))
+    tasks = [asyncio.create_task(ws.exec(f"sleep {nonce}", timeout=3600)) for ws in workspaces[:3]]
+    deadline = time.monotonic() + 10
+    while len(procs_with_cmdline(sleep_cmdline)) < 3:
+        assert time.monotonic() < deadline, "sleeps did not start"
+        await asyncio.sleep(0.05)
+    await backend.aclose()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 10)  # killed, not left hanging
+    assert all(r.exit_code != 0 for r in results)
+    assert mounts_under(state) == []
+    assert [n for n in Cgroups().names() if n.startswith(f"{backend.owner}.")] == []
+    assert wait_gone(sleep_cmdline) == []
+    assert list((state / "owners").iterdir()) == []
+    assert backend.metrics.to_dict()["live"] == 0 and backend.live == {}
+
+
+async def test_plain_aclose_leaves_nothing(tmp_path, repo):
+    """A normal shutdown of the plain backend removes every workspace directory."""
+    from vivace.sandbox.plain import PlainBackend
+
+    state = tmp_path / "state"
+    backend = PlainBackend(SandboxConfig(backend="plain", state_dir=state))
+    snapshot = backend.snapshot(str(repo))
+    for _ in range(5):
+        ws = await backend.create(snapshot)
+        assert (await ws.exec("echo ok > made.txt && cat made.txt", timeout=10)).stdout == "ok\n"
+    await backend.aclose()
+    assert list((state / "owners").iterdir()) == []
+    assert backend.metrics.to_dict()["live"] == 0
