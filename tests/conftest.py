@@ -95,8 +95,7 @@ def env_server(state_dir):
     from vivace.sandbox.background import BackgroundServer
     from vivace.sandbox.server import create_app
 
-    # Its own state dir: backends of one process share `owners/<pid>` and workspace ids
-    # (see the report on local.py), so it must not share one with the per-test backends.
+    # Its own state dir, so that what the server leaves behind is easy to tell apart.
     backend = make_backend("plain" if ISOLATION_PROBLEM else "isolated", state_dir / "http-server")
     app = create_app(backend, HTTP_POOL, SERVER_TOKEN, own_backend=True)
     server = BackgroundServer(app).start()

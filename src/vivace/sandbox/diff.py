@@ -2,8 +2,8 @@
 
 Backends tell which paths may have changed (overlayfs: whatever is in the upper layer;
 a plain copy: everything) and this module compares those paths between the two trees
-without following symlinks. The output applies with `git apply`; binary files are noted,
-not dumped.
+through ConfinedFS, so a command racing the diff cannot lead it outside the workspace.
+The output applies with `git apply`; binary files are noted, not dumped.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
-import stat
 from collections.abc import Iterable
 from pathlib import Path
+
+from vivace.sandbox.paths import ConfinedFS
 
 _NO_NEWLINE = "\\ No newline at end of file\n"
 
@@ -34,19 +35,6 @@ def walk_files(root: Path, rel: str = "") -> list[str]:
     return out
 
 
-def _read(path: Path) -> tuple[str, bytes | None, int]:
-    """(kind, content, mode) of a path: kind is 'missing', 'file', 'symlink' or 'dir'."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return "missing", None, 0
-    if stat.S_ISLNK(st.st_mode):
-        return "symlink", os.readlink(path).encode(), 0o120000
-    if stat.S_ISREG(st.st_mode):
-        return "file", path.read_bytes(), 0o100755 if st.st_mode & 0o111 else 0o100644
-    return "dir", None, 0
-
-
 def _is_binary(data: bytes) -> bool:
     if b"\0" in data[:8192]:
         return True
@@ -64,10 +52,10 @@ def _lines(data: bytes) -> list[str]:
     return lines
 
 
-def file_diff(rel: str, base: Path, work: Path) -> str:
+def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS) -> str:
     """The diff of one path between `base` and `work` trees; '' when unchanged."""
-    a_kind, a, a_mode = _read(base / rel)
-    b_kind, b, b_mode = _read(work / rel)
+    a_kind, a, a_mode = base.entry(rel)
+    b_kind, b, b_mode = work.entry(rel)
     if a_kind == "dir":
         a_kind, a = "missing", None
     if b_kind == "dir":
@@ -94,4 +82,5 @@ def file_diff(rel: str, base: Path, work: Path) -> str:
 def tree_diff(base: Path, work: Path, candidates: Iterable[str], ignore: Iterable[str] = ()) -> str:
     ignore = list(ignore)
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
-    return "".join(file_diff(rel, base, work) for rel in paths)
+    base_fs, work_fs = ConfinedFS(base), ConfinedFS(work)
+    return "".join(file_diff(rel, base_fs, work_fs) for rel in paths)

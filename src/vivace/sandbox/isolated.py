@@ -22,8 +22,10 @@ writable cgroups; `probe()` says which is missing.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import secrets
 import shutil
 import stat as stat_mod
 import subprocess
@@ -77,12 +79,9 @@ class IsolatedBackend(LocalBackend):
 
     # -- command line ------------------------------------------------------------------------
     def _build_etc(self) -> Path:
-        """The sandbox's /etc, built once per backend: synthetic identity files plus copies of
-        the few host files programs need. One bind mount instead of one per file saves ~2 ms
-        on every command."""
-        etc = self.owner_dir / "etc"
-        shutil.rmtree(etc, ignore_errors=True)
-        etc.mkdir()
+        """The sandbox's /etc: synthetic identity files plus copies of the few host files
+        programs need, bound with one mount (a bind per file cost ~2 ms per command). Built
+        once per machine and content (copying /etc/ssl takes most of a second)."""
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
         files = {
             "passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n",
@@ -91,15 +90,32 @@ class IsolatedBackend(LocalBackend):
             "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
             "hostname": "sandbox\n",
         }
-        for name, text in files.items():
-            (etc / name).write_text(text)
-        for name in _ETC_PASSTHROUGH:
-            host = Path("/etc") / name
-            if host.is_dir() and not host.is_symlink():
-                shutil.copytree(host, etc / name, symlinks=True)
-            elif host.exists():
-                shutil.copyfile(host, etc / name)  # follows a symlink (localtime -> zoneinfo)
-        etc.chmod(0o755)
+        h = hashlib.sha256(repr(sorted(files.items())).encode())
+        hosts = [Path("/etc") / n for n in _ETC_PASSTHROUGH if os.path.lexists(f"/etc/{n}")]
+        for host in hosts:
+            for p in [host, *(host.rglob("*") if host.is_dir() and not host.is_symlink() else [])]:
+                st = p.lstat()
+                h.update(f"{p}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+        etc = self.state / f"etc-{h.hexdigest()[:16]}"
+        if etc.is_dir():
+            return etc
+        tmp = self.state / f".{etc.name}.tmp-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            for name, text in files.items():
+                (tmp / name).write_text(text)
+            for host in hosts:
+                if host.is_dir() and not host.is_symlink():
+                    shutil.copytree(host, tmp / host.name, symlinks=True)
+                else:
+                    shutil.copyfile(host, tmp / host.name)  # follows a link (localtime -> zoneinfo)
+            tmp.chmod(0o755)
+            os.rename(tmp, etc)
+        except OSError:
+            if not etc.is_dir():  # lost a race to another process: use its copy
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return etc
 
     def _static_bwrap_args(self) -> list[str]:
@@ -154,7 +170,10 @@ class IsolatedBackend(LocalBackend):
         uid, gid = self.file_owner
         ws_dir.mkdir()
         try:
-            mount("tmpfs", ws_dir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={self.config.disk_mb}m,mode=0700")
+            # nr_inodes: without it a flood of empty files fills the memory limit instead and
+            # leaves the workspace unable to run even `rm`.
+            inodes = max(4096, self.config.disk_mb * 256)
+            mount("tmpfs", ws_dir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={self.config.disk_mb}m,nr_inodes={inodes},mode=0700")
             for sub in ("upper", "work", "merged"):
                 (ws_dir / sub).mkdir()
             os.chown(ws_dir / "upper", uid, gid)

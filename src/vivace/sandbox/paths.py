@@ -13,6 +13,7 @@ backend cannot create those; the plain backend is not a security boundary anyway
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import stat as stat_mod
@@ -57,6 +58,17 @@ def _check_lexical(parts: list[str], original: str) -> None:
         depth += -1 if p == ".." else 1
         if depth < 0:
             raise PathEscapeError(f"{original!r} leads outside the workspace")
+
+
+def _bounded_content(f) -> bytes:
+    """A file's bytes; past MAX_READ_BYTES a NUL-led digest stands in (compared, shown as binary)."""
+    data = f.read(MAX_READ_BYTES + 1)
+    if len(data) <= MAX_READ_BYTES:
+        return data
+    h = hashlib.sha256(data)
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+    return b"\0large file sha256:" + h.hexdigest().encode()
 
 
 class ConfinedFS:
@@ -184,6 +196,33 @@ class ConfinedFS:
                     os.fchown(fd, *self.owner)
             finally:
                 os.close(fd)
+
+    def entry(self, path: str) -> tuple[str, bytes | None, int]:
+        """(kind, content, git mode) of `path` without following a final symlink: kind is
+        'missing', 'file', 'symlink' or 'dir' ('dir' also for sockets and the like).
+        Used by diffs, which must not be led outside by a link swapped in meanwhile."""
+        try:
+            with self._resolve(path, follow_final=False) as (dfd, name):
+                if name is None:
+                    return "dir", None, 0
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stat_mod.S_ISLNK(st.st_mode):
+                    return "symlink", os.readlink(name, dir_fd=dfd).encode(), 0o120000
+                if not stat_mod.S_ISREG(st.st_mode):
+                    return "dir", None, 0
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if not stat_mod.S_ISREG(st.st_mode):
+                        return "dir", None, 0
+                    data = _bounded_content(f)
+                return "file", data, 0o100755 if st.st_mode & 0o111 else 0o100644
+        except (FileNotFoundError, NotADirectoryError, WorkspaceFileNotFound, PathEscapeError, NotAFileError):
+            return "missing", None, 0
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # swapped for a link between stat and open
+                return "missing", None, 0
+            raise
 
     def list(self, path: str = ".") -> list[DirEntry]:
         with self._resolve(path) as (dfd, name):
