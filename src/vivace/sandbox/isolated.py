@@ -25,7 +25,6 @@ import asyncio
 import hashlib
 import json
 import os
-import secrets
 import shutil
 import stat as stat_mod
 import subprocess
@@ -38,7 +37,7 @@ from vivace.sandbox.linux import MS_NODEV, MS_NOSUID, Cgroups, kill_processes_me
 from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, owner_alive, toolchain_dirs
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
-from vivace.sandbox.snapshot import Snapshot
+from vivace.sandbox.snapshot import Snapshot, build_once
 
 # Host files copied into the sandbox's /etc (when they exist): dynamic linker, TLS roots, tz.
 _ETC_PASSTHROUGH = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "localtime")
@@ -96,12 +95,8 @@ class IsolatedBackend(LocalBackend):
             for p in [host, *(host.rglob("*") if host.is_dir() and not host.is_symlink() else [])]:
                 st = p.lstat()
                 h.update(f"{p}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
-        etc = self.state / f"etc-{h.hexdigest()[:16]}"
-        if etc.is_dir():
-            return etc
-        tmp = self.state / f".{etc.name}.tmp-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        try:
+
+        def build(tmp: Path) -> None:
             for name, text in files.items():
                 (tmp / name).write_text(text)
             for host in hosts:
@@ -109,14 +104,8 @@ class IsolatedBackend(LocalBackend):
                     shutil.copytree(host, tmp / host.name, symlinks=True)
                 else:
                     shutil.copyfile(host, tmp / host.name)  # follows a link (localtime -> zoneinfo)
-            tmp.chmod(0o755)
-            os.rename(tmp, etc)
-        except OSError:
-            if not etc.is_dir():  # lost a race to another process: use its copy
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return etc
+
+        return build_once(self.state / f"etc-{h.hexdigest()[:16]}", build)
 
     def _static_bwrap_args(self) -> list[str]:
         args = [

@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -58,30 +59,39 @@ def materialize(source: SnapshotSource, cache_dir: Path, owner: tuple[int, int] 
     key = _key(kind, path, source.commit)
     if owner:
         key += f"-u{owner[0]}"  # ownership is part of what the cache holds
-    target = cache_dir / key
-    if target.is_dir():
-        return Snapshot(key=key, root=target, source=source)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".{key}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # unique per thread too
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def build(tmp: Path) -> None:
         if kind == "dir":
-            shutil.copytree(path, tmp, symlinks=True, ignore=_special_files)
+            shutil.copytree(path, tmp, symlinks=True, ignore=_special_files, dirs_exist_ok=True)
         elif kind == "tar":
             _extract_tar(path, tmp)
         else:
             _extract_git(path, source.commit or "HEAD", tmp)
-        os.chmod(tmp, 0o755)
         if owner:
             _chown_tree(tmp, owner)
+
+    return Snapshot(key=key, root=build_once(cache_dir / key, build), source=source)
+
+
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Make directory `target` with `build(tmp)` unless it exists, atomically: concurrent
+    builders (threads or processes) never see a half-built tree, and one of them wins."""
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+        build(tmp)
+        os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, target)
         except OSError:
-            if not target.is_dir():  # another process did not win the race: a real error
+            if not target.is_dir():  # not merely a lost race: a real error
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Snapshot(key=key, root=target, source=source)
+    return target
 
 
 def _key(kind: SourceKind, path: Path, commit: str | None) -> str:
@@ -113,7 +123,6 @@ def _is_plain(mode: int) -> bool:
 
 
 def _extract_tar(path: Path, dest: Path) -> None:
-    dest.mkdir()
     try:
         with tarfile.open(path) as tar:
             tar.extractall(dest, filter="data")  # refuses absolute paths, `..`, device files
@@ -129,7 +138,6 @@ def _git(repo: Path, *args: str) -> bytes:
 
 
 def _extract_git(repo: Path, commit: str, dest: Path) -> None:
-    dest.mkdir()
     proc = subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None
