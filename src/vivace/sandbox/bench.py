@@ -101,10 +101,12 @@ async def bench_backend(
                 progress(1)
             return ws
 
+    mem_before = _mem_available()
     t0 = time.perf_counter()
     workspaces = await asyncio.gather(*(one() for _ in range(n)))
     wall = time.perf_counter() - t0
     live = backend.metrics.created - backend.metrics.destroyed
+    mem_used = mem_before - _mem_available()
     disk = _dir_bytes(backend.owner_dir) if not backend.isolated else _overlay_bytes(workspaces)
     t1 = time.perf_counter()
     await asyncio.gather(*(ws.close() for ws in workspaces))
@@ -123,8 +125,17 @@ async def bench_backend(
         "wall_s": wall,
         "destroy_wall_s": destroy_wall,
         "disk_bytes_per_workspace": disk / max(1, n),
+        "host_memory_bytes_at_peak": mem_used,  # MemAvailable drop with all n alive (noisy)
         "metrics": backend.metrics.to_dict(),
     }
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _overlay_bytes(workspaces: list) -> int:
