@@ -63,7 +63,7 @@ class Box:
 
     @property
     def ws_dir(self) -> Path:
-        return self.ws.root.parent  # host: tmpfs holding upper/, work/, merged/
+        return self.backend.upper_dir(self.ws).parent  # host (via /proc/self/fd): the tmpfs holding upper/
 
     async def sh(self, cmd: str | list[str], timeout: float = 10.0, **kw) -> ExecResult:
         return await self.ws.exec(cmd, timeout=timeout, **kw)
@@ -81,13 +81,14 @@ class Box:
         r = await self.ws.exec("echo ok", timeout=15)
         assert (r.exit_code, r.stdout, r.timed_out) == (0, "ok\n", False), r
         fresh = await self.backend.create(self.snapshot)
-        fresh_dir, fresh_cg = fresh.root.parent, self.backend._cg_name(fresh.id)
+        fresh_dir, fresh_cg = self.backend.owner_dir / fresh.id, self.backend._cg_name(fresh.id)
         try:
             r = await fresh.exec("echo ok && cat README.md", timeout=15)
             assert (r.exit_code, r.stdout) == (0, "ok\n# demo\n"), r
         finally:
             await fresh.close()
         assert not fresh_dir.exists() and fresh_cg not in self.backend.cgroups.names()
+        assert fresh.id not in self.backend._mount_fds  # its detached mounts were released
         assert not any(p.startswith(str(fresh_dir)) for p in host_mount_points())
         metrics = self.backend.metrics.to_dict()
         assert metrics["live"] == len(self.backend.live) and self.ws.id in self.backend.live

@@ -130,6 +130,12 @@ async def holder() -> AsyncIterator[list[tuple[subprocess.Popen, str, Path]]]:
         await backend.aclose()  # its __init__ swept the dead holder
 
 
+def detached_mount_fds(pid: int) -> list[str]:
+    """A process's descriptors for the roots of detached mounts (they read as "/")."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    return [n for n in os.listdir(fd_dir) if os.readlink(fd_dir / n) == "/"]
+
+
 def mounts_under(prefix: Path) -> list[str]:
     with open("/proc/self/mountinfo") as f:
         points = [line.split()[4] for line in f]
@@ -177,14 +183,18 @@ async def test_sigkilled_owner_of_50_workspaces_is_swept(tmp_path, repo, holder)
     cgroups = Cgroups()
     prefix = f"{owner}."
     assert len([d for d in owner_dir.iterdir() if re.fullmatch(r"w\d+", d.name)]) == 50
-    assert len(mounts_under(owner_dir)) == 100  # a tmpfs and an overlay per workspace
+    # A tmpfs and an overlay per workspace, held as detached mounts (fds showing "/"), none
+    # of them in the host's mount table.
+    assert len(detached_mount_fds(proc.pid)) == 100
+    assert mounts_under(owner_dir) == []
     assert len([n for n in cgroups.names() if n.startswith(prefix)]) == 50
     assert len(procs_with_cmdline(sleep_cmdline)) == 5
 
     _sigkill(proc)
     assert not owner_alive(owner)
-    # The kernel does not clean up after the dead process: this is the sweep's job.
-    assert len(mounts_under(owner_dir)) == 100
+    # The detached mounts died with their descriptors; cgroups and directories remain for
+    # the sweep.
+    assert mounts_under(owner_dir) == []
     assert len([n for n in cgroups.names() if n.startswith(prefix)]) == 50
 
     backend = IsolatedBackend(isolated_config(state))  # __init__ sweeps
@@ -218,7 +228,7 @@ async def test_sweep_leaves_live_owners_of_other_state_dirs_alone(tmp_path, repo
     try:
         assert len([n for n in Cgroups().names() if n.startswith(f"{owner}.")]) == 2
         assert len(procs_with_cmdline(sleep_cmdline)) == 1
-        assert len(mounts_under(tmp_path / "state-a")) == 4
+        assert mounts_under(tmp_path / "state-a") == []  # live workspaces are detached mounts
     finally:
         await backend.aclose()
     _sigkill(proc)

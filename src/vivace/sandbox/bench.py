@@ -107,7 +107,10 @@ async def bench_backend(
     wall = time.perf_counter() - t0
     live = backend.metrics.created - backend.metrics.destroyed
     mem_used = mem_before - _mem_available()
-    disk = _dir_bytes(backend.owner_dir) if not backend.isolated else _overlay_bytes(workspaces)
+    if backend.isolated:
+        disk = sum(_dir_bytes(backend.upper_dir(ws)) for ws in workspaces)  # type: ignore[attr-defined]
+    else:
+        disk = _dir_bytes(backend.owner_dir)
     t1 = time.perf_counter()
     await asyncio.gather(*(ws.close() for ws in workspaces))
     destroy_wall = time.perf_counter() - t1
@@ -136,10 +139,6 @@ def _mem_available() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _overlay_bytes(workspaces: list) -> int:
-    return sum(_dir_bytes(ws.root.parent / "upper") for ws in workspaces)
 
 
 async def run_bench(

@@ -2,7 +2,10 @@
 
 Each workspace is a size-capped tmpfs holding an overlayfs upper layer over the cached
 snapshot, so creating one costs two mounts whatever the repository's size, and a command
-that fills the disk fills only its own quota. Each command runs as:
+that fills the disk fills only its own quota. Both are detached mounts (linux.py): held
+by file descriptors, attached to the host only for the instant a command's sandbox is
+cloned, so the host's mount table does not grow with the number of workspaces. Each
+command runs as:
 
     bwrap (new mount, PID, network, IPC, UTS and cgroup namespaces; minimal read-only
     root) -> setpriv (drops to an unprivileged uid, no capabilities, no_new_privs) -> the
@@ -23,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
+import logging
 import os
+import resource
 import shutil
 import stat as stat_mod
 import subprocess
@@ -33,11 +39,20 @@ from pathlib import Path
 from vivace.config import SandboxConfig
 from vivace.sandbox.base import BackendUnavailable, ExecResult
 from vivace.sandbox.diff import walk_files
-from vivace.sandbox.linux import MS_NODEV, MS_NOSUID, Cgroups, kill_processes_mentioning, mount, mounts_under, umount
+from vivace.sandbox.linux import (
+    Cgroups,
+    attach_clone,
+    detached_mount,
+    kill_processes_mentioning,
+    mounts_under,
+    umount,
+)
 from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, owner_alive, toolchain_dirs
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
 from vivace.sandbox.snapshot import Snapshot, build_once
+
+log = logging.getLogger(__name__)
 
 # Host files copied into the sandbox's /etc (when they exist): dynamic linker, TLS roots, tz.
 _ETC_PASSTHROUGH = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "localtime")
@@ -55,6 +70,10 @@ def probe() -> str | None:
         if "overlay" not in f.read():
             return "the kernel has no overlayfs (modprobe overlay)"
     try:
+        os.close(detached_mount("tmpfs", {"size": "1m"}))
+    except OSError as e:
+        return f"the kernel lacks the new mount API (fsopen/fsmount, Linux >= 5.2): {e}"
+    try:
         Cgroups()
     except OSError as e:
         return f"cgroups are not usable: {e}"
@@ -71,10 +90,36 @@ class IsolatedBackend(LocalBackend):
             raise BackendUnavailable(f"isolated sandbox unavailable: {reason}")
         self.file_owner = (config.sandbox_uid, config.sandbox_gid)
         self.cgroups = Cgroups()
+        self._mount_fds: dict[str, list[int]] = {}  # ws id -> [tmpfs fd, overlay fd]
+        self._attach_ids = itertools.count()
+        self._attach_points: list[Path] = []  # unmounted mount points, ready for reuse
         super().__init__(config)
+        # Two descriptors per live workspace: 500 workspaces need more than the usual 1024.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        self.attach_per_exec = self._can_attach_detached()
         self.toolchain = toolchain_dirs(config)
         self._bwrap_prefix = self._static_bwrap_args()
         self._trial_run()
+
+    def _can_attach_detached(self) -> bool:
+        """Whether this kernel can bind a clone of a detached mount (Linux >= 6.15 or so).
+        If so, a workspace is attached to the host only while a command starts; if not, it
+        stays attached, and each command's start costs grow with the number of workspaces."""
+        point = self.owner_dir / "probe"
+        point.mkdir(exist_ok=True)
+        fd = detached_mount("tmpfs", {"size": "1m"})
+        try:
+            attach_clone(fd, point)
+            umount(point)
+            return True
+        except OSError:
+            log.warning("kernel cannot attach detached mounts; command start-up will grow with live workspaces")
+            return False
+        finally:
+            os.close(fd)
+            point.rmdir()
 
     # -- command line ------------------------------------------------------------------------
     def _build_etc(self) -> Path:
@@ -134,9 +179,9 @@ class IsolatedBackend(LocalBackend):
             made.add(d)
         return args
 
-    def _argv(self, ws: LocalWorkspace, argv: list[str], env: dict[str, str], info_fd: int, block_fd: int) -> list[str]:
+    def _argv(self, source: Path, argv: list[str], env: dict[str, str], info_fd: int, block_fd: int) -> list[str]:
         bwrap = [*self._bwrap_prefix, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
-        bwrap += ["--bind", str(ws.root), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+        bwrap += ["--bind", str(source), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
         for key, value in command_env(self.toolchain, "/tmp", env).items():
             bwrap += ["--setenv", key, value]
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
@@ -157,29 +202,51 @@ class IsolatedBackend(LocalBackend):
     # -- lifecycle -----------------------------------------------------------------------------
     async def _create(self, ws_id: str, snapshot: Snapshot, ws_dir: Path) -> Path:
         uid, gid = self.file_owner
-        ws_dir.mkdir()
+        ws_dir.mkdir()  # holds only mount points for attaching the workspace to commands
+        fds: list[int] = []
+        self._mount_fds[ws_id] = fds
         try:
             # nr_inodes: without it a flood of empty files fills the memory limit instead and
             # leaves the workspace unable to run even `rm`.
             inodes = max(4096, self.config.disk_mb * 256)
-            mount("tmpfs", ws_dir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={self.config.disk_mb}m,nr_inodes={inodes},mode=0700")
-            for sub in ("upper", "work", "merged"):
-                (ws_dir / sub).mkdir()
-            os.chown(ws_dir / "upper", uid, gid)
-            opts = f"lowerdir={snapshot.root},upperdir={ws_dir / 'upper'},workdir={ws_dir / 'work'}"
-            mount("overlay", ws_dir / "merged", "overlay", MS_NOSUID | MS_NODEV, opts + ",redirect_dir=off,metacopy=off")
+            fds.append(detached_mount("tmpfs", {"size": f"{self.config.disk_mb}m", "nr_inodes": str(inodes), "mode": "0700"}))
+            for sub in ("upper", "work"):
+                os.mkdir(sub, 0o755, dir_fd=fds[0])
+            os.chown("upper", uid, gid, dir_fd=fds[0])
+            layers = {
+                "lowerdir": str(snapshot.root),
+                "upperdir": f"/proc/self/fd/{fds[0]}/upper",
+                "workdir": f"/proc/self/fd/{fds[0]}/work",
+                "redirect_dir": "off",  # keeps the upper layer a plain list of changes (see diff)
+                "metacopy": "off",
+            }
+            fds.append(detached_mount("overlay", layers))
+            if not self.attach_per_exec:
+                (ws_dir / "merged").mkdir()
+                attach_clone(fds[1], ws_dir / "merged")
             self.cgroups.create(
                 self._cg_name(ws_id), self.config.memory_mb << 20, self.config.pids_max, self.config.cpus
             )
         except BaseException:
             self._destroy(ws_id, ws_dir)
             raise
-        return ws_dir / "merged"
+        return Path(f"/proc/self/fd/{fds[1]}")
+
+    def _new_attach_point(self) -> Path:
+        point = self.owner_dir / "attach" / f"a{next(self._attach_ids)}"
+        point.mkdir(parents=True)
+        return point
+
+    def upper_dir(self, ws: LocalWorkspace) -> Path:
+        """The overlay's upper layer: exactly what the workspace changed."""
+        return Path(f"/proc/self/fd/{self._mount_fds[ws.id][0]}/upper")
 
     def _destroy(self, ws_id: str, ws_dir: Path, owner: str | None = None) -> None:
         self.cgroups.remove(self._cg_name(ws_id, owner))
         for point in mounts_under(ws_dir):
             umount(point)
+        for fd in self._mount_fds.pop(ws_id, []):
+            os.close(fd)  # the last reference to a detached mount: the filesystem goes away
         shutil.rmtree(ws_dir, ignore_errors=True)
 
     def _sweep_owner(self, owner_dir: Path) -> None:
@@ -217,6 +284,23 @@ class IsolatedBackend(LocalBackend):
                 pass
             self.cgroups.kill_all(name)
 
+        if self.attach_per_exec:
+            # Attached only until bwrap has cloned its namespace (it then holds its own copy).
+            source = self._attach_points.pop() if self._attach_points else self._new_attach_point()
+            attach_clone(self._mount_fds[ws.id][1], source)
+        else:
+            source = self.owner_dir / ws.id / "merged"
+        attached = self.attach_per_exec
+
+        def detach() -> None:
+            nonlocal attached
+            if attached:
+                attached = False
+                umount(source)
+                # Reused, never removed here: removing a directory detaches the mounts on it
+                # in every namespace, including the copy the starting sandbox still needs.
+                self._attach_points.append(source)
+
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC)
         open_fds = {info_r, info_w, block_r, block_w}
@@ -232,6 +316,7 @@ class IsolatedBackend(LocalBackend):
             close(info_w)  # the child holds its own copies now
             close(block_r)
             info = await _read_json(info_r, timeout=30.0)
+            detach()
             if info is None:
                 return  # bwrap failed before starting the sandbox; its stderr says why
             for procs in self.cgroups.procs_files(name):
@@ -242,7 +327,7 @@ class IsolatedBackend(LocalBackend):
 
         try:
             raw = await run_capped(
-                self._argv(ws, argv, env, info_w, block_r),
+                self._argv(source, argv, env, info_w, block_r),
                 cwd="/",
                 env={"PATH": "/usr/bin:/bin"},
                 timeout=timeout,
@@ -252,13 +337,14 @@ class IsolatedBackend(LocalBackend):
                 on_spawn=join_cgroup,
             )
         finally:
+            detach()
             for fd in list(open_fds):
                 close(fd)
         return ExecResult(**vars(raw), oom_killed=self.cgroups.oom_kills(name) > ooms_before)
 
     def changed_paths(self, ws: LocalWorkspace) -> list[str]:
         """Every path the upper layer touched, plus lower files hidden by whiteouts/opaque dirs."""
-        upper = ws.root.parent / "upper"
+        upper = self.upper_dir(ws)
         lower = ws.snapshot.root
         out: list[str] = []
         for dirpath, dirnames, filenames in os.walk(upper):

@@ -1,7 +1,12 @@
 """Thin wrappers over the Linux primitives the isolated backend needs: mounts and cgroups.
 
 Mounts go through libc directly (a `mount` process per workspace would cost more than
-the workspace itself). Cgroups work on both the unified (v2) hierarchy and the legacy (v1)
+the workspace itself). Workspace filesystems are made with the new mount API as *detached*
+mounts (fsopen/fsmount): they exist only as file descriptors, never in the host's mount
+table. That matters because every sandboxed command starts in a copy of the host's mount
+namespace: with 500 workspaces mounted there, each command paid ~80 ms copying and
+discarding 1,000 mounts. Detached mounts also vanish by themselves when their owner
+process dies (its descriptors close). Cgroups work on both the unified (v2) hierarchy and the legacy (v1)
 per-controller hierarchies, because both are still common on hosts and CI runners.
 """
 
@@ -34,6 +39,45 @@ def umount(target: str | Path) -> None:
         e = ctypes.get_errno()
         if e not in (errno.EINVAL, errno.ENOENT):  # not a mount point / already gone
             raise OSError(e, f"umount {target}: {os.strerror(e)}")
+
+
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 428, 429, 430, 431, 432  # x86_64, arm64
+_FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
+_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x2, 0x4
+_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_EMPTY_PATH, _AT_FDCWD = 1, 0o2000000, 0x1000, -100
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+
+
+def _syscall(number: int, *args) -> int:
+    result = _libc.syscall(number, *args)
+    if result < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return result
+
+
+def detached_mount(fstype: str, options: dict[str, str]) -> int:
+    """A new nosuid,nodev filesystem as a detached mount; returns its (close-on-exec) fd."""
+    fs_fd = _syscall(_SYS_FSOPEN, fstype.encode(), 1)  # FSOPEN_CLOEXEC
+    try:
+        for key, value in options.items():
+            try:
+                _syscall(_SYS_FSCONFIG, fs_fd, _FSCONFIG_SET_STRING, key.encode(), value.encode(), 0)
+            except OSError as e:
+                raise OSError(e.errno, f"{fstype}: option {key}={value}: {e.strerror}") from None
+        _syscall(_SYS_FSCONFIG, fs_fd, _FSCONFIG_CMD_CREATE, None, None, 0)
+        return _syscall(_SYS_FSMOUNT, fs_fd, 1, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)  # FSMOUNT_CLOEXEC
+    finally:
+        os.close(fs_fd)
+
+
+def attach_clone(mount_fd: int, target: str | Path) -> None:
+    """Bind a clone of the (possibly detached) mount `mount_fd` onto `target`."""
+    clone = _syscall(_SYS_OPEN_TREE, mount_fd, b"", _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_EMPTY_PATH)
+    try:
+        _syscall(_SYS_MOVE_MOUNT, clone, b"", _AT_FDCWD, str(target).encode(), _MOVE_MOUNT_F_EMPTY_PATH)
+    finally:
+        os.close(clone)
 
 
 def mounts_under(prefix: Path) -> list[str]:

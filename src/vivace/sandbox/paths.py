@@ -84,7 +84,8 @@ class ConfinedFS:
         self, path: str, *, follow_final: bool = True, create_parents: bool = False
     ) -> Iterator[tuple[int, str | None]]:
         """Yield (dir_fd, name) for `path`; name None means the root itself."""
-        fds = [os.open(self.root, _DIR_FLAGS)]
+        # The root itself is trusted (it may be a /proc/self/fd magic link to a detached mount).
+        fds = [os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
         try:
             pending = _split(path, path)
             _check_lexical(pending, path)
