@@ -32,6 +32,13 @@ def test_bench_small_run_reports_both_backends(tmp_path):
     assert res["ratio_plain_over_isolated"]["throughput"] > 0
 
 
+@needs_isolation
+def test_bench_scaling_reports_each_step(tmp_path):
+    res = _bench(tmp_path, "--scaling", "0,4", "--files", "30", timeout=300)
+    assert set(res) == {"0", "4"}
+    assert all(0 < r["exec_p50_ms"] <= r["exec_p90_ms"] for r in res.values())
+
+
 @pytest.mark.slow
 @needs_isolation
 def test_bench_acceptance_500_workspaces(tmp_path):

@@ -114,11 +114,17 @@ def sandbox_bench(
     files: Annotated[int, typer.Option("--files", help="Files in the generated repository.")] = 2000,
     baseline: Annotated[bool, typer.Option(help="Also measure the full-copy (plain) baseline.")] = True,
     baseline_n: Annotated[int, typer.Option("--baseline-n", help="Workspaces for the full-copy baseline (it is slow).")] = 100,
+    scaling: Annotated[
+        str | None, typer.Option(help="Instead: exec latency with N live workspaces, e.g. 0,100,500.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
     preset: PresetOpt = "default",
     state_dir: StateOpt = None,
 ) -> None:
     """Measure workspace creation + first command: isolated overlay vs full copy, side by side."""
+    if scaling is not None:
+        _bench_scaling(scaling, files, as_json, _config(preset, None, state_dir))
+        return
     from vivace.sandbox.bench import run_bench
     from vivace.sandbox.isolated import probe
 
@@ -158,6 +164,37 @@ def sandbox_bench(
             f"isolated vs full copy: first command {ratio['first_command_p50']:.1f}x faster (p50), "
             f"{ratio['first_command_alone_p50']:.1f}x alone, throughput {ratio['throughput']:.1f}x"
         )
+
+
+def _bench_scaling(steps_text: str, files: int, as_json: bool, cfg: VivaceConfig) -> None:
+    from vivace.sandbox.bench import bench_scaling, generate_repo
+    from vivace.sandbox.isolated import IsolatedBackend
+
+    try:
+        steps = [int(x) for x in steps_text.split(",") if x.strip()]
+    except ValueError:
+        err.print(f"[red]error:[/red] --scaling wants comma-separated counts like 0,100,500, not {steps_text!r}")
+        raise typer.Exit(2) from None
+
+    async def go() -> dict:
+        backend = IsolatedBackend(cfg.sandbox.model_copy(update={"backend": "isolated"}))
+        try:
+            repo = generate_repo(cfg.sandbox.state_dir / "bench-repo", files)
+            return await bench_scaling(backend, repo, steps)
+        finally:
+            await backend.aclose()
+
+    with err.status("measuring exec latency against live workspaces..."):
+        results = asyncio.run(go())
+    if as_json:
+        out.print_json(json.dumps(results))
+        return
+    table = Table(title="exec latency (one at a time) with N live workspaces")
+    for col in ("live", "p50", "p90"):
+        table.add_column(col, justify="right")
+    for n, r in results.items():
+        table.add_row(n, f"{r['exec_p50_ms']:.1f} ms", f"{r['exec_p90_ms']:.1f} ms")
+    out.print(table)
 
 
 @sandbox_app.command("serve")

@@ -141,6 +141,29 @@ def _mem_available() -> int:
     return 0
 
 
+async def bench_scaling(backend: LocalBackend, repo: Path, steps: list[int], samples: int = 15) -> dict[str, Any]:
+    """Exec latency (one at a time) while N other workspaces are alive, for each N in `steps`."""
+    snapshot = backend.snapshot(str(repo))
+    live: list = []
+    out: dict[str, Any] = {}
+    try:
+        for n in sorted(steps):
+            while len(live) < n:
+                live.append(await backend.create(snapshot))
+            ws = await backend.create(snapshot)
+            times = []
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                await ws.exec(["true"])
+                times.append(time.perf_counter() - t0)
+            await ws.close()
+            times.sort()
+            out[str(n)] = {"exec_p50_ms": percentile(times, 50) * 1e3, "exec_p90_ms": percentile(times, 90) * 1e3}
+    finally:
+        await asyncio.gather(*(ws.close() for ws in live))
+    return out
+
+
 async def run_bench(
     config: SandboxConfig, n: int, concurrency: int, files: int, repo_dir: Path,
     backends: tuple[str, ...] = ("isolated", "plain"), progress_factory=None, baseline_n: int | None = None,
