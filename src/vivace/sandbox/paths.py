@@ -60,6 +60,19 @@ def _check_lexical(parts: list[str], original: str) -> None:
             raise PathEscapeError(f"{original!r} leads outside the workspace")
 
 
+def _open_final(dfd: int, name: str, flags: int, path: str) -> int:
+    """Open the last component of a resolved path, never through a symlink; typed errors
+    except FileNotFoundError, which callers treat differently."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+    except IsADirectoryError:
+        raise NotAFileError(f"{path!r} is a directory") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink swapped in after resolution
+            raise PathEscapeError(f"{path!r} changed while resolving") from None
+        raise
+
+
 def _bounded_content(f) -> bytes:
     """A file's bytes; past MAX_READ_BYTES a NUL-led digest stands in (compared, shown as binary)."""
     data = f.read(MAX_READ_BYTES + 1)
@@ -148,13 +161,9 @@ class ConfinedFS:
             if name is None:
                 raise NotAFileError(f"{path!r} is a directory")
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+                fd = _open_final(dfd, name, os.O_RDONLY | os.O_NONBLOCK, path)
             except FileNotFoundError:
                 raise WorkspaceFileNotFound(f"{path!r}: no such file") from None
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise PathEscapeError(f"{path!r} changed while resolving") from None
-                raise
             try:
                 st = os.fstat(fd)
                 if stat_mod.S_ISDIR(st.st_mode):
@@ -175,17 +184,9 @@ class ConfinedFS:
             if name is None:
                 raise NotAFileError(f"{path!r} is a directory")
             try:
-                fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                created = False
+                fd, created = _open_final(dfd, name, os.O_WRONLY, path), False
             except FileNotFoundError:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-                created = True
-            except IsADirectoryError:
-                raise NotAFileError(f"{path!r} is a directory") from None
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise PathEscapeError(f"{path!r} changed while resolving") from None
-                raise
+                fd, created = _open_final(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path), True
             try:
                 if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
                     raise NotAFileError(f"{path!r} is not a regular file")
