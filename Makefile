@@ -18,13 +18,17 @@ $(STAMP): pyproject.toml
 
 # The isolated sandbox needs bubblewrap; without it (or without root) vivace falls back to
 # the plain, unisolated backend with a loud warning and the isolation tests are skipped.
+# ripgrep makes the grep tool fast; without it grep uses its built-in (slower) fallback.
 system-deps:
-	@if command -v bwrap >/dev/null 2>&1; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		(apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) || \
-		echo "warning: could not install bubblewrap; the isolated sandbox will be unavailable"; \
-	else echo "note: install bubblewrap (and run as root) for the isolated sandbox"; fi
+	@for pkg in bwrap:bubblewrap rg:ripgrep; do \
+		cmd=$${pkg%%:*}; deb=$${pkg#*:}; \
+		if command -v $$cmd >/dev/null 2>&1; then continue; fi; \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			(apt-get install -y -qq $$deb >/dev/null 2>&1 || \
+			 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$deb >/dev/null 2>&1)) || \
+			echo "warning: could not install $$deb"; \
+		else echo "note: install $$deb (as root) for the full sandbox and tools"; fi; \
+	done
 
 test: setup
 	$(BIN)/pytest -q

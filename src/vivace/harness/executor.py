@@ -19,14 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vivace.harness.messages import ToolCall
 from vivace.harness.tools.base import Access, Tool, ToolContext, ToolResult, parse_args
 
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str  # the call id echoed with its result
-    name: str
-    arguments: Any  # decoded JSON arguments (a dict when well formed)
+__all__ = ["ToolCall", "ToolOutcome", "execute"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +59,12 @@ async def execute(calls: list[ToolCall], tools: Mapping[str, Tool], ctx: ToolCon
 
 
 def _prepare(call: ToolCall, tools: Mapping[str, Tool]) -> tuple[Tool, Any, Access] | ToolResult:
+    if call.error is not None:
+        return ToolResult(
+            f"Error: malformed tool call: {call.error}. Nothing was run; repeat the call with a tool name "
+            "and a JSON object of arguments.",
+            True,
+        )
     tool = tools.get(call.name)
     if tool is None:
         names = ", ".join(sorted(tools))

@@ -12,6 +12,7 @@ Not covered here: running several calls together (executor.py) and rendering to 
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -46,10 +47,27 @@ class Access:
     writes: frozenset[str] = frozenset()
 
     def conflicts(self, other: Access) -> bool:
-        def overlap(a: frozenset[str], b: frozenset[str]) -> bool:
-            return bool(a and b) and (EVERYTHING in a or EVERYTHING in b or bool(a & b))
+        return _overlap(self.writes, other.writes | other.reads) or _overlap(other.writes, self.reads)
 
-        return overlap(self.writes, other.writes | other.reads) or overlap(other.writes, self.reads)
+
+def _overlap(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Whether two sets of paths touch: the same path, one inside the other, or EVERYTHING."""
+    if not a or not b:
+        return False
+    if EVERYTHING in a or EVERYTHING in b:
+        return True
+    return any(_nested(x, y) for x in a for y in b)
+
+
+def _nested(x: str, y: str) -> bool:
+    x, y = norm_path(x), norm_path(y)
+    return x == y or x == "." or y == "." or y.startswith(x + "/") or x.startswith(y + "/")
+
+
+def norm_path(path: str) -> str:
+    """A workspace-relative path in one canonical spelling ("." for the root), for comparing
+    accesses; the workspace itself resolves and confines paths."""
+    return posixpath.normpath(path.strip().lstrip("/") or ".")
 
 
 @dataclass
