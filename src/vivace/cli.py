@@ -29,9 +29,7 @@ err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable)
 out = Console()
 
 PresetOpt = Annotated[str, typer.Option("--preset", help=f"Named preset: {', '.join(PRESETS)}.")]
-BackendOpt = Annotated[
-    str | None, typer.Option("--backend", help="auto | isolated | plain (plain is NOT isolated).")
-]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | isolated | plain (plain is NOT isolated).")]
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="Sandbox state directory.")]
 
 
@@ -60,9 +58,116 @@ def config_show(preset: PresetOpt = "default") -> None:
     out.print_json(_config(preset).model_dump_json())
 
 
-@sandbox_app.command(
-    "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-)
+AgentModelOpt = Annotated[
+    str, typer.Option("--model", help="Policy spec: http(s)://HOST:PORT/v1#MODEL, scripted:null, scripted:replay:FILE.")
+]
+
+
+@app.command()
+def agent(
+    request: Annotated[str, typer.Argument(help="What the agent should do, in plain words.")],
+    model: AgentModelOpt,
+    repo: Annotated[
+        Path, typer.Option("--repo", help="Repository to work on; it changes only with --apply or a yes.")
+    ] = Path("."),
+    max_turns: Annotated[
+        int | None, typer.Option("--max-turns", help="Assistant turns at most (default: the preset's).")
+    ] = None,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Write the agent's changes into --repo without asking.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the trajectory as JSON instead of streaming turns.")
+    ] = False,
+    preset: PresetOpt = "default",
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
+) -> None:
+    """Run the agent on REPO in a sandbox: streams each turn, then shows the final answer and the diff."""
+    from rich.prompt import Confirm
+
+    from vivace.harness.agent import run_episode
+    from vivace.harness.display import EpisodePrinter
+    from vivace.harness.policies import load_policy
+    from vivace.sandbox import SandboxError, SnapshotSource, open_backend
+    from vivace.sandbox.diff import export_changes
+
+    if not repo.is_dir():
+        err.print(f"[red]error:[/red] --repo {repo} is not a directory")
+        raise typer.Exit(2)
+    cfg = _config(preset, backend, state_dir)
+    try:
+        if max_turns is not None:
+            cfg.agent.max_turns = max_turns
+        policy = load_policy(model)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    interactive = not as_json and sys.stdin.isatty()
+
+    async def go():
+        b = open_backend(cfg.sandbox)
+        try:
+            ws = await b.create(b.snapshot(SnapshotSource(path=str(repo))))
+            observer = None if as_json else EpisodePrinter(out)
+            traj = await run_episode(policy, ws, request, cfg.agent, observer=observer)
+            applied, skipped = False, []
+            if traj.diff and (apply or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):
+                skipped = await export_changes(ws, traj.diff, repo)
+                applied = True
+            return traj, applied, skipped
+        finally:
+            await b.aclose()
+
+    try:
+        traj, applied, skipped = asyncio.run(go())
+    except SandboxError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    if as_json:
+        sys.stdout.write(
+            json.dumps({"trajectory": traj.model_dump(), "applied": applied, "not_applied": skipped}) + "\n"
+        )
+    elif applied:
+        out.print(
+            f"[green]applied to {repo}[/green]" + (f"; not carried over: {', '.join(skipped)}" if skipped else "")
+        )
+    elif traj.diff:
+        out.print(f"[dim]{repo} is unchanged (use --apply to write the changes)[/dim]")
+    raise typer.Exit(1 if traj.stop_reason == "error" else 0)
+
+
+@app.command()
+def tools(as_json: Annotated[bool, typer.Option("--json", help="Print the tool schemas as JSON.")] = False) -> None:
+    """List the agent's tools and their argument schemas (what the model sees)."""
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import tool_schema
+
+    schemas = [tool_schema(t) for t in default_tools()]
+    if as_json:
+        sys.stdout.write(json.dumps(schemas, indent=1) + "\n")
+        return
+    table = Table(show_lines=True)
+    for col in ("tool", "arguments", "description"):
+        table.add_column(col)
+    for s in schemas:
+        fn = s["function"]
+        required = set(fn["parameters"].get("required", []))
+        args = "\n".join(
+            f"{k}{'' if k in required else '?'}: {_type_name(v)}" for k, v in fn["parameters"]["properties"].items()
+        )
+        table.add_row(fn["name"], args, fn["description"])
+    out.print(table)
+
+
+def _type_name(prop: dict) -> str:
+    if "type" in prop:
+        return prop["type"] if prop["type"] != "array" else f"list[{_type_name(prop.get('items', {}))}]"
+    options = [_type_name(p) for p in prop.get("anyOf", []) if p.get("type") != "null"]
+    return " | ".join(options) or ("enum" if "enum" in prop else "any")
+
+
+@sandbox_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sandbox_run(
     ctx: typer.Context,
     repo: Annotated[Path, typer.Option("--repo", help="Directory, tarball or git repository to start from.")],
@@ -113,7 +218,9 @@ def sandbox_bench(
     concurrency: Annotated[int, typer.Option("--concurrency", help="Workspaces created at the same time.")] = 16,
     files: Annotated[int, typer.Option("--files", help="Files in the generated repository.")] = 2000,
     baseline: Annotated[bool, typer.Option(help="Also measure the full-copy (plain) baseline.")] = True,
-    baseline_n: Annotated[int, typer.Option("--baseline-n", help="Workspaces for the full-copy baseline (it is slow).")] = 100,
+    baseline_n: Annotated[
+        int, typer.Option("--baseline-n", help="Workspaces for the full-copy baseline (it is slow).")
+    ] = 100,
     scaling: Annotated[
         str | None, typer.Option(help="Instead: exec latency with N live workspaces, e.g. 0,100,500.")
     ] = None,

@@ -83,22 +83,46 @@ class ServerConfig(_Strict):
     )
 
 
+class AgentConfig(_Strict):
+    """Limits of one agent episode (the same for `vivace agent`, the benchmark and RL rollouts)."""
+
+    max_turns: int = Field(50, ge=1, description="Assistant turns before the episode stops (stop reason max_turns).")
+    max_tokens: int = Field(
+        65_536,
+        ge=256,
+        description="Tokens in the whole conversation (prompt + generated), as the policy reports them; "
+        "beyond it the episode stops (max_tokens).",
+    )
+    max_turn_tokens: int = Field(4096, ge=16, description="Tokens one assistant turn may generate.")
+    max_tool_calls_per_turn: int = Field(
+        32, ge=1, description="Tool calls run per turn; calls beyond it get an error result and are not run."
+    )
+    max_wall_s: float = Field(1800.0, gt=0, description="Wall-clock seconds for the episode (stop reason timeout).")
+    command_timeout_s: float = Field(120.0, gt=0, description="Default timeout of run_terminal_cmd, s.")
+
+
 class VivaceConfig(_Strict):
     """The whole run configuration."""
 
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
 
 
 PRESETS: dict[str, dict] = {
     "default": {},
     # A laptop-sized run: small limits, few workspaces.
-    "tiny": {"sandbox": {"memory_mb": 1024, "cpus": 1.0}, "pool": {"max_live": 16, "create_concurrency": 4}},
+    "tiny": {
+        "sandbox": {"memory_mb": 1024, "cpus": 1.0},
+        "pool": {"max_live": 16, "create_concurrency": 4},
+        "agent": {"max_turns": 12, "max_tokens": 8192, "max_turn_tokens": 512},
+    },
     # The smallest end-to-end check (CI): tight limits so runaway commands end fast.
     "smoke": {
         "sandbox": {"memory_mb": 512, "timeout_s": 30.0, "disk_mb": 256},
         "pool": {"max_live": 8, "create_concurrency": 4},
+        "agent": {"max_turns": 8, "max_tokens": 8192, "max_turn_tokens": 512, "max_wall_s": 300.0},
     },
 }
 

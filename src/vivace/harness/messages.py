@@ -71,7 +71,9 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
         except json.JSONDecodeError as e:
             return ToolCall(call_id, name, arguments, f"the arguments are not valid JSON ({e})")
     if not isinstance(arguments, dict):
-        return ToolCall(call_id, name, arguments, f"the arguments must be a JSON object, got {type(arguments).__name__}")
+        return ToolCall(
+            call_id, name, arguments, f"the arguments must be a JSON object, got {type(arguments).__name__}"
+        )
     return ToolCall(call_id, name, arguments)
 
 

@@ -84,3 +84,47 @@ def tree_diff(base: Path, work: Path, candidates: Iterable[str], ignore: Iterabl
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
     base_fs, work_fs = ConfinedFS(base), ConfinedFS(work)
     return "".join(file_diff(rel, base_fs, work_fs) for rel in paths)
+
+
+def changed_paths(diff_text: str) -> list[str]:
+    """The paths a diff made by `tree_diff` touches, in order (its headers are `a/P b/P`)."""
+    paths = []
+    for line in diff_text.splitlines():
+        if not line.startswith("diff --git "):
+            continue
+        pair = line[len("diff --git ") :]
+        half = (len(pair) - 1) // 2
+        a, b = pair[:half], pair[half + 1 :]
+        if a.startswith("a/") and b.startswith("b/") and a[2:] == b[2:]:
+            paths.append(a[2:])
+    return paths
+
+
+async def export_changes(workspace, diff_text: str, dest: Path) -> list[str]:
+    """Make `dest` (the directory the workspace was made from) hold the workspace's version of
+    every path in `diff_text`: changed and new files are copied (with their mode), deleted ones
+    removed. Writes are confined to `dest`. Returns the paths it could not carry over
+    (symlinks and other special files), which the caller should report."""
+    from vivace.sandbox.base import WorkspaceFileNotFound
+
+    target = ConfinedFS(Path(dest))
+    skipped = []
+    for rel in changed_paths(diff_text):
+        try:
+            st = await workspace.stat(rel)
+        except WorkspaceFileNotFound:
+            st = None
+        if st is None or st.kind == "dir":
+            try:
+                target.remove(rel)
+            except WorkspaceFileNotFound:
+                pass
+            continue
+        if st.kind != "file":
+            skipped.append(rel)
+            continue
+        if target.entry(rel)[0] not in ("file", "missing"):
+            target.remove(rel, recursive=True)  # a symlink or directory the workspace replaced by a file
+        target.write_bytes(rel, await workspace.read_bytes(rel))
+        os.chmod(Path(dest) / rel, st.mode & 0o7777)
+    return skipped

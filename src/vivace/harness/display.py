@@ -1,0 +1,107 @@
+"""Showing an episode in a terminal as it happens (rich): each turn's text, its tool calls
+with one-line result summaries, edits as coloured diffs, and the final diff.
+
+Used as the `observer` of `run_episode` by `vivace agent`; it only prints.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from vivace.harness.executor import ToolOutcome
+from vivace.harness.messages import AssistantTurn
+from vivace.harness.trajectory import Trajectory
+
+_EDIT_TOOLS = ("edit_file", "write_file")
+
+
+class EpisodePrinter:
+    """An observer for `run_episode` that prints to a rich console."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.turn = 0
+
+    def __call__(self, kind: str, payload: Any) -> None:
+        if kind == "assistant":
+            self._assistant(payload)
+        elif kind == "tool":
+            self._tool(payload)
+        elif kind == "end":
+            self._end(payload)
+
+    def _assistant(self, reply: AssistantTurn) -> None:
+        self.turn += 1
+        calls = len(reply.message.tool_calls)
+        head = f"turn {self.turn}" + (f" · {calls} tool call{'s' * (calls != 1)}" if calls else "")
+        self.console.rule(f"[bold]{head}[/bold]", align="left", style="dim")
+        if reply.message.content:
+            self.console.print(escape(reply.message.content))
+
+    def _tool(self, o: ToolOutcome) -> None:
+        args = o.call.arguments
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in args.items()) if isinstance(args, dict) else _short(args)
+        colour = "red" if o.result.is_error else "cyan"
+        self.console.print(
+            f"[{colour}]→ {escape(o.call.name or '?')}[/{colour}]({escape(shown)}) "
+            f"[dim]{o.duration_s * 1e3:.0f} ms[/dim]"
+        )
+        if o.result.is_error or o.call.name not in _EDIT_TOOLS:
+            first = o.result.text.strip().splitlines()[0] if o.result.text.strip() else ""
+            lines = o.result.text.count("\n") + 1
+            more = f" [dim](+{lines - 1} lines)[/dim]" if lines > 1 else ""
+            self.console.print(f"  [dim]{escape(_clip(first, 160))}[/dim]{more}")
+        elif isinstance(args, dict):
+            old = args.get("old_string", "") if o.call.name == "edit_file" else ""
+            new = args.get("new_string", "") if o.call.name == "edit_file" else args.get("content", "")
+            self.console.print(colour_diff(_mini_diff(str(old), str(new), str(args.get("path", "")))))
+
+    def _end(self, traj: Trajectory) -> None:
+        self.console.rule("[bold]result[/bold]", align="left", style="dim")
+        if traj.final_message:
+            self.console.print(escape(traj.final_message))
+        if traj.diff:
+            self.console.print(colour_diff(traj.diff))
+        else:
+            self.console.print("[dim](no changes)[/dim]")
+        tail = f" — {escape(traj.error)}" if traj.error else ""
+        self.console.print(
+            f"[dim]{len(traj.turns)} turns, {traj.tool_calls} tool calls, {traj.format_errors} format errors, "
+            f"{traj.wall_s:.1f} s, stopped: {traj.stop_reason}{tail}[/dim]"
+        )
+
+
+def colour_diff(diff: str) -> Text:
+    text = Text()
+    for line in diff.splitlines(keepends=True):
+        style = ""
+        if line.startswith(("+++", "---", "diff --git")):
+            style = "bold"
+        elif line.startswith("+"):
+            style = "green"
+        elif line.startswith("-"):
+            style = "red"
+        elif line.startswith("@@"):
+            style = "cyan"
+        text.append(line, style=style)
+    return text
+
+
+def _mini_diff(old: str, new: str, path: str) -> str:
+    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True), path, path, n=1)
+    return "".join(line if line.endswith("\n") else line + "\n" for line in list(lines)[2:])
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return _clip(text.replace("\n", "⏎"), 60)
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

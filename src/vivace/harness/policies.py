@@ -1,0 +1,142 @@
+"""Policies by spec string — one syntax for every command (`--model SPEC`).
+
+    http://HOST:PORT/v1#MODEL     an OpenAI-compatible chat endpoint (tool calling through
+                                  the `openai` client; the key comes from $OPENAI_API_KEY)
+    scripted:null                 answers at once, calls no tool, changes nothing (a baseline)
+    scripted:replay:FILE          replays a JSON list of assistant turns (tests, bug reports)
+
+A replay file is a JSON list; each item is one assistant turn, either a message
+`{"content": "...", "tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]}`
+(arguments may also be a JSON string, as OpenAI sends them) or raw generated text
+`{"text": "I'll look.\\n<tool_call>\\n{...}\\n</tool_call>"}`, parsed exactly as a model's
+output would be (so malformed output can be replayed). When the list is exhausted the
+policy answers with an empty final message.
+
+Spec parsing is lazy: nothing heavy is imported until a policy of that kind is made. Local
+model paths join when the model and engine land.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from vivace.harness.messages import AssistantTurn, Message, decode_call
+from vivace.harness.policy import Conversation, Policy, PolicyError
+
+SPEC_FORMS = ("http(s)://HOST:PORT/v1#MODEL", "scripted:null", "scripted:replay:FILE")
+
+
+def load_policy(spec: str) -> Policy:
+    """The policy a spec names; an unknown spec raises ValueError listing the valid forms."""
+    if spec.startswith(("http://", "https://")):
+        base_url, _, model = spec.partition("#")
+        return OpenAIPolicy(base_url, model or None, name=spec)
+    if spec == "scripted:null":
+        return NullPolicy()
+    if spec.startswith("scripted:replay:"):
+        return ReplayPolicy.from_file(spec.removeprefix("scripted:replay:"))
+    raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
+
+
+class NullPolicy:
+    """Does nothing: the floor every benchmark number is compared with."""
+
+    name = "scripted:null"
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        return AssistantTurn(Message("assistant", "I made no changes."))
+
+
+class ReplayPolicy:
+    """Replays scripted assistant turns (see the module docstring for the file format)."""
+
+    def __init__(self, turns: list[dict[str, Any]], name: str = "scripted:replay"):
+        for i, item in enumerate(turns):
+            if not isinstance(item, dict) or not ({"content", "tool_calls", "text"} & item.keys()):
+                raise ValueError(f"replay turn {i}: expected an object with 'content'/'tool_calls' or 'text'")
+        self.turns, self.name = turns, name
+
+    @classmethod
+    def from_file(cls, path: str) -> ReplayPolicy:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"replay file {path!r} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"replay file {path!r} is not valid JSON: {e}") from None
+        if not isinstance(data, list):
+            raise ValueError(f"replay file {path!r} must hold a JSON list of assistant turns")
+        return cls(data, name=f"scripted:replay:{path}")
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        # The turn to replay is the number of assistant messages so far (one policy, many episodes).
+        n = sum(m.role == "assistant" for m in conversation.messages)
+        if n >= len(self.turns):
+            return AssistantTurn(Message("assistant", ""))
+        item = self.turns[n]
+        if "text" in item:
+            from vivace.harness.chat import parse_text
+
+            message, _ = parse_text(str(item["text"]), finish_reason=item.get("finish_reason", "stop"))
+            return AssistantTurn(message, finish_reason=item.get("finish_reason", "stop"))
+        calls = tuple(
+            decode_call(c.get("id") or f"call_{i}", c.get("name"), c.get("arguments", {}))
+            if isinstance(c, dict)
+            else decode_call(f"call_{i}", None, c)
+            for i, c in enumerate(item.get("tool_calls") or ())
+        )
+        return AssistantTurn(Message("assistant", str(item.get("content") or ""), calls))
+
+
+class OpenAIPolicy:
+    """A chat-completions endpoint with tool calling (vLLM, SGLang, `vivace serve`, hosted APIs)."""
+
+    def __init__(self, base_url: str, model: str | None, name: str, timeout_s: float = 600.0):
+        import openai  # lazy: only this policy needs the client
+
+        self.name, self.model = name, model
+        key = os.environ.get("OPENAI_API_KEY") or "EMPTY"  # local servers accept any key
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=2)
+        self._openai = openai
+
+    async def _model_name(self) -> str:
+        if self.model is None:
+            try:
+                models = [m.id async for m in self.client.models.list()]
+            except self._openai.OpenAIError as e:
+                raise PolicyError(f"{self.name}: could not list models: {e}") from None
+            if len(models) != 1:
+                raise PolicyError(f"{self.name}: name the model as URL#MODEL; the server has: {', '.join(models)}")
+            self.model = models[0]
+        return self.model
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        model = await self._model_name()
+        try:
+            response = await self.client.chat.completions.create(
+                model=model,
+                messages=[m.to_openai() for m in conversation.messages],  # type: ignore[misc]
+                tools=conversation.tools,  # type: ignore[arg-type]
+                max_tokens=conversation.max_turn_tokens,
+            )
+        except self._openai.OpenAIError as e:
+            raise PolicyError(f"{self.name}: the endpoint failed: {type(e).__name__}: {e}") from None
+        if not response.choices:
+            raise PolicyError(f"{self.name}: the endpoint returned no choices")
+        choice = response.choices[0]
+        calls = tuple(
+            decode_call(c.id or f"call_{i}", c.function.name, c.function.arguments)
+            for i, c in enumerate(choice.message.tool_calls or ())
+            if getattr(c, "function", None) is not None
+        )
+        usage = response.usage
+        return AssistantTurn(
+            Message("assistant", choice.message.content or "", calls),
+            finish_reason=choice.finish_reason or "stop",
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+        )

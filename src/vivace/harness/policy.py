@@ -1,0 +1,139 @@
+"""What acts in an episode: the Policy protocol, the conversation it reads, and the
+token-level policy that drives a sampler token-in/token-out.
+
+Two kinds of policy share one protocol. Message-level policies (an OpenAI-compatible
+endpoint, the scripted ones) read the messages and return a message. A token-level policy
+(`TokenPolicy`, over any `Sampler`: the local engine, an HTTP server returning token ids)
+keeps the episode's token sequence in `Conversation.tokens`: the prompt is rendered once,
+every sampled token is kept exactly as sampled (with its logprob and policy version), and
+each later turn only appends the rendering of the new messages — the past is never
+re-tokenized, so what RL trains on is exactly what the sampler saw and produced.
+
+Not covered: choosing a policy from a spec string (policies.py) and the loop (agent.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from vivace.harness.messages import AssistantTurn, Message
+
+
+@dataclass
+class TokenLog:
+    """The token sequence of one episode, for token-level policies; all lists have one entry per token."""
+
+    ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 on tokens the policy sampled, 0 on prompt/tool tokens
+    logprobs: list[float] = field(default_factory=list)  # sampler log-probability; 0.0 where loss_mask is 0
+    versions: list[int] = field(default_factory=list)  # policy version that sampled the token; -1 where mask is 0
+    n_messages: int = 0  # how many conversation messages the sequence already holds
+
+    def add_context(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def add_sampled(self, ids: list[int], logprobs: list[float], version: int) -> None:
+        if len(logprobs) != len(ids):
+            raise ValueError(f"sampler returned {len(ids)} tokens but {len(logprobs)} logprobs")
+        self.ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.versions += [version] * len(ids)
+
+
+@dataclass
+class Conversation:
+    """What a policy reads: the messages so far, the tool schemas, and (token-level) the tokens."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]]  # OpenAI-style function schemas
+    max_turn_tokens: int = 4096  # cap on one generation
+    tokens: TokenLog | None = None  # set by token-level policies on their first turn
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str  # the spec it was made from, for logs and reports
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        """The next assistant turn. Raises PolicyError when the policy cannot answer at all."""
+        ...
+
+
+class PolicyError(RuntimeError):
+    """The policy could not produce a turn (endpoint down, script exhausted badly, …); ends the episode."""
+
+
+# --- token level ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 1024  # tokens to generate at most
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting one of these (kept in the output)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]  # generated ids, including the stop token when one ended the turn
+    logprobs: list[float]  # log-probability of each generated id under the sampling policy
+    finish_reason: str  # "stop" or "length"
+    policy_version: int  # weights version that generated every token of this completion
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Token-in/token-out generation (the inference engine and HTTP backends implement it)."""
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+
+
+class TokenPolicy:
+    """A policy that renders with a ChatFormat and samples from a Sampler, token-in/token-out."""
+
+    def __init__(self, sampler: Sampler, chat_format: Any, name: str, params: SamplingParams | None = None):
+        self.sampler, self.chat, self.name = sampler, chat_format, name
+        self.params = params or SamplingParams()
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        log = conversation.tokens
+        if log is None:
+            log = conversation.tokens = TokenLog()
+            log.add_context(self.chat.prompt_ids(conversation.messages, conversation.tools))
+        else:
+            log.add_context(self.chat.continuation_ids(conversation.messages, conversation.tools, log.n_messages))
+        stops = tuple(self.chat.stop_ids)
+        params = SamplingParams(
+            max_tokens=min(self.params.max_tokens, conversation.max_turn_tokens),
+            temperature=self.params.temperature,
+            top_p=self.params.top_p,
+            top_k=self.params.top_k,
+            stop_token_ids=stops,
+            seed=self.params.seed,
+        )
+        prompt_len = len(log.ids)
+        out = await self.sampler.generate(list(log.ids), params)
+        log.add_sampled(out.token_ids, out.logprobs, out.policy_version)
+        if not out.token_ids or out.token_ids[-1] not in stops:
+            # Cut off by the token cap: close the turn (not a sampled token) so the sequence
+            # stays a well-formed rendering that later turns can extend.
+            log.add_context(self.chat.encode(self.chat.end_of_turn))
+        log.n_messages = len(conversation.messages) + 1  # the assistant message the loop appends next
+        message, _ = self.chat.parse(out.token_ids, finish_reason=out.finish_reason)
+        return AssistantTurn(
+            message=message,
+            finish_reason=out.finish_reason,
+            prompt_tokens=prompt_len,
+            completion_tokens=len(out.token_ids),
+            token_ids=list(out.token_ids),
+            logprobs=list(out.logprobs),
+            policy_version=out.policy_version,
+        )
