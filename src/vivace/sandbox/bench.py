@@ -44,7 +44,9 @@ def generate_repo(root: Path, n_files: int = 2000) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     (root / "tests").mkdir(parents=True)
     (root / "README.md").write_text("# generated benchmark repository\n")
-    (root / "tests" / "test_smoke.py").write_text("from pkg0.mod0 import value_0\n\n\ndef test_value():\n    assert value_0(1) == 0\n")
+    (root / "tests" / "test_smoke.py").write_text(
+        "from pkg0.mod0 import value_0\n\n\ndef test_value():\n    assert value_0(1) == 0\n"
+    )
     made = 2
     i = 0
     while made < n_files:

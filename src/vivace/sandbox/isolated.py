@@ -209,7 +209,9 @@ class IsolatedBackend(LocalBackend):
             # nr_inodes: without it a flood of empty files fills the memory limit instead and
             # leaves the workspace unable to run even `rm`.
             inodes = max(4096, self.config.disk_mb * 256)
-            fds.append(detached_mount("tmpfs", {"size": f"{self.config.disk_mb}m", "nr_inodes": str(inodes), "mode": "0700"}))
+            fds.append(
+                detached_mount("tmpfs", {"size": f"{self.config.disk_mb}m", "nr_inodes": str(inodes), "mode": "0700"})
+            )
             for sub in ("upper", "work"):
                 os.mkdir(sub, 0o755, dir_fd=fds[0])
             os.chown("upper", uid, gid, dir_fd=fds[0])

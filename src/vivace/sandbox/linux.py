@@ -176,8 +176,10 @@ class Cgroups:
             (cpu / "cpu.cfs_quota_us").write_text(str(quota))
 
     def oom_kills(self, name: str) -> int:
-        f = (self.parents["unified"] / name / "memory.events") if self.v2 else (
-            self.parents["memory"] / name / "memory.oom_control"
+        f = (
+            (self.parents["unified"] / name / "memory.events")
+            if self.v2
+            else (self.parents["memory"] / name / "memory.oom_control")
         )
         try:
             for line in f.read_text().splitlines():

@@ -122,7 +122,9 @@ def command_env(toolchain: list[Path], home: str, extra: dict[str, str]) -> dict
 class LocalWorkspace(TextFilesMixin):
     """A workspace whose files are a directory on this machine; commands go to its backend."""
 
-    def __init__(self, backend: LocalBackend, ws_id: str, snapshot: Snapshot, root: Path, owner: tuple[int, int] | None):
+    def __init__(
+        self, backend: LocalBackend, ws_id: str, snapshot: Snapshot, root: Path, owner: tuple[int, int] | None
+    ):
         self.id = ws_id
         self.backend = backend
         self.snapshot = snapshot
@@ -248,24 +250,19 @@ class LocalBackend(abc.ABC):
 
     # -- backend specifics -----------------------------------------------------------------
     @abc.abstractmethod
-    async def _create(self, ws_id: str, snapshot: Snapshot, ws_dir: Path) -> Path:
-        ...
+    async def _create(self, ws_id: str, snapshot: Snapshot, ws_dir: Path) -> Path: ...
 
     @abc.abstractmethod
-    def _destroy(self, ws_id: str, ws_dir: Path) -> None:
-        ...
+    def _destroy(self, ws_id: str, ws_dir: Path) -> None: ...
 
     @abc.abstractmethod
-    def _sweep_owner(self, owner_dir: Path) -> None:
-        ...
+    def _sweep_owner(self, owner_dir: Path) -> None: ...
 
     @abc.abstractmethod
-    async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult:
-        ...
+    async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult: ...
 
     @abc.abstractmethod
-    def changed_paths(self, ws: LocalWorkspace) -> list[str]:
-        ...
+    def changed_paths(self, ws: LocalWorkspace) -> list[str]: ...
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "isolated": self.isolated, "state_dir": str(self.state)}

@@ -253,7 +253,9 @@ class ConfinedFS:
             except FileNotFoundError:
                 raise WorkspaceFileNotFound(f"{path!r}: no such file or directory") from None
             rel = "/".join(_split(path, path)) or "."
-            return FileStat(path=rel, kind=_kind(st.st_mode), size=st.st_size, mode=st.st_mode & 0o7777, mtime=st.st_mtime)
+            return FileStat(
+                path=rel, kind=_kind(st.st_mode), size=st.st_size, mode=st.st_mode & 0o7777, mtime=st.st_mtime
+            )
 
     def remove(self, path: str, recursive: bool = False) -> None:
         with self._resolve(path, follow_final=False) as (dfd, name):

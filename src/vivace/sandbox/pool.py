@@ -41,7 +41,9 @@ def open_backend(config: SandboxConfig | None = None) -> LocalBackend:
 class WorkspacePool:
     """Workspaces of one snapshot, created in bounded bursts, with a cap on live ones."""
 
-    def __init__(self, backend: LocalBackend, snapshot: Snapshot | SnapshotSource | str, config: PoolConfig | None = None):
+    def __init__(
+        self, backend: LocalBackend, snapshot: Snapshot | SnapshotSource | str, config: PoolConfig | None = None
+    ):
         self.backend = backend
         self.snapshot = snapshot if isinstance(snapshot, Snapshot) else backend.snapshot(snapshot)
         self.config = config or PoolConfig()

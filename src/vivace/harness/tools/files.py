@@ -1,0 +1,431 @@
+"""File tools: read_file, edit_file, write_file, delete_file and list_dir.
+
+They go through the workspace's file API (never a shell), so paths are confined by the
+workspace itself: `..`, absolute paths and symlinks leading outside come back as
+PathEscapeError and are reported as an error result, as is every other expected failure
+(missing file, directory, binary file). Edits are exact string replacements with one
+forgiving fallback (whitespace-insensitive line matching) because models often get
+indentation slightly wrong; anything fuzzier would risk editing the wrong place.
+
+Not covered: encodings other than UTF-8 (read_file shows invalid bytes replaced; edits
+refuse such files) and directory operations beyond listing (use run_terminal_cmd).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from vivace.harness.tools.base import Access, ToolArgs, ToolContext, ToolResult, norm_path, truncate
+from vivace.sandbox.base import NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
+
+MAX_LINE_CHARS = 2_000  # per displayed line; minified files would otherwise fill the budget with one line
+BINARY_PROBE = 8_192
+SNIPPET_CONTEXT = 2
+SNIPPET_MAX_LINES = 20
+MAX_ERROR_CHARS = 1_000
+
+
+def error(text: str) -> ToolResult:
+    # Capped: a hostile 100 KB path or a long stderr must not become a 100 KB error message.
+    return ToolResult(truncate(f"Error: {text}", max_chars=MAX_ERROR_CHARS, max_lines=50), is_error=True)
+
+
+def fs_error(e: Exception, path: str, *, missing: str = "") -> ToolResult:
+    """The error result for an expected file-API failure; `missing` overrides the not-found text."""
+    if isinstance(e, PathEscapeError):
+        return error(f"path {path!r} is outside the workspace; use a path relative to the workspace root.")
+    if isinstance(e, WorkspaceFileNotFound | FileNotFoundError):
+        return error(missing or f"{path} does not exist.")
+    if isinstance(e, NotAFileError | IsADirectoryError):
+        return error(f"{path} is not a regular file ({e}).")
+    if isinstance(e, UnicodeDecodeError):
+        return error(f"{path} is not valid UTF-8 text ({e.reason} at byte {e.start}); it cannot be edited as text.")
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)  # str(e) repeats the path
+    return error(f"could not access {path}: {reason}")
+
+
+EXPECTED = (SandboxError, OSError, UnicodeDecodeError)
+
+
+def is_binary(data: bytes) -> bool:
+    return b"\0" in data[:BINARY_PROBE]
+
+
+def count_lines(text: str) -> int:
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines split on \\n only (as rg and editors number them), without the terminator."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def numbered(n: int, line: str) -> str:
+    if len(line) > MAX_LINE_CHARS:
+        line = line[:MAX_LINE_CHARS] + f" [... line cut: {len(line) - MAX_LINE_CHARS} more characters]"
+    return f"{n:>6}\t{line}"
+
+
+def syntax_warning(path: str, before: str | None, after: str) -> str:
+    """A warning when a .py file stopped compiling because of this change ('' otherwise)."""
+    if not path.endswith((".py", ".pyi")):
+        return ""
+    if before is not None and _syntax_error(before) is not None:
+        return ""  # it was already broken: not this edit's doing
+    err = _syntax_error(after)
+    if err is None:
+        return ""
+    return f"\nWarning: this edit introduced a syntax error at line {err.lineno}: {err.msg}"
+
+
+def _syntax_error(text: str) -> SyntaxError | None:
+    try:
+        compile(text, "<file>", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return e
+    except (ValueError, RecursionError, MemoryError):  # NUL bytes, absurd nesting: not ours to judge
+        return None
+    return None
+
+
+class _PathArgs(ToolArgs):
+    path: str = Field(description="File path relative to the workspace root.")
+
+
+# -- read_file --------------------------------------------------------------------------------------
+
+
+class ReadFileArgs(_PathArgs):
+    offset: int = Field(1, ge=1, description="1-based number of the first line to show.")
+    limit: int | None = Field(None, ge=1, description="Maximum number of lines to show (default: to the end).")
+
+
+class ReadFile:
+    name: ClassVar[str] = "read_file"
+    description: ClassVar[str] = (
+        "Read a text file from the workspace. Returns its lines numbered as `     N<TAB>text`; lines over "
+        f"{MAX_LINE_CHARS} characters are cut. Use offset (1-based) and limit to read part of a long file; "
+        "long output is truncated in the middle with a note. Binary files and directories are refused."
+    )
+    Args: ClassVar[type[ToolArgs]] = ReadFileArgs
+
+    def access(self, args: ReadFileArgs) -> Access:
+        return Access(reads=frozenset({norm_path(args.path)}))
+
+    async def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
+        ws, path = ctx.workspace, args.path
+        try:
+            data = await ws.read_bytes(path)
+        except NotAFileError as e:
+            if await _is_dir(ctx, path):
+                return error(f"{path} is a directory; use list_dir to see what it contains.")
+            return fs_error(e, path)
+        except EXPECTED as e:
+            return fs_error(e, path, missing=f"{path} does not exist; use list_dir or glob_file_search to find it.")
+        if is_binary(data):
+            return error(f"{path} is a binary file ({len(data)} bytes) and cannot be shown as text.")
+        if not data:
+            return ToolResult("(empty file)")
+        lines = split_lines(data.decode("utf-8", errors="replace"))
+        total = len(lines)
+        if args.offset > total:
+            return error(f"offset {args.offset} is past the end of {path}, which has {total} lines.")
+        end = total if args.limit is None else min(total, args.offset - 1 + args.limit)
+        out = [numbered(n, lines[n - 1]) for n in range(args.offset, end + 1)]
+        if args.offset > 1 or end < total:
+            out.append(f"[showing lines {args.offset}-{end} of {total}; use offset and limit to see more]")
+        return ToolResult(truncate("\n".join(out) + "\n", hint="use offset and limit to read a range").rstrip("\n"))
+
+
+async def _is_dir(ctx: ToolContext, path: str) -> bool:
+    try:
+        return (await ctx.workspace.stat(path)).kind == "dir"
+    except EXPECTED:
+        return False
+
+
+# -- edit_file --------------------------------------------------------------------------------------
+
+
+class EditFileArgs(_PathArgs):
+    old_string: str = Field(
+        description="Exact text to replace, including indentation; it must occur once unless replace_all. "
+        "Empty: create the file (it must not exist or be empty) with new_string."
+    )
+    new_string: str = Field(description="Text that replaces old_string.")
+    replace_all: bool = Field(False, description="Replace every occurrence instead of requiring exactly one.")
+
+
+class EditFile:
+    name: ClassVar[str] = "edit_file"
+    description: ClassVar[str] = (
+        "Edit a text file by exact string replacement: old_string must appear exactly once (include enough "
+        "surrounding lines to make it unique) unless replace_all is set. If there is no exact match, a match "
+        "ignoring leading/trailing whitespace on each line is tried. An empty old_string creates a new file. "
+        "Returns the number of replacements and the changed lines with line numbers, plus a warning when a "
+        "Python file no longer parses."
+    )
+    Args: ClassVar[type[ToolArgs]] = EditFileArgs
+
+    def access(self, args: EditFileArgs) -> Access:
+        return Access(writes=frozenset({norm_path(args.path)}))
+
+    async def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
+        path, old, new = args.path, args.old_string, args.new_string
+        if old == new:
+            return error("old_string and new_string are the same; nothing to change.")
+        try:
+            data: bytes | None = await ctx.workspace.read_bytes(path)
+        except WorkspaceFileNotFound:
+            data = None
+        except EXPECTED as e:
+            return fs_error(e, path)
+        if data is not None and is_binary(data):
+            return error(f"{path} is a binary file ({len(data)} bytes) and cannot be edited as text.")
+        try:
+            before = None if data is None else data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return fs_error(e, path)
+        if old == "":
+            return await self._create(ctx, path, before, new)
+        if before is None:
+            return error(f"{path} does not exist; to create it use write_file, or edit_file with an empty old_string.")
+        edit = _replace(before, old, new, args.replace_all, path)
+        if isinstance(edit, ToolResult):
+            return edit
+        after, spans, fuzzy = edit
+        try:
+            await ctx.workspace.write_bytes(path, after.encode("utf-8"))
+        except EXPECTED as e:
+            return fs_error(e, path)
+        note = " (matched ignoring whitespace differences)" if fuzzy else ""
+        text = f"Edited {path}: replaced {len(spans)} occurrence(s){note}\n{_snippet(after, spans)}"
+        return ToolResult(text + syntax_warning(path, before, after), meta={"replacements": len(spans)})
+
+    async def _create(self, ctx: ToolContext, path: str, before: str | None, new: str) -> ToolResult:
+        if before:
+            return error(f"{path} already exists; give old_string to edit it or use write_file to replace it.")
+        try:
+            await ctx.workspace.write_bytes(path, new.encode("utf-8"))
+        except EXPECTED as e:
+            return fs_error(e, path)
+        return ToolResult(f"Created {path} ({count_lines(new)} lines)" + syntax_warning(path, None, new))
+
+
+Span = tuple[int, int]  # character offsets [start, end) of replaced text in the new file
+
+
+def _replace(text: str, old: str, new: str, replace_all: bool, path: str) -> tuple[str, list[Span], bool] | ToolResult:
+    """The edited text, where the replacements landed, and whether the whitespace fallback matched."""
+    if "\r\n" in text and "\r" not in old:  # a CRLF file edited with \n text: keep its line endings
+        old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+    starts = _find_all(text, old)
+    if not starts:
+        return _fuzzy_replace(text, old, new, path)
+    if len(starts) > 1 and not replace_all:
+        lines = ", ".join(str(text.count("\n", 0, s) + 1) for s in starts[:10])
+        more = ", …" if len(starts) > 10 else ""
+        return error(
+            f"old_string occurs {len(starts)} times in {path} (lines {lines}{more}); include more surrounding "
+            "lines to make it unique, or set replace_all."
+        )
+    parts, spans, prev, shift = [], [], 0, 0
+    for s in starts:
+        parts += [text[prev:s], new]
+        spans.append((s + shift, s + shift + len(new)))
+        shift += len(new) - len(old)
+        prev = s + len(old)
+    parts.append(text[prev:])
+    return "".join(parts), spans, False
+
+
+def _find_all(text: str, needle: str) -> list[int]:
+    out, i = [], text.find(needle)
+    while i >= 0:
+        out.append(i)
+        i = text.find(needle, i + len(needle))
+    return out
+
+
+def _fuzzy_replace(text: str, old: str, new: str, path: str) -> tuple[str, list[Span], bool] | ToolResult:
+    """Match old_string line by line with each line's surrounding whitespace stripped; replace
+    the whole matched lines with new_string re-indented to where the match is."""
+    advice = "read the file and copy the text exactly, including indentation"
+    not_found = error(f"old_string was not found in {path}; {advice}.")
+    want = old.split("\n")
+    while want and not want[0].strip():
+        want.pop(0)
+    while want and not want[-1].strip():
+        want.pop()
+    if not want:
+        return not_found
+    lines = text.split("\n")
+    key = [w.strip() for w in want]
+    hits = [i for i in range(len(lines) - len(key) + 1) if all(lines[i + j].strip() == k for j, k in enumerate(key))]
+    if len(hits) != 1:
+        if not hits:
+            return not_found
+        return error(
+            f"old_string was not found in {path} (ignoring whitespace it matches {len(hits)} places); {advice}."
+        )
+    i = hits[0]
+    eol = "\r" if lines[i + len(key) - 1].endswith("\r") else ""
+    new_lines = new[:-1].split("\n") if new.endswith("\n") else new.split("\n")
+    have_indent, want_indent = _indent(lines[i]), _indent(want[0])
+    body = [_reindent(line.rstrip("\r"), want_indent, have_indent) + eol for line in new_lines] if new else []
+    start = sum(len(line) + 1 for line in lines[:i])
+    replaced = "\n".join(body)
+    out = lines[:i] + body + lines[i + len(key) :]
+    return "\n".join(out), [(start, start + len(replaced))], True
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _reindent(line: str, old_indent: str, new_indent: str) -> str:
+    if not line.strip():
+        return line.strip(" \t")
+    if line.startswith(old_indent):
+        return new_indent + line[len(old_indent) :]
+    if new_indent.startswith(old_indent):  # less indented than old_string's first line: shift it the same way
+        return new_indent[len(old_indent) :] + line
+    return line
+
+
+def _snippet(text: str, spans: list[Span]) -> str:
+    """The changed region with line numbers and a little context, at most SNIPPET_MAX_LINES lines."""
+    lines = split_lines(text)
+    first = text.count("\n", 0, spans[0][0])
+    last_end = max(spans[-1][1] - 1, spans[-1][0])
+    last = text.count("\n", 0, last_end) if spans[-1][1] > spans[-1][0] else first
+    lo, hi = max(0, first - SNIPPET_CONTEXT), min(len(lines), last + SNIPPET_CONTEXT + 1)
+    shown = [numbered(n + 1, lines[n]) for n in range(lo, min(hi, lo + SNIPPET_MAX_LINES))]
+    if hi > lo + SNIPPET_MAX_LINES:
+        shown.append(f"[... {hi - lo - SNIPPET_MAX_LINES} more changed lines not shown; use read_file to see them]")
+    return "\n".join(shown) if shown else "(the file is now empty)"
+
+
+# -- write_file -------------------------------------------------------------------------------------
+
+
+class WriteFileArgs(_PathArgs):
+    content: str = Field(description="The complete new content of the file.")
+
+
+class WriteFile:
+    name: ClassVar[str] = "write_file"
+    description: ClassVar[str] = (
+        "Create a file or replace its whole content (missing parent directories are created). Returns "
+        "whether the file was created or overwritten and its line count, plus a warning when a Python file "
+        "does not parse. Prefer edit_file for changing part of an existing file."
+    )
+    Args: ClassVar[type[ToolArgs]] = WriteFileArgs
+
+    def access(self, args: WriteFileArgs) -> Access:
+        return Access(writes=frozenset({norm_path(args.path)}))
+
+    async def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
+        path = args.path
+        try:
+            old: bytes | None = await ctx.workspace.read_bytes(path)
+        except WorkspaceFileNotFound:
+            old = None
+        except NotAFileError as e:
+            if await _is_dir(ctx, path):
+                return error(f"{path} is a directory; give a file path.")
+            return fs_error(e, path)
+        except EXPECTED as e:
+            return fs_error(e, path)
+        try:
+            await ctx.workspace.write_bytes(path, args.content.encode("utf-8"))
+        except EXPECTED as e:
+            return fs_error(e, path)
+        how = "new file" if old is None else "overwrote the previous content"
+        before = None if old is None else old.decode("utf-8", errors="replace")
+        text = f"Wrote {path} ({count_lines(args.content)} lines, {how})"
+        return ToolResult(text + syntax_warning(path, before, args.content), meta={"created": old is None})
+
+
+# -- delete_file ------------------------------------------------------------------------------------
+
+
+class DeleteFile:
+    name: ClassVar[str] = "delete_file"
+    description: ClassVar[str] = (
+        "Delete one file or symbolic link (a symlink itself is removed, never its target). Directories are "
+        "refused; use run_terminal_cmd to remove a directory."
+    )
+    Args: ClassVar[type[ToolArgs]] = _PathArgs
+
+    def access(self, args: _PathArgs) -> Access:
+        return Access(writes=frozenset({norm_path(args.path)}))
+
+    async def run(self, args: _PathArgs, ctx: ToolContext) -> ToolResult:
+        path = args.path
+        try:
+            st = await ctx.workspace.stat(path)
+            if st.kind == "dir":
+                return error(f"{path} is a directory; delete_file removes files only (use run_terminal_cmd rm -r).")
+            await ctx.workspace.remove(path)
+        except EXPECTED as e:
+            return fs_error(e, path)
+        return ToolResult(f"Deleted {'symlink ' if st.kind == 'symlink' else ''}{path}")
+
+
+# -- list_dir ---------------------------------------------------------------------------------------
+
+
+class ListDirArgs(ToolArgs):
+    path: str = Field(".", description="Directory path relative to the workspace root (default: the root).")
+
+
+class ListDir:
+    name: ClassVar[str] = "list_dir"
+    description: ClassVar[str] = (
+        "List one directory (not recursive): subdirectories first with a trailing `/`, then files with their "
+        "sizes; symlinks end in `@`. `.git` is hidden. Use glob_file_search to find files at any depth."
+    )
+    Args: ClassVar[type[ToolArgs]] = ListDirArgs
+
+    def access(self, args: ListDirArgs) -> Access:
+        return Access(reads=frozenset({norm_path(args.path)}))
+
+    async def run(self, args: ListDirArgs, ctx: ToolContext) -> ToolResult:
+        path = args.path
+        try:
+            entries = await ctx.workspace.list(path)
+        except NotAFileError:
+            return error(f"{path} is not a directory; use read_file to read a file.")
+        except EXPECTED as e:
+            return fs_error(e, path, missing=f"directory {path} does not exist.")
+        entries = [e for e in entries if e.name != ".git"]
+        if not entries:
+            return ToolResult("(empty directory)")
+        dirs = [f"{e.name}/" for e in entries if e.kind == "dir"]
+        rest = [_entry_line(e.name, e.kind, e.size) for e in entries if e.kind != "dir"]
+        text = truncate("\n".join(dirs + rest) + "\n", hint="list a subdirectory or use glob_file_search")
+        return ToolResult(text.rstrip("\n"))
+
+
+def _entry_line(name: str, kind: str, size: int) -> str:
+    if kind == "symlink":
+        return f"{name}@"
+    if kind != "file":
+        return f"{name} ({kind})"
+    return f"{name} ({human_size(size)})"
+
+
+def human_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")

@@ -1,0 +1,565 @@
+"""Search tools: grep, glob_file_search and codebase_search.
+
+Searches run INSIDE the workspace through `workspace.exec` with argv lists, so they work the
+same for local, isolated and remote (HTTP) workspaces and never read the host's copy of a
+file. grep uses ripgrep when the workspace has it and otherwise a built-in Python walker
+(`_WALKER`, run with `python3 -c`) that prints the same format for the same inputs: hidden
+files and directories, symlinks and binary files are skipped and .gitignore is honoured in
+git repositories (through `git ls-files`), as rg does by default. The walker also lists
+files for glob_file_search and reads files for codebase_search's lexical index.
+
+Known differences between rg and the walker: regex dialects (Rust vs Python `re`; their
+error messages differ too), `.ignore`/`.rgignore` files (rg only), files that are tracked
+but gitignored (the walker lists them) and NUL bytes after rg's first buffer.
+
+codebase_search goes through the small `SearchBackend` protocol; `LexicalSearch` (BM25 over
+~40-line chunks) is the default until a semantic index replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import posixpath
+import re
+import weakref
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import Field
+
+from vivace.harness.tools.base import EVERYTHING, Access, ToolArgs, ToolContext, ToolResult, truncate
+from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
+from vivace.sandbox.base import Workspace
+from vivace.sandbox.paths import WORKSPACE_MOUNT
+
+SEARCH_TIMEOUT_S = 60.0
+MAX_GLOB_RESULTS = 200
+MAX_INDEX_FILES, MAX_INDEX_FILE_BYTES = 5_000, 1_000_000
+CHUNK_LINES, CHUNK_OVERLAP = 40, 10
+READ_BUDGET = 150_000  # characters of encoded file content per exec, under the sandbox's output cap
+_EVERYTHING = Access(reads=frozenset({EVERYTHING}))
+
+# Run as `python3 -c _WALKER ARGS_JSON [PATHS...]` in the workspace root. Modes: grep, glob,
+# list (text-file candidates with size and mtime) and read (file contents, zlib+base64).
+_WALKER = r"""
+import base64, json, os, re, subprocess, sys, zlib
+a = json.loads(sys.argv[1])
+sys.stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
+
+def files(root):
+    if os.path.isfile(root):
+        return [root]
+    r = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", root],
+                       capture_output=True)
+    if r.returncode == 0:
+        found = [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+    else:
+        found = []
+        for d, dirs, names in os.walk(root):
+            dirs[:] = [x for x in dirs if not x.startswith(".")]
+            found += [os.path.join(d, n) for n in names]
+    out = []
+    for p in found:
+        p = os.path.normpath(p)
+        rel = p if root == "." else os.path.relpath(p, root)
+        if any(c.startswith(".") for c in rel.split("/")) or os.path.islink(p) or not os.path.isfile(p):
+            continue
+        out.append(p)
+    return sorted(out, key=lambda p: p.split("/"))
+
+def globre(pat):
+    i, out = 0, ""
+    while i < len(pat):
+        c = pat[i]
+        if pat.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+            continue
+        if pat.startswith("**", i):
+            out, i = out + ".*", i + 2
+            continue
+        j = pat.find("]" if c == "[" else "}", i + 2 if c == "[" else i) if c in "[{" else -1
+        if c == "*":
+            out += "[^/]*"
+        elif c == "?":
+            out += "[^/]"
+        elif c == "[" and j > 0:
+            body = pat[i + 1:j]
+            out += "[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]"
+            i = j
+        elif c == "{" and j > 0:
+            out += "(?:" + "|".join(globre(x) for x in pat[i + 1:j].split(",")) + ")"
+            i = j
+        else:
+            out += re.escape(c)
+        i += 1
+    return out
+
+def matcher(pat):
+    if not pat:
+        return lambda p: True
+    pat = pat[2:] if pat.startswith("./") else pat.lstrip("/")
+    rx = re.compile(globre(pat))
+    return lambda p: bool(rx.fullmatch(p if "/" in pat else p.rsplit("/", 1)[-1]))
+
+def text_of(p):
+    try:
+        with open(p, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return None if b"\0" in data else data.decode("utf-8", "replace")
+
+def grep():
+    try:
+        rx = re.compile(a["pattern"], re.IGNORECASE if a["ignore_case"] else 0)
+    except re.error as e:
+        sys.exit(print("regex parse error: " + str(e), file=sys.stderr) or 2)
+    keep = matcher(None if os.path.isfile(a["path"]) else a["glob"])  # rg filters walked files only
+    before, after, mode, any_out = a["before"], a["after"], a["mode"], False
+    for p in files(a["path"]):
+        text = text_of(p) if keep(p) else None
+        lines = text.split("\n") if text else []
+        if lines and lines[-1] == "":
+            lines.pop()
+        hits = [n for n, line in enumerate(lines) if rx.search(line)]
+        if not hits:
+            continue
+        if mode != "content":
+            print(p if mode == "files" else f"{p}:{len(hits)}")
+            any_out = True
+            continue
+        shown = sorted({j for n in hits for j in range(max(0, n - before), min(len(lines), n + after + 1))})
+        hit, prev = set(hits), None
+        for j in shown:
+            if (before or after) and (any_out if prev is None else j != prev + 1):
+                print("--")
+            print(f"{p}{':' if j in hit else '-'}{j + 1}{':' if j in hit else '-'}{lines[j]}")
+            prev, any_out = j, True
+    sys.exit(0 if any_out else 1)
+
+def glob():
+    keep, root = matcher(a["glob"]), a["path"]
+    for p in files(root):
+        if keep(p if root == "." or os.path.isfile(root) else os.path.relpath(p, root)):
+            print(p)
+
+def emit(obj):
+    print(base64.b64encode(zlib.compress(json.dumps(obj).encode("utf-8", "surrogateescape"))).decode())
+
+def listing():
+    out = []
+    for p in files("."):
+        st = os.stat(p)
+        if st.st_size <= a["max_bytes"]:
+            out.append([p, st.st_size, st.st_mtime_ns])
+    emit(out[: a["max_files"]])
+
+def read():
+    got, rest, used = {}, [], 0
+    for i, p in enumerate(sys.argv[2:]):
+        text = text_of(p)
+        blob = None if text is None else base64.b64encode(zlib.compress(text.encode("utf-8", "replace"))).decode()
+        if blob is not None and len(blob) > a["budget"]:
+            blob = None
+        if blob is not None and used + len(blob) > a["budget"]:
+            rest = sys.argv[2 + i:]
+            break
+        got[p], used = blob, used + len(blob or "") + len(p)
+    print(json.dumps({"files": got, "rest": rest}))
+
+if a["mode"] in ("content", "files", "count") and a["path"] != "." and not os.path.exists(a["path"]):
+    sys.exit(print(a["path"] + ": No such file or directory (os error 2)", file=sys.stderr) or 2)
+{"glob": glob, "list": listing, "read": read}.get(a["mode"], grep)()
+"""
+
+_RG = 'command -v rg >/dev/null 2>&1 || exit 127; exec rg "$@"'  # 127: no rg here, use the walker
+
+
+def rel_path(path: str) -> str | None:
+    """A workspace-relative spelling of `path` for search commands; None when it leaves the workspace."""
+    p = path.strip() or "."
+    if p == WORKSPACE_MOUNT or p.startswith(WORKSPACE_MOUNT + "/"):
+        p = p[len(WORKSPACE_MOUNT) :].lstrip("/") or "."
+    if p.startswith("/"):
+        return None
+    p = posixpath.normpath(p)
+    return None if p == ".." or p.startswith("../") else p
+
+
+def _outside(path: str) -> ToolResult:
+    return error(f"path {path!r} is outside the workspace; use a path relative to the workspace root.")
+
+
+async def _walker(ws: Workspace, args: dict[str, Any], paths: list[str] | None = None) -> Any:
+    return await ws.exec(["python3", "-c", _WALKER, json.dumps(args), *(paths or [])], timeout=SEARCH_TIMEOUT_S)
+
+
+class _PerWorkspace(dict):
+    """Per-workspace cache; weak where the workspace allows it, so closed workspaces drop out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weak: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get_for(self, ws: Any) -> Any:
+        try:
+            return self.weak.get(ws)
+        except TypeError:
+            return self.get(id(ws))
+
+    def set_for(self, ws: Any, value: Any) -> None:
+        try:
+            self.weak[ws] = value
+        except TypeError:
+            self[id(ws)] = value
+
+
+# -- grep -------------------------------------------------------------------------------------------
+
+
+class GrepArgs(ToolArgs):
+    pattern: str = Field(description="Regular expression to search for (ripgrep syntax).")
+    path: str = Field(".", description="File or directory to search, relative to the workspace root.")
+    glob: str | None = Field(None, description="Only search files matching this glob, e.g. '*.py' or 'src/**/*.ts'.")
+    output_mode: Literal["content", "files_with_matches", "count"] = Field(
+        "content", description="content: matching lines; files_with_matches: file paths; count: matches per file."
+    )
+    context_before: int | None = Field(None, ge=0, description="Lines of context before each match (content mode).")
+    context_after: int | None = Field(None, ge=0, description="Lines of context after each match (content mode).")
+    context: int | None = Field(None, ge=0, description="Lines of context before and after each match.")
+    case_insensitive: bool = Field(False, description="Match regardless of case.")
+    head_limit: int | None = Field(None, ge=1, description="Show only the first N output lines.")
+
+
+class Grep:
+    name: ClassVar[str] = "grep"
+    description: ClassVar[str] = (
+        "Search file contents with a regular expression (ripgrep). Skips hidden, gitignored and binary files. "
+        "content mode prints `path:line:text` for matches and `path-line-text` for context lines (`--` between "
+        "groups); files_with_matches prints one path per line; count prints `path:N` (matching lines). Paths "
+        "are workspace-relative, sorted. Long output is truncated; use glob, path or head_limit to narrow it."
+    )
+    Args: ClassVar[type[ToolArgs]] = GrepArgs
+
+    def __init__(self, use_rg: bool | None = None):
+        self.use_rg = use_rg  # None: rg when the workspace has it; False forces the walker (tests)
+        self._has_rg = _PerWorkspace()
+
+    def access(self, args: GrepArgs) -> Access:
+        return _EVERYTHING  # repo-wide: ordered after every write of the same turn
+
+    async def run(self, args: GrepArgs, ctx: ToolContext) -> ToolResult:
+        path = rel_path(args.path)
+        if path is None:
+            return _outside(args.path)
+        before = args.context_before if args.context_before is not None else (args.context or 0)
+        after = args.context_after if args.context_after is not None else (args.context or 0)
+        if args.output_mode != "content":
+            before = after = 0
+        try:
+            res = await self._search(ctx.workspace, args, path, before, after)
+        except EXPECTED as e:
+            return error(f"grep could not run in the workspace: {e}")
+        if res.exit_code == 1 and not res.stdout:
+            return ToolResult(f"No matches for {args.pattern!r} in {path}.")
+        if res.exit_code not in (0, 1) and not res.stdout.strip():
+            msg = res.stderr.strip()
+            if f"{path}: No such file or directory" in msg:
+                return error(f"{path} does not exist; use list_dir or glob_file_search to find the right path.")
+            if "regex parse error" in msg:
+                return error(f"invalid regular expression {args.pattern!r}: {msg}")
+            return error(f"grep failed (exit code {res.exit_code}): {msg or 'no message'}")
+        # Split on \n only: a matched line may hold \r or form feeds that splitlines() would break apart.
+        lines = [line.removeprefix("./").removesuffix("\r") for line in res.stdout.split("\n")]
+        lines = lines[:-1] if lines and lines[-1] == "" else lines
+        return ToolResult(_finish(lines, args.head_limit, res.stdout_dropped))
+
+    async def _search(self, ws: Workspace, args: GrepArgs, path: str, before: int, after: int) -> Any:
+        use_rg = self.use_rg if self.use_rg is not None else self._has_rg.get_for(ws)
+        if use_rg is not False:
+            # One exec both checks for rg and searches (each exec may cost a network round trip).
+            res = await ws.exec(["sh", "-c", _RG, "sh", *_rg_args(args, path, before, after)], timeout=SEARCH_TIMEOUT_S)
+            if res.exit_code != 127:
+                self._has_rg.set_for(ws, True)
+                return res
+            self._has_rg.set_for(ws, False)
+        mode = {"files_with_matches": "files"}.get(args.output_mode, args.output_mode)
+        spec = {"pattern": args.pattern, "path": path, "glob": args.glob, "mode": mode}
+        spec |= {"before": before, "after": after, "ignore_case": args.case_insensitive}
+        return await _walker(ws, spec)
+
+
+def _rg_args(args: GrepArgs, path: str, before: int, after: int) -> list[str]:
+    argv = ["--no-config", "--no-heading", "--with-filename", "--line-number", "--color", "never", "--sort", "path"]
+    argv += {"files_with_matches": ["--files-with-matches"], "count": ["--count"]}.get(args.output_mode, [])
+    if before:
+        argv += ["-B", str(before)]
+    if after:
+        argv += ["-A", str(after)]
+    if args.case_insensitive:
+        argv.append("-i")
+    if args.glob:
+        argv += ["-g", args.glob]
+    return argv + ["-e", args.pattern, "--", path]
+
+
+def _finish(lines: list[str], head_limit: int | None, dropped: int) -> str:
+    """Output lines with head_limit applied, long lines cut, then the one truncation rule."""
+    notes = []
+    if head_limit is not None and len(lines) > head_limit:
+        notes.append(f"[{len(lines) - head_limit} more lines not shown (head_limit={head_limit})]")
+        lines = lines[:head_limit]
+    if dropped:
+        notes.append(f"[the sandbox dropped {dropped} more bytes of output; narrow the search]")
+    lines = [line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " [... line cut]" for line in lines]
+    text = truncate("\n".join(lines + notes) + "\n", hint="narrow the pattern, path or glob, or use head_limit")
+    return text.rstrip("\n")
+
+
+# -- glob_file_search -------------------------------------------------------------------------------
+
+
+class GlobArgs(ToolArgs):
+    glob_pattern: str = Field(
+        description="Glob such as '*.py' (no '/': matches file names at any depth), 'src/**/*.ts' or 'tests/test_*.py'."
+    )
+    path: str = Field(".", description="Directory to search, relative to the workspace root.")
+
+
+class GlobFileSearch:
+    name: ClassVar[str] = "glob_file_search"
+    description: ClassVar[str] = (
+        "Find files by name with a glob (`*`, `?`, `[abc]`, `{a,b}`, `**` for any depth; a pattern without `/` "
+        "matches file names at any depth). Returns workspace-relative paths, one per line, sorted; at most "
+        f"{MAX_GLOB_RESULTS} are listed with a count of the rest. Hidden and gitignored files are skipped."
+    )
+    Args: ClassVar[type[ToolArgs]] = GlobArgs
+
+    def access(self, args: GlobArgs) -> Access:
+        return _EVERYTHING
+
+    async def run(self, args: GlobArgs, ctx: ToolContext) -> ToolResult:
+        path = rel_path(args.path)
+        if path is None:
+            return _outside(args.path)
+        try:
+            res = await _walker(ctx.workspace, {"mode": "glob", "glob": args.glob_pattern, "path": path})
+        except EXPECTED as e:
+            return error(f"glob_file_search could not run in the workspace: {e}")
+        if res.exit_code != 0:
+            return error(f"glob_file_search failed (exit code {res.exit_code}): {res.stderr.strip()[-2000:]}")
+        found = [p for p in res.stdout.split("\n") if p]
+        if not found:
+            return ToolResult(f"No files match {args.glob_pattern!r} in {path}.")
+        shown = found[:MAX_GLOB_RESULTS]
+        if len(found) > MAX_GLOB_RESULTS:
+            shown.append(f"[... and {len(found) - MAX_GLOB_RESULTS} more files; use a narrower pattern or path]")
+        return ToolResult(truncate("\n".join(shown) + "\n", hint="use a narrower pattern or path").rstrip("\n"))
+
+
+# -- codebase_search --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    path: str
+    start_line: int  # 1-based, inclusive
+    end_line: int
+    score: float
+    snippet: str  # a few lines of the hit, starting at snippet_line
+    symbol: str | None = None  # the function or class the hit is in, when known
+    snippet_line: int = 0  # line number of the snippet's first line (0: start_line)
+
+
+class SearchBackend(Protocol):
+    async def search(
+        self, workspace: Workspace, query: str, target_directories: list[str] | None, k: int
+    ) -> list[SearchHit]: ...
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_DEF = re.compile(
+    r"^\s*(?:export\s+)?(?:pub(?:\([\w:]+\))?\s+)?(?:async\s+)?"
+    r"(?:def|class|function|func|fn|struct|interface|enum|trait)\s+([A-Za-z_]\w*)"
+)
+
+
+def tokenize(text: str) -> list[str]:
+    """Identifiers whole and split (snake_case, camelCase), lowercased; one-letter tokens dropped."""
+    out = []
+    for word in _IDENT.findall(text):
+        if len(word) > 1:
+            out.append(word.lower())
+        parts = _PARTS.findall(word)
+        if len(parts) > 1:
+            out += [p.lower() for p in parts if len(p) > 1]
+    return out
+
+
+@dataclass
+class _Chunk:
+    path: str
+    start: int  # 1-based first line
+    lines: list[str]
+    symbol: str | None
+
+
+@dataclass
+class _Index:
+    listing: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (size, mtime_ns)
+    chunks_by_path: dict[str, list[_Chunk]] = field(default_factory=dict)
+    tokens_by_path: dict[str, list[list[str]]] = field(default_factory=dict)
+    chunks: list[_Chunk] = field(default_factory=list)
+    bm25: Any = None
+
+
+def _chunk(path: str, text: str) -> list[_Chunk]:
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if not lines:
+        return []
+    defs = [(n, m.group(1)) for n, line in enumerate(lines) if (m := _DEF.match(line))]
+    out, step = [], CHUNK_LINES - CHUNK_OVERLAP
+    for start in range(0, max(1, len(lines) - CHUNK_OVERLAP), step):
+        end = min(len(lines), start + CHUNK_LINES)
+        inside = [name for n, name in defs if start <= n < end]
+        enclosing = [name for n, name in defs if n < start]
+        symbol = inside[0] if inside else (enclosing[-1] if enclosing else None)
+        out.append(_Chunk(path, start + 1, lines[start:end], symbol))
+    return out
+
+
+class LexicalSearch:
+    """BM25 over ~40-line chunks of the workspace's text files, kept per workspace and
+    refreshed from a cheap listing (path, size, mtime) on every query, so only changed files
+    are read again and an edit is searchable at once."""
+
+    def __init__(self) -> None:
+        self._indexes = _PerWorkspace()
+        self._lock = asyncio.Lock()
+
+    async def search(
+        self, workspace: Workspace, query: str, target_directories: list[str] | None, k: int
+    ) -> list[SearchHit]:
+        async with self._lock:  # two searches in one turn: the second reuses the first's refresh
+            index = await self._refresh(workspace)
+        terms = tokenize(query)
+        if not terms or not index.chunks:
+            return []
+        scores = index.bm25.get_scores(terms)
+        dirs = [d for d in (rel_path(t) for t in target_directories or []) if d is not None and d != "."]
+        hits: list[SearchHit] = []
+        for i in scores.argsort()[::-1]:
+            chunk, score = index.chunks[i], float(scores[i])
+            if score <= 0 or len(hits) >= k:
+                break
+            if dirs and not any(chunk.path == d or chunk.path.startswith(d + "/") for d in dirs):
+                continue
+            end = chunk.start + len(chunk.lines) - 1
+            if any(h.path == chunk.path and h.start_line <= end and chunk.start <= h.end_line for h in hits):
+                continue  # overlaps a better chunk of the same file
+            hits.append(_hit(chunk, end, score, set(terms)))
+        return hits
+
+    async def _refresh(self, ws: Workspace) -> _Index:
+        index = self._indexes.get_for(ws) or _Index()
+        res = await _walker(ws, {"mode": "list", "max_files": MAX_INDEX_FILES, "max_bytes": MAX_INDEX_FILE_BYTES})
+        if res.exit_code != 0 or res.stdout_dropped:
+            raise OSError(f"listing the workspace failed: {res.stderr.strip()[-500:] or 'output too large'}")
+        listing = {p: (size, mtime) for p, size, mtime in json.loads(zlib.decompress(base64.b64decode(res.stdout)))}
+        if index.bm25 is not None and listing == index.listing:
+            return index
+        changed = [p for p, key in listing.items() if index.listing.get(p) != key]
+        for path, text in (await _read_files(ws, changed)).items():
+            index.chunks_by_path[path] = _chunk(path, text) if text is not None else []
+            path_tokens = tokenize(path)
+            index.tokens_by_path[path] = [
+                path_tokens + tokenize("\n".join(c.lines)) for c in index.chunks_by_path[path]
+            ]
+        for gone in set(index.chunks_by_path) - set(listing):
+            del index.chunks_by_path[gone], index.tokens_by_path[gone]
+        index.listing = listing
+        index.chunks = [c for p in sorted(index.chunks_by_path) for c in index.chunks_by_path[p]]
+        import bm25s  # deferred: only episodes that search pay for the import
+
+        index.bm25 = bm25s.BM25()
+        corpus = [t for p in sorted(index.tokens_by_path) for t in index.tokens_by_path[p]]
+        if corpus:
+            index.bm25.index(corpus, show_progress=False)
+        self._indexes.set_for(ws, index)
+        return index
+
+
+async def _read_files(ws: Workspace, paths: list[str]) -> dict[str, str | None]:
+    """Contents of `paths` (None for binary or oversized ones), in as few execs as the output cap allows."""
+    out: dict[str, str | None] = {}
+    budget = READ_BUDGET
+    while paths:
+        res = await _walker(ws, {"mode": "read", "budget": budget}, paths)
+        if res.stdout_dropped and budget > 4_000:
+            budget //= 2  # the sandbox keeps less output than we assumed: ask for smaller batches
+            continue
+        if res.exit_code != 0 or res.stdout_dropped:
+            raise OSError(f"reading files for the index failed: {res.stderr.strip()[-500:]}")
+        got = json.loads(res.stdout)
+        for p, blob in got["files"].items():
+            out[p] = None if blob is None else zlib.decompress(base64.b64decode(blob)).decode("utf-8", "replace")
+        paths = got["rest"]
+    return out
+
+
+def _hit(chunk: _Chunk, end: int, score: float, terms: set[str]) -> SearchHit:
+    """A hit whose snippet starts just before the chunk's line sharing the most query terms."""
+    overlap = [len(terms & set(tokenize(line))) for line in chunk.lines]
+    best = max(range(len(overlap)), key=lambda n: (overlap[n], -n)) if overlap else 0
+    first = max(0, best - 1)
+    snippet = "\n".join(line[:200] for line in chunk.lines[first : first + 5])
+    return SearchHit(chunk.path, chunk.start, end, score, snippet, chunk.symbol, chunk.start + first)
+
+
+class CodebaseSearchArgs(ToolArgs):
+    query: str = Field(description="What to look for: identifiers, words, or a description of the code.")
+    target_directories: list[str] | None = Field(
+        None, description="Only search under these directories (workspace-relative); default: everywhere."
+    )
+    k: int = Field(10, ge=1, le=50, description="Maximum number of results.")
+
+
+class CodebaseSearch:
+    name: ClassVar[str] = "codebase_search"
+    description: ClassVar[str] = (
+        "Search the codebase for the code most relevant to a query (ranked by term matching over ~40-line "
+        "chunks; identifiers are matched whole and split into words). Returns up to k hits, best first, each "
+        "as `path:start-end (symbol)` followed by a few lines. Use grep for exact patterns."
+    )
+    Args: ClassVar[type[ToolArgs]] = CodebaseSearchArgs
+
+    def __init__(self, backend: SearchBackend | None = None):
+        self.backend = backend
+
+    def access(self, args: CodebaseSearchArgs) -> Access:
+        return _EVERYTHING
+
+    async def run(self, args: CodebaseSearchArgs, ctx: ToolContext) -> ToolResult:
+        backend = self.backend or ctx.search
+        if backend is None:
+            backend = ctx.search = LexicalSearch()
+        try:
+            hits = await backend.search(ctx.workspace, args.query, args.target_directories, args.k)
+        except (*EXPECTED, ValueError, zlib.error) as e:  # ValueError, zlib.error: garbled walker output
+            return error(f"codebase_search failed: {e}; try grep instead.")
+        if not hits:
+            return ToolResult(f"No results for {args.query!r}.")
+        text = truncate("\n\n".join(_render(h) for h in hits) + "\n", hint="lower k or narrow the query")
+        return ToolResult(text.rstrip("\n"))
+
+
+def _render(hit: SearchHit) -> str:
+    head = f"{hit.path}:{hit.start_line}-{hit.end_line}" + (f" ({hit.symbol})" if hit.symbol else "")
+    first = hit.snippet_line or hit.start_line
+    return "\n".join([head] + [f"{first + i:>6}\t{line}" for i, line in enumerate(hit.snippet.split("\n"))])

@@ -1,0 +1,196 @@
+"""Shell-backed tools: read_lints (ruff diagnostics) and run_terminal_cmd.
+
+Both run inside the workspace through `workspace.exec`, with the workspace's own toolchain
+and configuration (ruff reads the repository's pyproject.toml/ruff.toml). A command that
+runs and fails (non-zero exit) is a normal result, not a tool error: only failing to run
+it at all is an error.
+
+Not covered: linters for other languages, and interactive or background commands (every
+process a command starts ends with it, in the isolated backend).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from pydantic import Field
+
+from vivace.harness.tools.base import (
+    EVERYTHING,
+    MAX_RESULT_CHARS,
+    MAX_RESULT_LINES,
+    Access,
+    ToolArgs,
+    ToolContext,
+    ToolResult,
+    norm_path,
+    truncate,
+)
+from vivace.harness.tools.files import EXPECTED, error
+from vivace.harness.tools.search import rel_path
+
+LINT_TIMEOUT_S = 120.0
+PY_SUFFIXES = (".py", ".pyi")
+# `pwd` twice: ruff prints absolute paths under the physical cwd, which may differ from $PWD.
+# A repository without a ruff configuration gets ruff's long-standing default rules (real
+# errors: syntax, undefined names, unused imports) rather than the wider style set newer ruff
+# releases enable, so results do not change with the ruff version and are not style noise.
+DEFAULT_RULES = "E4,E7,E9,F"
+_RUFF = (
+    "pwd; pwd -P; command -v ruff >/dev/null 2>&1 || exit 127; "
+    "if [ -f ruff.toml ] || [ -f .ruff.toml ] || grep -qs '^\\[tool\\.ruff' pyproject.toml; "
+    'then exec ruff "$@"; fi; '
+    f'sub=$1; shift; exec ruff "$sub" --select {DEFAULT_RULES} "$@"'
+)
+
+
+# -- read_lints -------------------------------------------------------------------------------------
+
+
+class ReadLintsArgs(ToolArgs):
+    paths: list[str] | None = Field(
+        None,
+        description="Python files or directories to check (workspace-relative); default: the Python files "
+        "changed since the start of the task.",
+    )
+
+
+class ReadLints:
+    name: ClassVar[str] = "read_lints"
+    description: ClassVar[str] = (
+        "Lint Python files with ruff, using the repository's own ruff configuration. Without paths, checks the "
+        "Python files changed since the start of the task. Returns one `path:line:col: CODE message` per "
+        "problem, sorted, and a count; other file types are ignored."
+    )
+    Args: ClassVar[type[ToolArgs]] = ReadLintsArgs
+
+    def access(self, args: ReadLintsArgs) -> Access:
+        if not args.paths:
+            return Access(reads=frozenset({EVERYTHING}))
+        return Access(reads=frozenset(norm_path(p) for p in args.paths))
+
+    async def run(self, args: ReadLintsArgs, ctx: ToolContext) -> ToolResult:
+        notes: list[str] = []
+        if args.paths:
+            targets = []
+            for p in args.paths:
+                rel = rel_path(p)
+                if rel is None:
+                    return error(f"path {p!r} is outside the workspace; use a path relative to the workspace root.")
+                if "." in rel.rsplit("/", 1)[-1].lstrip(".") and not rel.endswith(PY_SUFFIXES):
+                    notes.append(f"(ignored {rel}: read_lints checks Python files only)")
+                elif rel not in targets:
+                    targets.append(rel)
+            if not targets:
+                return ToolResult("No Python files to lint.\n" + "\n".join(notes))
+        else:
+            try:
+                targets = _changed_python_files(await ctx.workspace.diff())
+            except EXPECTED as e:
+                return error(f"could not find the changed files: {e}; pass paths explicitly.")
+            if not targets:
+                return ToolResult(
+                    "No Python files have changed since the start of the task; pass paths to lint others."
+                )
+        return await _lint(ctx, targets, notes)
+
+
+def _changed_python_files(diff: str) -> list[str]:
+    """Files added or modified (not deleted) in a git-style diff, Python ones only."""
+    out = []
+    for line in diff.split("\n"):
+        if line.startswith("+++ b/"):
+            path = line[len("+++ b/") :].rstrip("\t")
+            if path.endswith(PY_SUFFIXES) and path not in out:
+                out.append(path)
+    return sorted(out)
+
+
+async def _lint(ctx: ToolContext, targets: list[str], notes: list[str]) -> ToolResult:
+    argv = ["check", "--output-format", "json", "--no-cache", "--exit-zero", "--force-exclude", "--", *targets]
+    try:
+        res = await ctx.workspace.exec(["sh", "-c", _RUFF, "sh", *argv], timeout=LINT_TIMEOUT_S)
+    except EXPECTED as e:
+        return error(f"ruff could not run in the workspace: {e}")
+    if res.exit_code == 127:
+        return error("ruff is not installed in the workspace's environment; run a linter with run_terminal_cmd.")
+    cwd, _, rest = res.stdout.partition("\n")
+    real, _, payload = rest.partition("\n")
+    try:
+        diagnostics = json.loads(payload) if res.exit_code == 0 else None
+    except json.JSONDecodeError:
+        diagnostics = None
+    if not isinstance(diagnostics, list):
+        msg = (res.stderr.strip() or payload.strip())[-2000:]
+        return error(f"ruff failed (exit code {res.exit_code}): {msg or 'no output'}")
+    rows = sorted(_row(d, (cwd, real)) for d in diagnostics)
+    files = {r[0] for r in rows}
+    shown = ", ".join(targets[:10]) + (f" and {len(targets) - 10} more" if len(targets) > 10 else "")
+    if not rows:
+        return ToolResult("\n".join([f"No lint errors in {shown}."] + notes))
+    lines = [f"{path}:{line}:{col}: {code} {msg}" for path, line, col, code, msg in rows]
+    lines.append(f"{len(rows)} problem(s) in {len(files)} file(s).")
+    text = truncate("\n".join(lines + notes) + "\n", hint="lint fewer paths at a time").rstrip("\n")
+    return ToolResult(text, meta={"problems": len(rows), "files": len(files)})
+
+
+def _row(d: dict, roots: tuple[str, str]) -> tuple[str, int, int, str, str]:
+    path = str(d.get("filename", "?"))
+    for root in roots:
+        if root and path.startswith(root.rstrip("/") + "/"):
+            path = path[len(root.rstrip("/")) + 1 :]
+            break
+    loc = d.get("location") or {}
+    return path, int(loc.get("row", 0)), int(loc.get("column", 0)), str(d.get("code") or "error"), str(d.get("message"))
+
+
+# -- run_terminal_cmd -------------------------------------------------------------------------------
+
+
+class RunTerminalCmdArgs(ToolArgs):
+    command: str = Field(description="A bash command line, run in the workspace root.")
+    timeout_s: float | None = Field(
+        None, ge=1, le=600, description="Seconds before the command is killed (default: the task's default)."
+    )
+
+
+class RunTerminalCmd:
+    name: ClassVar[str] = "run_terminal_cmd"
+    description: ClassVar[str] = (
+        "Run a bash command in the workspace root (non-interactive; no process outlives the command). Returns "
+        "`Exit code: N` (and whether it timed out or ran out of memory), then `--- stdout ---` and "
+        "`--- stderr ---` sections when non-empty; long output keeps its beginning and end. A non-zero exit "
+        "code is reported, not treated as a tool error."
+    )
+    Args: ClassVar[type[ToolArgs]] = RunTerminalCmdArgs
+
+    def access(self, args: RunTerminalCmdArgs) -> Access:
+        return Access(writes=frozenset({EVERYTHING}))
+
+    async def run(self, args: RunTerminalCmdArgs, ctx: ToolContext) -> ToolResult:
+        if not args.command.strip():
+            return error("command is empty; give a bash command line.")
+        timeout = args.timeout_s or ctx.command_timeout_s
+        try:
+            res = await ctx.workspace.exec(args.command, timeout=timeout)
+        except EXPECTED as e:
+            return error(f"the command could not be run: {e}")
+        head = f"Exit code: {res.exit_code}"
+        if res.timed_out:
+            head += f" (timed out after {timeout:g} s; the command was killed)"
+        if res.oom_killed:
+            head += " (killed: out of memory)"
+        streams = [("stdout", res.stdout, res.stdout_dropped), ("stderr", res.stderr, res.stderr_dropped)]
+        streams = [st for st in streams if st[1] or st[2]]
+        parts = [head] + [_section(*st, share=max(1, len(streams))) for st in streams]
+        meta = {"exit_code": res.exit_code, "timed_out": res.timed_out, "duration_s": res.duration_s}
+        return ToolResult("\n".join(parts), meta=meta)
+
+
+def _section(name: str, text: str, dropped: int, share: int) -> str:
+    """One output stream under its header; two streams split the one result budget."""
+    note = f" (the sandbox dropped {dropped} bytes in the middle)" if dropped else ""
+    hint = f"redirect {name} to a file and read or grep it"
+    body = truncate(text, MAX_RESULT_CHARS // share, MAX_RESULT_LINES // share, hint=hint)
+    return f"--- {name}{note} ---\n" + body.rstrip("\n")

@@ -1,0 +1,227 @@
+"""The agent loop: turns, stop reasons, limits, trajectories, and the OpenAI-endpoint policy
+over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from conftest import make_backend
+from vivace.config import AgentConfig
+from vivace.harness.agent import run_episode
+from vivace.harness.messages import AssistantTurn
+from vivace.harness.policies import NullPolicy, ReplayPolicy, load_policy
+from vivace.harness.policy import Conversation, PolicyError
+from vivace.harness.trajectory import Trajectory
+
+
+@pytest.fixture
+async def ws(repo, state_dir):
+    backend = make_backend("plain", state_dir)
+    workspace = await backend.create(backend.snapshot(str(repo)))
+    yield workspace
+    await backend.aclose()
+
+
+def call(name: str, **arguments) -> dict:
+    return {"name": name, "arguments": arguments}
+
+
+FIX_SUB = [
+    {
+        "content": "Reading both files.",
+        "tool_calls": [call("read_file", path="pkg/calc.py"), call("grep", pattern="sub")],
+    },
+    {
+        "content": "",
+        "tool_calls": [call("edit_file", path="pkg/calc.py", old_string="return a - b", new_string="return b - a")],
+    },
+    {"content": "Swapped the operands of sub."},
+]
+
+
+async def test_replay_episode_records_everything(ws):
+    traj = await run_episode(ReplayPolicy(FIX_SUB), ws, "fix sub", task_id="t1")
+    assert traj.stop_reason == "done" and traj.error is None
+    assert [len(t.tool_calls) for t in traj.turns] == [2, 1, 0]
+    assert traj.final_message == "Swapped the operands of sub."
+    assert "-    return a - b\n+    return b - a\n" in traj.diff
+    read = traj.turns[0].tool_calls[0]
+    assert read.name == "read_file" and "def sub(a, b):" in read.result and not read.is_error
+    assert all(c.duration_s > 0 for t in traj.turns for c in t.tool_calls)
+    assert traj.tool_calls == 3 and traj.format_errors == 0 and traj.tokens is None
+    # JSON round trip and the OpenAI-style export.
+    again = Trajectory.model_validate_json(traj.model_dump_json())
+    assert again == traj
+    messages = traj.to_messages()
+    assert [m["role"] for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert json.loads(messages[2]["tool_calls"][0]["function"]["arguments"]) == {"path": "pkg/calc.py"}
+    assert messages[3]["tool_call_id"] == messages[2]["tool_calls"][0]["id"]
+
+
+async def test_null_policy_changes_nothing(ws):
+    traj = await run_episode(NullPolicy(), ws, "do something")
+    assert traj.stop_reason == "done" and traj.diff == "" and len(traj.turns) == 1
+
+
+async def test_max_turns(ws):
+    looping = [{"tool_calls": [call("list_dir")]}] * 10
+    traj = await run_episode(ReplayPolicy(looping), ws, "loop", AgentConfig(max_turns=3))
+    assert traj.stop_reason == "max_turns" and len(traj.turns) == 3
+
+
+async def test_tool_calls_beyond_the_cap_are_refused_not_run(ws):
+    many = [{"tool_calls": [call("write_file", path=f"f{i}.txt", content="x") for i in range(5)]}]
+    traj = await run_episode(ReplayPolicy(many), ws, "write", AgentConfig(max_tool_calls_per_turn=3))
+    results = traj.turns[0].tool_calls
+    assert [r.is_error for r in results] == [False, False, False, True, True]
+    assert "at most 3 run per turn" in results[3].result
+    assert "f2.txt" in traj.diff and "f3.txt" not in traj.diff
+
+
+class _Slow:
+    name = "slow"
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        await asyncio.sleep(5)
+        raise AssertionError("not reached")
+
+
+class _ThenFail:
+    """Replays `turns`, then raises `exc`."""
+
+    name = "then-fail"
+
+    def __init__(self, turns: list[dict], exc: Exception):
+        self.replay, self.exc = ReplayPolicy(turns), exc
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        if sum(m.role == "assistant" for m in conversation.messages) < len(self.replay.turns):
+            return await self.replay.act(conversation)
+        raise self.exc
+
+
+async def test_wall_clock_limit(ws):
+    t0 = time.monotonic()
+    traj = await run_episode(_Slow(), ws, "x", AgentConfig(max_wall_s=0.3))
+    assert traj.stop_reason == "timeout" and time.monotonic() - t0 < 2
+    assert "wall-clock" in traj.error
+
+
+async def test_wall_clock_limit_interrupts_tools(ws):
+    script = [{"tool_calls": [call("run_terminal_cmd", command="sleep 5")]}]
+    t0 = time.monotonic()
+    traj = await run_episode(ReplayPolicy(script), ws, "x", AgentConfig(max_wall_s=0.5))
+    assert traj.stop_reason == "timeout" and "running tools" in traj.error
+    assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("exc", [PolicyError("endpoint down"), RuntimeError("bug in policy")])
+async def test_policy_failure_ends_the_episode_with_a_record(ws, exc):
+    policy = _ThenFail([{"tool_calls": [call("list_dir")]}], exc)
+    traj = await run_episode(policy, ws, "x")
+    assert traj.stop_reason == "error" and str(exc) in traj.error
+    assert len(traj.turns) == 1 and traj.turns[0].tool_calls[0].name == "list_dir"
+
+
+def test_unknown_spec_lists_the_valid_forms(tmp_path):
+    with pytest.raises(ValueError, match="scripted:replay:FILE"):
+        load_policy("gpt-9")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_policy(f"scripted:replay:{bad}")
+    bad.write_text('[{"nothing": 1}]')
+    with pytest.raises(ValueError, match="replay turn 0"):
+        load_policy(f"scripted:replay:{bad}")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_policy(f"scripted:replay:{tmp_path / 'missing.json'}")
+
+
+# --- the OpenAI-compatible endpoint, through the real client over HTTP -----------------------
+
+
+class FakeOpenAI:
+    """A chat-completions server that answers from a script and records the requests."""
+
+    def __init__(self, replies: list[dict]):
+        self.replies, self.requests = replies, []
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self.complete)
+        self.app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": "fake-1", "object": "model"}]})
+
+    async def complete(self, request: Request) -> dict:
+        body = await request.json()
+        self.requests.append(body)
+        message = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}
+            ],
+            "usage": {"prompt_tokens": 100 * len(self.requests), "completion_tokens": 7, "total_tokens": 0},
+        }
+
+
+@pytest.fixture
+def openai_server():
+    fake = FakeOpenAI([])
+    server = uvicorn.Server(uvicorn.Config(fake.app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield fake, f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(5)
+
+
+def _tool_call(id_: str, name: str, arguments: str) -> dict:
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+async def test_openai_endpoint_policy(ws, openai_server):
+    fake, url = openai_server
+    fake.replies = [
+        {"role": "assistant", "content": "Looking.", "tool_calls": [
+            _tool_call("a", "read_file", '{"path": "pkg/calc.py"}'),
+            _tool_call("b", "read_file", '{"path": "pkg/calc.py"'),  # broken JSON from the model
+        ]},
+        {"role": "assistant", "content": "Done reading."},
+    ]  # fmt: skip
+    traj = await run_episode(load_policy(url), ws, "read calc")  # no #model: the server's only model
+    assert traj.stop_reason == "done" and traj.final_message == "Done reading."
+    first = traj.turns[0]
+    assert not first.tool_calls[0].is_error and "def add" in first.tool_calls[0].result
+    assert first.tool_calls[1].format_error and "not valid JSON" in first.tool_calls[1].result
+    assert traj.format_errors == 1
+    assert (first.prompt_tokens, first.completion_tokens) == (100, 7)
+    # The second request carried the tool results in OpenAI form, answering the right call ids.
+    second = fake.requests[1]
+    assert second["model"] == "fake-1" and len(second["tools"]) >= 10
+    tool_msgs = [m for m in second["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_msgs] == ["a", "b"]
+
+
+async def test_openai_endpoint_down_is_an_error_stop(ws):
+    traj = await run_episode(load_policy("http://127.0.0.1:9/v1#m"), ws, "x")
+    assert traj.stop_reason == "error" and "endpoint failed" in traj.error

@@ -1,0 +1,95 @@
+"""`vivace agent` and `vivace tools` as a user runs them: the repo changes only with --apply,
+and then it holds exactly the diff the agent made."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import ISOLATION_PROBLEM
+from vivace.cli import app
+from vivace.sandbox.diff import tree_diff, walk_files
+
+BACKEND = "plain" if ISOLATION_PROBLEM else "isolated"
+
+SCRIPT = [
+    {
+        "content": "Looking first.",
+        "tool_calls": [
+            {"name": "read_file", "arguments": {"path": "pkg/calc.py"}},
+            {"name": "list_dir", "arguments": {"path": "pkg"}},
+        ],
+    },
+    {
+        "tool_calls": [
+            {"name": "edit_file", "arguments": {"path": "pkg/calc.py", "old_string": "a - b", "new_string": "b - a"}},
+            {"name": "write_file", "arguments": {"path": "pkg/new.py", "content": "X = 1\n"}},
+            {"name": "delete_file", "arguments": {"path": "README.md"}},
+        ]
+    },
+    {"content": "Changed sub, added pkg/new.py, removed the README."},
+]
+
+
+@pytest.fixture
+def setup(repo, tmp_path, state_dir):
+    work = tmp_path / "repo"
+    shutil.copytree(repo, work, symlinks=True)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    args = ["--repo", str(work), "--model", f"scripted:replay:{script}", "--backend", BACKEND]
+    return work, args + ["--state-dir", str(state_dir)]
+
+
+def snapshot(root) -> dict[str, bytes]:
+    return {p: (root / p).read_bytes() for p in walk_files(root) if not (root / p).is_symlink()}
+
+
+def test_agent_shows_the_diff_and_leaves_the_repo_untouched(setup):
+    work, args = setup
+    before = snapshot(work)
+    result = CliRunner().invoke(app, ["agent", "fix sub", *args])
+    assert result.exit_code == 0, result.output
+    assert "→ read_file" in result.output and "→ edit_file" in result.output
+    assert "+    return b - a" in result.output and "deleted file mode" in result.output
+    assert "Changed sub" in result.output and "stopped: done" in result.output
+    assert "is unchanged" in result.output
+    assert snapshot(work) == before
+
+
+def test_agent_apply_writes_exactly_the_diff(setup, tmp_path):
+    work, args = setup
+    original = tmp_path / "original"
+    shutil.copytree(work, original, symlinks=True)
+    result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["applied"] and report["not_applied"] == []
+    diff = report["trajectory"]["diff"]
+    assert "pkg/new.py" in diff and "README.md" in diff
+    candidates = set(walk_files(original)) | set(walk_files(work))
+    assert tree_diff(original, work, candidates) == diff
+    assert not (work / "README.md").exists() and (work / "pkg/new.py").read_text() == "X = 1\n"
+
+
+def test_agent_bad_inputs(setup, tmp_path):
+    work, args = setup
+    result = CliRunner().invoke(app, ["agent", "x", "--repo", str(tmp_path / "nope"), "--model", "scripted:null"])
+    assert result.exit_code == 2 and "not a directory" in result.output
+    result = CliRunner().invoke(app, ["agent", "x", "--repo", str(work), "--model", "gpt-9"])
+    assert result.exit_code == 2 and "valid forms" in result.output
+
+
+def test_tools_lists_schemas():
+    result = CliRunner().invoke(app, ["tools", "--json"])
+    assert result.exit_code == 0
+    schemas = json.loads(result.stdout)
+    names = [s["function"]["name"] for s in schemas]
+    assert names[:2] == ["read_file", "edit_file"] and "run_terminal_cmd" in names and len(names) == 11
+    for s in schemas:
+        assert s["function"]["parameters"]["type"] == "object" and s["function"]["description"]
+    table = CliRunner().invoke(app, ["tools"])
+    assert table.exit_code == 0 and "grep" in table.output

@@ -1,0 +1,74 @@
+"""Acceptance: parallel tool calls make a turn as fast as its slowest call.
+
+Every workspace operation gets 100 ms of injected latency (as a remote environment server
+far away would add). Ten `read_file`s and a `grep` issued in one turn finish in under
+300 ms; the same calls issued one per turn take over a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from conftest import ISOLATION_PROBLEM, make_backend
+from vivace.harness.executor import ToolCall, execute
+from vivace.harness.tools import default_tools
+from vivace.harness.tools.base import ToolContext
+
+LATENCY = 0.1
+
+
+class LatencyWorkspace:
+    """Delegates to a workspace after sleeping `delay` seconds on every operation."""
+
+    def __init__(self, inner, delay: float):
+        self._inner, self._delay = inner, delay
+        self.id = inner.id
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        async def delayed(*args, **kwargs):
+            await asyncio.sleep(self._delay)
+            return await attr(*args, **kwargs)
+
+        return delayed
+
+
+@pytest.fixture
+async def slow_ctx(repo, state_dir):
+    backend = make_backend("isolated" if ISOLATION_PROBLEM is None else "plain", state_dir)
+    ws = await backend.create(backend.snapshot(str(repo)))
+    for i in range(10):
+        await ws.write_text(f"pkg/mod{i}.py", f"def f{i}():\n    return {i}\n")
+    yield ToolContext(workspace=LatencyWorkspace(ws, LATENCY))
+    await backend.aclose()
+
+
+def _calls() -> list[ToolCall]:
+    calls = [ToolCall(f"r{i}", "read_file", {"path": f"pkg/mod{i}.py"}) for i in range(10)]
+    return calls + [ToolCall("g", "grep", {"pattern": "def f[0-9]", "path": "pkg"})]
+
+
+async def test_one_parallel_turn_vs_one_call_per_turn(slow_ctx):
+    tools = {t.name: t for t in default_tools()}
+    t0 = time.monotonic()
+    together = await execute(_calls(), tools, slow_ctx)
+    parallel_s = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    one_by_one = [(await execute([call], tools, slow_ctx))[0] for call in _calls()]
+    serial_s = time.monotonic() - t0
+
+    print(f"\n11 calls with {LATENCY * 1e3:.0f} ms latency each: one turn {parallel_s * 1e3:.0f} ms, "
+          f"one call per turn {serial_s * 1e3:.0f} ms ({serial_s / parallel_s:.1f}x)")  # fmt: skip
+    assert parallel_s < 0.3
+    assert serial_s > 1.0
+    # Same results either way, in call order.
+    assert [o.result for o in together] == [o.result for o in one_by_one]
+    assert not any(o.result.is_error for o in together)
+    assert "return 3" in together[3].result.text and "def f9" in together[10].result.text

@@ -1,0 +1,475 @@
+"""The agent tools against real workspaces (plain always, isolated where it can run).
+
+Result texts are asserted exactly where models and scorers depend on them. grep's built-in
+fallback must print exactly what ripgrep prints; that comparison runs over a tree with
+hidden, binary, nested and gitignored files, with and without a git repository.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conftest import make_backend
+from vivace.harness.tools import default_tools, tools_by_name
+from vivace.harness.tools.base import Tool, ToolContext, ToolResult, parse_args, tool_schema
+from vivace.harness.tools.search import Grep, LexicalSearch
+
+TOOLS = tools_by_name(default_tools())
+ORDER = [
+    "read_file", "edit_file", "write_file", "delete_file", "list_dir", "glob_file_search", "grep",
+    "codebase_search", "read_lints", "run_terminal_cmd", "todo_write",
+]  # fmt: skip
+
+
+async def call(ctx: ToolContext, name: str, tool: Tool | None = None, **args) -> ToolResult:
+    tool = tool or TOOLS[name]
+    parsed = parse_args(tool, args)
+    assert not isinstance(parsed, ToolResult), parsed.text
+    return await tool.run(parsed, ctx)
+
+
+async def ok(ctx: ToolContext, name: str, **args) -> str:
+    result = await call(ctx, name, **args)
+    assert not result.is_error, result.text
+    return result.text
+
+
+async def err(ctx: ToolContext, name: str, **args) -> str:
+    result = await call(ctx, name, **args)
+    assert result.is_error and result.text.startswith("Error: "), result.text
+    return result.text
+
+
+async def _ctx(kind: str, repo: Path, state_dir: Path):
+    backend = make_backend(kind, state_dir)
+    ws = await backend.create(backend.snapshot(str(repo)))
+    return backend, ToolContext(workspace=ws)
+
+
+@pytest.fixture(params=["plain", "isolated"])
+async def ctx(request, repo, state_dir):
+    backend, c = await _ctx(request.param, repo, state_dir)
+    yield c
+    await backend.aclose()
+
+
+@pytest.fixture
+async def pctx(repo, state_dir):
+    """Plain only: for tool logic that does not depend on the backend."""
+    backend, c = await _ctx("plain", repo, state_dir)
+    yield c
+    await backend.aclose()
+
+
+def test_default_tools_order_and_schemas():
+    tools = default_tools()
+    assert [t.name for t in tools] == ORDER
+    for tool in tools:
+        assert isinstance(tool, Tool)
+        schema = tool_schema(tool)["function"]
+        assert schema["description"] and "\n" not in schema["description"]
+        for prop in schema["parameters"]["properties"].values():
+            assert prop.get("description"), (tool.name, prop)
+    bad = parse_args(TOOLS["read_file"], {"path": "a", "offset": 0, "bogus": 1})
+    assert isinstance(bad, ToolResult) and bad.is_error and "offset" in bad.text and "bogus" in bad.text
+
+
+# -- read_file ---------------------------------------------------------------------------------------
+
+
+async def test_read_file(pctx):
+    ws = pctx.workspace
+    assert await ok(pctx, "read_file", path="pkg/calc.py") == (
+        "     1\tdef add(a, b):\n     2\t    return a + b\n     3\t\n     4\t\n"
+        "     5\tdef sub(a, b):\n     6\t    return a - b"
+    )
+    assert await ok(pctx, "read_file", path="pkg/calc.py", offset=5, limit=1) == (
+        "     5\tdef sub(a, b):\n[showing lines 5-5 of 6; use offset and limit to see more]"
+    )
+    assert "past the end of pkg/calc.py, which has 6 lines" in await err(
+        pctx, "read_file", path="pkg/calc.py", offset=9
+    )
+    assert await err(pctx, "read_file", path="data/blob.bin") == (
+        "Error: data/blob.bin is a binary file (9 bytes) and cannot be shown as text."
+    )
+    assert "is a directory; use list_dir" in await err(pctx, "read_file", path="pkg")
+    assert "nope.py does not exist" in await err(pctx, "read_file", path="nope.py")
+    await ws.write_text("empty.txt", "")
+    assert await ok(pctx, "read_file", path="empty.txt") == "(empty file)"
+    await ws.write_text("long.txt", "x" * 2500 + "\r\nshort")
+    text = await ok(pctx, "read_file", path="long.txt")
+    assert text.endswith("x" * 2000 + " [... line cut: 500 more characters]\n     2\tshort")
+    await ws.write_text("big.txt", "".join(f"line {i}\n" for i in range(1, 1001)))
+    text = await ok(pctx, "read_file", path="big.txt")
+    assert "  1000\tline 1000" in text and "   600\tline 600" not in text
+    assert "characters omitted" in text and "use offset and limit to read a range" in text
+
+
+# -- edit_file ---------------------------------------------------------------------------------------
+
+
+async def test_edit_unique_replace_all_and_snippet(pctx):
+    ws = pctx.workspace
+    text = await ok(pctx, "edit_file", path="pkg/calc.py", old_string="return a - b", new_string="return b - a")
+    assert text == (
+        "Edited pkg/calc.py: replaced 1 occurrence(s)\n     4\t\n     5\tdef sub(a, b):\n     6\t    return b - a"
+    )
+    msg = await err(pctx, "edit_file", path="pkg/calc.py", old_string="(a, b)", new_string="(x, y)")
+    assert msg == (
+        "Error: old_string occurs 2 times in pkg/calc.py (lines 1, 5); include more surrounding lines to make "
+        "it unique, or set replace_all."
+    )
+    text = await ok(pctx, "edit_file", path="pkg/calc.py", old_string="(a, b)", new_string="(x, y)", replace_all=True)
+    assert text.startswith("Edited pkg/calc.py: replaced 2 occurrence(s)\n     1\tdef add(x, y):")
+    assert (await ws.read_text("pkg/calc.py")).count("(x, y)") == 2
+    assert "are the same" in await err(pctx, "edit_file", path="pkg/calc.py", old_string="a", new_string="a")
+    assert await err(pctx, "edit_file", path="pkg/calc.py", old_string="nothing like this", new_string="x") == (
+        "Error: old_string was not found in pkg/calc.py; read the file and copy the text exactly, "
+        "including indentation."
+    )
+
+
+async def test_edit_create_missing_and_binary(pctx):
+    ws = pctx.workspace
+    assert await ok(pctx, "edit_file", path="new/mod.py", old_string="", new_string="X = 1\n") == (
+        "Created new/mod.py (1 lines)"
+    )
+    assert await ws.read_text("new/mod.py") == "X = 1\n"
+    assert "already exists; give old_string" in await err(
+        pctx, "edit_file", path="new/mod.py", old_string="", new_string="Y = 2\n"
+    )
+    await ws.write_text("blank.txt", "")
+    await ok(pctx, "edit_file", path="blank.txt", old_string="", new_string="hello\n")
+    assert await ws.read_text("blank.txt") == "hello\n"
+    msg = await err(pctx, "edit_file", path="missing.py", old_string="a", new_string="b")
+    assert "missing.py does not exist; to create it use write_file" in msg
+    assert "binary file" in await err(pctx, "edit_file", path="data/blob.bin", old_string="bin", new_string="x")
+
+
+async def test_edit_whitespace_fallback_reindents(pctx):
+    ws = pctx.workspace
+    await ws.write_text("m.py", "class A:\n    def f(self):\n        x = 1\n        return x\n")
+    text = await ok(
+        pctx, "edit_file", path="m.py", old_string="def f(self):\n    x = 1\n", new_string="def f(self):\n    x = 2\n"
+    )
+    assert "(matched ignoring whitespace differences)" in text
+    assert await ws.read_text("m.py") == "class A:\n    def f(self):\n        x = 2\n        return x\n"
+    await ws.write_text("crlf.txt", "a\r\n  b\r\nc\r\n")
+    await ok(pctx, "edit_file", path="crlf.txt", old_string="a\nb\n", new_string="a\nB\n")
+    assert await ws.read_bytes("crlf.txt") == b"a\r\nB\r\nc\r\n"
+    await ws.write_text("twice.txt", "  k = 1\n\tk = 1\n")
+    assert "matches 2 places" in await err(pctx, "edit_file", path="twice.txt", old_string="   k = 1", new_string="k=2")
+
+
+async def test_python_syntax_warning(pctx):
+    text = await ok(pctx, "edit_file", path="pkg/calc.py", old_string="def sub(a, b):", new_string="def sub(a, b:")
+    assert text.endswith("Warning: this edit introduced a syntax error at line 5: '(' was never closed")
+    assert "def sub(a, b:" in await pctx.workspace.read_text("pkg/calc.py")  # applied anyway
+    # Already broken before: no warning for an unrelated edit.
+    assert "Warning" not in await ok(pctx, "edit_file", path="pkg/calc.py", old_string="a + b", new_string="b + a")
+    assert "Warning: this edit introduced a syntax error at line 1" in await ok(
+        pctx, "write_file", path="bad.py", content="def (:\n"
+    )
+
+
+# -- write_file, delete_file, list_dir ---------------------------------------------------------------
+
+
+async def test_write_file(pctx):
+    ws = pctx.workspace
+    assert await ok(pctx, "write_file", path="a/b/c.txt", content="one\ntwo") == "Wrote a/b/c.txt (2 lines, new file)"
+    assert await ws.read_text("a/b/c.txt") == "one\ntwo"
+    text = await ok(pctx, "write_file", path="a/b/c.txt", content="x\n")
+    assert text == "Wrote a/b/c.txt (1 lines, overwrote the previous content)"
+    assert "pkg is a directory" in await err(pctx, "write_file", path="pkg", content="x")
+
+
+async def test_delete_file(pctx):
+    ws = pctx.workspace
+    assert await ok(pctx, "delete_file", path="README.md") == "Deleted README.md"
+    assert "README.md does not exist" in await err(pctx, "delete_file", path="README.md")
+    assert await ok(pctx, "delete_file", path="pkg/alias.py") == "Deleted symlink pkg/alias.py"
+    assert (await ws.read_text("pkg/calc.py")).startswith("def add")  # the link's target stays
+    assert "is a directory; delete_file removes files only" in await err(pctx, "delete_file", path="pkg")
+
+
+async def test_list_dir(pctx):
+    ws = pctx.workspace
+    await ws.exec("mkdir -p .git empty && echo x > .hidden")
+    assert await ok(pctx, "list_dir") == ("data/\nempty/\npkg/\ntests/\n.hidden (2 B)\nREADME.md (7 B)")
+    assert await ok(pctx, "list_dir", path="pkg") == "__init__.py (0 B)\nalias.py@\ncalc.py (66 B)"
+    assert await ok(pctx, "list_dir", path="empty") == "(empty directory)"
+    assert "is not a directory; use read_file" in await err(pctx, "list_dir", path="README.md")
+    assert "directory nope does not exist" in await err(pctx, "list_dir", path="nope")
+
+
+# -- path escapes ------------------------------------------------------------------------------------
+
+
+async def test_paths_outside_the_workspace_are_errors(ctx, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret.txt"
+    secret.write_text("keep me\n")
+    ws = ctx.workspace
+    assert (await ws.exec(["ln", "-s", str(outside), "outdir"])).exit_code == 0
+    assert (await ws.exec(["ln", "-s", str(secret), "outfile"])).exit_code == 0
+    passwd = Path("/etc/passwd").read_bytes()
+    for bad in ["../x", "../../secret.txt", "outfile", "outdir/secret.txt", str(secret)]:
+        assert "is outside the workspace" in await err(ctx, "read_file", path=bad), bad
+        assert "is outside the workspace" in await err(ctx, "write_file", path=bad, content="pwned"), bad
+        assert "is outside the workspace" in await err(
+            ctx, "edit_file", path=bad, old_string="keep", new_string="pwned"
+        ), bad
+        assert "is outside the workspace" in await err(ctx, "edit_file", path=bad, old_string="", new_string="pwn")
+        if bad != "outfile":  # deleting the link itself is fine: it removes the link, not its target
+            assert "is outside the workspace" in await err(ctx, "delete_file", path=bad), bad
+    assert await err(ctx, "read_file", path="/etc/passwd") == (
+        "Error: path '/etc/passwd' is outside the workspace; use a path relative to the workspace root."
+    )
+    assert await ok(ctx, "delete_file", path="outfile") == "Deleted symlink outfile"
+    for tool in ("grep", "glob_file_search"):
+        key = "pattern" if tool == "grep" else "glob_pattern"
+        assert "is outside the workspace" in await err(ctx, tool, **{key: "x", "path": "../"})
+    assert secret.read_text() == "keep me\n" and sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert not (tmp_path / "x").exists() and Path("/etc/passwd").read_bytes() == passwd
+
+
+# -- grep --------------------------------------------------------------------------------------------
+
+TREE = {
+    "src/app.py": "import os\n\ndef main():\n    value = compute()\n    return value\n\n\ndef compute():\n"
+    "    return 42  # TODO\n",
+    "src/util/helpers.py": "def helper():\n    return 'Value'\n",
+    "src-extra/notes.txt": "todo: value\n",
+    "docs/guide.md": "Some value here\nno match\nVALUE again\n",
+    ".hidden/secret.py": "value = 1\n",
+    ".dotfile": "value\n",
+    "bin/data.bin": "value\0binary\n",
+    "build/out.py": "value = 'generated'\n",
+    ".gitignore": "build/\n",
+}
+CASES = [
+    {"pattern": "value"},
+    {"pattern": "value", "case_insensitive": True},
+    {"pattern": r"def \w+\(", "output_mode": "files_with_matches"},
+    {"pattern": "value", "output_mode": "count", "case_insensitive": True},
+    {"pattern": "value", "context": 1},
+    {"pattern": "return", "context_before": 2, "context_after": 0},
+    {"pattern": "compute", "context_after": 3, "path": "src"},
+    {"pattern": "value", "glob": "*.py"},
+    {"pattern": "value", "glob": "src/**"},
+    {"pattern": "value|todo", "glob": "*.{md,txt}", "case_insensitive": True},
+    {"pattern": "value", "path": "src/app.py"},
+    {"pattern": "value", "path": "src/app.py", "glob": "*.md"},
+    {"pattern": "e", "path": "docs", "output_mode": "count"},
+    {"pattern": "^$", "path": "src", "context": 1},
+    {"pattern": "nothing-matches-this"},
+    {"pattern": "value", "head_limit": 2},
+]
+
+
+async def _grep_both(ctx, case):
+    rg = await call(ctx, "grep", tool=Grep(use_rg=True), **case)
+    walker = await call(ctx, "grep", tool=Grep(use_rg=False), **case)
+    return rg, walker
+
+
+async def test_grep_rg_and_fallback_print_the_same(ctx):
+    ws = ctx.workspace
+    if (await ws.exec("command -v rg")).exit_code != 0:
+        pytest.skip("rg is not installed in the workspace")
+    for rel, text in TREE.items():
+        await ws.write_text(rel, text)
+    for git in (False, True):
+        if git:
+            assert (await ws.exec("git init -q .")).exit_code == 0
+        for case in CASES:
+            rg, walker = await _grep_both(ctx, case)
+            assert rg == walker, (git, case, rg.text, walker.text)
+        assert ("build/out.py" in (await _grep_both(ctx, {"pattern": "generated"}))[0].text) is not git
+
+
+async def test_grep_result_formats(pctx):
+    ws = pctx.workspace
+    for rel, text in TREE.items():
+        await ws.write_text(rel, text)
+    assert await ok(pctx, "grep", pattern="value", path="src") == (
+        "src/app.py:4:    value = compute()\nsrc/app.py:5:    return value"
+    )
+    assert await ok(pctx, "grep", pattern="compute", context=1, path="src/app.py") == (
+        "src/app.py-3-def main():\nsrc/app.py:4:    value = compute()\nsrc/app.py-5-    return value\n--\n"
+        "src/app.py-7-\nsrc/app.py:8:def compute():\nsrc/app.py-9-    return 42  # TODO"
+    )
+    assert await ok(pctx, "grep", pattern="value", output_mode="files_with_matches", case_insensitive=True) == (
+        "build/out.py\ndocs/guide.md\nsrc/app.py\nsrc/util/helpers.py\nsrc-extra/notes.txt"
+    )
+    assert await ok(pctx, "grep", pattern="value", output_mode="count", glob="*.md", case_insensitive=True) == (
+        "docs/guide.md:2"
+    )
+    assert await ok(pctx, "grep", pattern="value", head_limit=1, case_insensitive=True) == (
+        "build/out.py:1:value = 'generated'\n[6 more lines not shown (head_limit=1)]"
+    )
+    assert await ok(pctx, "grep", pattern="zzz_nothing") == "No matches for 'zzz_nothing' in .."
+    assert "invalid regular expression 'foo('" in await err(pctx, "grep", pattern="foo(")
+    assert "nope does not exist" in await err(pctx, "grep", pattern="x", path="nope")
+    walker = Grep(use_rg=False)
+    assert "invalid regular expression 'foo('" in (await call(pctx, "grep", tool=walker, pattern="foo(")).text
+    assert "nope does not exist" in (await call(pctx, "grep", tool=walker, pattern="x", path="nope")).text
+
+
+async def test_grep_checks_for_rg_once_per_workspace(pctx):
+    grep = Grep()
+    await call(pctx, "grep", tool=grep, pattern="add")
+    assert grep._has_rg.get_for(pctx.workspace) is True
+    assert "pkg/calc.py:1:def add" in (await call(pctx, "grep", tool=grep, pattern="add")).text
+
+
+# -- glob_file_search --------------------------------------------------------------------------------
+
+
+async def test_glob_file_search(pctx):
+    ws = pctx.workspace
+    for rel, text in TREE.items():
+        await ws.write_text(rel, text)
+    assert await ok(pctx, "glob_file_search", glob_pattern="*.py") == (
+        "build/out.py\npkg/__init__.py\npkg/calc.py\nsrc/app.py\nsrc/util/helpers.py\ntests/test_calc.py"
+    )
+    assert await ok(pctx, "glob_file_search", glob_pattern="src/**/*.py") == "src/app.py\nsrc/util/helpers.py"
+    assert await ok(pctx, "glob_file_search", glob_pattern="*.py", path="src/util") == "src/util/helpers.py"
+    assert await ok(pctx, "glob_file_search", glob_pattern="**/test_*.py") == "tests/test_calc.py"
+    assert (
+        await ok(pctx, "glob_file_search", glob_pattern="*.{md,txt}") == "README.md\ndocs/guide.md\nsrc-extra/notes.txt"
+    )
+    assert await ok(pctx, "glob_file_search", glob_pattern="*.rs") == "No files match '*.rs' in .."
+    await ws.exec("mkdir many && for i in $(seq 1 250); do : > many/f$i.txt; done")
+    text = await ok(pctx, "glob_file_search", glob_pattern="many/*.txt")
+    assert len(text.splitlines()) == 201 and text.endswith("[... and 50 more files; use a narrower pattern or path]")
+
+
+# -- codebase_search ---------------------------------------------------------------------------------
+
+
+async def test_codebase_search_ranks_and_sees_edits(pctx):
+    ws = pctx.workspace
+    await ws.write_text(
+        "shop/pricing.py",
+        "def compute_total_price(items, tax_rate):\n    subtotal = sum(i.price for i in items)\n"
+        "    return subtotal * (1 + tax_rate)\n",
+    )
+    await ws.write_text("shop/cart.py", "class Cart:\n    def add_item(self, item):\n        self.items.append(item)\n")
+    text = await ok(pctx, "codebase_search", query="computeTotalPrice tax")
+    assert text.startswith(
+        "shop/pricing.py:1-3 (compute_total_price)\n     1\tdef compute_total_price(items, tax_rate):"
+    )
+    index = pctx.search._indexes.get_for(ws)
+    await ok(pctx, "codebase_search", query="cart item")
+    assert pctx.search._indexes.get_for(ws).bm25 is index.bm25  # unchanged workspace: not rebuilt
+    assert "No results for 'zebra giraffe'." == await ok(pctx, "codebase_search", query="zebra giraffe")
+    await ok(pctx, "edit_file", path="shop/cart.py", old_string="class Cart:", new_string="class ZebraCart:")
+    assert (await ok(pctx, "codebase_search", query="zebra giraffe")).startswith("shop/cart.py:1-3 (ZebraCart)")
+    text = await ok(pctx, "codebase_search", query="compute total price", target_directories=["pkg"])
+    assert "shop/" not in text
+
+
+async def test_lexical_search_reads_many_files_in_batches(pctx, monkeypatch):
+    from vivace.harness.tools import search
+
+    monkeypatch.setattr(search, "READ_BUDGET", 2_000)  # force several read execs
+    ws = pctx.workspace
+    await ws.exec(
+        "mkdir gen && for i in $(seq 1 60); do printf 'def func_%s():\\n    return %s\\n' $i $i > gen/m$i.py; done"
+    )
+    hits = await LexicalSearch().search(ws, "func_37", None, 3)
+    assert hits[0].path == "gen/m37.py" and hits[0].symbol == "func_37"
+
+
+# -- read_lints --------------------------------------------------------------------------------------
+
+
+async def test_read_lints(ctx):
+    assert "No Python files have changed" in await ok(ctx, "read_lints")
+    await ctx.workspace.write_text("pkg/calc.py", "import os\n\n\ndef add(a, b):\n    return a + b\n")
+    assert await ok(ctx, "read_lints") == ("pkg/calc.py:1:8: F401 `os` imported but unused\n1 problem(s) in 1 file(s).")
+    text = await ok(ctx, "read_lints", paths=["tests/test_calc.py", "README.md"])
+    assert text == "No lint errors in tests/test_calc.py.\n(ignored README.md: read_lints checks Python files only)"
+
+
+class _NoVenvPath:
+    """A workspace whose commands see only /usr/bin and /bin on PATH (so no ruff)."""
+
+    def __init__(self, inner):
+        self._inner, self.id = inner, inner.id
+
+    async def exec(self, cmd, timeout=None, env=None):
+        return await self._inner.exec(cmd, timeout=timeout, env={"PATH": "/usr/bin:/bin"})
+
+
+async def test_read_lints_without_ruff(pctx):
+    result = await call(ToolContext(workspace=_NoVenvPath(pctx.workspace)), "read_lints", paths=["pkg"])
+    assert result.is_error and "ruff is not installed" in result.text
+
+
+# -- run_terminal_cmd --------------------------------------------------------------------------------
+
+
+async def test_run_terminal_cmd(ctx):
+    assert await ok(ctx, "run_terminal_cmd", command="cat README.md") == "Exit code: 0\n--- stdout ---\n# demo"
+    text = await ok(ctx, "run_terminal_cmd", command="echo out; echo oops >&2; exit 3")
+    assert text == "Exit code: 3\n--- stdout ---\nout\n--- stderr ---\noops"
+    assert await ok(ctx, "run_terminal_cmd", command="true") == "Exit code: 0"
+    text = await ok(ctx, "run_terminal_cmd", command="echo start; sleep 20", timeout_s=1)
+    assert text.startswith("Exit code: ") and "(timed out after 1 s; the command was killed)" in text
+    text = await ok(ctx, "run_terminal_cmd", command="seq 1 5000")
+    assert text.startswith("Exit code: 0\n--- stdout ---\n1\n2\n") and text.endswith("\n5000")
+    assert "characters omitted; the full output had 5000 lines" in text
+    assert "command is empty" in await err(ctx, "run_terminal_cmd", command="  ")
+
+
+async def test_run_terminal_cmd_reports_sandbox_drops(pctx):
+    text = await ok(pctx, "run_terminal_cmd", command="seq 1 200000")
+    assert "--- stdout (the sandbox dropped " in text and "bytes in the middle) ---" in text
+
+
+# -- todo_write --------------------------------------------------------------------------------------
+
+
+async def test_todo_write(pctx):
+    todos = [{"id": "1", "content": "read code", "status": "completed"}, {"id": "2", "content": "fix bug"}]
+    assert await ok(pctx, "todo_write", todos=todos) == (
+        "[x] 1: read code\n[ ] 2: fix bug\n(2 items: 1 completed, 1 pending)"
+    )
+    merged = [{"id": "2", "status": "in_progress"}, {"id": "3", "content": "run tests", "status": "cancelled"}]
+    assert await ok(pctx, "todo_write", todos=merged, merge=True) == (
+        "[x] 1: read code\n[>] 2: fix bug\n[-] 3: run tests\n(3 items: 1 completed, 1 in progress, 1 cancelled)"
+    )
+    assert "new todo '9' has no content" in await err(pctx, "todo_write", todos=[{"id": "9"}], merge=True)
+    assert len(pctx.todos) == 3  # the failed call changed nothing
+    assert await ok(pctx, "todo_write", todos=[{"id": "a", "content": "only this"}]) == (
+        "[ ] a: only this\n(1 items: 1 pending)"
+    )
+
+
+async def test_two_todo_writes_in_one_turn_keep_order():
+    a = TOOLS["todo_write"].access(parse_args(TOOLS["todo_write"], {"todos": []}))
+    assert a.conflicts(a)
+    reads = TOOLS["read_file"].access(parse_args(TOOLS["read_file"], {"path": "./pkg/calc.py"}))
+    edit = TOOLS["edit_file"].access(parse_args(TOOLS["edit_file"], {"path": "pkg/calc.py", "old_string": "a", "new_string": "b"}))  # fmt: skip
+    grep = TOOLS["grep"].access(parse_args(TOOLS["grep"], {"pattern": "x"}))
+    assert reads.conflicts(edit) and grep.conflicts(edit) and not reads.conflicts(grep)
+    await asyncio.sleep(0)
+
+
+async def test_hostile_arguments_give_short_errors(pctx):
+    for name, args in [
+        ("write_file", {"path": "a" * 100_000, "content": "x"}),
+        ("read_file", {"path": "a/" * 3000}),
+        ("list_dir", {"path": "x" * 5000}),
+        ("grep", {"pattern": "x", "path": "y" * 5000}),
+        ("edit_file", {"path": "pkg/calc.py", "old_string": "z" * 1_000_000, "new_string": ""}),
+    ]:
+        result = await call(pctx, name, **args)
+        assert result.is_error and result.text.startswith("Error: ") and len(result.text) < 1_200, (name, result.text)
