@@ -15,9 +15,11 @@ from fastapi import FastAPI, Request
 from conftest import make_backend
 from vivace.config import AgentConfig
 from vivace.harness.agent import run_episode
-from vivace.harness.messages import AssistantTurn
+from vivace.harness.messages import AssistantTurn, Message, ToolCall
 from vivace.harness.policies import NullPolicy, ReplayPolicy, load_policy
-from vivace.harness.policy import Conversation, PolicyError
+from vivace.harness.policy import Completion, Conversation, PolicyError, SamplingParams, TokenPolicy
+from vivace.harness.tools import default_tools
+from vivace.harness.tools.base import tool_schema
 from vivace.harness.trajectory import Trajectory
 
 
@@ -225,3 +227,75 @@ async def test_openai_endpoint_policy(ws, openai_server):
 async def test_openai_endpoint_down_is_an_error_stop(ws):
     traj = await run_episode(load_policy("http://127.0.0.1:9/v1#m"), ws, "x")
     assert traj.stop_reason == "error" and "endpoint failed" in traj.error
+
+
+# --- token level: the sequence RL trains on ------------------------------------------------
+
+
+class ScriptedSampler:
+    """Generates, per call, the canonical ids of the next scripted assistant message."""
+
+    def __init__(self, chat, messages: list[Message], version: int = 3):
+        self.chat, self.messages, self.version = chat, messages, version
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        self.prompts.append(list(prompt_ids))
+        ids = self.chat.assistant_ids(self.messages[len(self.prompts) - 1])
+        finish = "stop"
+        if len(ids) > params.max_tokens:
+            ids, finish = ids[: params.max_tokens], "length"
+        return Completion(ids, [-0.5] * len(ids), finish, self.version)
+
+
+SCHEMAS = [tool_schema(t) for t in default_tools()]  # what run_episode gives the policy by default
+TOKEN_SCRIPT = [
+    Message("assistant", "Both at once.", (
+        ToolCall("call_0", "read_file", {"path": "pkg/calc.py"}),
+        ToolCall("call_1", "grep", {"pattern": "def ", "path": "pkg"}),
+        ToolCall("call_2", "read_file", {"path": "missing.py"}),  # an error result in the sequence
+    )),
+    Message("assistant", "", (ToolCall("call_0", "edit_file", {"path": "pkg/calc.py", "old_string": "a - b", "new_string": "b - a"}),)),
+    Message("assistant", "Fixed sub."),
+]  # fmt: skip
+
+
+async def test_token_policy_episode_is_token_exact(ws, chat_format):
+    sampler = ScriptedSampler(chat_format, TOKEN_SCRIPT)
+    policy = TokenPolicy(sampler, chat_format, name="scripted-tokens")
+    traj = await run_episode(policy, ws, "fix sub")
+    assert traj.stop_reason == "done" and len(traj.turns) == 3 and "+    return b - a" in traj.diff
+    assert traj.turns[0].tool_calls[2].is_error
+
+    # Every prompt the sampler saw equals a full rendering of the conversation so far: the
+    # incremental token sequence never diverges from re-rendering (prefix property, end to end).
+    messages = [Message.from_openai(m) for m in traj.to_messages()]
+    assistant_at = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    for prompt, k in zip(sampler.prompts, assistant_at, strict=True):
+        assert prompt == chat_format.prompt_ids(messages[:k], SCHEMAS)
+
+    # The loss mask covers exactly the sampled tokens, with their logprobs and version.
+    t = traj.tokens
+    assert len(t.ids) == len(t.loss_mask) == len(t.logprobs) == len(t.versions)
+    sampled = [i for i, m in zip(t.ids, t.loss_mask, strict=True) if m]
+    assert sampled == [i for m in TOKEN_SCRIPT for i in chat_format.assistant_ids(m)]
+    assert {lp for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m} == {-0.5}
+    assert {v for v, m in zip(t.versions, t.loss_mask, strict=True) if not m} == {-1}
+    assert {v for v, m in zip(t.versions, t.loss_mask, strict=True) if m} == {3}
+    assert [turn.policy_version for turn in traj.turns] == [3, 3, 3]
+    assert traj.turns[1].prompt_tokens == len(sampler.prompts[1])
+
+
+async def test_token_policy_truncated_turn_is_closed_and_the_episode_goes_on(ws, chat_format):
+    long_call = Message("assistant", "x " * 40, (ToolCall("call_0", "list_dir", {"path": "."}),))
+    sampler = ScriptedSampler(chat_format, [long_call, Message("assistant", "ok")])
+    traj = await run_episode(TokenPolicy(sampler, chat_format, "t"), ws, "go", AgentConfig(max_turn_tokens=16))
+    first = traj.turns[0]
+    assert first.finish_reason == "length" and first.completion_tokens == 16
+    # Cut inside the text: no tool call, so it ends the episode as a truncated answer.
+    assert traj.stop_reason == "max_tokens"
+    t = traj.tokens
+    eot = chat_format.stop_ids[0]
+    n_prompt = len(sampler.prompts[0])
+    assert t.loss_mask[n_prompt : n_prompt + 16] == [1] * 16
+    assert t.ids[n_prompt + 16] == eot and t.loss_mask[n_prompt + 16] == 0  # closed, not trained on

@@ -1,28 +1,19 @@
 """The chat format: the prefix property (token-in/token-out), parsing and its errors, the template.
 
-The tokenizer is a small byte-level BPE trained here, with Qwen2's pre-tokenizer rule, the chat
-control tokens as special tokens and no template of its own (so ChatFormat uses QWEN_TEMPLATE).
+The tokenizer is a small byte-level BPE trained by the test suite (conftest.chat_format), with
+Qwen2's pre-tokenizer rule, the chat control tokens as special tokens and no template of its own
+(so ChatFormat uses QWEN_TEMPLATE).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from vivace.harness.chat import END_OF_TURN, QWEN_TEMPLATE, SPECIAL_TOKENS, ChatFormat
 from vivace.harness.messages import Message, ToolCall
-
-# Qwen2's pre-tokenizer split: newlines glue to each other and to preceding punctuation, which is
-# where a careless format would tokenize differently across turn boundaries.
-QWEN_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-SRC = Path(__file__).resolve().parents[1] / "src" / "vivace" / "harness"
 
 TOOLS = [
     {
@@ -39,25 +30,8 @@ NAMES = [t["function"]["name"] for t in TOOLS]
 
 
 @pytest.fixture(scope="module")
-def chat() -> ChatFormat:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=800,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    corpus = [(SRC / f).read_text()[:4000] for f in ("messages.py", "tools/base.py")]
-    corpus.append("Let me look at the file. Les résultats sont prêts: 结果 ✓ — done.\n" * 20)
-    tok.train_from_iterator(corpus, trainer)
-    return ChatFormat(PreTrainedTokenizerFast(tokenizer_object=tok))
+def chat(chat_format) -> ChatFormat:
+    return chat_format
 
 
 def call(i: int, name: str, **arguments) -> ToolCall:
