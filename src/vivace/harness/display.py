@@ -63,9 +63,7 @@ class EpisodePrinter:
             self.console.print(colour_diff(_mini_diff(str(old), str(new), str(args.get("path", "")))))
 
     def _end(self, traj: Trajectory) -> None:
-        self.console.rule("[bold]result[/bold]", align="left", style="dim")
-        if traj.final_message:
-            self.console.print(escape(traj.final_message))
+        self.console.rule("[bold]result[/bold]", align="left", style="dim")  # the answer was shown in its turn
         if traj.diff:
             self.console.print(colour_diff(traj.diff))
         else:
