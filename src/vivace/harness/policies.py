@@ -119,7 +119,7 @@ class OpenAIPolicy:
         try:
             response = await self.client.chat.completions.create(
                 model=model,
-                messages=[m.to_openai() for m in conversation.messages],  # type: ignore[misc]
+                messages=[_for_api(m) for m in conversation.messages],  # type: ignore[misc]
                 tools=conversation.tools,  # type: ignore[arg-type]
                 max_tokens=conversation.max_turn_tokens,
             )
@@ -140,3 +140,10 @@ class OpenAIPolicy:
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
         )
+
+
+def _for_api(message: Message) -> dict[str, Any]:
+    out = message.to_openai()
+    if message.role == "tool":
+        out.pop("name", None)  # not part of the chat-completions tool message; strict servers refuse it
+    return out
