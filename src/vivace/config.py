@@ -101,6 +101,27 @@ class AgentConfig(_Strict):
     command_timeout_s: float = Field(120.0, gt=0, description="Default timeout of run_terminal_cmd, s.")
 
 
+class ScoreConfig(_Strict):
+    """Weights of the benchmark score, which is also the RL reward:
+
+    total = correctness * (correctness_w + adherence_w * adherence + efficiency_w * efficiency)
+            - claims_w * (1 - claims) - format_w * (1 - format)
+
+    Adherence and efficiency only count for a correct result (a fast wrong answer earns
+    nothing); unsupported claims and malformed output are penalties whatever the outcome."""
+
+    correctness: float = Field(1.0, ge=0, description="Weight of solving the task (hidden tests pass).")
+    adherence: float = Field(0.3, ge=0, description="Weight of adherence to the codebase (0..1 score).")
+    efficiency: float = Field(0.2, ge=0, description="Weight of efficiency: few turns, parallel calls, few tokens.")
+    claims: float = Field(
+        0.2, ge=0, description="Penalty weight for claims in the answer the trajectory does not back."
+    )
+    format: float = Field(0.1, ge=0, description="Penalty weight for malformed tool calls.")
+    target_turns: int = Field(4, ge=1, description="Turns at or under which the turn part of efficiency is 1.")
+    target_calls_per_turn: float = Field(2.0, gt=0, description="Tool calls per turn at which that part is 1.")
+    target_tokens: int = Field(2000, ge=1, description="Completion tokens at or under which the token part is 1.")
+
+
 class VivaceConfig(_Strict):
     """The whole run configuration."""
 
@@ -108,6 +129,7 @@ class VivaceConfig(_Strict):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    score: ScoreConfig = Field(default_factory=ScoreConfig)
 
 
 PRESETS: dict[str, dict] = {

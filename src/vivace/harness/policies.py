@@ -4,6 +4,8 @@
                                   the `openai` client; the key comes from $OPENAI_API_KEY)
     scripted:null                 answers at once, calls no tool, changes nothing (a baseline)
     scripted:replay:FILE          replays a JSON list of assistant turns (tests, bug reports)
+    scripted:oracle               the expert that applies a task's reference patch (bench, RL)
+    scripted:random               one random operator edit (a floor for the benchmark)
 
 A replay file is a JSON list; each item is one assistant turn, either a message
 `{"content": "...", "tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]}`
@@ -18,6 +20,7 @@ model paths join when the model and engine land.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -26,7 +29,13 @@ from typing import Any
 from vivace.harness.messages import AssistantTurn, Message, decode_call
 from vivace.harness.policy import Conversation, Policy, PolicyError
 
-SPEC_FORMS = ("http(s)://HOST:PORT/v1#MODEL", "scripted:null", "scripted:replay:FILE")
+SPEC_FORMS = ("http(s)://HOST:PORT/v1#MODEL", "scripted:null", "scripted:replay:FILE", "scripted:oracle",
+              "scripted:random")  # fmt: skip
+# Policies defined above the harness (they need a task), imported only when named.
+_LAZY = {
+    "scripted:oracle": "vivace.bench.baselines:OraclePolicy",
+    "scripted:random": "vivace.bench.baselines:RandomPolicy",
+}
 
 
 def load_policy(spec: str) -> Policy:
@@ -38,6 +47,9 @@ def load_policy(spec: str) -> Policy:
         return NullPolicy()
     if spec.startswith("scripted:replay:"):
         return ReplayPolicy.from_file(spec.removeprefix("scripted:replay:"))
+    if spec in _LAZY:
+        module, _, attr = _LAZY[spec].partition(":")
+        return getattr(importlib.import_module(module), attr)()
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 
 

@@ -128,11 +128,11 @@ async def _lint(ctx: ToolContext, targets: list[str], notes: list[str]) -> ToolR
     files = {r[0] for r in rows}
     shown = ", ".join(targets[:10]) + (f" and {len(targets) - 10} more" if len(targets) > 10 else "")
     if not rows:
-        return ToolResult("\n".join([f"No lint errors in {shown}."] + notes))
+        return ToolResult("\n".join([f"No lint errors in {shown}."] + notes), meta={"problems": 0, "diagnostics": []})
     lines = [f"{path}:{line}:{col}: {code} {msg}" for path, line, col, code, msg in rows]
     lines.append(f"{len(rows)} problem(s) in {len(files)} file(s).")
     text = truncate("\n".join(lines + notes) + "\n", hint="lint fewer paths at a time").rstrip("\n")
-    return ToolResult(text, meta={"problems": len(rows), "files": len(files)})
+    return ToolResult(text, meta={"problems": len(rows), "files": len(files), "diagnostics": rows})
 
 
 def _row(d: dict, roots: tuple[str, str]) -> tuple[str, int, int, str, str]:

@@ -1,0 +1,137 @@
+"""Scripted baselines that act through the real tools: the ceiling and the floor of a report.
+
+- `scripted:oracle`: an efficient expert that knows the reference patch. Turn 1 reads every
+  file the patch touches at once; turn 2 applies the patch hunk by hunk with edit_file
+  (write_file / delete_file for whole files); turn 3 runs the tests and lints together;
+  then it answers with what it changed and what the test run showed — nothing more.
+- `scripted:random`: looks at one random Python file and makes one random operator edit.
+
+Both need the task (`for_task`), so they run under `vivace bench` and RL, not `vivace agent`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from vivace.bench.patch import FileChange, is_test_path, parse_patch
+from vivace.harness.messages import AssistantTurn, Message, ToolCall
+from vivace.harness.policy import Conversation, PolicyError
+from vivace.tasks.format import Task
+
+
+def _turn(content: str, *calls: tuple[str, dict]) -> AssistantTurn:
+    return AssistantTurn(
+        Message("assistant", content, tuple(ToolCall(f"call_{i}", n, a) for i, (n, a) in enumerate(calls)))
+    )
+
+
+def _turn_index(conversation: Conversation) -> int:
+    return sum(m.role == "assistant" for m in conversation.messages)
+
+
+class _NeedsTask:
+    name = "scripted"
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        raise PolicyError(f"{self.name} needs its task: use it with `vivace bench` or RL, not on a bare repository")
+
+
+class OraclePolicy(_NeedsTask):
+    name = "scripted:oracle"
+
+    def for_task(self, task: Task) -> _Oracle:
+        return _Oracle(task)
+
+
+class _Oracle:
+    name = "scripted:oracle"
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.changes = [c for c in parse_patch(task.reference_patch) if not is_test_path(c.path)]
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        step = _turn_index(conversation)
+        existing = [c.path for c in self.changes if not c.new_file]
+        if step == 0 and existing:
+            return _turn("Reading the code involved.", *(("read_file", {"path": p}) for p in existing))
+        if step <= 1:
+            return _turn("", *(call for c in self.changes for call in _edits(c)))
+        if step == 2:
+            py = [c.path for c in self.changes if c.path.endswith(".py") and not c.deleted]
+            calls = [("run_terminal_cmd", {"command": self.task.tests.command})]
+            return _turn("Checking the change.", *calls, *([("read_lints", {"paths": py})] if py else []))
+        return AssistantTurn(Message("assistant", self._answer(conversation)))
+
+    def _answer(self, conversation: Conversation) -> str:
+        files = ", ".join(c.path for c in self.changes) or "nothing"
+        runs = [m.content for m in conversation.messages if m.role == "tool" and m.content.startswith("Exit code:")]
+        if runs and runs[-1].startswith("Exit code: 0"):
+            summary = next((ln for ln in reversed(runs[-1].splitlines()) if " passed" in ln), "").strip(" =")
+            return f"Changed {files}. The tests pass ({summary})." if summary else f"Changed {files}."
+        return f"Changed {files}. The test run did not succeed; see its output above."
+
+
+def _edits(change: FileChange) -> list[tuple[str, dict]]:
+    if change.deleted:
+        return [("delete_file", {"path": change.path})]
+    hunks = _hunks(change.text)
+    if change.new_file:
+        return [("write_file", {"path": change.path, "content": "".join(new for _, new in hunks)})]
+    return [("edit_file", {"path": change.path, "old_string": old, "new_string": new}) for old, new in hunks]
+
+
+def _hunks(section: str) -> list[tuple[str, str]]:
+    """(old text, new text) of each hunk of one file's diff section."""
+    hunks: list[tuple[list[str], list[str]]] = []
+    for line in section.splitlines(keepends=True):
+        if line.startswith("@@"):
+            hunks.append(([], []))
+        elif not hunks or line.startswith(("+++", "---")):
+            continue
+        elif line.startswith("\\"):  # "\ No newline at end of file": the previous line has no newline
+            for side in hunks[-1]:
+                if side and side[-1].endswith("\n"):
+                    side[-1] = side[-1][:-1]
+        elif line[:1] in (" ", "-", "+"):
+            old, new = hunks[-1]
+            if line[0] != "+":
+                old.append(line[1:])
+            if line[0] != "-":
+                new.append(line[1:])
+    return [("".join(o), "".join(n)) for o, n in hunks]
+
+
+class RandomPolicy(_NeedsTask):
+    name = "scripted:random"
+
+    def for_task(self, task: Task) -> _Random:
+        return _Random(task)
+
+
+class _Random:
+    name = "scripted:random"
+    _OPS = (("+", "-"), ("-", "+"), ("<", "<="), (">", ">="), ("==", "!="), (" and ", " or "))
+
+    def __init__(self, task: Task):
+        self.rng = random.Random(task.id)
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        step = _turn_index(conversation)
+        results = [m.content for m in conversation.messages if m.role == "tool"]
+        if step == 0:
+            return _turn("", ("glob_file_search", {"glob_pattern": "*.py"}))
+        if step == 1:
+            files = [p for p in results[-1].splitlines() if p.endswith(".py") and not is_test_path(p)]
+            if files:
+                return _turn("", ("read_file", {"path": self.rng.choice(files)}))
+        if step == 2 and results:
+            call = conversation.messages[-2].tool_calls[0] if conversation.messages[-2].tool_calls else None
+            lines = [re.sub(r"^\s*\d+\t", "", ln) for ln in results[-1].splitlines()]
+            options = [(ln, a, b) for ln in lines for a, b in self._OPS if a in ln]
+            if call is not None and options:
+                line, a, b = self.rng.choice(options)
+                edit = {"path": call.arguments.get("path"), "old_string": line, "new_string": line.replace(a, b, 1)}
+                return _turn("", ("edit_file", edit))
+        return AssistantTurn(Message("assistant", "Done."))

@@ -1,0 +1,212 @@
+"""The task format: what an agent is asked to do, where, and how the result is judged.
+
+A task names a repository (a bundled one, or a directory/tarball/git repository at a commit),
+the request, the hidden tests (a command, the tests that must go from failing to passing, the
+tests that must keep passing, and test files written fresh at scoring time), the curated
+reference patch, setup commands and free-form metadata (kind, split, difficulty, ...).
+
+Two on-disk forms:
+- a task directory: `task.json` (everything but the patch and the hidden files),
+  `reference.patch` (optional) and `hidden/` (files mirrored into the workspace at scoring);
+- JSONL: one complete task per line, hidden files and patch inline.
+
+Errors name the file (and line) and the field. Not covered: SWE-bench records (swebench.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vivace.sandbox.snapshot import SnapshotSource
+
+BUNDLED_REPOS = Path(__file__).parent / "repos"
+DEFAULT_TEST_COMMAND = "python -m pytest -q -rA --tb=short -p no:cacheprovider"
+
+
+class TaskFormatError(ValueError):
+    """A task file is malformed; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RepoSpec(_Strict):
+    """Where the task's repository comes from: exactly one of `bundled` and `path`."""
+
+    bundled: str | None = Field(None, description="Name of a repository shipped with vivace (vivace/tasks/repos).")
+    path: str | None = Field(
+        None, description="Directory, tarball or git repository; relative paths are relative to the task file."
+    )
+    commit: str | None = Field(None, description="Git revision when `path` is a git repository.")
+    patch: str = Field(
+        "", description="A git-style diff applied on top to make the task's starting point (e.g. an injected bug)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RepoSpec:
+        if (self.bundled is None) == (self.path is None):
+            raise ValueError("give exactly one of 'bundled' (a shipped repository) and 'path'")
+        if self.bundled is not None and not (BUNDLED_REPOS / self.bundled).is_dir():
+            known = ", ".join(bundled_repos())
+            raise ValueError(f"no bundled repository {self.bundled!r}; bundled: {known}")
+        return self
+
+    def source(self, base_dir: Path | None = None, cache_dir: Path | None = None) -> SnapshotSource:
+        """The snapshot source of the task's starting point. With a `patch`, the patched tree is
+        built once under `cache_dir` (content-keyed) and that directory is the source."""
+        if self.bundled is not None:
+            base = SnapshotSource(path=str(BUNDLED_REPOS / self.bundled))
+        else:
+            path = Path(self.path or "")
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            base = SnapshotSource(path=str(path), commit=self.commit)
+        if not self.patch:
+            return base
+        if cache_dir is None:
+            raise ValueError("a task whose repo has a patch needs a cache directory to build its starting tree")
+        return SnapshotSource(path=str(_patched_tree(base, self.patch, cache_dir)))
+
+
+class TestSpec(_Strict):
+    """How correctness is judged."""
+
+    command: str = Field(DEFAULT_TEST_COMMAND, description="Test command; the test files to run are appended.")
+    fail_to_pass: list[str] = Field(min_length=1, description="Test ids that fail before the fix and must pass.")
+    pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Hidden test files (workspace path -> content), written fresh at scoring."
+    )
+    timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the test run.")
+
+
+class Task(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$", description="Unique id (file-name safe).")
+    repo: RepoSpec
+    request: str = Field(min_length=1, description="What the user asks, in their words.")
+    tests: TestSpec
+    reference_patch: str = Field("", description="The curated solution, a git-style unified diff.")
+    setup: list[str] = Field(default_factory=list, description="Commands run in the workspace before the agent.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="kind, split, difficulty, mutation, ...")
+    base_dir: Path | None = Field(None, exclude=True, description="Where relative repo paths are resolved.")
+
+    def source(self, cache_dir: Path | None = None) -> SnapshotSource:
+        return self.repo.source(self.base_dir, cache_dir)
+
+    @property
+    def split(self) -> str | None:
+        return self.metadata.get("split")
+
+
+def _patched_tree(base: SnapshotSource, patch: str, cache_dir: Path) -> Path:
+    from vivace.sandbox.snapshot import build_once, materialize
+
+    key = hashlib.sha256(f"{base.path}\0{base.commit}\0{patch}".encode()).hexdigest()[:24]
+
+    def build(tmp: Path) -> None:
+        snap = materialize(base, cache_dir / "snapshots")
+        shutil.copytree(snap.root, tmp, symlinks=True, dirs_exist_ok=True)
+        done = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=patch.encode(),
+                              capture_output=True)  # fmt: skip
+        if done.returncode != 0:
+            raise TaskFormatError(
+                f"the task's repo patch does not apply to {base.path}: {done.stderr.decode().strip()}"
+            )
+
+    return build_once(cache_dir / "task-trees" / key, build)
+
+
+def bundled_repos() -> list[str]:
+    return sorted(p.name for p in BUNDLED_REPOS.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+
+
+def _validate(data: Any, where: str, base_dir: Path | None) -> Task:
+    if not isinstance(data, dict):
+        raise TaskFormatError(f"{where}: a task must be a JSON object, got {type(data).__name__}")
+    try:
+        task = Task.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg']}" for err in e.errors())
+        raise TaskFormatError(f"{where}: {problems}") from None
+    task.base_dir = base_dir
+    return task
+
+
+def load_task_dir(path: str | Path) -> Task:
+    """A task directory: task.json, optional reference.patch, optional hidden/ tree."""
+    root = Path(path)
+    spec = root / "task.json"
+    try:
+        data = json.loads(spec.read_text())
+    except FileNotFoundError:
+        raise TaskFormatError(f"{root}: not a task directory (no task.json)") from None
+    except json.JSONDecodeError as e:
+        raise TaskFormatError(f"{spec}: invalid JSON: {e}") from None
+    if isinstance(data, dict):
+        patch = root / "reference.patch"
+        if patch.is_file():
+            data.setdefault("reference_patch", patch.read_text())
+        hidden = root / "hidden"
+        if hidden.is_dir() and isinstance(data.get("tests"), dict):
+            files = data["tests"].setdefault("files", {})
+            for f in sorted(hidden.rglob("*")):
+                if f.is_file() and "__pycache__" not in f.parts:
+                    files.setdefault(f.relative_to(hidden).as_posix(), f.read_text())
+    return _validate(data, str(spec), root)
+
+
+def load_jsonl(path: str | Path) -> list[Task]:
+    p = Path(path)
+    tasks = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskFormatError(f"{p}:{n}: invalid JSON: {e}") from None
+        tasks.append(_validate(data, f"{p}:{n}", p.parent))
+    _check_unique(tasks, str(p))
+    return tasks
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Tasks from a .jsonl file, a task directory, or a directory of task directories / .jsonl files."""
+    p = Path(path)
+    if p.is_file():
+        return load_jsonl(p)
+    if (p / "task.json").is_file():
+        return [load_task_dir(p)]
+    if not p.is_dir():
+        raise TaskFormatError(f"{p}: no such task file or directory")
+    tasks: list[Task] = []
+    for child in sorted(p.iterdir()):
+        if (child / "task.json").is_file():
+            tasks.append(load_task_dir(child))
+        elif child.suffix == ".jsonl":
+            tasks += load_jsonl(child)
+    if not tasks:
+        raise TaskFormatError(f"{p}: no tasks found (expected task directories or .jsonl files)")
+    _check_unique(tasks, str(p))
+    return tasks
+
+
+def save_jsonl(tasks: list[Task], path: str | Path) -> None:
+    """Writes tasks one per line (repository paths stay as given: keep them absolute or bundled)."""
+    Path(path).write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+
+
+def _check_unique(tasks: list[Task], where: str) -> None:
+    seen: set[str] = set()
+    for t in tasks:
+        if t.id in seen:
+            raise TaskFormatError(f"{where}: duplicate task id {t.id!r}")
+        seen.add(t.id)

@@ -1,0 +1,250 @@
+"""SWE-bench-style records as vivace tasks.
+
+A SWE-bench record (one line of the published JSONL datasets, or a dict built the same way)
+names a GitHub repository, the commit the issue was filed against, the issue text, the fix
+(`patch`), a diff that adds or changes tests (`test_patch`) and the test ids that must go
+from failing to passing (`FAIL_TO_PASS`) or keep passing (`PASS_TO_PASS`). `from_swebench`
+turns one record plus a local git clone into a `Task`: the repository is the clone at
+`base_commit`, the request is the problem statement, the reference patch is the fix, and the
+hidden test files are the full contents, after `test_patch`, of every file it adds or
+modifies (written fresh into the workspace at scoring, like any task's hidden files).
+
+Why: the same tasks, scorer and training loop then serve both synthetic tasks and real
+issues from real repositories.
+
+How the test files are computed: in a throwaway index and object directory (GIT_INDEX_FILE,
+GIT_OBJECT_DIRECTORY with the clone's objects as an alternate) the base tree is read and the
+test patch applied with `git apply --cached`; the clone's working tree, index, refs and
+object store are never written.
+
+Not covered: downloading datasets or cloning repositories (give local clones); the per-
+instance Docker environments of the real SWE-bench harness (tests run with the workspace's
+Python and whatever the task's `setup` commands install, so instances that need compiled
+extensions or old dependency versions may not reproduce); test ids of non-pytest runners
+(e.g. Django's `test_x (module.Class)`) need a matching `test_command`; files the test patch
+deletes are not removed from the workspace (listed in metadata `test_patch_deleted`), and
+non-UTF-8 files it adds are left out (listed in metadata `test_patch_binary`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vivace.tasks.format import Task, TaskFormatError, _validate
+
+REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS")
+KEPT_METADATA = ("version", "environment_setup_commit", "hints_text", "created_at")
+
+_ID_BAD = re.compile(r"[^A-Za-z0-9._+-]+")
+# Variables that would make our git calls look at another repository, index or object store.
+_GIT_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_CEILING_DIRECTORIES",
+)
+
+
+def from_swebench(record: dict[str, Any], repo_dir: str | Path, *, test_command: str | None = None) -> Task:
+    """The task of one SWE-bench record; `repo_dir` is a local git clone holding `base_commit`."""
+    if not isinstance(record, dict):
+        raise TaskFormatError(f"SWE-bench record: must be a JSON object, got {type(record).__name__}")
+    raw_id = record.get("instance_id")
+    where = f"SWE-bench instance {raw_id!r}" if isinstance(raw_id, str) and raw_id else "SWE-bench record"
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise TaskFormatError(f"{where}: missing field(s) {', '.join(missing)}")
+    for key in ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement"):
+        if not isinstance(record[key], str):
+            raise TaskFormatError(f"{where}: {key}: expected a string, got {type(record[key]).__name__}")
+    for key in ("instance_id", "repo", "base_commit", "test_patch", "problem_statement"):
+        if not record[key].strip():
+            raise TaskFormatError(f"{where}: {key}: must not be empty")
+    fail_to_pass = _test_ids(record["FAIL_TO_PASS"], where, "FAIL_TO_PASS")
+    pass_to_pass = _test_ids(record.get("PASS_TO_PASS", []), where, "PASS_TO_PASS")
+    if not fail_to_pass:
+        raise TaskFormatError(f"{where}: FAIL_TO_PASS: must name at least one test")
+    task_id = sanitize_id(record["instance_id"])
+    if not task_id:
+        raise TaskFormatError(f"{where}: instance_id: no usable characters for a task id")
+
+    repo = _check_repo(Path(repo_dir), where)
+    base = record["base_commit"].strip()
+    found = _git(repo, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
+    if base.startswith("-") or found.returncode != 0:
+        raise TaskFormatError(f"{where}: base_commit: {base!r} is not a commit of the repository {repo}")
+    files, deleted, binary = _test_files(repo, found.stdout.decode().strip(), record["test_patch"], where)
+
+    metadata: dict[str, Any] = {"kind": "swebench", "repo": record["repo"], "instance_id": record["instance_id"]}
+    metadata.update({k: record[k] for k in KEPT_METADATA if record.get(k) not in (None, "")})
+    if deleted:
+        metadata["test_patch_deleted"] = deleted
+    if binary:
+        metadata["test_patch_binary"] = binary
+    tests: dict[str, Any] = {"fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass, "files": files}
+    if test_command is not None:
+        tests["command"] = test_command
+    data = {
+        "id": task_id,
+        "repo": {"path": str(repo), "commit": base},
+        "request": record["problem_statement"],
+        "tests": tests,
+        "reference_patch": record["patch"],
+        "metadata": metadata,
+    }
+    return _validate(data, where, None)
+
+
+def load_swebench_jsonl(
+    path: str | Path, repo_dirs: Mapping[str, str | Path] | str | Path, *, test_command: str | None = None
+) -> list[Task]:
+    """Tasks from a SWE-bench JSONL file. `repo_dirs` maps each record's `repo` ("owner/name") to
+    its clone, or is one directory holding clones named `owner__name` or `name`."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskFormatError(f"{p}: cannot read: {e}") from None
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{p}:{n}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskFormatError(f"{where}: invalid JSON: {e}") from None
+        try:
+            if not isinstance(record, dict):
+                raise TaskFormatError(f"SWE-bench record: must be a JSON object, got {type(record).__name__}")
+            if not isinstance(record.get("repo"), str) or not record["repo"]:
+                raise TaskFormatError("SWE-bench record: repo: missing or not a string")
+            task = from_swebench(record, _clone_for(record["repo"], repo_dirs), test_command=test_command)
+        except TaskFormatError as e:
+            raise TaskFormatError(f"{where}: {e}") from None
+        if task.id in seen:
+            raise TaskFormatError(f"{where}: duplicate task id {task.id!r} (first on line {seen[task.id]})")
+        seen[task.id] = n
+        tasks.append(task)
+    return tasks
+
+
+def sanitize_id(instance_id: str) -> str:
+    """`instance_id` with every run of characters a task id cannot hold replaced by '-'."""
+    return _ID_BAD.sub("-", instance_id.strip()).lstrip("._+-")
+
+
+def _test_ids(value: Any, where: str, key: str) -> list[str]:
+    """A list of test ids, given as a list or as a JSON string of a list (as in the datasets)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise TaskFormatError(f"{where}: {key}: a string must hold a JSON list of test ids ({e})") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TaskFormatError(f"{where}: {key}: expected a list of test ids (strings), got {value!r:.200}")
+    return value
+
+
+def _clone_for(repo: str, repo_dirs: Mapping[str, str | Path] | str | Path) -> Path:
+    if isinstance(repo_dirs, Mapping):
+        if repo not in repo_dirs:
+            known = ", ".join(sorted(repo_dirs)) or "none"
+            raise TaskFormatError(f"repo: no clone given for {repo!r} (given: {known})")
+        return Path(repo_dirs[repo])
+    root = Path(repo_dirs)
+    candidates = [root / repo.replace("/", "__"), root / repo.rsplit("/", 1)[-1]]
+    for c in candidates:
+        if c.is_dir():
+            return c
+    raise TaskFormatError(f"repo: no clone of {repo!r} found (looked for {', '.join(map(str, candidates))})")
+
+
+def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV}
+    env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+    env.update(extra or {})
+    return env
+
+
+def _git(
+    repo: Path, *args: str, env: Mapping[str, str] | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, env=_env(env))
+    except FileNotFoundError:
+        raise TaskFormatError("SWE-bench tasks need git, and no `git` executable was found") from None
+
+
+def _check_repo(repo_dir: Path, where: str) -> Path:
+    repo = repo_dir.expanduser().resolve()
+    if not repo.is_dir():
+        raise TaskFormatError(f"{where}: repo_dir {repo_dir} is not a directory")
+    top = _git(repo, "rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        raise TaskFormatError(f"{where}: repo_dir {repo_dir} is not a git repository")
+    toplevel = Path(top.stdout.decode().strip()).resolve()
+    if toplevel != repo:  # git archive of a subdirectory would hold only that subdirectory
+        raise TaskFormatError(f"{where}: repo_dir {repo_dir} is inside the git repository {toplevel}; give its top")
+    return repo
+
+
+def _test_files(repo: Path, base: str, test_patch: str, where: str) -> tuple[dict[str, str], list[str], list[str]]:
+    """Contents after `test_patch` of the files it adds or modifies; paths it deletes; non-UTF-8 paths."""
+    objects = _git(repo, "rev-parse", "--git-path", "objects")
+    if objects.returncode != 0:
+        raise TaskFormatError(f"{where}: cannot locate the object store of {repo}: {_err(objects)}")
+    objects_dir = repo / objects.stdout.decode().strip()  # relative to the repository unless absolute
+    with tempfile.TemporaryDirectory(prefix="vivace-swebench-") as tmp:
+        (Path(tmp) / "objects").mkdir()
+        alternates = [str(objects_dir)]
+        if os.environ.get("GIT_ALTERNATE_OBJECT_DIRECTORIES"):
+            alternates.append(os.environ["GIT_ALTERNATE_OBJECT_DIRECTORIES"])
+        env = {
+            "GIT_INDEX_FILE": str(Path(tmp) / "index"),
+            "GIT_OBJECT_DIRECTORY": str(Path(tmp) / "objects"),
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": os.pathsep.join(alternates),
+        }
+        step = _git(repo, "read-tree", f"{base}^{{tree}}", env=env)
+        if step.returncode != 0:
+            raise TaskFormatError(f"{where}: base_commit: cannot read its tree: {_err(step)}")
+        step = _git(repo, "apply", "--cached", "--whitespace=nowarn", "-", env=env, stdin=test_patch.encode())
+        if step.returncode != 0:
+            raise TaskFormatError(f"{where}: test_patch: does not apply to base_commit {base}: {_err(step)}")
+        changed = _git(repo, "diff-index", "--cached", "--no-renames", "--name-status", "-z", base, env=env)
+        if changed.returncode != 0:
+            raise TaskFormatError(f"{where}: test_patch: cannot list the files it changes: {_err(changed)}")
+        fields = changed.stdout.decode("utf-8", errors="surrogateescape").split("\0")
+        files: dict[str, str] = {}
+        deleted: list[str] = []
+        binary: list[str] = []
+        for status, path in zip(fields[0::2], fields[1::2], strict=False):
+            if status == "D":
+                deleted.append(path)
+                continue
+            blob = _git(repo, "cat-file", "blob", f":{path}", env=env)
+            if blob.returncode != 0:
+                raise TaskFormatError(f"{where}: test_patch: cannot read {path} after applying it: {_err(blob)}")
+            try:
+                files[path] = blob.stdout.decode("utf-8")
+            except UnicodeDecodeError:
+                binary.append(path)
+    if not files and not deleted and not binary:
+        raise TaskFormatError(f"{where}: test_patch: changes no file")
+    return files, deleted, binary
+
+
+def _err(proc: subprocess.CompletedProcess[bytes]) -> str:
+    return proc.stderr.decode(errors="replace").strip() or f"git exited with {proc.returncode}"

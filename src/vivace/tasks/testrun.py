@@ -1,0 +1,74 @@
+"""Running a task's tests in a workspace and reading per-test outcomes.
+
+The command is run with the test *files* appended (not the individual ids), so a test id
+that no longer exists cannot abort the whole run; each id's outcome is then looked up in
+pytest's `-rA` summary (`PASSED path::name`, `FAILED path::name - msg`, ...). An id that
+does not appear there (not collected, a collection error) counts as not passed.
+
+Used by the generator (which tests catch a mutant) and the scorer (did the fix work).
+Not covered: test runners other than pytest-style summaries.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from vivace.sandbox.base import Workspace
+
+_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", re.M)
+
+
+@dataclass(frozen=True)
+class TestRun:
+    outcomes: dict[str, str] = field(default_factory=dict)  # test id -> PASSED / FAILED / ERROR / ...
+    output: str = ""  # stdout + stderr of the run (capped by the sandbox)
+    exit_code: int = 0
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    def passed(self, test_id: str) -> bool:
+        return self.outcomes.get(test_id) in ("PASSED", "XFAIL")
+
+    @property
+    def failing(self) -> list[str]:
+        return sorted(t for t, o in self.outcomes.items() if o in ("FAILED", "ERROR"))
+
+
+def test_files(test_ids: list[str]) -> list[str]:
+    """The files a list of pytest ids live in, in first-seen order."""
+    files: list[str] = []
+    for t in test_ids:
+        f = t.split("::", 1)[0]
+        if f not in files:
+            files.append(f)
+    return files
+
+
+async def run_tests(workspace: Workspace, command: str, test_ids: list[str] | None, timeout_s: float) -> TestRun:
+    """Runs `command` (+ the files of `test_ids`, when given) and parses the outcomes."""
+    argv = command + ("".join(" " + shlex.quote(f) for f in test_files(test_ids)) if test_ids else "")
+    res = await workspace.exec(argv, timeout=timeout_s)
+    output = res.stdout + ("\n" + res.stderr if res.stderr else "")
+    outcomes: dict[str, str] = {}
+    for outcome, test_id in _SUMMARY.findall(res.stdout):
+        outcomes.setdefault(test_id, outcome)
+    return TestRun(outcomes, output, res.exit_code, res.timed_out, res.duration_s)
+
+
+def failure_section(output: str, test_id: str, max_lines: int = 30) -> str:
+    """The traceback pytest printed for one failing test (its `___ name ___` section), capped."""
+    name = test_id.split("::")[-1]
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if re.match(rf"^_+ {re.escape(name)}(\[.*\])? _+$", line)), None)
+    if start is None:
+        return ""
+    end = next(
+        (j for j in range(start + 1, len(lines)) if re.match(r"^(_{3,} .* _{3,}|={3,}.*={3,})$", lines[j])),
+        len(lines),
+    )
+    section = lines[start + 1 : end]
+    if len(section) > max_lines:
+        section = section[: max_lines // 2] + ["..."] + section[-(max_lines // 2) :]
+    return "\n".join(section).strip("\n")
