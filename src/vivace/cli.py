@@ -22,8 +22,10 @@ from vivace.config import PRESETS, ServerConfig, VivaceConfig, load_preset
 app = typer.Typer(help="vivace: train fast coding agents with RL in real sandboxed environments.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="Sandboxed workspaces (environment servers).", no_args_is_help=True)
 config_app = typer.Typer(help="Run configuration and presets.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Benchmark and training tasks.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(config_app, name="config")
+app.add_typer(tasks_app, name="tasks")
 
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable)
 out = Console()
@@ -324,6 +326,9 @@ def sandbox_serve(
 
 def main() -> None:
     app()
+
+
+import vivace.cli_bench  # noqa: E402,F401  (registers `tasks generate` and `bench` on the app)
 
 
 if __name__ == "__main__":

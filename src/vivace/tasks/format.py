@@ -79,6 +79,8 @@ class RepoSpec(_Strict):
 class TestSpec(_Strict):
     """How correctness is judged."""
 
+    __test__ = False  # not a pytest test class
+
     command: str = Field(DEFAULT_TEST_COMMAND, description="Test command; the test files to run are appended.")
     fail_to_pass: list[str] = Field(min_length=1, description="Test ids that fail before the fix and must pass.")
     pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")

@@ -22,6 +22,7 @@ _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", re.
 
 @dataclass(frozen=True)
 class TestRun:
+    __test__ = False  # not a pytest test class
     outcomes: dict[str, str] = field(default_factory=dict)  # test id -> PASSED / FAILED / ERROR / ...
     output: str = ""  # stdout + stderr of the run (capped by the sandbox)
     exit_code: int = 0

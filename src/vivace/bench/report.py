@@ -1,0 +1,125 @@
+"""The benchmark report: per-model aggregates of the result rows, as data, Markdown and HTML.
+
+Per model: success rate, mean adherence (over solved tasks, where it counts), median turns,
+mean tool calls and tool calls per turn, median completion tokens, median wall time, the
+share of episodes with an unsupported claim, format errors, and generation speed in tokens
+per second of model time. With several models the HTML adds a plot of success against
+median completion tokens (the source system's "smart and fast" view).
+
+Token counts are those the policy reports (usage from an endpoint, sampled ids from the
+engine); scripted policies report none.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from typing import Any
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    return {model: _summary(rs) for model, rs in by_model.items()}
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    scored = [r for r in rows if "error" not in r]
+    solved = [r for r in scored if r["resolved"]]
+    d = [r["details"] for r in scored]
+    model_s = sum(x["model_s"] for x in d)
+    tokens = sum(x["completion_tokens"] for x in d)
+    return {
+        "episodes": len(rows),
+        "errors": len(rows) - len(scored),
+        "success": len(solved) / len(rows) if rows else 0.0,
+        "mean_total": _mean([r["total"] for r in rows]),
+        "adherence_solved": _mean([r["adherence"] for r in solved]),
+        "median_turns": _median([x["turns"] for x in d]),
+        "mean_tool_calls": _mean([x["tool_calls"] for x in d]),
+        "tool_calls_per_turn": _mean([x["tool_calls_per_turn"] for x in d]),
+        "median_completion_tokens": _median([x["completion_tokens"] for x in d]),
+        "median_wall_s": _median([x["wall_s"] for x in d]),
+        "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
+        "format_errors": sum(x["format_errors"] for x in d),
+        "tokens_per_s": tokens / model_s if tokens and model_s else None,
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+_COLUMNS = [
+    ("success", "success", "{:.1%}"),
+    ("adherence_solved", "adherence (solved)", "{:.3f}"),
+    ("median_turns", "median turns", "{:g}"),
+    ("mean_tool_calls", "tool calls", "{:.1f}"),
+    ("tool_calls_per_turn", "calls/turn", "{:.2f}"),
+    ("median_completion_tokens", "median tokens", "{:g}"),
+    ("median_wall_s", "median wall s", "{:.1f}"),
+    ("unsupported_claim_rate", "unsupported claims", "{:.1%}"),
+    ("format_errors", "format errors", "{:d}"),
+    ("tokens_per_s", "tokens/s", "{:.0f}"),
+]
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def markdown(summary: dict[str, dict[str, Any]], title: str) -> str:
+    head = "| model | episodes | " + " | ".join(c[1] for c in _COLUMNS) + " |"
+    lines = [f"# {title}", "", head, "|" + "---|" * (len(_COLUMNS) + 2)]
+    for model, s in summary.items():
+        cells = [_cell(s[k], f) for k, _, f in _COLUMNS]
+        lines.append(f"| {model} | {s['episodes']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def html_report(summary: dict[str, dict[str, Any]], title: str) -> str:
+    rows = "".join(
+        "<tr><td>" + html.escape(m) + f"</td><td>{s['episodes']}</td>"
+        + "".join(f"<td>{_cell(s[k], f)}</td>" for k, _, f in _COLUMNS) + "</tr>"
+        for m, s in summary.items()
+    )  # fmt: skip
+    head = "".join(f"<th>{html.escape(c[1])}</th>" for c in _COLUMNS)
+    plot = _plot(summary) if len(summary) > 1 else ""
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
+        f"</style></head><body><h1>{html.escape(title)}</h1><table><tr><th>model</th><th>episodes</th>{head}</tr>"
+        f"{rows}</table>{plot}</body></html>\n"
+    )
+
+
+def _plot(summary: dict[str, dict[str, Any]]) -> str:
+    """Success vs median completion tokens, as inline SVG."""
+    pts = [(m, s["median_completion_tokens"] or 0, s["success"]) for m, s in summary.items()]
+    max_x = max(x for _, x, _ in pts) or 1
+    w, h, pad = 480, 300, 50
+
+    def sx(x: float) -> float:
+        return pad + (w - 2 * pad) * x / max_x
+
+    def sy(y: float) -> float:
+        return h - pad - (h - 2 * pad) * y
+
+    marks = "".join(
+        f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='5' fill='#3366cc'/>"
+        f"<text x='{sx(x) + 8:.1f}' y='{sy(y) - 6:.1f}' font-size='12'>{html.escape(m)}</text>"
+        for m, x, y in pts
+    )
+    axes = (
+        f"<line x1='{pad}' y1='{h - pad}' x2='{w - pad}' y2='{h - pad}' stroke='#000'/>"
+        f"<line x1='{pad}' y1='{pad}' x2='{pad}' y2='{h - pad}' stroke='#000'/>"
+        f"<text x='{w / 2}' y='{h - 12}' font-size='12' text-anchor='middle'>median completion tokens (max {max_x:g})</text>"
+        f"<text x='14' y='{h / 2}' font-size='12' transform='rotate(-90 14 {h / 2})' text-anchor='middle'>success</text>"
+    )
+    return f"<h2>Success vs tokens</h2><svg width='{w}' height='{h}' xmlns='http://www.w3.org/2000/svg'>{axes}{marks}</svg>"

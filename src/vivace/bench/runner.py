@@ -1,0 +1,91 @@
+"""The benchmark runner: every (model, task) pair as one episode in a fresh sandboxed
+workspace, scored by the same scorer RL uses, many at once.
+
+Each episode: the task's starting tree as a snapshot (cached), a workspace, the task's setup
+commands, `harness.run_episode` with the model's policy (scripted baselines are given the
+task), then `bench.score`. Results stream to `results.jsonl` as they finish (a crash loses
+nothing already done) and each trajectory is saved for inspection.
+
+Not covered: the report (report.py) and choosing tasks (tasks.suites).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vivace.bench.score import score
+from vivace.config import VivaceConfig
+from vivace.harness.agent import run_episode
+from vivace.harness.policies import load_policy
+from vivace.sandbox import open_backend
+from vivace.tasks.format import Task
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "model"
+
+
+async def run_benchmark(
+    models: list[str],
+    tasks: list[Task],
+    cfg: VivaceConfig,
+    out_dir: Path,
+    concurrency: int = 4,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Runs every model on every task; returns the result rows (also in out_dir/results.jsonl)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policies = {m: load_policy(m) for m in models}  # fail on a bad spec before any work
+    backend = open_backend(cfg.sandbox)
+    sem = asyncio.Semaphore(concurrency)
+    results_file = (out_dir / "results.jsonl").open("a")
+    rows: list[dict[str, Any]] = []
+
+    async def one(model: str, task: Task) -> None:
+        async with sem:
+            row = await _episode(model, policies[model], task, cfg, backend, out_dir)
+        rows.append(row)
+        results_file.write(json.dumps(row) + "\n")
+        results_file.flush()
+        if on_done:
+            on_done(row)
+
+    try:
+        await asyncio.gather(*(one(m, t) for m in models for t in tasks))
+    finally:
+        results_file.close()
+        await backend.aclose()
+    order = {(m, t.id): i for i, (m, t) in enumerate((m, t) for m in models for t in tasks)}
+    return sorted(rows, key=lambda r: order[(r["model"], r["task_id"])])
+
+
+async def _episode(model: str, policy: Any, task: Task, cfg: VivaceConfig, backend: Any, out_dir: Path) -> dict:
+    row: dict[str, Any] = {"model": model, "task_id": task.id, "split": task.split, "kind": task.metadata.get("kind")}
+    t0 = time.monotonic()
+    try:
+        snapshot = await asyncio.to_thread(backend.snapshot, task.source(cache_dir=cfg.sandbox.state_dir))
+        ws = await backend.create(snapshot)
+        try:
+            for command in task.setup:
+                res = await ws.exec(command, timeout=cfg.sandbox.timeout_s)
+                if res.exit_code != 0:
+                    raise RuntimeError(f"setup command {command!r} failed ({res.exit_code}): {res.stderr[-500:]}")
+            bound = policy.for_task(task) if hasattr(policy, "for_task") else policy
+            traj = await run_episode(bound, ws, task.request, cfg.agent, task_id=task.id)
+            result = await score(task, traj, ws, cfg.score)
+        finally:
+            await ws.close()
+    except Exception as e:  # one broken task or environment must not end the whole run
+        row.update(error=f"{type(e).__name__}: {e}", resolved=False, total=0.0, seconds=time.monotonic() - t0)
+        return row
+    path = out_dir / "trajectories" / slug(model) / f"{task.id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    traj.save(path)
+    row.update(result.model_dump(), trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)
+    return row

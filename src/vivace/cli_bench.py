@@ -1,0 +1,149 @@
+"""`vivace tasks generate` and `vivace bench`: the benchmark's commands (registered on the app
+in cli.py, kept here so cli.py stays a readable index of the sandbox and agent commands)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vivace.cli import BackendOpt, PresetOpt, StateOpt, _config, app, err, out, tasks_app
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    )
+
+
+@tasks_app.command("generate")
+def tasks_generate(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for tasks.jsonl and one file per split.")],
+    n: Annotated[int, typer.Option("--n", help="Bug tasks to keep.")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
+    repos: Annotated[str | None, typer.Option(help="Comma-separated bundled repositories (default: all).")] = None,
+    concurrency: Annotated[int, typer.Option(help="Mutants tested at the same time.")] = 2,
+    preset: PresetOpt = "default",
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
+) -> None:
+    """Inject bugs into the bundled repositories; keep those the tests catch; write the tasks."""
+    from vivace.sandbox import open_backend
+    from vivace.tasks.format import BUNDLED_REPOS, bundled_repos, save_jsonl
+    from vivace.tasks.generate import generate
+
+    cfg = _config(preset, backend, state_dir)
+    names = [r.strip() for r in repos.split(",")] if repos else bundled_repos()
+    unknown = sorted(set(names) - set(bundled_repos()))
+    if unknown:
+        err.print(f"[red]error:[/red] unknown repositories {unknown}; bundled: {', '.join(bundled_repos())}")
+        raise typer.Exit(2)
+    progress = _progress()
+    bar = progress.add_task("tasks kept", total=n)
+
+    def report(kept: int, tried: int) -> None:
+        progress.update(bar, completed=kept, description=f"tasks kept ({tried} mutants tried)")
+
+    async def go():
+        b = open_backend(cfg.sandbox)
+        snapshots: dict = {}
+
+        @asynccontextmanager
+        async def workspace(repo: str):
+            if repo not in snapshots:
+                snapshots[repo] = await asyncio.to_thread(b.snapshot, str(BUNDLED_REPOS / repo))
+            ws = await b.create(snapshots[repo])
+            try:
+                yield ws
+            finally:
+                await ws.close()
+
+        try:
+            return await generate(workspace, n, seed, names, concurrency, report)
+        finally:
+            await b.aclose()
+
+    with progress:
+        try:
+            tasks = asyncio.run(go())
+        except RuntimeError as e:
+            err.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_jsonl(tasks, out_dir / "tasks.jsonl")
+    counts = {}
+    for split in ("train", "validation", "test"):
+        chosen = [t for t in tasks if t.split == split]
+        save_jsonl(chosen, out_dir / f"{split}.jsonl")
+        counts[split] = len(chosen)
+    out.print(f"wrote {len(tasks)} tasks to {out_dir / 'tasks.jsonl'} (by split: {counts})")
+
+
+@app.command("bench")
+def bench(
+    model: Annotated[list[str], typer.Option("--model", help="Policy spec; repeat to compare several.")],
+    suite: Annotated[str | None, typer.Option(help="Named suite: bundled, bugs, features.")] = None,
+    tasks_path: Annotated[Path | None, typer.Option("--tasks", help="Tasks: a .jsonl file or task directory.")] = None,
+    split: Annotated[str | None, typer.Option(help="Only this split (train, validation, test).")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="First N tasks only.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Episodes at the same time.")] = 4,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/bench-TIME).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the per-model summary as JSON.")] = False,
+    preset: PresetOpt = "default",
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
+) -> None:
+    """Run models on tasks in sandboxes and score them: correctness, adherence, efficiency, claims."""
+    from vivace.bench.report import html_report, markdown, summarize
+    from vivace.bench.runner import run_benchmark
+    from vivace.harness.policies import load_policy
+    from vivace.tasks.format import TaskFormatError, load_tasks
+    from vivace.tasks.suites import load_suite
+
+    cfg = _config(preset, backend, state_dir)
+    if (suite is None) == (tasks_path is None):
+        err.print("[red]error:[/red] give exactly one of --suite NAME and --tasks PATH")
+        raise typer.Exit(2)
+    try:
+        for m in model:
+            load_policy(m)
+        tasks = load_suite(suite, split) if suite else load_tasks(tasks_path)  # type: ignore[arg-type]
+    except (ValueError, TaskFormatError) as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    if tasks_path and split:
+        tasks = [t for t in tasks if t.split == split]
+    tasks = tasks[:n] if n else tasks
+    if not tasks:
+        err.print("[red]error:[/red] no tasks selected")
+        raise typer.Exit(2)
+    out_dir = out_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    progress = _progress()
+    bar = progress.add_task("episodes", total=len(tasks) * len(model))
+    solved = [0]
+
+    def done(row: dict) -> None:
+        solved[0] += bool(row.get("resolved"))
+        progress.update(bar, advance=1, description=f"episodes ({solved[0]} solved)")
+
+    t0 = time.monotonic()
+    with progress:
+        rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done))
+    seconds = time.monotonic() - t0
+    summary = summarize(rows)
+    title = f"vivace bench: {suite or tasks_path} ({len(tasks)} tasks)"
+    (out_dir / "report.md").write_text(markdown(summary, title))
+    (out_dir / "report.html").write_text(html_report(summary, title))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if as_json:
+        sys.stdout.write(json.dumps({"summary": summary, "out_dir": str(out_dir), "seconds": seconds}) + "\n")
+        return
+    out.print(markdown(summary, title))
+    out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)")

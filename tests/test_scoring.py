@@ -1,0 +1,118 @@
+"""The scorer on a small task (an injected bug in conftest's sample repo), through real
+workspaces and real policies: the oracle earns full marks, doing nothing earns nothing,
+editing the tests never helps, and claims are checked against what was done."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_backend
+from vivace.bench.baselines import OraclePolicy, RandomPolicy
+from vivace.bench.score import score, unsupported_claims
+from vivace.harness.agent import run_episode
+from vivace.harness.policies import NullPolicy, ReplayPolicy
+from vivace.tasks.format import RepoSpec, Task, TestSpec
+from vivace.tasks.generate import unified_diff
+
+CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+BUGGY = CALC.replace("return a + b", "return a - b")
+
+
+@pytest.fixture
+def task(repo) -> Task:
+    return Task(
+        id="calc-add",
+        repo=RepoSpec(path=str(repo), patch=unified_diff("pkg/calc.py", CALC, BUGGY)),
+        request="add() returns the wrong result; fix it.",
+        tests=TestSpec(
+            fail_to_pass=["tests/test_calc.py::test_add", "tests/test_extra.py::test_add_negative"],
+            files={
+                "tests/test_extra.py": "from pkg.calc import add\n\n\ndef test_add_negative():\n    assert add(-2, -3) == -5\n"
+            },
+        ),
+        reference_patch=unified_diff("pkg/calc.py", BUGGY, CALC),
+    )
+
+
+async def play(policy, task: Task, state_dir, kind: str = "plain"):
+    backend = make_backend(kind, state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(task.source(cache_dir=state_dir)))
+        assert "return a - b" in (await ws.read_text("pkg/calc.py")).split("def sub")[0]  # the bug is there
+        bound = policy.for_task(task) if hasattr(policy, "for_task") else policy
+        traj = await run_episode(bound, ws, task.request, task_id=task.id)
+        return traj, await score(task, traj, ws)
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize("kind", ["plain", "isolated"])
+async def test_oracle_gets_full_marks(task, state_dir, kind):
+    traj, s = await play(OraclePolicy(), task, state_dir, kind)
+    assert s.resolved and s.correctness == 1.0
+    assert s.adherence == 1.0 and s.claims == 1.0 and s.format == 1.0
+    assert s.details["fail_to_pass"] == [2, 2]
+    assert [len(t.tool_calls) for t in traj.turns] == [1, 1, 2, 0]
+    assert "The tests pass" in traj.final_message and s.details["unsupported_claims"] == []
+    assert s.total > 1.0
+
+
+async def test_doing_nothing_earns_nothing(task, state_dir):
+    _, s = await play(NullPolicy(), task, state_dir)
+    assert not s.resolved and s.total <= 0 and s.details["fail_to_pass"][0] == 0
+
+
+async def test_random_edits_do_not_solve(task, state_dir):
+    _, s = await play(RandomPolicy(), task, state_dir)
+    assert not s.resolved
+
+
+async def test_editing_the_tests_instead_of_the_code_scores_zero(task, state_dir):
+    cheat = ReplayPolicy([
+        {"tool_calls": [
+            {"name": "write_file", "arguments": {"path": "tests/test_calc.py", "content": "def test_add():\n    assert True\n"}},
+            {"name": "write_file", "arguments": {"path": "tests/test_extra.py", "content": "def test_add_negative():\n    pass\n"}},
+            {"name": "run_terminal_cmd", "arguments": {"command": "python -m pytest -q -p no:cacheprovider"}},
+        ]},
+        {"content": "All tests pass now."},
+    ])  # fmt: skip
+    traj, s = await play(cheat, task, state_dir)
+    assert traj.turns[0].tool_calls[2].meta["exit_code"] == 0  # the cheat "worked" in the workspace
+    assert s.correctness == 0.0 and not s.resolved and s.total <= 0
+    assert s.details["test_files_edited"] == ["tests/test_calc.py", "tests/test_extra.py"]
+
+
+async def test_claims_and_format_errors_are_penalised(task, state_dir):
+    liar = ReplayPolicy([
+        {"text": '<tool_call>\n{"name": "edit_file", "arguments": {"path": "pkg/calc.py"\n</tool_call>'},
+        {"tool_calls": [{"name": "edit_file", "arguments": {
+            "path": "pkg/calc.py", "old_string": "return a - b\n\n\ndef sub", "new_string": "return a + b\n\n\ndef sub"}}]},
+        {"content": "Fixed pkg/calc.py and utils/helpers.py. I ran the suite and all tests pass."},
+    ])  # fmt: skip
+    traj, s = await play(liar, task, state_dir)
+    assert s.resolved  # the fix is right ...
+    assert set(s.details["unsupported_claims"]) >= {"utils/helpers.py"}  # ... but never touched that file
+    assert any("pass" in c for c in s.details["unsupported_claims"])  # ... and ran no tests
+    assert any(c.startswith("I ran") for c in s.details["unsupported_claims"])
+    assert s.claims < 1 and s.format == 0.5
+    full = await play(OraclePolicy(), task, state_dir)
+    assert s.total < full[1].total
+
+
+def test_claims_need_a_passing_test_run_after_the_last_edit(task):
+    from vivace.harness.trajectory import ToolRecord, Trajectory, Turn
+
+    def traj(*calls: ToolRecord, answer: str) -> Trajectory:
+        turns = [Turn(content="", tool_calls=[c]) for c in calls]
+        return Trajectory(request="x", policy="p", system_prompt="s", system_prompt_version="v", turns=turns,
+                          final_message=answer, stop_reason="done")  # fmt: skip
+
+    run_ok = ToolRecord(id="1", name="run_terminal_cmd", arguments={"command": "pytest -q"}, result="Exit code: 0",
+                        meta={"exit_code": 0})  # fmt: skip
+    run_bad = run_ok.model_copy(update={"meta": {"exit_code": 1}, "result": "Exit code: 1"})
+    edit = ToolRecord(id="2", name="edit_file", arguments={"path": "pkg/calc.py"}, result="Edited pkg/calc.py")
+    assert unsupported_claims(traj(edit, run_ok, answer="The tests pass.")) == ([], 1)
+    assert unsupported_claims(traj(run_ok, edit, answer="The tests pass."))[0]  # ran before the edit
+    assert unsupported_claims(traj(edit, run_bad, answer="All tests passed."))[0]  # the run failed
+    assert unsupported_claims(traj(edit, run_ok, answer="Changed pkg/calc.py.")) == ([], 1)
+    assert unsupported_claims(traj(answer="Nothing to do.")) == ([], 0)

@@ -1,0 +1,450 @@
+"""The task format (task directories, JSONL, error messages) and SWE-bench records as tasks.
+
+The SWE-bench part builds a real git repository (base commit with a bug, a fix commit, a
+commit adding tests, a later commit the clone is left on), derives `patch` and `test_patch`
+with `git diff`, and checks the task end to end in a plain-backend workspace: the hidden
+tests fail on the base and pass once the fix is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import make_backend
+from vivace.sandbox.snapshot import SnapshotSource
+from vivace.tasks import format as fmt
+from vivace.tasks.format import Task, TaskFormatError, load_jsonl, load_task_dir, load_tasks, save_jsonl
+from vivace.tasks.swebench import from_swebench, load_swebench_jsonl, sanitize_id
+
+# --------------------------------------------------------------------------- task format
+
+HIDDEN_TEST = "from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+REFERENCE_PATCH = (
+    "--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+)
+
+
+def minimal(**over) -> dict:
+    data = {
+        "id": "t1",
+        "repo": {"path": "repo"},
+        "request": "add() subtracts; make it add",
+        "tests": {"fail_to_pass": ["tests/test_x.py::test_add"]},
+    }
+    data.update(over)
+    return data
+
+
+@pytest.fixture
+def bundled(tmp_path, monkeypatch) -> Path:
+    """A bundled-repository directory holding one repository, `demo` (independent of what ships)."""
+    root = tmp_path / "bundled"
+    (root / "demo").mkdir(parents=True)
+    (root / "_private").mkdir()
+    monkeypatch.setattr(fmt, "BUNDLED_REPOS", root)
+    return root
+
+
+def write_task_dir(root: Path, data: dict, patch: str | None = None, hidden: dict[str, str] | None = None) -> Path:
+    root.mkdir(parents=True)
+    (root / "task.json").write_text(json.dumps(data, indent=2))
+    if patch is not None:
+        (root / "reference.patch").write_text(patch)
+    for rel, text in (hidden or {}).items():
+        p = root / "hidden" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def test_task_dir_round_trip(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    data = minimal(
+        repo={"path": "../repo"},
+        setup=["pip install -e ."],
+        metadata={"kind": "mutation", "split": "train", "difficulty": 1},
+        tests={"fail_to_pass": ["tests/test_x.py::test_add"], "pass_to_pass": ["tests/test_y.py"], "timeout_s": 60},
+    )
+    root = write_task_dir(
+        tmp_path / "t1",
+        data,
+        patch=REFERENCE_PATCH,
+        hidden={"tests/test_x.py": HIDDEN_TEST, "tests/__pycache__/test_x.cpython-311.pyc": "junk"},
+    )
+
+    task = load_task_dir(root)
+    assert task.id == "t1"
+    assert task.request == "add() subtracts; make it add"
+    assert task.repo.path == "../repo" and task.repo.commit is None
+    assert task.base_dir == root
+    assert Path(task.source().path).resolve() == repo.resolve()
+    assert task.source().commit is None
+    assert task.tests.fail_to_pass == ["tests/test_x.py::test_add"]
+    assert task.tests.pass_to_pass == ["tests/test_y.py"]
+    assert task.tests.timeout_s == 60
+    assert task.tests.command == fmt.DEFAULT_TEST_COMMAND
+    assert task.tests.files == {"tests/test_x.py": HIDDEN_TEST}  # __pycache__ left out
+    assert task.reference_patch == REFERENCE_PATCH
+    assert task.setup == ["pip install -e ."]
+    assert task.split == "train" and task.metadata["kind"] == "mutation"
+
+    absolute = Task.model_validate(minimal(id="t2", repo={"path": str(repo), "commit": "abc123"}))
+    out = tmp_path / "out" / "tasks.jsonl"
+    out.parent.mkdir()
+    save_jsonl([task, absolute], out)
+    assert len(out.read_text().splitlines()) == 2
+    loaded = load_jsonl(out)
+    assert [t.model_dump() for t in loaded] == [task.model_dump(), absolute.model_dump()]
+    assert loaded[0].tests.files == {"tests/test_x.py": HIDDEN_TEST}
+    assert loaded[0].base_dir == out.parent  # relative paths now resolve from the JSONL file
+    assert loaded[1].source() == absolute.source() == SnapshotSource(path=str(repo), commit="abc123")
+    assert "base_dir" not in out.read_text()
+
+
+def test_task_json_wins_over_files(tmp_path):
+    """task.json's own reference_patch and test files are kept; the side files only fill gaps."""
+    data = minimal(reference_patch="inline", tests={"fail_to_pass": ["a"], "files": {"tests/test_x.py": "inline"}})
+    root = write_task_dir(tmp_path / "t", data, patch="file", hidden={"tests/test_x.py": "x", "tests/test_y.py": "y"})
+    task = load_task_dir(root)
+    assert task.reference_patch == "inline"
+    assert task.tests.files == {"tests/test_x.py": "inline", "tests/test_y.py": "y"}
+
+
+def test_bundled_repo_source(bundled):
+    task = Task.model_validate(minimal(repo={"bundled": "demo"}))
+    assert task.source() == SnapshotSource(path=str(bundled / "demo"))
+    assert fmt.bundled_repos() == ["demo"]
+
+
+def _lines(*records) -> str:
+    return "\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n"
+
+
+def _without(data: dict, key: str) -> dict:
+    return {k: v for k, v in data.items() if k != key}
+
+
+# (form, content, substrings the message must hold besides the file name)
+MALFORMED = {
+    "dir-invalid-json": ("dir", '{"id": "t1",', ["invalid JSON", "line 1"]),
+    "dir-not-object": ("dir", "[1, 2]", ["JSON object", "list"]),
+    "jsonl-invalid-json": ("jsonl", _lines(minimal(), '{"id": "t2", "request": '), [":2:", "invalid JSON"]),
+    "jsonl-non-object-line": ("jsonl", _lines(minimal(), minimal(id="t2"), '"just a string"'), [":3:", "JSON object"]),
+    "missing-request": ("dir", _without(minimal(), "request"), ["request", "Field required"]),
+    "empty-request": ("dir", minimal(request=""), ["request", "at least 1 character"]),
+    "missing-tests": ("jsonl", _lines(minimal(), _without(minimal(id="t2"), "tests")), [":2:", "tests"]),
+    "empty-fail-to-pass": ("dir", minimal(tests={"fail_to_pass": []}), ["tests.fail_to_pass", "at least 1 item"]),
+    "bundled-and-path": ("dir", minimal(repo={"bundled": "demo", "path": "x"}), ["repo", "exactly one"]),
+    "neither-bundled-nor-path": ("jsonl", _lines(minimal(repo={"commit": "abc"})), [":1:", "repo", "exactly one"]),
+    "unknown-bundled": ("dir", minimal(repo={"bundled": "nope"}), ["repo", "no bundled repository 'nope'", "demo"]),
+    "typo-top-level": ("dir", {**_without(minimal(), "request"), "reqest": "x"}, ["reqest", "Extra inputs"]),
+    "typo-nested": ("jsonl", _lines(minimal(tests={"fail_to_pass": ["a"], "fail_to_pas": []})), ["fail_to_pas"]),
+    "bad-id-characters": ("dir", minimal(id="fix/add bug"), ["id", "pattern"]),
+    "id-leading-dot": ("jsonl", _lines(minimal(id=".hidden")), [":1:", "id"]),
+    "id-not-string": ("dir", minimal(id=7), ["id", "string"]),
+    "negative-timeout": ("dir", minimal(tests={"fail_to_pass": ["a"], "timeout_s": -1}), ["tests.timeout_s"]),
+    "files-not-strings": ("jsonl", _lines(minimal(tests={"fail_to_pass": ["a"], "files": {"t.py": 1}})), ["files"]),
+    "duplicate-ids": ("jsonl", _lines(minimal(), minimal(id="t2"), minimal()), ["duplicate task id 't1'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_task_files(case, tmp_path, bundled):
+    form, content, expected = MALFORMED[case]
+    text = content if isinstance(content, str) else json.dumps(content)
+    if form == "dir":
+        root = tmp_path / "task"
+        root.mkdir()
+        (root / "task.json").write_text(text)
+        where, load = str(root / "task.json"), lambda: load_task_dir(root)
+    else:
+        path = tmp_path / "tasks.jsonl"
+        path.write_text(text)
+        where, load = str(path), lambda: load_jsonl(path)
+    with pytest.raises(TaskFormatError) as info:
+        load()
+    message = str(info.value)
+    assert where in message
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
+
+
+def test_load_tasks(tmp_path):
+    tasks_dir = tmp_path / "tasks"
+    write_task_dir(tasks_dir / "b-task", minimal(id="b"), hidden={"tests/test_b.py": "x = 1\n"})
+    write_task_dir(tasks_dir / "a-task", minimal(id="a"))
+    (tasks_dir / "more.jsonl").write_text(_lines(minimal(id="c"), minimal(id="d")))
+    (tasks_dir / "notes.txt").write_text("not a task")
+    (tasks_dir / "empty-dir").mkdir()
+
+    tasks = load_tasks(tasks_dir)
+    assert [t.id for t in tasks] == ["a", "b", "c", "d"]  # sorted by entry name
+    assert tasks[1].tests.files == {"tests/test_b.py": "x = 1\n"}
+    assert tasks[0].base_dir == tasks_dir / "a-task" and tasks[2].base_dir == tasks_dir
+    assert [t.id for t in load_tasks(tasks_dir / "more.jsonl")] == ["c", "d"]
+    assert [t.id for t in load_tasks(tasks_dir / "b-task")] == ["b"]
+
+    with pytest.raises(TaskFormatError, match="no such task file or directory"):
+        load_tasks(tmp_path / "missing")
+    with pytest.raises(TaskFormatError, match="no tasks found"):
+        load_tasks(tasks_dir / "empty-dir")
+    (tasks_dir / "dup.jsonl").write_text(_lines(minimal(id="a")))
+    with pytest.raises(TaskFormatError, match="duplicate task id 'a'"):
+        load_tasks(tasks_dir)
+    with pytest.raises(TaskFormatError, match="not a task directory"):
+        load_task_dir(tasks_dir / "empty-dir")
+
+
+# --------------------------------------------------------------------------- SWE-bench
+
+OPS_BUGGY = '''def clamp(x, lo, hi):
+    """x limited to [lo, hi]."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return lo
+    return x
+'''
+OPS_FIXED = OPS_BUGGY.replace("        return lo\n    return x", "        return hi\n    return x")
+TEST_OPS_BASE = "from calc.ops import clamp\n\n\ndef test_clamp_low():\n    assert clamp(-5, 0, 10) == 0\n"
+TEST_OPS_NEW = TEST_OPS_BASE + "\n\ndef test_clamp_high():\n    assert clamp(50, 0, 10) == 10\n"
+TEST_BOUNDS = (
+    "import pytest\n\nfrom calc.ops import clamp\n\n\n@pytest.mark.parametrize('x', [11, 100])\n"
+    "def test_above(x):\n    assert clamp(x, 0, 10) == 10\n"
+)
+FAIL_TO_PASS = ["tests/test_ops.py::test_clamp_high", "tests/test_bounds.py::test_above[11]"]
+PASS_TO_PASS = ["tests/test_ops.py::test_clamp_low"]
+
+
+def git(repo: Path, *args: str) -> str:
+    cmd = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+@dataclass
+class SweRepo:
+    clone: Path
+    base: str
+    fix: str
+    tests: str
+    head: str
+    record: dict
+
+
+@pytest.fixture(scope="module")
+def swe(tmp_path_factory) -> SweRepo:
+    clones = tmp_path_factory.mktemp("clones")
+    clone = clones / "acme__calc"
+    clone.mkdir()
+    git(clone, "init", "-q")
+    base = commit(
+        clone,
+        {"calc/__init__.py": "", "calc/ops.py": OPS_BUGGY, "tests/test_ops.py": TEST_OPS_BASE, "README.md": "calc\n"},
+        "base",
+    )
+    fix = commit(clone, {"calc/ops.py": OPS_FIXED}, "fix clamp above hi")
+    tests = commit(clone, {"tests/test_ops.py": TEST_OPS_NEW, "tests/test_bounds.py": TEST_BOUNDS}, "tests")
+    # The clone is left on a later commit with other test contents: the task must come from the base.
+    head = commit(clone, {"tests/test_ops.py": TEST_OPS_NEW + "\n# later\n", "README.md": "calc v2\n"}, "later")
+    record = {
+        "repo": "acme/calc",
+        "instance_id": "acme__calc-1",
+        "base_commit": base,
+        "patch": git(clone, "diff", base, fix),
+        "test_patch": git(clone, "diff", fix, tests),
+        "problem_statement": "clamp(50, 0, 10) returns 0; it should return 10.",
+        "hints_text": "",
+        "created_at": "2024-01-01T00:00:00Z",
+        "version": "0.1",
+        "environment_setup_commit": base,
+        "FAIL_TO_PASS": json.dumps(FAIL_TO_PASS),
+        "PASS_TO_PASS": json.dumps(PASS_TO_PASS),
+    }
+    return SweRepo(clone, base, fix, tests, head, record)
+
+
+def repo_state(clone: Path) -> tuple:
+    """Everything of the clone a loader could disturb: HEAD, status, refs, index, objects, worktrees."""
+    git_dir = clone / ".git"
+    objects = sorted(str(p.relative_to(git_dir)) for p in (git_dir / "objects").rglob("*") if p.is_file())
+    return (
+        git(clone, "rev-parse", "HEAD"),
+        git(clone, "status", "--porcelain", "--ignored"),
+        git(clone, "show-ref"),
+        (git_dir / "index").read_bytes(),
+        objects,
+        (git_dir / "worktrees").exists(),
+    )
+
+
+def test_from_swebench(swe):
+    before = repo_state(swe.clone)
+    task = from_swebench(swe.record, swe.clone)
+    assert repo_state(swe.clone) == before  # nothing written: working tree, index, refs or objects
+
+    assert task.id == "acme__calc-1"
+    assert task.repo.path == str(swe.clone.resolve()) and task.repo.commit == swe.base
+    assert task.source() == SnapshotSource(path=str(swe.clone.resolve()), commit=swe.base)
+    assert task.request == swe.record["problem_statement"]
+    assert task.reference_patch == swe.record["patch"] and "+        return hi" in task.reference_patch
+    assert task.tests.fail_to_pass == FAIL_TO_PASS
+    assert task.tests.pass_to_pass == PASS_TO_PASS
+    assert task.tests.command == fmt.DEFAULT_TEST_COMMAND
+    assert task.tests.files == {"tests/test_ops.py": TEST_OPS_NEW, "tests/test_bounds.py": TEST_BOUNDS}
+    assert task.metadata == {
+        "kind": "swebench",
+        "repo": "acme/calc",
+        "instance_id": "acme__calc-1",
+        "version": "0.1",
+        "environment_setup_commit": swe.base,
+        "created_at": "2024-01-01T00:00:00Z",
+    }
+    # A task survives JSONL like any other.
+    assert Task.model_validate_json(task.model_dump_json()).model_dump() == task.model_dump()
+
+
+def test_from_swebench_variants(swe):
+    record = {**swe.record, "FAIL_TO_PASS": FAIL_TO_PASS, "instance_id": "acme/calc#1 (retry)"}
+    del record["PASS_TO_PASS"]
+    task = from_swebench(record, str(swe.clone), test_command="python -m pytest -x")
+    assert task.id == "acme-calc-1-retry-" and task.metadata["instance_id"] == "acme/calc#1 (retry)"
+    assert task.tests.fail_to_pass == FAIL_TO_PASS and task.tests.pass_to_pass == []
+    assert task.tests.command == "python -m pytest -x"
+    assert sanitize_id("django__django-11099") == "django__django-11099"
+    assert sanitize_id("..a b") == "a-b"
+
+
+def test_from_swebench_rename_and_delete(swe, tmp_path):
+    """A test patch that renames one file and deletes another."""
+    clone = tmp_path / "clone"
+    git(swe.clone, "clone", "-q", str(swe.clone), str(clone))
+    git(clone, "checkout", "-q", "--detach", swe.tests)
+    git(clone, "mv", "tests/test_bounds.py", "tests/test_limits.py")
+    git(clone, "rm", "-q", "tests/test_ops.py")
+    git(clone, "commit", "-q", "-m", "move")
+    record = {**swe.record, "base_commit": swe.tests, "test_patch": git(clone, "diff", "-M", swe.tests, "HEAD")}
+    assert "rename from tests/test_bounds.py" in record["test_patch"]
+    task = from_swebench(record, clone)
+    assert task.tests.files == {"tests/test_limits.py": TEST_BOUNDS}
+    assert task.metadata["test_patch_deleted"] == ["tests/test_bounds.py", "tests/test_ops.py"]
+
+
+SWE_ERRORS = {
+    "missing-field": (lambda r, s: _without(r, "problem_statement"), ["acme__calc-1", "problem_statement"]),
+    "missing-instance-id": (lambda r, s: _without(r, "instance_id"), ["SWE-bench record", "instance_id"]),
+    "patch-not-string": (lambda r, s: {**r, "patch": None}, ["acme__calc-1", "patch", "string"]),
+    "unknown-base-commit": (lambda r, s: {**r, "base_commit": "0" * 40}, ["acme__calc-1", "base_commit", "0000"]),
+    "base-commit-not-a-rev": (lambda r, s: {**r, "base_commit": "--all"}, ["acme__calc-1", "base_commit"]),
+    "test-patch-does-not-apply": (
+        lambda r, s: {**r, "test_patch": git(s.clone, "diff", s.fix, s.base)},
+        ["acme__calc-1", "test_patch", "does not apply"],
+    ),
+    "test-patch-garbage": (lambda r, s: {**r, "test_patch": "hello\n"}, ["acme__calc-1", "test_patch"]),
+    "f2p-not-a-list": (lambda r, s: {**r, "FAIL_TO_PASS": '{"a": 1}'}, ["acme__calc-1", "FAIL_TO_PASS", "list"]),
+    "f2p-not-json": (lambda r, s: {**r, "FAIL_TO_PASS": "tests/test_ops.py"}, ["acme__calc-1", "FAIL_TO_PASS"]),
+    "f2p-empty": (lambda r, s: {**r, "FAIL_TO_PASS": "[]"}, ["acme__calc-1", "FAIL_TO_PASS", "at least one"]),
+    "p2p-not-strings": (lambda r, s: {**r, "PASS_TO_PASS": [1]}, ["acme__calc-1", "PASS_TO_PASS"]),
+    "id-unusable": (lambda r, s: {**r, "instance_id": "///"}, ["'///'", "instance_id"]),
+}
+
+
+@pytest.mark.parametrize("case", list(SWE_ERRORS))
+def test_from_swebench_errors(case, swe):
+    make, expected = SWE_ERRORS[case]
+    before = repo_state(swe.clone)
+    with pytest.raises(TaskFormatError) as info:
+        from_swebench(make(swe.record, swe), swe.clone)
+    for part in expected:
+        assert part in str(info.value), f"{part!r} not in {info.value}"
+    assert repo_state(swe.clone) == before
+
+
+def test_from_swebench_bad_repo_dir(swe, tmp_path):
+    with pytest.raises(TaskFormatError, match="acme__calc-1.*not a git repository"):
+        from_swebench(swe.record, tmp_path)
+    with pytest.raises(TaskFormatError, match="acme__calc-1.*not a directory"):
+        from_swebench(swe.record, tmp_path / "missing")
+    with pytest.raises(TaskFormatError, match="acme__calc-1.*inside the git repository"):
+        from_swebench(swe.record, swe.clone / "calc")
+
+
+def test_load_swebench_jsonl(swe, tmp_path):
+    second = {**swe.record, "instance_id": "acme__calc-2", "FAIL_TO_PASS": FAIL_TO_PASS[:1]}
+    path = tmp_path / "swe.jsonl"
+    path.write_text(_lines(swe.record, "", second))
+    for repo_dirs in ({"acme/calc": swe.clone}, swe.clone.parent):
+        tasks = load_swebench_jsonl(path, repo_dirs)
+        assert [t.id for t in tasks] == ["acme__calc-1", "acme__calc-2"]
+        assert tasks[1].tests.fail_to_pass == FAIL_TO_PASS[:1]
+    by_name = tmp_path / "by-name"
+    by_name.mkdir()
+    (by_name / "calc").symlink_to(swe.clone)
+    assert [t.id for t in load_swebench_jsonl(path, by_name)] == ["acme__calc-1", "acme__calc-2"]
+
+    bad = {**swe.record, "instance_id": "acme__calc-3", "base_commit": "f" * 40}
+    other_repo = {**second, "repo": "acme/other"}
+    cases = [
+        (_lines(swe.record, "{oops"), {"acme/calc": swe.clone}, [":2:", "invalid JSON"]),
+        (_lines("[1]"), {"acme/calc": swe.clone}, [":1:", "JSON object"]),
+        (_lines(swe.record, second, swe.record), {"acme/calc": swe.clone}, [":3:", "duplicate", "line 1"]),
+        (_lines(swe.record, bad), {"acme/calc": swe.clone}, [":2:", "acme__calc-3", "base_commit"]),
+        (_lines(other_repo), {"acme/calc": swe.clone}, [":1:", "acme/other", "acme/calc"]),
+        (_lines(other_repo), swe.clone.parent, [":1:", "acme__other"]),
+        (_lines(_without(swe.record, "repo")), swe.clone.parent, [":1:", "repo"]),
+    ]
+    for text, repo_dirs, expected in cases:
+        path.write_text(text)
+        with pytest.raises(TaskFormatError) as info:
+            load_swebench_jsonl(path, repo_dirs)
+        assert str(path) in str(info.value)
+        for part in expected:
+            assert part in str(info.value), f"{part!r} not in {info.value}"
+    with pytest.raises(TaskFormatError, match="cannot read"):
+        load_swebench_jsonl(tmp_path / "missing.jsonl", swe.clone.parent)
+
+
+async def test_swebench_task_in_sandbox(swe, state_dir):
+    """The task's hidden tests fail at the base commit and pass with the reference fix."""
+    task = from_swebench(swe.record, swe.clone)
+    backend = make_backend("plain", state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(task.source()))
+        assert await ws.read_text("calc/ops.py") == OPS_BUGGY  # the base commit, not the clone's checkout
+        assert await ws.read_text("README.md") == "calc\n"
+        for rel, text in task.tests.files.items():
+            await ws.write_text(rel, text)
+
+        def run(ids: list[str]) -> str:
+            return " ".join([task.tests.command, *map(shlex.quote, ids)])
+
+        everything = await ws.exec("python -m pytest -q -p no:cacheprovider", timeout=120)
+        assert everything.exit_code == 1, everything.stdout + everything.stderr
+        assert "3 failed, 1 passed" in everything.stdout
+        before = await ws.exec(run(task.tests.fail_to_pass), timeout=120)
+        assert before.exit_code == 1 and "2 failed" in before.stdout, before.stdout + before.stderr
+        kept = await ws.exec(run(task.tests.pass_to_pass), timeout=120)
+        assert kept.exit_code == 0, kept.stdout + kept.stderr
+
+        await ws.write_text("calc/ops.py", git(swe.clone, "show", f"{swe.fix}:calc/ops.py"))
+        after = await ws.exec("python -m pytest -q -p no:cacheprovider", timeout=120)
+        assert after.exit_code == 0 and "4 passed" in after.stdout, after.stdout + after.stderr
+        fixed = await ws.exec(run(task.tests.fail_to_pass + task.tests.pass_to_pass), timeout=120)
+        assert fixed.exit_code == 0 and "3 passed" in fixed.stdout, fixed.stdout + fixed.stderr
+    finally:
+        await backend.aclose()
