@@ -1,0 +1,66 @@
+"""`vivace bench` end to end on a task file: several models, results, report files, errors."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from conftest import ISOLATION_PROBLEM
+from vivace.cli import app
+from vivace.tasks.format import RepoSpec, Task, TestSpec, save_jsonl
+from vivace.tasks.generate import unified_diff
+
+BACKEND = "plain" if ISOLATION_PROBLEM else "isolated"
+CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+
+
+def _tasks(repo) -> list[Task]:
+    bugs = {"add": ("return a + b", "return a * b", "test_add"), "sub": ("return a - b", "return b - a", None)}
+    out = []
+    for name, (good, bad, test) in bugs.items():
+        buggy = CALC.replace(good, bad)
+        files = {}
+        if test is None:  # sub has no visible test: a hidden one judges it
+            test = "test_sub"
+            files = {"tests/test_sub.py": "from pkg.calc import sub\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n"}
+        path = "tests/test_calc.py" if name == "add" else "tests/test_sub.py"
+        out.append(Task(
+            id=f"calc-{name}", repo=RepoSpec(path=str(repo), patch=unified_diff("pkg/calc.py", CALC, buggy)),
+            request=f"{name}() is wrong.", tests=TestSpec(fail_to_pass=[f"{path}::{test}"], files=files),
+            reference_patch=unified_diff("pkg/calc.py", buggy, CALC), metadata={"split": "test"},
+        ))  # fmt: skip
+    return out
+
+
+def test_bench_two_models(repo, tmp_path, state_dir):
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo), tasks_file)
+    out = tmp_path / "run"
+    args = ["bench", "--model", "scripted:oracle", "--model", "scripted:null", "--tasks", str(tasks_file)]
+    args += ["--out", str(out), "--json", "--backend", BACKEND, "--state-dir", str(state_dir), "--concurrency", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["scripted:oracle"]["success"] == 1.0 and summary["scripted:null"]["success"] == 0.0
+    assert summary["scripted:oracle"]["adherence_solved"] >= 0.95
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all("error" not in r for r in rows)
+    assert all((out / r["trajectory"]).is_file() for r in rows)
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and "<svg" in page and "scripted:oracle" in page
+    assert "| scripted:null |" in (out / "report.md").read_text()
+
+
+def test_bench_bad_inputs(tmp_path):
+    runner = CliRunner()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "repo": {"bundled": "nope"}, "request": "r", "tests": {"fail_to_pass": ["a"]}}\n')
+    result = runner.invoke(app, ["bench", "--model", "scripted:null", "--tasks", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:1" in result.output and "repo" in result.output
+    result = runner.invoke(app, ["bench", "--model", "nonsense", "--suite", "bundled"])
+    assert result.exit_code == 2 and "valid forms" in result.output
+    result = runner.invoke(app, ["bench", "--model", "scripted:null"])
+    assert result.exit_code == 2 and "--suite" in result.output
+    result = runner.invoke(app, ["bench", "--model", "scripted:null", "--suite", "everything"])
+    assert result.exit_code == 2 and "unknown suite" in result.output
