@@ -345,6 +345,34 @@ def test_from_swebench_rename_and_delete(swe, tmp_path):
     assert task.metadata["test_patch_deleted"] == ["tests/test_bounds.py", "tests/test_ops.py"]
 
 
+NEW_FILE_PATCH = (
+    "diff --git a/tests/test_new.py b/tests/test_new.py\nnew file mode 100644\n--- /dev/null\n"
+    "+++ b/tests/test_new.py\n@@ -0,0 +1,2 @@\n+# never committed anywhere\n+X = 'caf\u00e9'\n"
+)
+
+
+def test_from_swebench_writes_no_objects(swe):
+    """Content that exists in no commit is hashed into a throwaway store, not the clone's."""
+    before = repo_state(swe.clone)
+    task = from_swebench({**swe.record, "test_patch": NEW_FILE_PATCH}, swe.clone)
+    assert task.tests.files == {"tests/test_new.py": "# never committed anywhere\nX = 'caf\u00e9'\n"}
+    assert repo_state(swe.clone) == before
+
+
+def test_from_swebench_binary_test_file(swe, tmp_path):
+    clone = tmp_path / "clone"
+    git(swe.clone, "clone", "-q", str(swe.clone), str(clone))
+    git(clone, "checkout", "-q", "--detach", swe.base)
+    (clone / "tests" / "data.bin").write_bytes(b"\xff\xfe\x00binary")
+    (clone / "tests" / "test_data.py").write_text("def test_data():\n    pass\n")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-q", "-m", "data")
+    record = {**swe.record, "test_patch": git(clone, "diff", "--binary", swe.base, "HEAD")}
+    task = from_swebench(record, clone)
+    assert task.tests.files == {"tests/test_data.py": "def test_data():\n    pass\n"}
+    assert task.metadata["test_patch_binary"] == ["tests/data.bin"]
+
+
 SWE_ERRORS = {
     "missing-field": (lambda r, s: _without(r, "problem_statement"), ["acme__calc-1", "problem_statement"]),
     "missing-instance-id": (lambda r, s: _without(r, "instance_id"), ["SWE-bench record", "instance_id"]),
@@ -448,3 +476,19 @@ async def test_swebench_task_in_sandbox(swe, state_dir):
         assert fixed.exit_code == 0 and "3 passed" in fixed.stdout, fixed.stdout + fixed.stderr
     finally:
         await backend.aclose()
+
+
+def test_hidden_file_paths_must_stay_in_the_workspace(tmp_path):
+    from vivace.tasks.format import TaskFormatError, load_jsonl
+
+    for bad in ("/etc/passwd", "../x.py", "tests/../../x.py"):
+        f = tmp_path / "t.jsonl"
+        record = {
+            "id": "t",
+            "repo": {"path": "."},
+            "request": "r",
+            "tests": {"fail_to_pass": ["a"], "files": {bad: ""}},
+        }
+        f.write_text(json.dumps(record) + "\n")
+        with pytest.raises(TaskFormatError, match=r"t\.jsonl:1: tests\.files"):
+            load_jsonl(f)

@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vivace.sandbox.snapshot import SnapshotSource
 
@@ -89,6 +89,15 @@ class TestSpec(_Strict):
     )
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the test run.")
 
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            parts = path.split("/")
+            if not path or path.startswith("/") or ".." in parts:
+                raise ValueError(f"hidden file path {path!r} must be relative to the workspace root, without '..'")
+        return files
+
 
 class Task(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$", description="Unique id (file-name safe).")
@@ -109,19 +118,19 @@ class Task(_Strict):
 
 
 def _patched_tree(base: SnapshotSource, patch: str, cache_dir: Path) -> Path:
+    """The base tree with `patch` applied, built once per content (the base snapshot's key is
+    content-derived, so a changed source or a moved branch gives a new tree)."""
     from vivace.sandbox.snapshot import build_once, materialize
 
-    key = hashlib.sha256(f"{base.path}\0{base.commit}\0{patch}".encode()).hexdigest()[:24]
+    snap = materialize(base, cache_dir / "snapshots")
+    key = hashlib.sha256(f"{snap.key}\0{patch}".encode()).hexdigest()[:24]
 
     def build(tmp: Path) -> None:
-        snap = materialize(base, cache_dir / "snapshots")
         shutil.copytree(snap.root, tmp, symlinks=True, dirs_exist_ok=True)
         done = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=patch.encode(),
                               capture_output=True)  # fmt: skip
         if done.returncode != 0:
-            raise TaskFormatError(
-                f"the task's repo patch does not apply to {base.path}: {done.stderr.decode().strip()}"
-            )
+            raise TaskFormatError(f"repo.patch does not apply to {base.path}: {done.stderr.decode().strip()}")
 
     return build_once(cache_dir / "task-trees" / key, build)
 
@@ -147,28 +156,26 @@ def load_task_dir(path: str | Path) -> Task:
     root = Path(path)
     spec = root / "task.json"
     try:
-        data = json.loads(spec.read_text())
-    except FileNotFoundError:
-        raise TaskFormatError(f"{root}: not a task directory (no task.json)") from None
+        data = json.loads(_read(spec))
     except json.JSONDecodeError as e:
         raise TaskFormatError(f"{spec}: invalid JSON: {e}") from None
     if isinstance(data, dict):
         patch = root / "reference.patch"
         if patch.is_file():
-            data.setdefault("reference_patch", patch.read_text())
+            data.setdefault("reference_patch", _read(patch))
         hidden = root / "hidden"
         if hidden.is_dir() and isinstance(data.get("tests"), dict):
             files = data["tests"].setdefault("files", {})
             for f in sorted(hidden.rglob("*")):
                 if f.is_file() and "__pycache__" not in f.parts:
-                    files.setdefault(f.relative_to(hidden).as_posix(), f.read_text())
+                    files.setdefault(f.relative_to(hidden).as_posix(), _read(f))
     return _validate(data, str(spec), root)
 
 
 def load_jsonl(path: str | Path) -> list[Task]:
     p = Path(path)
     tasks = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(_read(p).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -183,6 +190,8 @@ def load_jsonl(path: str | Path) -> list[Task]:
 def load_tasks(path: str | Path) -> list[Task]:
     """Tasks from a .jsonl file, a task directory, or a directory of task directories / .jsonl files."""
     p = Path(path)
+    if p.name == "task.json" and p.is_file():
+        return [load_task_dir(p.parent)]
     if p.is_file():
         return load_jsonl(p)
     if (p / "task.json").is_file():
@@ -204,6 +213,16 @@ def load_tasks(path: str | Path) -> list[Task]:
 def save_jsonl(tasks: list[Task], path: str | Path) -> None:
     """Writes tasks one per line (repository paths stay as given: keep them absolute or bundled)."""
     Path(path).write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        what = "not a task directory (no task.json)" if path.name == "task.json" else "no such file"
+        raise TaskFormatError(f"{path.parent if path.name == 'task.json' else path}: {what}") from None
+    except UnicodeDecodeError as e:
+        raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _check_unique(tasks: list[Task], where: str) -> None:
