@@ -492,3 +492,21 @@ def test_hidden_file_paths_must_stay_in_the_workspace(tmp_path):
         f.write_text(json.dumps(record) + "\n")
         with pytest.raises(TaskFormatError, match=r"t\.jsonl:1: tests\.files"):
             load_jsonl(f)
+
+
+async def test_oracle_solves_the_swebench_task(swe, state_dir):
+    """Acceptance: a task loaded from a real fix commit is solved by the oracle, judged by the scorer."""
+    from vivace.bench.baselines import OraclePolicy
+    from vivace.bench.score import score
+    from vivace.harness.agent import run_episode
+
+    task = from_swebench(swe.record, swe.clone)
+    backend = make_backend("plain", state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(task.source(cache_dir=state_dir)))
+        traj = await run_episode(OraclePolicy().for_task(task), ws, task.request, task_id=task.id)
+        result = await score(task, traj, ws)
+    finally:
+        await backend.aclose()
+    assert result.resolved and result.adherence == 1.0, result.details
+    assert result.details["fail_to_pass"] == [len(task.tests.fail_to_pass)] * 2
