@@ -89,18 +89,20 @@ async def generate(
     repos = repos or bundled_repos()
     rng = random.Random(seed + 1)
     baselines = {repo: await _baseline(make_workspace, repo) for repo in repos}
+    # A mutant that loops forever must not stall generation: a few times the clean run, at least 10 s.
+    timeouts = {repo: max(10.0, 5 * seconds) for repo, (_, seconds) in baselines.items()}
     pool = candidates(repos, seed)
     tasks: list[Task] = []
     sem = asyncio.Semaphore(concurrency)
     tried = 0
     for start in range(0, len(pool), concurrency * 4):
         batch = pool[start : start + concurrency * 4]
-        results = await asyncio.gather(*(_try(make_workspace, m, baselines, sem) for m in batch))
+        results = await asyncio.gather(*(_try(make_workspace, m, baselines, timeouts, sem) for m in batch))
         for m, failing_output in zip(batch, results, strict=True):
             tried += 1
             if failing_output is not None and len(tasks) < n:
                 failing, output = failing_output
-                tasks.append(_task(m, failing, baselines[m.path.split("/", 1)[0]], output, rng))
+                tasks.append(_task(m, failing, baselines[m.path.split("/", 1)[0]][0], output, rng))
         if progress:
             progress(len(tasks), tried)
         if len(tasks) >= n:
@@ -108,21 +110,22 @@ async def generate(
     return tasks
 
 
-async def _baseline(make_workspace: Callable[[str], object], repo: str) -> list[str]:
+async def _baseline(make_workspace: Callable[[str], object], repo: str) -> tuple[list[str], float]:
+    """The repository's test ids (all must pass untouched) and how long the run took."""
     async with make_workspace(repo) as ws:  # type: ignore[attr-defined]
         run = await run_tests(ws, DEFAULT_TEST_COMMAND, None, TEST_TIMEOUT_S)
     if run.failing or not run.outcomes:
         raise RuntimeError(f"bundled repository {repo!r}: its own tests do not pass:\n{run.output[-2000:]}")
-    return sorted(run.outcomes)
+    return sorted(run.outcomes), run.duration_s
 
 
-async def _try(make_workspace, m: Mutation, baselines: dict[str, list[str]], sem: asyncio.Semaphore):
+async def _try(make_workspace, m: Mutation, baselines: dict, timeouts: dict[str, float], sem: asyncio.Semaphore):
     repo, rel = m.path.split("/", 1)
     async with sem, make_workspace(repo) as ws:
         ws: Workspace
         await ws.write_text(rel, m.apply(await ws.read_text(rel)))
-        run = await run_tests(ws, DEFAULT_TEST_COMMAND, None, TEST_TIMEOUT_S)
-    failing = [t for t in baselines[repo] if not run.passed(t)]
+        run = await run_tests(ws, DEFAULT_TEST_COMMAND, None, timeouts[repo])
+    failing = [t for t in baselines[repo][0] if not run.passed(t)]
     if not failing or run.timed_out:
         return None
     return failing, run.output

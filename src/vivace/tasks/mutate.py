@@ -91,6 +91,7 @@ def _walk_with_function(tree: ast.AST) -> Iterator[tuple[str, dict[str, int], as
                 yield from visit(child, func, scope, child.name)
             elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 name = f"{cls}.{child.name}" if cls and func is None else child.name
+                yield name, _locals(child), child  # for statements removed from its body
                 for part in child.body:  # not the signature: annotations and defaults are not mutated
                     yield name, _locals(child), part
                     yield from visit(part, name, _locals(child), None)
@@ -171,8 +172,6 @@ def _propose(node: ast.AST, lines: list[str], scope: dict[str, int]) -> Iterator
             sa, sb = _segment(lines, a), _segment(lines, b)
             new = line[: a.col_offset] + sb + line[a.end_col_offset : b.col_offset] + sa + line[b.end_col_offset :]
             yield "swapped_arguments", a.lineno, new, f"swapped {sa} and {sb}"
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        return
     for body in (getattr(node, "body", None), getattr(node, "orelse", None)):
         if isinstance(body, list) and len(body) > 1:
             for stmt in body:
