@@ -23,7 +23,9 @@ def group() -> Ledger:
         ledger.add_person(person)
     ledger.add_expense(Expense("Hotel", "alice", eur("90"), ("alice", "bob", "carol"), date(2024, 6, 3)))
     ledger.add_expense(Expense("Train", "bob", eur("40"), ("alice", "bob"), date(2024, 6, 1)))
-    ledger.add_expense(Expense("Museum", "carol", eur("9"), ("bob", "carol"), date(2024, 6, 3), "shares", {"bob": "2", "carol": "1"}))
+    ledger.add_expense(
+        Expense("Museum", "carol", eur("9"), ("bob", "carol"), date(2024, 6, 3), "shares", {"bob": "2", "carol": "1"})
+    )
     ledger.record_payment("bob", "alice", eur("5"), date(2024, 6, 2))
     return ledger
 
