@@ -1,11 +1,11 @@
 """Named task suites shipped with vivace (`--suite NAME`).
 
-- bugs: bug tasks generated from the bundled repositories (`vivace tasks generate`, seed 0),
-  stored in vivace/tasks/data/bugs.jsonl;
+- bugs: bug tasks generated from the bundled repositories, stored in vivace/tasks/data/bugs.jsonl
+  (made with `vivace tasks generate --n 120 --seed 0 --out DIR`, then DIR/tasks.jsonl copied there);
 - features: the hand-written feature tasks (vivace/tasks/features/*);
 - bundled: both.
 
-`split` keeps one split (train / validation / test), which is decided by repository.
+Feature tasks come first, so `--n N` always includes them. `split` keeps one split (train / validation / test), which is decided by repository.
 """
 
 from __future__ import annotations
@@ -25,16 +25,14 @@ def load_suite(name: str, split: str | None = None) -> list[Task]:
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; suites: {', '.join(SUITES)}")
     tasks: list[Task] = []
-    if name in ("bundled", "bugs"):
-        if not BUGS_FILE.is_file():
-            raise ValueError(
-                f"{BUGS_FILE} is missing; make it with `vivace tasks generate --out DIR` and copy DIR/tasks.jsonl"
-            )
-        tasks += load_jsonl(BUGS_FILE)
     if name in ("bundled", "features") and FEATURES_DIR.is_dir() and any(FEATURES_DIR.iterdir()):
         for task in load_tasks(FEATURES_DIR):
             task.metadata.setdefault("split", split_of(task.metadata.get("repo") or task.repo.bundled or ""))
             tasks.append(task)
+    if name in ("bundled", "bugs"):
+        if not BUGS_FILE.is_file():
+            raise ValueError(f"{BUGS_FILE} is missing; make it with `vivace tasks generate --out DIR` (see above)")
+        tasks += load_jsonl(BUGS_FILE)
     if split is not None:
         tasks = [t for t in tasks if t.split == split]
     return tasks
