@@ -69,7 +69,8 @@ async def _episode(model: str, policy: Any, task: Task, cfg: VivaceConfig, backe
     row: dict[str, Any] = {"model": model, "task_id": task.id, "split": task.split, "kind": task.metadata.get("kind")}
     t0 = time.monotonic()
     try:
-        snapshot = await asyncio.to_thread(backend.snapshot, task.source(cache_dir=cfg.sandbox.state_dir))
+        # Building the task's starting tree and snapshot is file copying: off the event loop.
+        snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
         ws = await backend.create(snapshot)
         try:
             for command in task.setup:
