@@ -34,9 +34,9 @@ REPO_SPLITS = {
     "inventory": "train",
     "ledger": "train",
     "textkit": "train",
-    "transit": "validation",
+    "routes": "validation",
     "scheduler": "test",
-    "configlib": "test",
+    "confkit": "test",
 }
 STYLES = {"traceback": "easy", "issue": "medium", "terse": "hard"}
 TEST_TIMEOUT_S = 120.0
