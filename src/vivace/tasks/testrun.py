@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 
 from vivace.sandbox.base import Workspace
 
-_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", re.M)
+# A summary line is `OUTCOME path::name[params]`, then ` - message` for failures and xfails.
+# Parameters may hold spaces and " - ": a PASSED line's id is the whole rest of the line; for
+# the others the id ends at the first `]` before " - ". Misreading such a failing id is harmless:
+# an id with no outcome counts as not passed, which it did not.
+_SUMMARY = re.compile(r"^(FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+?::[^\s\[]+(?:\[.*?\])?)(?= - |\s*$)", re.M)
+_PASSED = re.compile(r"^PASSED\s+(\S+?::.*?)\s*$", re.M)
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,19 @@ async def run_tests(workspace: Workspace, command: str, test_ids: list[str] | No
     argv = command + ("".join(" " + shlex.quote(f) for f in test_files(test_ids)) if test_ids else "")
     res = await workspace.exec(argv, timeout=timeout_s)
     output = res.stdout + ("\n" + res.stderr if res.stderr else "")
-    outcomes: dict[str, str] = {}
-    for outcome, test_id in _SUMMARY.findall(res.stdout):
-        outcomes.setdefault(test_id, outcome)
-    return TestRun(outcomes, output, res.exit_code, res.timed_out, res.duration_s)
+    return TestRun(parse_outcomes(res.stdout), output, res.exit_code, res.timed_out, res.duration_s)
+
+
+def parse_outcomes(stdout: str) -> dict[str, str]:
+    """Test id -> outcome from pytest's `-rA` short summary. An id reported twice (passed, then
+    an error in teardown) keeps the bad outcome."""
+    outcomes = {test_id: "PASSED" for test_id in _PASSED.findall(stdout)}
+    seen: set[str] = set()
+    for outcome, test_id in _SUMMARY.findall(stdout):
+        if test_id not in seen:
+            outcomes[test_id] = outcome
+            seen.add(test_id)
+    return outcomes
 
 
 def failure_section(output: str, test_id: str, max_lines: int = 30) -> str:
