@@ -122,6 +122,24 @@ class ScoreConfig(_Strict):
     target_tokens: int = Field(2000, ge=1, description="Completion tokens at or under which the token part is 1.")
 
 
+class EngineConfig(_Strict):
+    """The sampling engine (inference/engine.py) and how it samples for the agent."""
+
+    max_batch: int = Field(32, ge=1, description="Sequences generating at once (continuous batching).")
+    max_step_tokens: int = Field(
+        2048, ge=16, description="Tokens fed per engine step; long prompts are prefilled in chunks within it."
+    )
+    prefix_cache_tokens: int = Field(
+        65_536, ge=0, description="Positions of finished sequences kept for prefix reuse (0: no prefix cache)."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights and activations.")
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available).")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature for agent turns (0: greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Top-k cut (0: none).")
+    seed: int = Field(0, description="Seed of the engine's sampling generator.")
+
+
 class VivaceConfig(_Strict):
     """The whole run configuration."""
 
@@ -130,6 +148,7 @@ class VivaceConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
 
 
 PRESETS: dict[str, dict] = {

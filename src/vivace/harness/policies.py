@@ -14,8 +14,11 @@ A replay file is a JSON list; each item is one assistant turn, either a message
 output would be (so malformed output can be replayed). When the list is exhausted the
 policy answers with an empty final message.
 
-Spec parsing is lazy: nothing heavy is imported until a policy of that kind is made. Local
-model paths join when the model and engine land.
+    tiny | PATH                   a model run by vivace's own engine in this process: the tiny
+                                  preset, or a local Hugging Face checkpoint directory
+    tokens:http://HOST:PORT/v1#MODEL  token-in/token-out over HTTP (vLLM, SGLang, `vivace serve`)
+
+Spec parsing is lazy: nothing heavy is imported until a policy of that kind is made.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from vivace.harness.messages import AssistantTurn, Message, decode_call
 from vivace.harness.policy import Conversation, Policy, PolicyError
 
 SPEC_FORMS = ("http(s)://HOST:PORT/v1#MODEL", "scripted:null", "scripted:replay:FILE", "scripted:oracle",
-              "scripted:random")  # fmt: skip
+              "scripted:random", "tiny", "PATH (a checkpoint directory)", "tokens:http://HOST:PORT/v1#MODEL")  # fmt: skip
 # Policies defined above the harness (they need a task), imported only when named.
 _LAZY = {
     "scripted:oracle": "vivace.bench.baselines:OraclePolicy",
@@ -50,6 +53,8 @@ def load_policy(spec: str) -> Policy:
     if spec in _LAZY:
         module, _, attr = _LAZY[spec].partition(":")
         return getattr(importlib.import_module(module), attr)()
+    if spec == "tiny" or spec.startswith("tokens:") or (Path(spec).expanduser() / "config.json").is_file():
+        return importlib.import_module("vivace.inference.samplers").token_policy(spec)
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 
 

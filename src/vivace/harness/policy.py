@@ -14,6 +14,7 @@ Not covered: choosing a policy from a spec string (policies.py) and the loop (ag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -36,13 +37,13 @@ class TokenLog:
         self.logprobs += [0.0] * len(ids)
         self.versions += [-1] * len(ids)
 
-    def add_sampled(self, ids: list[int], logprobs: list[float], version: int) -> None:
+    def add_sampled(self, ids: list[int], logprobs: list[float], version: int, per_token: Sequence[int] = ()) -> None:
         if len(logprobs) != len(ids):
             raise ValueError(f"sampler returned {len(ids)} tokens but {len(logprobs)} logprobs")
         self.ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
-        self.versions += [version] * len(ids)
+        self.versions += list(per_token) if len(per_token) == len(ids) else [version] * len(ids)
 
 
 @dataclass
@@ -86,7 +87,8 @@ class Completion:
     token_ids: list[int]  # generated ids, including the stop token when one ended the turn
     logprobs: list[float]  # log-probability of each generated id under the sampling policy
     finish_reason: str  # "stop" or "length"
-    policy_version: int  # weights version that generated every token of this completion
+    policy_version: int  # oldest weights version among the tokens (all of them, unless weights changed mid-turn)
+    token_versions: tuple[int, ...] = ()  # version per token, when the sampler reports it
 
 
 @runtime_checkable
@@ -121,7 +123,7 @@ class TokenPolicy:
         )
         prompt_len = len(log.ids)
         out = await self.sampler.generate(list(log.ids), params)
-        log.add_sampled(out.token_ids, out.logprobs, out.policy_version)
+        log.add_sampled(out.token_ids, out.logprobs, out.policy_version, out.token_versions)
         if not out.token_ids or out.token_ids[-1] not in stops:
             # Cut off by the token cap: close the turn (not a sampled token) so the sequence
             # stays a well-formed rendering that later turns can extend.

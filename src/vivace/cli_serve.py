@@ -1,0 +1,99 @@
+"""`vivace serve` (the engine behind an OpenAI-compatible API) and `vivace serve bench`
+(the engine against transformers' `generate`); registered on the app in cli.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from vivace.cli import app, err, out
+from vivace.config import EngineConfig
+
+serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
+app.add_typer(serve_app, name="serve")
+
+ModelOpt = Annotated[str | None, typer.Option("--model", help="tiny, or a local checkpoint directory.")]
+MaxBatchOpt = Annotated[int, typer.Option(help="Sequences generating at once.")]
+DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")]
+DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16.")]
+
+
+@serve_app.callback(invoke_without_command=True)
+def serve(
+    ctx: typer.Context,
+    model: ModelOpt = None,
+    host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    served_name: Annotated[
+        str | None, typer.Option(help="Model name clients send (default: the --model spec).")
+    ] = None,
+    max_batch: MaxBatchOpt = 32,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+) -> None:
+    """Serve MODEL: /v1/chat/completions (tools, streaming), /v1/completions (token ids + logprobs),
+    /v1/models, /health, /metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        err.print("[red]error:[/] give --model (tiny or a checkpoint directory)")
+        raise typer.Exit(2)
+    import uvicorn
+
+    from vivace.inference.server import create_app
+
+    engine, chat = _engine(model, EngineConfig(max_batch=max_batch, device=device, dtype=dtype))
+    name = served_name or model
+    err.print(f"serving {name!r} on http://{host}:{port}/v1 (max batch {max_batch})")
+    try:
+        uvicorn.run(create_app(engine, chat, name), host=host, port=port, log_level="warning")
+    finally:
+        engine.close()
+
+
+def _engine(model: str, config: EngineConfig):
+    from vivace.inference.samplers import local_engine
+
+    try:
+        return local_engine(model, config)
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@serve_app.command("bench")
+def serve_bench(
+    model: Annotated[str, typer.Option("--model", help="tiny, or a local checkpoint directory.")] = "tiny",
+    n: Annotated[int, typer.Option("--n", help="Requests in the mixed-length workload.")] = 32,
+    max_batch: MaxBatchOpt = 16,
+    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
+) -> None:
+    """The engine and transformers' `generate` on one model and one mixed-length workload, side by side."""
+    from vivace.inference import bench
+    from vivace.inference.samplers import load_for_engine
+
+    try:
+        loaded = load_for_engine(model, EngineConfig(device=device, dtype=dtype))
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    pad = loaded.tokenizer.pad_token_id or 0
+    with err.status("benchmarking") as status:
+        result = bench.run(loaded.model, n=n, max_batch=max_batch, seed=seed, pad_id=pad,
+                           progress=lambda s: status.update(f"benchmarking: {s}"))  # fmt: skip
+    result["model"] = model
+    if as_json:
+        print(json.dumps(result))
+        return
+    for side in ("engine", "transformers_generate"):
+        r = result[side]
+        out.print(
+            f"{side:22} {r['tokens_per_s']:8.1f} tok/s  p50 {r['ms_per_token_p50']:7.2f} ms/token  "
+            f"occupancy {r['batch_occupancy']:.2f}  ({r['tokens']} tokens in {r['wall_s']} s)"
+        )
+    out.print(f"throughput ratio (engine / generate): {result['throughput_ratio']}x")

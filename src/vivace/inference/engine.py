@@ -1,0 +1,386 @@
+"""The sampling engine: token-in/token-out generation with continuous batching.
+
+What: `Engine` (synchronous core: `add` requests, `step` the running batch) and `AsyncEngine`
+(the engine on a background thread; implements the harness's `Sampler` protocol, streams).
+Each step is one ragged forward pass (inference/forward.py) over every running sequence: a
+decode step feeds one token per sequence and prompts are prefilled in chunks within a per-step
+token budget, so requests join and leave the batch at any step and a long prompt never stalls
+the others' decoding.
+
+A finished sequence's keys/values go to a prefix cache; the next request whose prompt starts
+with the same tokens (the same conversation's next turn, or a group of rollouts from one
+prompt) copies them instead of recomputing. `update_weights` loads new weights between two
+steps (no restart), bumps the policy version and drops the prefix cache (its values came from
+the old weights); running sequences go on with the new weights and every sampled token records
+the version that produced it.
+
+Not covered: paged KV memory (each sequence preallocates prompt + max_tokens), speculative
+decoding, tensor parallelism (use vLLM/SGLang through the HTTP sampler for those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from vivace.harness.policy import Completion, SamplingParams
+from vivace.inference.forward import KVCache, RaggedForward, Segment
+from vivace.inference.sampling import sample
+
+
+@dataclass
+class Request:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    on_token: Callable[[int, float], None] | None = None  # called on the engine thread
+    cache: KVCache | None = None
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    reused: int = 0  # prompt tokens taken from the prefix cache
+    finish_reason: str | None = None
+    cancelled: bool = False
+    future: concurrent.futures.Future | None = None
+
+    @property
+    def known(self) -> int:
+        """Tokens the sequence has (prompt + sampled); the cache lags by the last sampled one."""
+        return len(self.prompt) + len(self.output)
+
+    def token(self, i: int) -> int:
+        return self.prompt[i] if i < len(self.prompt) else self.output[i - len(self.prompt)]
+
+    def completion(self) -> Completion:
+        return Completion(
+            token_ids=list(self.output),
+            logprobs=list(self.logprobs),
+            finish_reason=self.finish_reason or "length",
+            policy_version=min(self.versions) if self.versions else -1,
+            token_versions=tuple(self.versions),
+        )
+
+
+class PrefixCache:
+    """Finished sequences' caches, least recently used first out, bounded by total positions."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[int, tuple[torch.Tensor, KVCache]] = OrderedDict()
+        self._ids = itertools.count()
+        self.size = 0
+
+    def put(self, tokens: Sequence[int], cache: KVCache) -> None:
+        if self.max_tokens <= 0 or cache.length == 0:
+            return
+        self._entries[next(self._ids)] = (torch.tensor(tokens[: cache.length]), cache)
+        self.size += cache.length
+        while self.size > self.max_tokens and self._entries:
+            _, (_, old) = self._entries.popitem(last=False)
+            self.size -= old.length
+
+    def match(self, prompt: Sequence[int]) -> tuple[int, KVCache | None]:
+        """The longest cached prefix of `prompt`, leaving at least its last token to compute."""
+        if not self._entries or len(prompt) < 2:
+            return 0, None
+        query = torch.tensor(prompt[:-1])
+        best, best_key = 0, None
+        for key, (tokens, _) in self._entries.items():
+            n = min(len(tokens), len(query))
+            differ = (tokens[:n] != query[:n]).nonzero()
+            common = int(differ[0]) if len(differ) else n
+            if common > best:
+                best, best_key = common, key
+        if best_key is None:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        return best, self._entries[best_key][1]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.size = 0
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens served from the prefix cache
+    finished: int = 0
+    busy_s: float = 0.0  # time inside step()
+    batch_sum: int = 0  # running sequences summed over steps (occupancy = batch_sum / steps / max_batch)
+
+
+class Engine:
+    """Continuous batching over one model. Not thread-safe: AsyncEngine serialises access."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_batch: int = 32,
+        max_step_tokens: int = 2048,
+        prefix_cache_tokens: int = 65536,
+        seed: int = 0,
+        version: int = 0,
+    ):
+        self.model = model.eval()
+        self.forward = RaggedForward(model)
+        self.vocab_size = model.config.vocab_size
+        self.max_positions = self.forward.max_positions
+        self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
+        self.prefix = PrefixCache(prefix_cache_tokens)
+        self.version = version
+        self.generator = torch.Generator().manual_seed(seed)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def add(self, prompt_ids: Sequence[int], params: SamplingParams, on_token=None) -> Request:
+        """Queues a request; bad input raises ValueError saying what is wrong."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token id")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        if len(prompt) >= self.max_positions:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; the model's context is {self.max_positions} "
+                "(and at least one token must be left to generate)"
+            )
+        if params.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
+        req = Request(next(self._ids), prompt, params, gen, on_token)
+        self.waiting.append(req)
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def cancel(self, req: Request) -> None:
+        req.cancelled = True
+
+    # ---- stepping -----------------------------------------------------------------------------
+
+    def step(self) -> list[Request]:
+        """One forward pass over the running batch; returns the requests that finished."""
+        t0 = time.perf_counter()
+        finished = [r for r in self.running if r.cancelled] + [r for r in self.waiting if r.cancelled]
+        self.running = [r for r in self.running if not r.cancelled]
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        for r in finished:
+            r.finish_reason = "cancelled"
+        self._admit()
+        tokens: list[int] = []
+        segments: list[Segment] = []
+        rows: list[tuple[Request, bool]] = []  # (request, samples after this step)
+        budget = self.max_step_tokens
+        # Decoding sequences first (one token each), then prompt chunks with what is left.
+        for req in sorted(self.running, key=lambda r: r.cache.length < len(r.prompt)):
+            todo = req.known - req.cache.length
+            n = min(todo, budget) if req.cache.length < len(req.prompt) else 1
+            if n <= 0:
+                continue
+            start = req.cache.length
+            tokens += [req.token(i) for i in range(start, start + n)]
+            segments.append(Segment(req.cache, n))
+            rows.append((req, n == todo))
+            budget -= n
+            if start < len(req.prompt):
+                self.stats.prefill_tokens += n
+        if segments:
+            logits = self.forward(tokens, segments)
+            ready = [i for i, (_, samples) in enumerate(rows) if samples]
+            if ready:
+                reqs = [rows[i][0] for i in ready]
+                picked, logps = sample(logits[ready], [r.params for r in reqs], [r.generator for r in reqs])
+                for req, tok, lp in zip(reqs, picked, logps, strict=True):
+                    self._append(req, tok, lp)
+        done = [r for r in self.running if r.finish_reason]
+        self.running = [r for r in self.running if not r.finish_reason]
+        for r in done:
+            self.prefix.put([r.token(i) for i in range(r.cache.length)], r.cache)
+            r.cache = None
+        self.stats.steps += 1
+        self.stats.batch_sum += len(rows)
+        self.stats.finished += len(done)
+        self.stats.busy_s += time.perf_counter() - t0
+        return finished + done
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            req = self.waiting.popleft()
+            capacity = min(len(req.prompt) + req.params.max_tokens, self.max_positions)
+            req.cache = self.forward.new_cache(capacity)
+            n, cached = self.prefix.match(req.prompt)
+            if cached is not None:
+                req.cache.copy_prefix(cached, n)
+                req.reused = n
+                self.stats.reused_tokens += n
+            self.running.append(req)
+
+    def _append(self, req: Request, tok: int, logprob: float) -> None:
+        req.output.append(tok)
+        req.logprobs.append(logprob)
+        req.versions.append(self.version)
+        self.stats.generated_tokens += 1
+        if req.on_token is not None:
+            req.on_token(tok, logprob)
+        if tok in req.params.stop_token_ids:
+            req.finish_reason = "stop"
+        elif len(req.output) >= req.params.max_tokens or req.known >= req.cache.capacity:
+            req.finish_reason = "length"
+
+    def run(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Completion]:
+        """Generates for every prompt (continuously batched) and returns completions in order."""
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        reqs = [self.add(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        while self.has_work:
+            self.step()
+        return [r.completion() for r in reqs]
+
+    # ---- weights ------------------------------------------------------------------------------
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        """Copies new weights in place (all of them, or a subset by name); returns the new version."""
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        unknown = [n for n in state if n not in params]
+        if unknown:
+            raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
+        with torch.no_grad():
+            for name, value in state.items():
+                target = params[name]
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"update_weights: {name} has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
+                    )
+                target.copy_(value)
+        self.prefix.clear()
+        self.version = self.version + 1 if version is None else version
+        return self.version
+
+
+class AsyncEngine:
+    """The engine on a background thread: an asyncio `Sampler` with streaming and metrics."""
+
+    def __init__(self, engine: Engine, name: str = "local"):
+        self.engine, self.name = engine, name
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self.started_at = time.time()
+        self._thread = threading.Thread(target=self._loop, name="vivace-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        req = self._submit(prompt_ids, params, None)
+        try:
+            return await asyncio.wrap_future(req.future)
+        except asyncio.CancelledError:
+            req.cancelled = True  # the engine drops it at its next step
+            raise
+
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[tuple[int, float] | Completion]:
+        """Yields (token, logprob) as they are sampled, then the Completion."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        req = self._submit(prompt_ids, params, lambda t, lp: loop.call_soon_threadsafe(queue.put_nowait, (t, lp)))
+        req.future.add_done_callback(lambda f: loop.call_soon_threadsafe(queue.put_nowait, f))
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, concurrent.futures.Future):
+                    yield item.result()
+                    return
+                yield item
+        finally:
+            req.cancelled = True  # no-op when finished; stops generation when the reader left
+
+    def _submit(self, prompt_ids, params, on_token) -> Request:
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            req = self.engine.add(prompt_ids, params, on_token)
+            req.future = concurrent.futures.Future()
+            self._wake.notify()
+        return req
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        with self._lock:  # between two steps
+            return self.engine.update_weights(state, version)
+
+    def metrics(self) -> dict:
+        s, e = self.engine.stats, self.engine
+        return {
+            "version": e.version,
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "steps": s.steps,
+            "generated_tokens": s.generated_tokens,
+            "prefill_tokens": s.prefill_tokens,
+            "reused_prefix_tokens": s.reused_tokens,
+            "finished_requests": s.finished,
+            "busy_s": round(s.busy_s, 3),
+            "tokens_per_s_busy": round(s.generated_tokens / s.busy_s, 1) if s.busy_s else 0.0,
+            "batch_occupancy": round(s.batch_sum / s.steps / e.max_batch, 3) if s.steps else 0.0,
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self.engine.has_work:
+                    self._wake.wait()
+                if self._closed:
+                    pending = list(self.engine.running) + list(self.engine.waiting)
+                    for r in pending:
+                        if r.future and not r.future.done():
+                            r.future.set_exception(RuntimeError("the engine was closed"))
+                    return
+                try:
+                    finished = self.engine.step()
+                    error = None
+                except Exception as exc:  # a bad step fails its requests, not the engine
+                    finished = list(self.engine.running)
+                    self.engine.running = []
+                    error = exc
+            for r in finished:
+                if r.future is None or r.future.done():
+                    continue
+                if error is not None:
+                    r.future.set_exception(RuntimeError(f"generation failed: {error}"))
+                elif r.finish_reason == "cancelled":
+                    r.future.cancel()
+                else:
+                    r.future.set_result(r.completion())

@@ -1,0 +1,156 @@
+"""Sampler backends behind the harness's one `Sampler` interface, and the token-level policies
+that `--model SPEC` names:
+
+    tiny                              the tiny preset model, in-process engine
+    PATH                              a local checkpoint directory, in-process engine
+    tokens:http://HOST:PORT/v1#MODEL  an OpenAI-compatible server that returns token ids and
+                                      logprobs (vLLM, SGLang, `vivace serve`); MODEL is sent as
+                                      the model name and, being `tiny` or a local path, also
+                                      gives the tokenizer for the chat format
+
+Backends: `local_engine` (the engine on a background thread in this process), `RayEngine` (the
+same engine as a Ray actor, for a sampler on another process or node) and `HttpSampler`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import torch
+
+from vivace.config import EngineConfig
+from vivace.harness.chat import ChatFormat
+from vivace.harness.policy import Completion, PolicyError, SamplingParams, TokenPolicy
+from vivace.inference.engine import AsyncEngine, Engine
+from vivace.model.checkpoint import LoadedModel, load_model, load_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def load_for_engine(spec: str, config: EngineConfig) -> LoadedModel:
+    return load_model(spec, dtype=DTYPES[config.dtype], device=resolve_device(config.device))
+
+
+def local_engine(spec: str, config: EngineConfig | None = None) -> tuple[AsyncEngine, ChatFormat]:
+    """The engine for a model spec on a background thread, and the chat format of its tokenizer."""
+    config = config or EngineConfig()
+    loaded = load_for_engine(spec, config)
+    engine = Engine(
+        loaded.model,
+        max_batch=config.max_batch,
+        max_step_tokens=config.max_step_tokens,
+        prefix_cache_tokens=config.prefix_cache_tokens,
+        seed=config.seed,
+    )
+    return AsyncEngine(engine, name=loaded.name), ChatFormat(loaded.tokenizer)
+
+
+def token_policy(spec: str, config: EngineConfig | None = None) -> TokenPolicy:
+    config = config or EngineConfig()
+    params = SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+    if spec.startswith("tokens:"):
+        url, _, model = spec.removeprefix("tokens:").partition("#")
+        if not model:
+            raise ValueError(f"{spec!r}: name the model after '#' (tiny or a local checkpoint path, for its tokenizer)")
+        chat = ChatFormat(load_tokenizer(model))
+        return TokenPolicy(HttpSampler(url, model), chat, name=spec, params=params)
+    engine, chat = local_engine(spec, config)
+    return TokenPolicy(engine, chat, name=spec, params=params)
+
+
+class HttpSampler:
+    """Token-in/token-out over HTTP: POST /v1/completions with token ids, read ids and logprobs back.
+
+    Asks for what vLLM (`return_token_ids`), SGLang and `vivace serve` understand; a server that
+    returns no token ids is refused with a clear error rather than re-tokenizing text."""
+
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0):
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self._client = httpx.AsyncClient(timeout=timeout_s)
+        self.version = -1
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt_ids,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 1,
+            "stop_token_ids": list(params.stop_token_ids),
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+        }
+        if params.top_k:
+            body["top_k"] = params.top_k
+        if params.seed is not None:
+            body["seed"] = params.seed
+        try:
+            resp = await self._client.post(f"{self.base_url}/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise PolicyError(f"sampler at {self.base_url} unreachable: {exc}") from exc
+        if resp.status_code != 200:
+            raise PolicyError(f"sampler at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
+        data = resp.json()
+        choice = data["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise PolicyError(f"{self.base_url} returned no token ids; it must support `return_token_ids`")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        if len(logprobs) != len(ids):
+            raise PolicyError(f"{self.base_url} returned {len(ids)} token ids but {len(logprobs)} logprobs")
+        self.version = int(data.get("policy_version", choice.get("policy_version", -1)))
+        return Completion(
+            token_ids=[int(t) for t in ids],
+            logprobs=[float(x) for x in logprobs],
+            finish_reason="stop" if choice.get("finish_reason") == "stop" else "length",
+            policy_version=self.version,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class RayEngine:
+    """The engine in a Ray actor (its own process, or another node's GPU), as a `Sampler`.
+
+    `RayEngine.remote_actor(spec, config)` starts the actor; this wrapper forwards `generate` and
+    `update_weights` (weights travel through the Ray object store)."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    @staticmethod
+    def remote_actor(spec: str, config: EngineConfig | None = None, **actor_options):
+        import ray
+
+        return RayEngine(ray.remote(_EngineActor).options(**actor_options).remote(spec, config or EngineConfig()))
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        return await self.actor.generate.remote(prompt_ids, params)
+
+    async def update_weights(self, state: dict[str, torch.Tensor], version: int | None = None) -> int:
+        return await self.actor.update_weights.remote(state, version)
+
+    async def metrics(self) -> dict:
+        return await self.actor.metrics.remote()
+
+
+class _EngineActor:
+    def __init__(self, spec: str, config: EngineConfig):
+        self.engine, _ = local_engine(spec, config)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        return await self.engine.generate(prompt_ids, params)
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int | None = None) -> int:
+        return self.engine.update_weights(state, version)
+
+    def metrics(self) -> dict:
+        return self.engine.metrics()

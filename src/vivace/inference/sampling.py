@@ -1,0 +1,51 @@
+"""Choosing the next token for a batch of sequences, each with its own sampling parameters.
+
+The logprob returned for a sampled token is under the temperature-scaled distribution, before
+top-k/top-p truncation: `log_softmax(logits / T)`, and the raw `log_softmax(logits)` for greedy
+(T = 0) decoding. That is what a trainer recomputes from its own forward pass given the same
+temperature, so sampler/trainer mismatch is measured like for like (T = 1: the model's own
+distribution). Randomness comes from a per-request generator when the request has a seed (so a
+seeded request gives the same tokens whatever else is in the batch), else from the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vivace.harness.policy import SamplingParams
+
+
+def sample(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> tuple[list[int], list[float]]:
+    """logits [B, V] (float32) -> (token per row, its logprob per row)."""
+    greedy = torch.tensor([p.temperature <= 0 for p in params], device=logits.device)
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
+    scaled = logits / temps[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = _truncate(scaled, params)
+    # Exponential race (Gumbel-max in another form): argmax(p / E) with E ~ Exp(1) samples from p.
+    noise = torch.stack([torch.empty(logits.shape[-1]).exponential_(generator=g) for g in generators])
+    noise = noise.to(logits.device)
+    drawn = torch.argmax(torch.softmax(filtered, dim=-1) / noise, dim=-1)
+    tokens = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
+    chosen = logp.gather(1, tokens[:, None])[:, 0]
+    return tokens.tolist(), chosen.tolist()
+
+
+def _truncate(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Masks (to -inf) what top-k and top-p cut; rows without either are left as they are."""
+    vocab = scaled.shape[-1]
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=scaled.device)
+    top_p = torch.tensor([min(max(p.top_p, 0.0), 1.0) for p in params], device=scaled.device)
+    if bool((top_k == vocab).all()) and bool((top_p >= 1.0).all()):
+        return scaled
+    ordered, order = torch.sort(scaled, dim=-1, descending=True)
+    rank = torch.arange(vocab, device=scaled.device)[None, :]
+    probs = torch.softmax(ordered, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above this one
+    cut = (rank >= top_k[:, None]) | ((before >= top_p[:, None]) & (rank > 0))
+    ordered = ordered.masked_fill(cut, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, order, ordered)

@@ -1,0 +1,109 @@
+"""Policy models: Hugging Face causal LMs in standard checkpoint directories.
+
+What: `tiny_config` (the laptop preset: a ~8M-parameter Qwen3-MoE, 8 experts top-2, 8,192
+positions), `load_model(spec)` for `tiny` or a local checkpoint directory, and `save_checkpoint`,
+which writes a directory that plain `transformers.AutoModelForCausalLM` / `AutoTokenizer` load
+unchanged (config.json, model.safetensors, tokenizer files with the chat template).
+
+Why standard directories: the same files move between vivace's trainer, its engine, vLLM/SGLang
+and the Hugging Face ecosystem with no conversion step.
+
+`tiny` resolves to the trained checkpoint shipped in `model/assets/tiny` when it exists, else to
+a freshly initialised model (seeded, so every process gets the same weights) with the reference
+tokenizer. Not covered: downloading from a hub (nothing is fetched at run time) and sharded
+loading across devices (the trainer does that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Qwen3MoeConfig
+
+ASSETS = Path(__file__).parent / "assets"
+TINY_DIR = ASSETS / "tiny"
+TINY_SEED = 0
+
+
+def tiny_config(vocab_size: int, **overrides) -> Qwen3MoeConfig:
+    """The `tiny` preset: trains and samples on 2 CPU cores (~8M parameters, ~3M active per token)."""
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=512,  # dense MLP width (unused: every layer is sparse)
+        moe_intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        max_position_embeddings=8192,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        router_aux_loss_coef=0.001,
+    )
+    fields.update(overrides)
+    return Qwen3MoeConfig(**fields)
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # "tiny" or the checkpoint path
+
+
+def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
+    """`tiny` or a local checkpoint directory -> model (eval mode) and tokenizer."""
+    if spec == "tiny" and not (TINY_DIR / "config.json").is_file():
+        from vivace.model.tokenizer import reference_tokenizer
+
+        tokenizer = reference_tokenizer()
+        torch.manual_seed(TINY_SEED)
+        model = AutoModelForCausalLM.from_config(tiny_config(len(tokenizer)), dtype=dtype)
+        return LoadedModel(model.to(device).eval(), tokenizer, "tiny")
+    path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "
+            "(as written by save_checkpoint or any Hugging Face model)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return LoadedModel(model.to(device).eval(), tokenizer, spec)
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of `tiny` or of a checkpoint directory, without loading the weights."""
+    if spec == "tiny" and not (TINY_DIR / "tokenizer_config.json").is_file():
+        from vivace.model.tokenizer import reference_tokenizer
+
+        return reference_tokenizer()
+    path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
+    if not (path / "tokenizer_config.json").is_file():
+        raise ValueError(f"{spec!r} has no tokenizer: expected `tiny` or a checkpoint directory with tokenizer files")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """Writes a standard Hugging Face directory (safetensors weights, config, tokenizer, chat template)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def count_parameters(model: PreTrainedModel) -> dict[str, int]:
+    """Total parameters, and those a token passes through (top-k of the experts, for MoE models)."""
+    total = sum(p.numel() for p in model.parameters())
+    cfg = model.config
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    n_experts, top_k = getattr(cfg, "num_experts", 0) or 0, getattr(cfg, "num_experts_per_tok", 0) or 0
+    active = total - experts + (experts * top_k // n_experts if n_experts else 0)
+    return {"total": total, "active": active}
