@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from vivace.config import PoolConfig, SandboxConfig
-from vivace.harness.chat import SPECIAL_TOKENS, ChatFormat
+from vivace.harness.chat import ChatFormat
+from vivace.model.tokenizer import train_tokenizer
 from vivace.sandbox.isolated import probe
 
 ISOLATION_PROBLEM = probe()
@@ -135,33 +134,14 @@ async def make_workspace(request, repo, state_dir):
     await backend.aclose()
 
 
-# Qwen2's pre-tokenizer split: newlines glue to each other and to preceding punctuation, which is
-# where a careless format would tokenize differently across turn boundaries.
-QWEN_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
 @pytest.fixture(scope="session")
 def chat_format() -> ChatFormat:
     """A ChatFormat over a small byte-level BPE (800 tokens) trained here on a few KB of this
-    project's code, with the chat control tokens as special tokens and the built-in template."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=800,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    project's code, the way the reference tokenizer is trained (vivace.model.tokenizer), but with
+    no template of its own (so ChatFormat uses QWEN_TEMPLATE)."""
     src = Path(__file__).resolve().parents[1] / "src" / "vivace" / "harness"
     corpus = [(src / f).read_text()[:4000] for f in ("messages.py", "tools/base.py")]
     corpus.append("Let me look at the file. Les résultats sont prêts: 结果 ✓ — done.\n" * 20)
-    tok.train_from_iterator(corpus, trainer)
-    return ChatFormat(PreTrainedTokenizerFast(tokenizer_object=tok))
+    tokenizer = train_tokenizer(corpus, 800)
+    tokenizer.chat_template = None
+    return ChatFormat(tokenizer)

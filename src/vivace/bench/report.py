@@ -6,8 +6,11 @@ share of episodes with an unsupported claim, format errors, and generation speed
 per second of model time. With several models the HTML adds a plot of success against
 median completion tokens (the source system's "smart and fast" view).
 
-Token counts are those the policy reports (usage from an endpoint, sampled ids from the
-engine); scripted policies report none.
+Tokens here are reference tokens: every model's assistant turns counted with the one reference
+tokenizer (`reference_tokens`, see runner.py), so models with different tokenizers compare, and
+scripted policies, which report none, are counted too. Rows written before that count existed
+are left out of the token columns. The policy's own counts (`completion_tokens`) feed the
+efficiency reward, not this report.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     scored = [r for r in rows if "error" not in r]
     solved = [r for r in scored if r["resolved"]]
     d = [r["details"] for r in scored]
-    model_s = sum(x["model_s"] for x in d)
-    tokens = sum(x["completion_tokens"] for x in d)
+    counted = [x for x in d if x.get("reference_tokens") is not None]
+    model_s = sum(x["model_s"] for x in counted)
+    tokens = sum(x["reference_tokens"] for x in counted)
     return {
         "episodes": len(rows),
         "errors": len(rows) - len(scored),
@@ -39,11 +43,11 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "median_turns": _median([x["turns"] for x in d]),
         "mean_tool_calls": _mean([x["tool_calls"] for x in d]),
         "tool_calls_per_turn": _mean([x["tool_calls_per_turn"] for x in d]),
-        "median_completion_tokens": _median([x["completion_tokens"] for x in d]),
+        "median_ref_tokens": _median([x["reference_tokens"] for x in counted]),
         "median_wall_s": _median([x["wall_s"] for x in d]),
         "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
         "format_errors": sum(x["format_errors"] for x in d),
-        "tokens_per_s": tokens / model_s if tokens and model_s else None,
+        "ref_tokens_per_s": tokens / model_s if tokens and model_s else None,
     }
 
 
@@ -61,11 +65,11 @@ _COLUMNS = [
     ("median_turns", "median turns", "{:g}"),
     ("mean_tool_calls", "tool calls", "{:.1f}"),
     ("tool_calls_per_turn", "calls/turn", "{:.2f}"),
-    ("median_completion_tokens", "median tokens", "{:g}"),
+    ("median_ref_tokens", "median tokens (ref.)", "{:g}"),
     ("median_wall_s", "median wall s", "{:.1f}"),
     ("unsupported_claim_rate", "unsupported claims", "{:.1%}"),
     ("format_errors", "format errors", "{:d}"),
-    ("tokens_per_s", "tokens/s", "{:.0f}"),
+    ("ref_tokens_per_s", "tokens/s (ref.)", "{:.0f}"),
 ]
 
 
@@ -100,8 +104,8 @@ def html_report(summary: dict[str, dict[str, Any]], title: str) -> str:
 
 
 def _plot(summary: dict[str, dict[str, Any]]) -> str:
-    """Success vs median completion tokens, as inline SVG."""
-    pts = [(m, s["median_completion_tokens"] or 0, s["success"]) for m, s in summary.items()]
+    """Success vs median completion tokens (reference tokenizer), as inline SVG."""
+    pts = [(m, s["median_ref_tokens"] or 0, s["success"]) for m, s in summary.items()]
     max_x = max(x for _, x, _ in pts) or 1
     w, h, pad = 480, 300, 50
 
@@ -119,7 +123,7 @@ def _plot(summary: dict[str, dict[str, Any]]) -> str:
     axes = (
         f"<line x1='{pad}' y1='{h - pad}' x2='{w - pad}' y2='{h - pad}' stroke='#000'/>"
         f"<line x1='{pad}' y1='{pad}' x2='{pad}' y2='{h - pad}' stroke='#000'/>"
-        f"<text x='{w / 2}' y='{h - 12}' font-size='12' text-anchor='middle'>median completion tokens (max {max_x:g})</text>"
+        f"<text x='{w / 2}' y='{h - 12}' font-size='12' text-anchor='middle'>median completion tokens, reference tokenizer (max {max_x:g})</text>"
         f"<text x='14' y='{h / 2}' font-size='12' transform='rotate(-90 14 {h / 2})' text-anchor='middle'>success</text>"
     )
     return f"<h2>Success vs tokens</h2><svg width='{w}' height='{h}' xmlns='http://www.w3.org/2000/svg'>{axes}{marks}</svg>"

@@ -6,6 +6,11 @@ commands, `harness.run_episode` with the model's policy (scripted baselines are 
 task), then `bench.score`. Results stream to `results.jsonl` as they finish (a crash loses
 nothing already done) and each trajectory is saved for inspection.
 
+Each row's details also hold `reference_tokens`: the assistant turns counted with the reference
+tokenizer (vivace.model.tokenizer), so that models with different tokenizers, and policies that
+report no tokens, are measured in the same unit. The policy's own counts stay in
+`completion_tokens` (the efficiency reward uses them).
+
 Not covered: the report (report.py) and choosing tasks (tasks.suites).
 """
 
@@ -22,7 +27,10 @@ from typing import Any
 from vivace.bench.score import score
 from vivace.config import VivaceConfig
 from vivace.harness.agent import run_episode
+from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policies import load_policy
+from vivace.harness.trajectory import Trajectory
+from vivace.model.tokenizer import count_assistant_tokens, reference_chat_format
 from vivace.sandbox import open_backend
 from vivace.tasks.format import Task
 
@@ -42,6 +50,7 @@ async def run_benchmark(
     """Runs every model on every task; returns the result rows (also in out_dir/results.jsonl)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     policies = {m: load_policy(m) for m in models}  # fail on a bad spec before any work
+    reference_chat_format()  # likewise a missing reference tokenizer, and its loading is not paid mid-run
     backend = open_backend(cfg.sandbox)
     sem = asyncio.Semaphore(concurrency)
     results_file = (out_dir / "results.jsonl").open("a")
@@ -89,4 +98,15 @@ async def _episode(model: str, policy: Any, task: Task, cfg: VivaceConfig, backe
     path.parent.mkdir(parents=True, exist_ok=True)
     traj.save(path)
     row.update(result.model_dump(), trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)
+    row["details"]["reference_tokens"] = reference_tokens(traj)
     return row
+
+
+def reference_tokens(traj: Trajectory) -> int:
+    """What the episode's assistant turns cost in reference tokens (text, tool-call blocks, end of
+    turn), re-rendered from the recorded turns; a malformed call is rendered from its raw text."""
+    messages = [
+        Message("assistant", t.content, tuple(ToolCall(c.id, c.name, c.arguments) for c in t.tool_calls))
+        for t in traj.turns
+    ]
+    return count_assistant_tokens(messages)

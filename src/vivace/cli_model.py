@@ -1,0 +1,102 @@
+"""`vivace tokenizer train`: the model's commands (registered on the app in cli.py, kept here so
+cli.py stays a readable index)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vivace.cli import app, err, out
+
+tokenizer_app = typer.Typer(help="The reference tokenizer (byte-level BPE shipped with vivace).", no_args_is_help=True)
+app.add_typer(tokenizer_app, name="tokenizer")
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Directory for the tokenizer files (default: the shipped reference, model/assets/tokenizer)."
+        ),
+    ] = None,
+    vocab_size: Annotated[
+        int, typer.Option("--vocab-size", help="Tokens in the vocabulary, control tokens included.")
+    ] = 4096,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
+) -> None:
+    """Train the byte-level BPE on vivace's code and harness conversations and save it."""
+    from vivace.model import tokenizer as T
+    from vivace.tasks.format import bundled_repos
+
+    out_dir = out_dir or T.REFERENCE_DIR
+    files = T.code_files()
+    n_conversations = len(bundled_repos()) * T.CONVERSATIONS_PER_REPO
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+    )
+    with progress:
+        bar = progress.add_task("corpus: code files", total=len(files))
+        code = []
+        for text in T.code_texts():
+            code.append(text)
+            progress.advance(bar)
+        bar = progress.add_task("corpus: conversations", total=n_conversations)
+        conversations = []
+        for text in T.conversation_texts():
+            conversations.append(text)
+            progress.advance(bar)
+        bar = progress.add_task(f"training BPE ({vocab_size} tokens)", total=1)
+        t0 = time.monotonic()
+        try:
+            tok = T.train_tokenizer(code + conversations, vocab_size)
+        except ValueError as e:
+            err.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from None
+        train_s = time.monotonic() - t0
+        progress.advance(bar)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = T.save_tokenizer(tok, out_dir)
+        bar = progress.add_task("measuring compression", total=2)
+        code_cpt = T.chars_per_token(tok, code)
+        progress.advance(bar)
+        conversation_cpt = T.chars_per_token(tok, conversations)
+        progress.advance(bar)
+    code_bytes = sum(len(t.encode("utf-8")) for t in code)
+    conversation_bytes = sum(len(t.encode("utf-8")) for t in conversations)
+    result = {
+        "out_dir": str(out_dir),
+        "vocab_size": len(tok),
+        "corpus_bytes": code_bytes + conversation_bytes,
+        "code_bytes": code_bytes,
+        "conversation_bytes": conversation_bytes,
+        "code_files": len(code),
+        "conversations": len(conversations),
+        "train_s": round(train_s, 2),
+        "chars_per_token_code": round(code_cpt, 3),
+        "chars_per_token_conversations": round(conversation_cpt, 3),
+        "files": written,
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    table = Table(title=f"tokenizer written to {out_dir}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if key not in ("out_dir", "files"):
+            table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    table.add_row("files", ", ".join(f"{name} ({size:,} B)" for name, size in written.items()))
+    out.print(table)

@@ -1,0 +1,191 @@
+"""The sampling engine: logprobs equal a full forward pass, continuous batching, chunked
+prefill, prefix reuse, stop/length rules, seeded sampling, weight updates, the async front."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from vivace.harness.policy import SamplingParams
+from vivace.inference.engine import AsyncEngine, Engine
+from vivace.inference.sampling import sample
+from vivace.model.checkpoint import count_parameters, tiny_config
+
+VOCAB = 512
+
+
+def small_model(seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    cfg = tiny_config(VOCAB, **{"max_position_embeddings": 512, **overrides})
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model()
+
+
+def prompts(n: int, seed: int = 1, lengths=(3, 40, 100, 1, 150, 17, 60, 9, 33, 70)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+
+
+def reference_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(output)]
+
+
+def test_tiny_preset_shape():
+    m = AutoModelForCausalLM.from_config(tiny_config(4096))
+    counts = count_parameters(m)
+    assert 5e6 <= counts["total"] <= 20e6 and counts["active"] < counts["total"]
+    assert m.config.num_experts == 8 and m.config.num_experts_per_tok == 2
+    assert m.config.max_position_embeddings >= 4096
+
+
+def test_logprobs_match_a_full_forward_pass(model):
+    # Small batch and step budget: requests wait, join mid-run and prompts prefill in chunks.
+    engine = Engine(model, max_batch=4, max_step_tokens=48, prefix_cache_tokens=0)
+    ps = prompts(10)
+    params = [
+        SamplingParams(max_tokens=m, temperature=t, top_p=p, top_k=k, seed=i)
+        for i, (m, t, p, k) in enumerate(
+            [(12, 1.0, 1.0, 0), (30, 0.7, 0.9, 0), (5, 0.0, 1.0, 0), (25, 1.3, 1.0, 50), (20, 1.0, 0.5, 0),
+             (8, 1.0, 1.0, 0), (16, 0.0, 1.0, 0), (12, 1.0, 1.0, 5), (25, 1.0, 1.0, 0), (15, 0.8, 0.95, 20)]
+        )
+    ]  # fmt: skip
+    outs = engine.run(ps, params)
+    assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in params]
+    assert all(o.finish_reason == "length" and o.policy_version == 0 for o in outs)
+    assert max(engine.stats.batch_sum / engine.stats.steps, 0) <= 4
+    for p, sp, o in zip(ps, params, outs, strict=True):
+        ref = reference_logprobs(model, p, o.token_ids, sp.temperature)
+        assert max(abs(a - b) for a, b in zip(ref, o.logprobs, strict=True)) < 1e-4
+        if sp.temperature == 0:  # greedy is the argmax of the full forward pass
+            with torch.no_grad():
+                logits = model(torch.tensor([p + o.token_ids])).logits[0]
+            assert o.token_ids == logits[len(p) - 1 : -1].argmax(-1).tolist()
+
+
+def test_seeded_requests_do_not_depend_on_the_batch(model):
+    ps = prompts(6, seed=3)
+    params = [SamplingParams(max_tokens=10, seed=100 + i) for i in range(6)]
+    together = Engine(model, max_batch=6).run(ps, params)
+    alone = [Engine(model, max_batch=1).run([p], [sp])[0] for p, sp in zip(ps, params, strict=True)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    other_seed = Engine(model).run([ps[0]], [SamplingParams(max_tokens=10, seed=7)])[0]
+    assert other_seed.token_ids != together[0].token_ids
+
+
+def test_stop_tokens_and_context_limit(model):
+    engine = Engine(model)
+    p = prompts(1, seed=4)[0]
+    first = engine.run([p], [SamplingParams(max_tokens=6, temperature=0)])[0]
+    stop = first.token_ids[2]
+    stopped = engine.run([p], [SamplingParams(max_tokens=6, temperature=0, stop_token_ids=(stop,))])[0]
+    cut = first.token_ids.index(stop) + 1
+    assert stopped.finish_reason == "stop" and stopped.token_ids == first.token_ids[:cut]  # stop token kept
+    with pytest.raises(ValueError, match="context is 512"):
+        engine.add([1] * 512, SamplingParams())
+    with pytest.raises(ValueError, match="out of range"):
+        engine.add([VOCAB], SamplingParams())
+    with pytest.raises(ValueError, match="empty"):
+        engine.add([], SamplingParams())
+    near = engine.run([[5] * 500], [SamplingParams(max_tokens=100)])[0]
+    assert near.finish_reason == "length" and len(near.token_ids) == 12  # the context is full
+
+
+def test_prefix_cache_reuses_a_conversation(model):
+    engine = Engine(model, max_step_tokens=4096)
+    p = prompts(1, seed=5, lengths=(120,))[0]
+    first = engine.run([p], [SamplingParams(max_tokens=20, seed=1)])[0]
+    follow = p + first.token_ids + [7, 8, 9, 10]  # the next turn appends tool results
+    second = engine.run([follow], [SamplingParams(max_tokens=10, seed=2)])[0]
+    assert engine.stats.reused_tokens == len(p) + len(first.token_ids) - 1  # all but the last sampled token
+    ref = reference_logprobs(model, follow, second.token_ids)
+    assert max(abs(a - b) for a, b in zip(ref, second.logprobs, strict=True)) < 1e-4
+    fresh = Engine(model, prefix_cache_tokens=0).run([follow], [SamplingParams(max_tokens=10, seed=2)])[0]
+    assert fresh.token_ids == second.token_ids
+
+
+def test_update_weights_swaps_without_restart(model):
+    other = small_model(seed=1)
+    engine = Engine(small_model(seed=0))
+    p = prompts(1, seed=6)[0]
+    before = engine.run([p], [SamplingParams(max_tokens=8, temperature=0)])[0]
+    assert engine.update_weights(other.state_dict()) == 1
+    assert engine.prefix.size == 0  # old keys/values are gone
+    after = engine.run([p], [SamplingParams(max_tokens=8, temperature=0)])[0]
+    expected = Engine(other).run([p], [SamplingParams(max_tokens=8, temperature=0)])[0]
+    assert after.token_ids == expected.token_ids != before.token_ids and after.policy_version == 1
+    assert (
+        max(abs(a - b) for a, b in zip(reference_logprobs(other, p, after.token_ids), after.logprobs, strict=True))
+        < 1e-4
+    )
+    with pytest.raises(ValueError, match="unknown parameter"):
+        engine.update_weights({"nope": torch.zeros(1)})
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights({"model.norm.weight": torch.zeros(3)})
+
+
+def test_sampling_follows_the_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]])
+    probs = torch.softmax(logits, -1)[0]
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(5)
+    for _ in range(4000):
+        (tok,), (lp,) = sample(logits, [SamplingParams()], [g])
+        counts[tok] += 1
+        assert abs(lp - probs[tok].log().item()) < 1e-5
+    assert torch.allclose(counts / 4000, probs, atol=0.03)
+    # top-k 2 and top-p 0.5 restrict the support; temperature 0 is the argmax
+    for params, allowed in [(SamplingParams(top_k=2), {0, 1}), (SamplingParams(top_p=0.5), {0}),
+                            (SamplingParams(temperature=0), {0})]:  # fmt: skip
+        seen = {sample(logits, [params], [g])[0][0] for _ in range(300)}
+        assert seen <= allowed and 0 in seen
+
+
+async def test_async_engine_concurrency_streaming_and_versions(model):
+    engine = AsyncEngine(Engine(small_model(seed=0), max_batch=8))
+    try:
+        ps = prompts(8, seed=7)
+        outs = await asyncio.gather(
+            *(engine.generate(p, SamplingParams(max_tokens=12, seed=i)) for i, p in enumerate(ps))
+        )
+        direct = Engine(small_model(seed=0)).run(ps, [SamplingParams(max_tokens=12, seed=i) for i in range(8)])
+        assert [o.token_ids for o in outs] == [o.token_ids for o in direct]
+        streamed, final = [], None
+        async for item in engine.stream(ps[0], SamplingParams(max_tokens=12, seed=0)):
+            if isinstance(item, tuple):
+                streamed.append(item[0])
+            else:
+                final = item
+        assert final is not None and streamed == final.token_ids == outs[0].token_ids
+        # A cancelled request leaves the batch; the engine keeps serving.
+        task = asyncio.ensure_future(engine.generate(ps[1], SamplingParams(max_tokens=400)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Weights change while a request generates: tokens record both versions.
+        other = small_model(seed=1).state_dict()
+        long = asyncio.ensure_future(engine.generate(ps[2], SamplingParams(max_tokens=300)))
+        while engine.engine.stats.generated_tokens < 60 + 8 * 12 + 12:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(engine.update_weights, other)
+        done = await long
+        assert done.policy_version == 0 and set(done.token_versions) == {0, 1}
+        assert list(done.token_versions) == sorted(done.token_versions)
+        metrics = engine.metrics()
+        assert metrics["version"] == 1 and metrics["generated_tokens"] > 0 and 0 < metrics["batch_occupancy"] <= 1
+        with pytest.raises(ValueError):
+            await engine.generate([], SamplingParams())
+    finally:
+        engine.close()
+    assert not any(t.name == "vivace-engine" and t.is_alive() for t in threading.enumerate())
