@@ -261,7 +261,7 @@ class Engine:
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Copies new weights in place (all of them, or a subset by name); returns the new version."""
-        params = dict(self.model.named_parameters())
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names too (lm_head)
         params.update(dict(self.model.named_buffers()))
         unknown = [n for n in state if n not in params]
         if unknown:

@@ -26,10 +26,10 @@ def sample(
     scaled = logits / temps[:, None]
     logp = torch.log_softmax(scaled, dim=-1)
     filtered = _truncate(scaled, params)
-    # Exponential race (Gumbel-max in another form): argmax(p / E) with E ~ Exp(1) samples from p.
-    noise = torch.stack([torch.empty(logits.shape[-1]).exponential_(generator=g) for g in generators])
-    noise = noise.to(logits.device)
-    drawn = torch.argmax(torch.softmax(filtered, dim=-1) / noise, dim=-1)
+    # Inverse-CDF sampling: one uniform number per row (cheap to draw from per-request generators).
+    cdf = torch.cumsum(torch.softmax(filtered, dim=-1), dim=-1)
+    u = torch.cat([torch.rand(1, generator=g) for g in generators]).to(logits.device)
+    drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
     tokens = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
     chosen = logp.gather(1, tokens[:, None])[:, 0]
     return tokens.tolist(), chosen.tolist()
