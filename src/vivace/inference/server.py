@@ -185,12 +185,14 @@ async def _stream_chat(engine, chat: ChatFormat, prompt, sp, rid: str, model: st
 
     yield chunk({"role": "assistant", "content": ""})
     ids: list[int] = []
-    sent = 0  # characters of content already sent
+    sent = ""  # content already sent; trailing whitespace waits (the parser strips it before a call)
     in_calls = False  # content stops at the first tool call; calls are sent whole once parsed
     stops = set(sp.stop_token_ids)
     async for item in engine.stream(prompt, sp):
         if isinstance(item, Completion):
             message, _ = chat.parse(item.token_ids, finish_reason=item.finish_reason)
+            if message.content.startswith(sent) and len(message.content) > len(sent):
+                yield chunk({"content": message.content[len(sent) :]})
             for i, call in enumerate(_openai_message(message).get("tool_calls") or ()):
                 yield chunk({"tool_calls": [{"index": i, **call}]})
             yield chunk({}, _finish(item, message))
@@ -205,11 +207,12 @@ async def _stream_chat(engine, chat: ChatFormat, prompt, sp, rid: str, model: st
         cut = text.find("<tool_call>")
         if cut >= 0:
             text, in_calls = text[:cut], True
+        text = text.rstrip()
         if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
             continue
-        if len(text) > sent:
-            yield chunk({"content": text[sent:]})
-            sent = len(text)
+        if len(text) > len(sent) and text.startswith(sent):
+            yield chunk({"content": text[len(sent) :]})
+            sent = text
     yield "data: [DONE]\n\n"
 
 
