@@ -221,3 +221,31 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_agent_and_bench_run_a_local_checkpoint(taught, tmp_path):
+    """`--model DIR` is a token-level policy on the in-process engine, for agent and bench alike."""
+    path = taught[0]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("A = 1\n")
+    run = subprocess.run(
+        [*VIVACE, "agent", "--model", str(path), "--repo", str(repo), "--preset", "smoke", "--max-turns", "2",
+         "--json", "Compare a.py and b.py."],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    traj = json.loads(run.stdout)["trajectory"]
+    assert traj["stop_reason"] in ("done", "max_turns", "max_tokens") and traj["turns"]
+    tokens = traj["tokens"]
+    assert len(tokens["ids"]) == len(tokens["loss_mask"]) == len(tokens["logprobs"]) and 1 in tokens["loss_mask"]
+    out = tmp_path / "bench"
+    bench = subprocess.run(
+        [*VIVACE, "bench", "--model", str(path), "--tasks", "src/vivace/tasks/features/ledger-feature-1",
+         "--preset", "smoke", "--out", str(out), "--state-dir", str(tmp_path / "state"), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and "error" not in rows[0], rows
+    assert rows[0]["resolved"] is False and rows[0]["correctness"] == 0.0  # it cannot solve it; it ran

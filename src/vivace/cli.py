@@ -61,7 +61,12 @@ def config_show(preset: PresetOpt = "default") -> None:
 
 
 AgentModelOpt = Annotated[
-    str, typer.Option("--model", help="Policy spec: http(s)://HOST:PORT/v1#MODEL, scripted:null, scripted:replay:FILE.")
+    str,
+    typer.Option(
+        "--model",
+        help="Policy spec: tiny, a checkpoint directory, http(s)://HOST:PORT/v1#MODEL, "
+        "tokens:http://HOST:PORT/v1#MODEL, scripted:null, scripted:replay:FILE.",
+    ),
 ]
 
 
