@@ -189,3 +189,31 @@ async def test_async_engine_concurrency_streaming_and_versions(model):
     finally:
         engine.close()
     assert not any(t.name == "vivace-engine" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.slow
+async def test_ray_actor_engine(tmp_path):
+    ray = pytest.importorskip("ray")
+    import os
+
+    from vivace.inference.samplers import RayEngine
+    from vivace.model.checkpoint import save_checkpoint
+    from vivace.model.tokenizer import reference_tokenizer
+
+    path = save_checkpoint(small_model(seed=0), reference_tokenizer(), tmp_path / "ckpt")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = RayEngine.remote_actor(str(path), num_cpus=1)
+        p = prompts(1, seed=8)[0]
+        params = SamplingParams(max_tokens=10, seed=5)
+        got = await remote.generate(p, params)
+        assert got.token_ids == Engine(small_model(seed=0)).run([p], [params])[0].token_ids
+        assert await remote.update_weights(small_model(seed=1).state_dict()) == 1
+        after = await remote.generate(p, params)
+        assert (
+            after.policy_version == 1 and after.token_ids == Engine(small_model(seed=1)).run([p], [params])[0].token_ids
+        )
+        assert (await remote.metrics())["generated_tokens"] == 20
+    finally:
+        ray.shutdown()

@@ -34,6 +34,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     counted = [x for x in d if x.get("reference_tokens") is not None]
     model_s = sum(x["model_s"] for x in counted)
     tokens = sum(x["reference_tokens"] for x in counted)
+    # Speed only means something for a policy that generates: scripted ones report no tokens.
+    generates = any(x.get("completion_tokens") for x in counted)
     return {
         "episodes": len(rows),
         "errors": len(rows) - len(scored),
@@ -47,7 +49,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "median_wall_s": _median([x["wall_s"] for x in d]),
         "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
         "format_errors": sum(x["format_errors"] for x in d),
-        "ref_tokens_per_s": tokens / model_s if tokens and model_s else None,
+        "ref_tokens_per_s": tokens / model_s if tokens and model_s and generates else None,
     }
 
 
