@@ -66,7 +66,7 @@ def _engine(model: str, config: EngineConfig):
 @serve_app.command("bench")
 def serve_bench(
     model: Annotated[str, typer.Option("--model", help="tiny, or a local checkpoint directory.")] = "tiny",
-    n: Annotated[int, typer.Option("--n", help="Requests in the mixed-length workload.")] = 32,
+    n: Annotated[int, typer.Option("--n", help="Requests in the mixed-length workload.")] = 64,
     max_batch: MaxBatchOpt = 16,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     device: DeviceOpt = "auto",

@@ -97,7 +97,7 @@ def _summary(tokens: int, wall: float, per_token: list[float], occupancy: float)
     }
 
 
-def run(model, n: int = 32, max_batch: int = 16, seed: int = 0, pad_id: int = 0,
+def run(model, n: int = 64, max_batch: int = 16, seed: int = 0, pad_id: int = 0,
         progress: Callable[[str], None] = lambda _: None) -> dict:  # fmt: skip
     """Both sides on one workload, engine first; returns their numbers and the ratio."""
     requests = workload(n, model.config.vocab_size, seed)
