@@ -211,7 +211,7 @@ def test_bench_counts_reference_tokens():
     assert reference_tokens(traj.model_copy(update={"turns": [broken]})) > 1
 
     def row(details):
-        base = {"turns": 3, "tool_calls": 5, "tool_calls_per_turn": 1.7, "completion_tokens": 0, "wall_s": 2.0}
+        base = {"turns": 3, "tool_calls": 5, "tool_calls_per_turn": 1.7, "completion_tokens": 9, "wall_s": 2.0}
         extra = {"unsupported_claims": [], "format_errors": 0}
         return {"model": "m", "resolved": True, "total": 1.0, "adherence": 1.0, "details": base | extra | details}
 
@@ -223,3 +223,5 @@ def test_bench_counts_reference_tokens():
     s = summarize(rows)["m"]
     assert s["median_ref_tokens"] == 2 * n and s["ref_tokens_per_s"] == pytest.approx(4 * n / 3)
     assert "tokens/s (ref.)" in markdown({"m": s}, "t")
+    scripted = [{**r, "details": r["details"] | {"completion_tokens": 0}} for r in rows]
+    assert summarize(scripted)["m"]["ref_tokens_per_s"] is None  # generates nothing: no speed
