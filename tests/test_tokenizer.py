@@ -19,10 +19,10 @@ from vivace.harness.messages import Message
 from vivace.harness.prompts import SYSTEM_PROMPT
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
+from vivace.model.corpus import conversation_texts
 from vivace.model.tokenizer import (
     REFERENCE_DIR,
     chars_per_token,
-    conversation_texts,
     count_assistant_tokens,
     reference_chat_format,
     reference_tokenizer,

@@ -33,12 +33,13 @@ def tokenizer_train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
 ) -> None:
     """Train the byte-level BPE on vivace's code and harness conversations and save it."""
+    from vivace.model import corpus as C
     from vivace.model import tokenizer as T
     from vivace.tasks.format import bundled_repos
 
     out_dir = out_dir or T.REFERENCE_DIR
-    files = T.code_files()
-    n_conversations = len(bundled_repos()) * T.CONVERSATIONS_PER_REPO
+    files = C.code_files()
+    n_conversations = len(bundled_repos()) * C.CONVERSATIONS_PER_REPO
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -50,12 +51,12 @@ def tokenizer_train(
     with progress:
         bar = progress.add_task("corpus: code files", total=len(files))
         code = []
-        for text in T.code_texts():
+        for text in C.code_texts():
             code.append(text)
             progress.advance(bar)
         bar = progress.add_task("corpus: conversations", total=n_conversations)
         conversations = []
-        for text in T.conversation_texts():
+        for text in C.conversation_texts():
             conversations.append(text)
             progress.advance(bar)
         bar = progress.add_task(f"training BPE ({vocab_size} tokens)", total=1)
