@@ -74,23 +74,29 @@ async def run_benchmark(
     return sorted(rows, key=lambda r: order[(r["model"], r["task_id"])])
 
 
+async def run_task(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> tuple[Trajectory, Any]:
+    """One episode of `task` in a fresh workspace, scored: (trajectory, Score). The benchmark and
+    RL rollouts both go through here, so a rollout is exactly a benchmark episode."""
+    # Building the task's starting tree and snapshot is file copying: off the event loop.
+    snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
+    ws = await backend.create(snapshot)
+    try:
+        for command in task.setup:
+            res = await ws.exec(command, timeout=cfg.sandbox.timeout_s)
+            if res.exit_code != 0:
+                raise RuntimeError(f"setup command {command!r} failed ({res.exit_code}): {res.stderr[-500:]}")
+        bound = policy.for_task(task) if hasattr(policy, "for_task") else policy
+        traj = await run_episode(bound, ws, task.request, cfg.agent, task_id=task.id)
+        return traj, await score(task, traj, ws, cfg.score)
+    finally:
+        await ws.close()
+
+
 async def _episode(model: str, policy: Any, task: Task, cfg: VivaceConfig, backend: Any, out_dir: Path) -> dict:
     row: dict[str, Any] = {"model": model, "task_id": task.id, "split": task.split, "kind": task.metadata.get("kind")}
     t0 = time.monotonic()
     try:
-        # Building the task's starting tree and snapshot is file copying: off the event loop.
-        snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
-        ws = await backend.create(snapshot)
-        try:
-            for command in task.setup:
-                res = await ws.exec(command, timeout=cfg.sandbox.timeout_s)
-                if res.exit_code != 0:
-                    raise RuntimeError(f"setup command {command!r} failed ({res.exit_code}): {res.stderr[-500:]}")
-            bound = policy.for_task(task) if hasattr(policy, "for_task") else policy
-            traj = await run_episode(bound, ws, task.request, cfg.agent, task_id=task.id)
-            result = await score(task, traj, ws, cfg.score)
-        finally:
-            await ws.close()
+        traj, result = await run_task(policy, task, cfg, backend)
     except Exception as e:  # one broken task or environment must not end the whole run
         row.update(error=f"{type(e).__name__}: {e}", resolved=False, total=0.0, seconds=time.monotonic() - t0)
         return row

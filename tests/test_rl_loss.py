@@ -1,0 +1,90 @@
+"""Group advantages and the policy-gradient loss against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vivace.rl.advantages import group_advantages
+from vivace.rl.loss import LossConfig, policy_loss
+
+
+def test_group_advantages_by_hand():
+    r = [1.0, 0.0, 0.0, 1.0]  # mean 0.5, sample std sqrt(1/3)
+    assert group_advantages(r, "mean") == [0.5, -0.5, -0.5, 0.5]
+    std = math.sqrt(1 / 3)
+    assert group_advantages(r, "std") == pytest.approx([0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std], rel=1e-5)
+    # leave-one-out: 1 - mean(0, 0, 1) = 2/3; 0 - mean(1, 0, 1) = -2/3
+    assert group_advantages(r, "loo") == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert group_advantages([0.3, 0.3, 0.3], "std") is None  # no signal: dropped by the caller
+    masked = group_advantages([1.0, 0.0, 0.5], "mean", truncated=[False, True, False], mask_truncated=True)
+    assert masked[1] is None and masked[0] == pytest.approx(0.5) and masked[2] == pytest.approx(0.0)
+    assert group_advantages([1.0, 0.0], "mean", truncated=[False, True]) == [0.5, -0.5]  # masking is opt-in
+    with pytest.raises(ValueError, match="at least 2"):
+        group_advantages([1.0], "mean")
+    with pytest.raises(ValueError, match="unknown"):
+        group_advantages([1.0, 0.0], "median")  # type: ignore[arg-type]
+
+
+def lp(*probs):
+    return torch.tensor([math.log(p) for p in probs])
+
+
+def test_on_policy_gradient_is_advantage_times_score():
+    # logp = logp_old = logp_behav: ratio 1, weight 1, loss = -mean(A * logp) in value and gradient.
+    logp = lp(0.5, 0.25, 0.8).requires_grad_()
+    adv = torch.tensor([1.0, 1.0, -2.0])
+    loss, stats = policy_loss(logp, logp.detach(), logp.detach(), adv, torch.ones(3), LossConfig())
+    loss.backward()
+    assert loss.item() == pytest.approx(-(1.0 + 1.0 - 2.0) / 3)  # -sum(w * r * A) / 3 with r = w = 1
+    assert logp.grad.tolist() == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
+    assert stats["clip_fraction"] == 0 and stats["is_weight_mean"] == pytest.approx(1.0)
+    assert stats["kl_sampler_trainer_k1"] == pytest.approx(0.0) and stats["kl_sampler_trainer_k3"] == pytest.approx(0.0)
+
+
+def test_clipping_uses_separate_low_and_high_ranges():
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28)
+    old = lp(0.5, 0.5, 0.5, 0.5)
+    new = torch.log(torch.tensor([0.5 * 1.5, 0.5 * 1.5, 0.5 * 0.5, 0.5 * 0.5])).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    loss, stats = policy_loss(new, old, old, adv, torch.ones(4), cfg)
+    loss.backward()
+    # token 0: r=1.5, A>0 -> min(1.5, 1.28) = 1.28 (clipped, no gradient)
+    # token 1: r=1.5, A<0 -> min(-1.5, -1.28) = -1.5 (unclipped: pessimistic bound keeps the gradient)
+    # token 2: r=0.5, A>0 -> min(0.5, 0.8) = 0.5 (unclipped)
+    # token 3: r=0.5, A<0 -> min(-0.5, -0.8) = -0.8 (clipped, no gradient)
+    assert loss.item() == pytest.approx(-(1.28 - 1.5 + 0.5 - 0.8) / 4)
+    assert new.grad.tolist() == pytest.approx([0.0, 1.5 / 4, -0.5 / 4, 0.0])  # d(-r*A)/dlogp = -r*A
+    assert stats["clip_fraction"] == 1.0  # every ratio lies outside its range (the min decides the gradient)
+
+
+def test_truncated_importance_weight_and_mask_and_denominator():
+    cfg = LossConfig(is_cap=2.0)
+    old = lp(0.6, 0.6, 0.6)
+    behav = lp(0.2, 0.5, 0.6)  # trainer/sampler ratios 3.0 (capped to 2.0), 1.2, 1.0
+    logp = old.clone().requires_grad_()
+    adv = torch.tensor([1.0, 1.0, 1.0])
+    mask = torch.tensor([1.0, 1.0, 0.0])  # the last token is a tool result
+    loss, stats = policy_loss(logp, old, behav, adv, mask, cfg, n_tokens=4)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(2.0 + 1.2) / 4)  # the batch has 4 generated tokens in all
+    assert logp.grad.tolist() == pytest.approx([-2.0 / 4, -1.2 / 4, 0.0])
+    assert stats["tokens"] == 2 and stats["is_truncated_fraction"] == 0.5
+    assert stats["is_weight_mean"] == pytest.approx(1.6)
+    # KL(sampler || trainer), k1 over the two masked tokens: mean(log .2 - log .6, log .5 - log .6)
+    assert stats["kl_sampler_trainer_k1"] == pytest.approx((math.log(0.2 / 0.6) + math.log(0.5 / 0.6)) / 2)
+
+
+def test_kl_to_reference_is_k3_and_off_by_default():
+    logp = lp(0.5, 0.5).requires_grad_()
+    ref = lp(0.25, 0.5)
+    zero_adv = torch.zeros(2)
+    off, _ = policy_loss(logp, logp.detach(), logp.detach(), zero_adv, torch.ones(2), LossConfig(), logp_ref=ref)
+    assert off.item() == 0.0
+    on, _ = policy_loss(
+        logp, logp.detach(), logp.detach(), zero_adv, torch.ones(2), LossConfig(kl_coef=0.1), logp_ref=ref
+    )
+    d = math.log(0.25 / 0.5)  # k3 = e^d - d - 1 on token 0, 0 on token 1
+    assert on.item() == pytest.approx(0.1 * (math.exp(d) - d - 1) / 2)
