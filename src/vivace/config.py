@@ -140,6 +140,40 @@ class EngineConfig(_Strict):
     seed: int = Field(0, description="Seed of the engine's sampling generator.")
 
 
+class TrainConfig(_Strict):
+    """RL training (`vivace train`): what is rolled out, how it is judged, how the policy is updated."""
+
+    model: str = Field("tiny", description="The policy to train: tiny or a checkpoint directory.")
+    suite: str = Field("bundled", description="Task suite the rollouts are drawn from (vivace.tasks.suites).")
+    split: Literal["train", "validation", "test"] | None = Field(
+        "train", description="Split of the suite to train on (by repository); None: all."
+    )
+    tasks_per_step: int = Field(4, ge=1, description="Tasks (groups) rolled out per step.")
+    group_size: int = Field(4, ge=2, description="Rollouts per task (G): advantages are relative to the group.")
+    steps: int = Field(20, ge=1, description="Optimizer steps in the run.")
+    rollout_concurrency: int = Field(8, ge=1, description="Episodes running at once.")
+    advantage: Literal["mean", "std", "loo"] = Field(
+        "mean", description="Group baseline: mean-centred, std-normalised, or leave-one-out."
+    )
+    mask_truncated: bool = Field(
+        False, description="Episodes cut off by a limit count in their group's baseline but get no loss."
+    )
+    max_staleness: int = Field(
+        0, ge=0, description="Oldest policy version (behind the trainer's) a token may come from; 0: on-policy."
+    )
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    clip_low: float = Field(0.2, ge=0, description="PPO clip range below 1.")
+    clip_high: float = Field(0.28, ge=0, description="PPO clip range above 1 (clip-higher).")
+    is_cap: float = Field(2.0, ge=1, description="Cap of the sampler-to-trainer importance weight (truncated IS).")
+    kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3); 0: off.")
+    micro_batch_tokens: int = Field(8192, ge=64, description="Tokens per forward/backward micro-batch.")
+    checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every K steps (and at the end).")
+    seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
+    runs_dir: Path = Field(Path("runs"), description="Where run directories are made.")
+
+
 class VivaceConfig(_Strict):
     """The whole run configuration."""
 
@@ -149,6 +183,7 @@ class VivaceConfig(_Strict):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
 
 PRESETS: dict[str, dict] = {
@@ -158,12 +193,15 @@ PRESETS: dict[str, dict] = {
         "sandbox": {"memory_mb": 1024, "cpus": 1.0},
         "pool": {"max_live": 16, "create_concurrency": 4},
         "agent": {"max_turns": 12, "max_tokens": 8192, "max_turn_tokens": 512},
+        "engine": {"max_batch": 16},
+        "train": {"tasks_per_step": 4, "group_size": 4, "steps": 20, "rollout_concurrency": 8},
     },
     # The smallest end-to-end check (CI): tight limits so runaway commands end fast.
     "smoke": {
         "sandbox": {"memory_mb": 512, "timeout_s": 30.0, "disk_mb": 256},
         "pool": {"max_live": 8, "create_concurrency": 4},
         "agent": {"max_turns": 8, "max_tokens": 8192, "max_turn_tokens": 512, "max_wall_s": 300.0},
+        "train": {"tasks_per_step": 1, "group_size": 2, "steps": 2, "rollout_concurrency": 2, "checkpoint_every": 1},
     },
 }
 

@@ -1,0 +1,214 @@
+"""The trainer: the policy's weights, a torch.distributed group, AdamW, one update per step.
+
+What: `Trainer.train_step(samples)` turns scored rollouts (token ids, loss mask, the sampler's
+logprobs, an advantage) into one optimizer step with the loss of rl/loss.py; `full_state_dict()`
+gives the weights for the sampler; `save`/`load` checkpoint the weights (a Hugging Face
+directory), the optimizer and the step.
+
+How: the model is sharded with FSDP2 (`fully_shard` per decoder layer, then the root) over a
+process group (gloo on CPU, NCCL on GPU); with one rank that is a group of one, so the same code
+runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
+gradients). Micro-batches are packed by token count (`micro_batch_tokens`) and gradients
+accumulate; the loss is normalised by the whole batch's generated tokens, so micro-batching does
+not change the update.
+
+One update per batch: the trainer's own logprobs before the update (`logp_old`) equal the
+current ones, so the PPO ratio is 1 and only the truncated importance weight (sampler vs trainer)
+acts; clipping matters when a batch is split into several updates (`updates_per_step`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+
+from vivace.config import TrainConfig
+from vivace.model.checkpoint import load_model, save_checkpoint
+from vivace.rl.loss import LossConfig, policy_loss
+
+
+@dataclass
+class Sample:
+    """One rollout as the trainer sees it."""
+
+    ids: list[int]
+    mask: list[int]  # 1 on generated tokens
+    logprobs: list[float]  # sampler logprobs (0 where mask is 0)
+    versions: list[int]  # policy version per token (-1 where mask is 0)
+    advantage: float
+
+    @property
+    def n_generated(self) -> int:
+        return sum(self.mask)
+
+
+def init_distributed(rank: int = 0, world_size: int = 1) -> None:
+    """Joins (or makes) the trainer's process group: NCCL on GPU, gloo on CPU."""
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+class Trainer:
+    def __init__(
+        self, model_spec: str, cfg: TrainConfig, rank: int = 0, world_size: int = 1, updates_per_step: int = 1
+    ):
+        init_distributed(rank, world_size)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.updates_per_step = updates_per_step
+        self.device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        loaded = load_model(model_spec, device=self.device)
+        self.tokenizer = loaded.tokenizer
+        self.model = loaded.model.train()
+        for layer in self.model.model.layers:
+            fully_shard(layer)
+        fully_shard(self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.loss_cfg = LossConfig(cfg.clip_low, cfg.clip_high, cfg.is_cap, cfg.kl_coef)
+        self.reference = None
+        if cfg.kl_coef > 0:  # a frozen copy of the starting policy
+            self.reference = load_model(model_spec, device=self.device).model.eval().requires_grad_(False)
+        self.step = 0
+
+    # ---- training -------------------------------------------------------------------------------
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        """One step on this rank's samples; returns the step's statistics."""
+        t0 = time.perf_counter()
+        mine = samples[self.rank :: self.world_size]
+        chunks = [mine[i :: self.updates_per_step] for i in range(self.updates_per_step)]
+        old = self._logprobs_no_grad(mine) if self.updates_per_step > 1 else None
+        totals: dict[str, float] = {}
+        for chunk in chunks:
+            stats = self._update(chunk, old)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v / len(chunks)
+        self.step += 1
+        tokens = sum(len(s.ids) for s in mine)
+        totals["train_s"] = time.perf_counter() - t0
+        totals["train_tokens_per_s"] = tokens / totals["train_s"]
+        return totals
+
+    def _update(self, samples: list[Sample], old: dict[int, torch.Tensor] | None) -> dict[str, float]:
+        n_tokens = sum(s.n_generated for s in samples)
+        stats_sum: dict[str, float] = {}
+        weight_sum = 0.0
+        entropy_sum = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for micro in self._micro_batches(samples):
+            logp, entropy, mask, behav, adv = self._forward(micro)
+            logp_old = torch.cat([old[id(s)] for s in micro]) if old is not None else logp.detach()
+            ref = self._reference_logprobs(micro) if self.reference is not None else None
+            loss, stats = policy_loss(logp, logp_old, behav, adv, mask, self.loss_cfg, max(n_tokens, 1), ref)
+            loss.backward()
+            w = stats["tokens"]
+            weight_sum += w
+            entropy_sum += float((entropy * mask).sum())
+            stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach())
+            for k in ("clip_fraction", "is_weight_mean", "is_truncated_fraction", "kl_sampler_trainer_k1",
+                      "kl_sampler_trainer_k3"):  # fmt: skip
+                stats_sum[k] = stats_sum.get(k, 0.0) + stats[k] * w
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        out = {k: (v if k == "loss" else v / max(weight_sum, 1.0)) for k, v in stats_sum.items()}
+        out["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        out["entropy"] = entropy_sum / max(weight_sum, 1.0)
+        out["trained_tokens"] = weight_sum
+        return out
+
+    def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """Sequences by length, packed while the padded micro-batch stays within the token budget."""
+        batches: list[list[Sample]] = []
+        current: list[Sample] = []
+        for s in sorted(samples, key=lambda s: len(s.ids)):
+            if current and (len(current) + 1) * len(s.ids) > self.cfg.micro_batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(s)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _forward(self, micro: list[Sample]):
+        """Per-token logprobs (with grad) and entropies of each sample's tokens 1..n, flattened."""
+        width = max(len(s.ids) for s in micro)
+        ids = torch.tensor([s.ids + [0] * (width - len(s.ids)) for s in micro], device=self.device)
+        attn = torch.tensor([[1] * len(s.ids) + [0] * (width - len(s.ids)) for s in micro], device=self.device)
+        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        logps = torch.log_softmax(logits, dim=-1)
+        taken = logps.gather(-1, ids[:, 1:, None])[..., 0]
+        with torch.no_grad():
+            entropy = -(logps.exp() * logps).sum(-1)
+        parts = [(taken[i, : len(s.ids) - 1], entropy[i, : len(s.ids) - 1]) for i, s in enumerate(micro)]
+        logp = torch.cat([p for p, _ in parts])
+        ent = torch.cat([e for _, e in parts])
+        mask = torch.cat([torch.tensor(s.mask[1:], dtype=torch.float32) for s in micro]).to(self.device)
+        behav = torch.cat([torch.tensor(s.logprobs[1:], dtype=torch.float32) for s in micro]).to(self.device)
+        adv = torch.cat([torch.full((len(s.ids) - 1,), s.advantage) for s in micro]).to(self.device)
+        return logp, ent, mask, behav, adv
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
+        out = {}
+        for micro in self._micro_batches(samples):
+            logp, *_ = self._forward(micro)
+            start = 0
+            for s in micro:
+                out[id(s)] = logp[start : start + len(s.ids) - 1].detach()
+                start += len(s.ids) - 1
+        return out
+
+    @torch.no_grad()
+    def _reference_logprobs(self, micro: list[Sample]) -> torch.Tensor:
+        width = max(len(s.ids) for s in micro)
+        ids = torch.tensor([s.ids + [0] * (width - len(s.ids)) for s in micro], device=self.device)
+        logps = torch.log_softmax(self.reference(input_ids=ids).logits[:, :-1].float(), dim=-1)
+        taken = logps.gather(-1, ids[:, 1:, None])[..., 0]
+        return torch.cat([taken[i, : len(s.ids) - 1] for i, s in enumerate(micro)])
+
+    # ---- weights and checkpoints ------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded weights on CPU (every rank must call; rank 0 uses them)."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def save(self, path: Path) -> None:
+        """Weights as a Hugging Face directory (path/model), optimizer and step (path/trainer.pt)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = self.full_state_dict()
+        optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        if self.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            plain = load_model(self.cfg.model).model  # an unsharded twin writes the standard directory
+            plain.load_state_dict(weights, strict=False)  # tied weights (lm_head) follow the embedding
+            save_checkpoint(plain, self.tokenizer, path / "model")
+            torch.save({"optimizer": optim, "step": self.step}, path / "trainer.pt")
+
+    def load(self, path: Path) -> None:
+        options = StateDictOptions(full_state_dict=True)
+        weights = load_model(str(path / "model")).model.state_dict()
+        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        saved = torch.load(path / "trainer.pt", weights_only=False)
+        set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
+        self.step = saved["step"]
