@@ -83,12 +83,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 async def train(
-    cfg: VivaceConfig, run_dir: Path, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None
+    cfg: VivaceConfig,
+    run_dir: Path,
+    resume: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    tasks: list[Task] | None = None,
+    episode: Any = None,
 ) -> dict[str, Any]:
-    """Runs (or resumes) the loop until `cfg.train.steps`; returns the summary."""
+    """Runs (or resumes) the loop until `cfg.train.steps`; returns the summary. `tasks` and
+    `episode` replace the suite and the benchmark episode (synthetic environments, tests)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
-    tasks = load_suite(tc.suite, split=tc.split)
+    tasks = tasks if tasks is not None else load_suite(tc.suite, split=tc.split)
     trainer = Trainer(tc.model, tc)
     order = TaskOrder(tasks, tc.seed)
     start = 0
@@ -110,7 +116,7 @@ async def train(
     backend = open_backend(cfg.sandbox)
     try:
         for step in range(start, tc.steps):
-            row = await _step(step, order, policy, sampler, trainer, cfg, backend, run_dir)
+            row = await _step(step, order, policy, sampler, trainer, cfg, backend, run_dir, episode)
             with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if on_step:
@@ -123,11 +129,13 @@ async def train(
     return write_summary(run_dir)
 
 
-async def _step(step, order, policy, sampler, trainer, cfg, backend, run_dir) -> dict[str, Any]:
+async def _step(step, order, policy, sampler, trainer, cfg, backend, run_dir, episode) -> dict[str, Any]:
     t0 = time.perf_counter()
     tokens_before = sampler.engine.stats.generated_tokens
     batch = order.take(cfg.train.tasks_per_step)
-    groups = await rollout_groups(policy, batch, cfg, backend)
+    groups = await (
+        rollout_groups(policy, batch, cfg, backend, episode) if episode else rollout_groups(policy, batch, cfg, backend)
+    )
     rollout_s = time.perf_counter() - t0
     generated = sampler.engine.stats.generated_tokens - tokens_before
     samples, counts = to_samples(groups, cfg, version=sampler.version)

@@ -38,14 +38,18 @@ class Rollout:
         return self.trajectory is not None and self.trajectory.stop_reason in TRUNCATED
 
 
-async def rollout_groups(policy: Any, tasks: list[Task], cfg: VivaceConfig, backend: Any) -> list[list[Rollout]]:
-    """`group_size` episodes of every task, at most `rollout_concurrency` at once."""
+async def rollout_groups(
+    policy: Any, tasks: list[Task], cfg: VivaceConfig, backend: Any, episode: Any = run_task
+) -> list[list[Rollout]]:
+    """`group_size` episodes of every task, at most `rollout_concurrency` at once. `episode` is
+    `bench.runner.run_task` (the benchmark's episode and score) unless a synthetic environment
+    (rl/synthetic.py) replaces it."""
     sem = asyncio.Semaphore(cfg.train.rollout_concurrency)
 
     async def one(task: Task) -> Rollout:
         async with sem:
             try:
-                traj, score = await run_task(policy, task, cfg, backend)
+                traj, score = await episode(policy, task, cfg, backend)
             except Exception as e:  # an environment failure is counted, not trained on
                 return Rollout(task.id, None, 0.0, error=f"{type(e).__name__}: {e}")
         components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}
