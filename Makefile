@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test bench lint clean
+.PHONY: setup system-deps test bench train lint clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ test: setup
 bench: setup
 	$(BIN)/pytest -q -m slow
 	$(BIN)/vivace sandbox bench --n 500 --concurrency 32 --json
+	$(BIN)/vivace serve bench --model tiny --json
+
+# RL on the built-in defaults (the tiny preset: bundled tasks, 2 CPU cores).
+train: setup
+	$(BIN)/vivace train
 
 lint: setup
 	$(BIN)/ruff check src tests
