@@ -15,6 +15,7 @@ import pytest
 from vivace.config import load_preset
 from vivace.rl.controller import new_run_dir, train
 from vivace.rl.synthetic import synthetic_episode
+from vivace.rl.workers import LocalWorkers
 from vivace.sandbox import open_backend
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 
@@ -43,8 +44,9 @@ async def learn(tmp_path, sign: float, steps: int) -> list[dict]:
     snapshot = open_backend(cfg.sandbox).snapshot(str(repo))
     rows: list[dict] = []
     run_dir = new_run_dir(cfg, f"learn{sign}")
-    await train(cfg, run_dir, tasks=synthetic_tasks(repo), episode=synthetic_episode(snapshot, sign=sign),
-                on_step=rows.append)  # fmt: skip
+    episode = synthetic_episode(snapshot, sign=sign)
+    await train(cfg, run_dir, tasks=synthetic_tasks(repo), episode=episode, on_step=rows.append,
+                workers=LocalWorkers(cfg, episode))  # fmt: skip
     return rows
 
 
@@ -73,7 +75,7 @@ def test_train_command_smoke(tmp_path):
     config.write_text(json.dumps({"agent": {"max_turns": 2, "max_turn_tokens": 32},
                                   "train": {"runs_dir": str(tmp_path / "runs")}}))  # fmt: skip
     run = subprocess.run([*VIVACE, "train", "--preset", "smoke", "--config", str(config), "--name", "s",
-                          "--state-dir", str(tmp_path / "state"), "--json"],
+                          "--state-dir", str(tmp_path / "state"), "--local", "--json"],
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
@@ -130,3 +132,5 @@ def test_resume_after_sigkill_keeps_the_data_order(tmp_path):
     assert order("cut") == order("whole")
     steps = [json.loads(line)["step"] for line in (cut / "metrics.jsonl").open()]
     assert steps == [1, 2, 3, 4]
+    rows = [json.loads(line) for line in (cut / "metrics.jsonl").open()]
+    assert all(r["weight_sync_bytes"] > 1e6 and r["weight_sync_s"] > 0 for r in rows)

@@ -38,6 +38,10 @@ def train_command(
     resume: Annotated[
         Path | None, typer.Option(help="Continue the run in this directory from its last checkpoint.")
     ] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join (default: start a local one).")] = None,
+    local: Annotated[
+        bool, typer.Option("--local", help="Run sampler, rollouts and trainer in this process (no Ray).")
+    ] = False,
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
     as_json: Annotated[
@@ -46,6 +50,7 @@ def train_command(
 ) -> None:
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
     from vivace.rl.controller import new_run_dir, train
+    from vivace.rl.workers import LocalWorkers, RayWorkers
 
     try:
         if resume is not None:
@@ -65,6 +70,7 @@ def train_command(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
 
+    workers = LocalWorkers(cfg) if local else RayWorkers(cfg, address=address)
     table_rows: list[dict] = []
 
     def render() -> Table:
@@ -81,7 +87,13 @@ def train_command(
               f"{cfg.train.group_size} rollouts per step, model {cfg.train.model})")  # fmt: skip
     if as_json:
         summary = asyncio.run(
-            train(cfg, run_dir, resume=resume is not None, on_step=lambda r: print(json.dumps(r), flush=True))
+            train(
+                cfg,
+                run_dir,
+                resume=resume is not None,
+                workers=workers,
+                on_step=lambda r: print(json.dumps(r), flush=True),
+            )
         )
         print(json.dumps({"summary": summary}))
         return
@@ -91,5 +103,5 @@ def train_command(
             table_rows.append(row)
             live.update(render())
 
-        summary = asyncio.run(train(cfg, run_dir, resume=resume is not None, on_step=on_step))
+        summary = asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, on_step=on_step))
     out.print_json(json.dumps(summary))

@@ -1,7 +1,7 @@
 """The training loop: one controller owns it; the sampler, the rollouts and the trainer do the work.
 
 Each step: take the next `tasks_per_step` tasks in the run's seeded order, roll out `group_size`
-episodes of each on the current policy (the in-process engine, continuously batched), score them
+episodes of each on the current policy (the sampler's engine, continuously batched), score them
 with the benchmark's scorer, turn rewards into group advantages, train one step, and send the new
 weights to the sampler (bytes and seconds measured). Everything a step produced goes to the run
 directory:
@@ -17,8 +17,10 @@ Resume (`--resume runs/NAME`): the last checkpoint's weights, optimizer and RNG 
 task order continues from its data position, so the run goes on as if never stopped; metrics of
 steps after that checkpoint are discarded and recomputed.
 
-Not covered here: the asynchronous pipeline and fault handling (rollouts overlap training,
-bounded by `max_staleness`), which come with the pipeline issue.
+The work runs on Ray actors by default (rl/workers.py: sampler, rollout workers, trainer ranks),
+or in this process (`LocalWorkers`). Not covered here: the asynchronous pipeline and fault
+handling (rollouts overlapping training, bounded by `max_staleness`), which come with the
+pipeline issue.
 """
 
 from __future__ import annotations
@@ -33,14 +35,9 @@ from typing import Any
 import torch
 
 from vivace.config import VivaceConfig
-from vivace.harness.chat import ChatFormat
-from vivace.harness.policy import SamplingParams, TokenPolicy
-from vivace.inference.engine import AsyncEngine, Engine
-from vivace.model.checkpoint import load_model
 from vivace.rl.metrics import behaviour, mean, percentile
-from vivace.rl.rollout import Rollout, rollout_groups, to_samples
-from vivace.rl.trainer import Trainer
-from vivace.sandbox import open_backend
+from vivace.rl.rollout import Rollout, to_samples
+from vivace.rl.workers import RayWorkers
 from vivace.tasks.format import Task
 from vivace.tasks.suites import load_suite
 
@@ -89,67 +86,56 @@ async def train(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     tasks: list[Task] | None = None,
     episode: Any = None,
+    workers: Any = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) the loop until `cfg.train.steps`; returns the summary. `tasks` and
-    `episode` replace the suite and the benchmark episode (synthetic environments, tests)."""
+    `episode` replace the suite and the benchmark episode (synthetic environments, tests);
+    `workers` is where the work runs (default: Ray actors, see rl/workers.py)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else load_suite(tc.suite, split=tc.split)
-    trainer = Trainer(tc.model, tc)
     order = TaskOrder(tasks, tc.seed)
-    start = 0
+    start, ckpt = 0, None
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
-            trainer.load(ckpt)
             state = json.loads((ckpt / "state.json").read_text())
             order.position, start = state["data_position"], state["step"]
             torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False)["torch"])
         _truncate_metrics(run_dir, start)
-    loaded = load_model(tc.model)
-    engine = Engine(loaded.model, max_batch=cfg.engine.max_batch, max_step_tokens=cfg.engine.max_step_tokens,
-                    prefix_cache_tokens=cfg.engine.prefix_cache_tokens, seed=tc.seed + start, version=start)  # fmt: skip
-    engine.update_weights(trainer.full_state_dict(), version=start)
-    sampler = AsyncEngine(engine, name=tc.model)
-    params = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p, top_k=cfg.engine.top_k)
-    policy = TokenPolicy(sampler, ChatFormat(loaded.tokenizer), name=tc.model, params=params)
-    backend = open_backend(cfg.sandbox)
+    workers = workers or RayWorkers(cfg, episode)
     try:
+        await workers.start(start, ckpt)
         for step in range(start, tc.steps):
-            row = await _step(step, order, policy, sampler, trainer, cfg, backend, run_dir, episode)
+            row = await _step(step, order, workers, cfg, run_dir)
             with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if on_step:
                 on_step(row)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
-                _checkpoint(run_dir, trainer, step + 1, order.position)
+                await _checkpoint(run_dir, workers, step + 1, order.position)
     finally:
-        sampler.close()
-        await backend.aclose()
+        await workers.close()
     return write_summary(run_dir)
 
 
-async def _step(step, order, policy, sampler, trainer, cfg, backend, run_dir, episode) -> dict[str, Any]:
+async def _step(step: int, order: TaskOrder, workers: Any, cfg: VivaceConfig, run_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    tokens_before = sampler.engine.stats.generated_tokens
-    batch = order.take(cfg.train.tasks_per_step)
-    groups = await (
-        rollout_groups(policy, batch, cfg, backend, episode) if episode else rollout_groups(policy, batch, cfg, backend)
-    )
+    tokens_before = await workers.sampled_tokens()
+    groups = await workers.rollout(order.take(cfg.train.tasks_per_step))
     rollout_s = time.perf_counter() - t0
-    generated = sampler.engine.stats.generated_tokens - tokens_before
-    samples, counts = to_samples(groups, cfg, version=sampler.version)
-    train_stats = trainer.train_step(samples) if samples else {}
-    t1 = time.perf_counter()
-    weights = trainer.full_state_dict()
-    sampler.update_weights(weights, version=step + 1)
-    sync_s = time.perf_counter() - t1
+    generated = await workers.sampled_tokens() - tokens_before
+    samples, counts = to_samples(groups, cfg, version=step)
+    train_stats = await workers.train_step(samples) if samples else {}
+    sync_bytes, sync_s = await workers.sync(step + 1)
     flat = [r for g in groups for r in g]
     _save_rollouts(run_dir, step, flat)
-    return _row(step, flat, counts, train_stats, rollout_s, generated, sync_s, weights, time.perf_counter() - t0)
+    row = _row(step, flat, counts, train_stats, rollout_s, generated, time.perf_counter() - t0)
+    row.update(weight_sync_s=sync_s, weight_sync_bytes=sync_bytes)
+    return row
 
 
-def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, sync_s, weights, step_s) -> dict:
+def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, step_s) -> dict:
     ok = [r for r in flat if r.trajectory is not None]
     behaviours = [behaviour(r.trajectory) for r in ok]
     row: dict[str, Any] = {
@@ -165,8 +151,6 @@ def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, s
         "rollout_s": rollout_s,
         "episode_s_p50": percentile([r.trajectory.wall_s for r in ok], 0.5),
         "episode_s_p99": percentile([r.trajectory.wall_s for r in ok], 0.99),
-        "weight_sync_s": sync_s,
-        "weight_sync_bytes": sum(t.numel() * t.element_size() for t in weights.values()),
         "unsupported_claims": mean([1.0 if r.details.get("unsupported_claims") else 0.0 for r in ok]),
         "step_s": step_s,
     }  # fmt: skip
@@ -184,9 +168,9 @@ def _save_rollouts(run_dir: Path, step: int, flat: list[Rollout]) -> None:
                                 "trajectory": r.trajectory.model_dump() if r.trajectory else None}) + "\n")  # fmt: skip
 
 
-def _checkpoint(run_dir: Path, trainer: Trainer, step: int, position: int) -> None:
+async def _checkpoint(run_dir: Path, workers: Any, step: int, position: int) -> None:
     path = run_dir / "checkpoints" / f"step_{step}"
-    trainer.save(path)
+    await workers.save(path)
     torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
     (path / "state.json").write_text(json.dumps({"step": step, "data_position": position}))  # written last: complete
 
