@@ -84,6 +84,7 @@ def test_train_command_smoke(tmp_path):
     for name in ("config.json", "metrics.jsonl", "summary.json", "trajectories/step_1.jsonl",
                  "checkpoints/step_2/model/model.safetensors", "checkpoints/step_2/trainer.pt"):  # fmt: skip
         assert (run_dir / name).is_file(), name
+    assert any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     row = lines[0]
     for key in ("reward_mean", "success_rate", "weight_sync_s", "weight_sync_bytes", "sampling_tokens_per_s",
                 "episode_s_p50", "episode_s_p99", "agent_tool_calls_per_turn", "groups_zero_variance"):  # fmt: skip

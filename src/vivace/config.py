@@ -194,7 +194,8 @@ PRESETS: dict[str, dict] = {
         "pool": {"max_live": 16, "create_concurrency": 4},
         "agent": {"max_turns": 12, "max_tokens": 8192, "max_turn_tokens": 512},
         "engine": {"max_batch": 16},
-        "train": {"tasks_per_step": 4, "group_size": 4, "steps": 20, "rollout_concurrency": 8},
+        # `make train`: 20 steps of 2 tasks x 4 rollouts, turns short enough for 2 CPU cores.
+        "train": {"tasks_per_step": 2, "group_size": 4, "steps": 20, "rollout_concurrency": 8},
     },
     # The smallest end-to-end check (CI): tight limits so runaway commands end fast.
     "smoke": {

@@ -9,6 +9,7 @@ directory:
     runs/NAME/config.json         the whole configuration
     runs/NAME/metrics.jsonl       one line per step (rewards, components, advantages, loss, KL,
                                   throughput, weight sync, rollout times, agent behaviour)
+    runs/NAME/tensorboard/        the same numbers as TensorBoard scalars
     runs/NAME/trajectories/step_N.jsonl   every rollout of step N (trajectory + reward)
     runs/NAME/checkpoints/step_N/ weights (HF directory), optimizer, step, data position, RNG
     runs/NAME/summary.json        the run's first and last numbers, written at the end
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.tensorboard import SummaryWriter
 
 from vivace.config import VivaceConfig
 from vivace.rl.metrics import behaviour, mean, percentile
@@ -104,17 +106,23 @@ async def train(
             torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False)["torch"])
         _truncate_metrics(run_dir, start)
     workers = workers or RayWorkers(cfg, episode)
+    board = SummaryWriter(str(run_dir / "tensorboard"))
     try:
         await workers.start(start, ckpt)
         for step in range(start, tc.steps):
             row = await _step(step, order, workers, cfg, run_dir)
             with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            for key, value in row.items():
+                if isinstance(value, int | float) and key != "step":
+                    board.add_scalar(key, value, row["step"])
+            board.flush()
             if on_step:
                 on_step(row)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
                 await _checkpoint(run_dir, workers, step + 1, order.position)
     finally:
+        board.close()
         await workers.close()
     return write_summary(run_dir)
 
