@@ -135,3 +135,27 @@ def test_resume_after_sigkill_keeps_the_data_order(tmp_path):
     assert steps == [1, 2, 3, 4]
     rows = [json.loads(line) for line in (cut / "metrics.jsonl").open()]
     assert all(r["weight_sync_bytes"] > 1e6 and r["weight_sync_s"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", ["object_store", "broadcast"])
+async def test_ray_weight_sync_reaches_the_sampler(tmp_path, sync):
+    """After every update the sampler actor must hold the trainer's weights: the next step's
+    sampler logprobs then equal the trainer's (KL ~0) even with large updates."""
+    from vivace.rl.workers import RayWorkers
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "main.py").write_text("def helper():\n    return 42\n")
+    cfg = load_preset("smoke", agent={"max_turns": 1, "max_turn_tokens": 24},
+                      train={"tasks_per_step": 2, "group_size": 8, "steps": 4, "lr": 1e-2, "weight_sync": sync,
+                             "checkpoint_every": 4, "runs_dir": str(tmp_path / "runs")},
+                      sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
+    episode = synthetic_episode(open_backend(cfg.sandbox).snapshot(str(repo)))
+    rows: list[dict] = []
+    await train(cfg, new_run_dir(cfg, sync), tasks=synthetic_tasks(repo), on_step=rows.append,
+                workers=RayWorkers(cfg, episode))  # fmt: skip
+    trained = [r for r in rows if "kl_sampler_trainer_k1" in r]
+    assert len(trained) >= 2 and all(r["grad_norm"] > 0 for r in trained)
+    assert all(abs(r["kl_sampler_trainer_k1"]) < 1e-3 for r in trained), [r["kl_sampler_trainer_k1"] for r in trained]
+    assert all(r["weight_sync_bytes"] > 1e6 for r in rows)

@@ -169,6 +169,11 @@ class TrainConfig(_Strict):
     is_cap: float = Field(2.0, ge=1, description="Cap of the sampler-to-trainer importance weight (truncated IS).")
     kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3); 0: off.")
     micro_batch_tokens: int = Field(8192, ge=64, description="Tokens per forward/backward micro-batch.")
+    weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
+        "auto",
+        description="How new weights reach the sampler (Ray): object_store (ray.put + fetch), broadcast "
+        "(a collective from trainer rank 0: NCCL on GPU, gloo on CPU); auto: broadcast when GPUs are used.",
+    )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every K steps (and at the end).")
     seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
     runs_dir: Path = Field(Path("runs"), description="Where run directories are made.")

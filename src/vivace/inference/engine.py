@@ -261,12 +261,11 @@ class Engine:
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Copies new weights in place (all of them, or a subset by name); returns the new version."""
-        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names too (lm_head)
-        params.update(dict(self.model.named_buffers()))
-        unknown = [n for n in state if n not in params]
-        if unknown:
-            raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
-        with torch.no_grad():
+
+        def copy(params: dict[str, torch.Tensor]) -> None:
+            unknown = [n for n in state if n not in params]
+            if unknown:
+                raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
             for name, value in state.items():
                 target = params[name]
                 if tuple(value.shape) != tuple(target.shape):
@@ -274,6 +273,16 @@ class Engine:
                         f"update_weights: {name} has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
                     )
                 target.copy_(value)
+
+        return self.apply_weights(copy, version)
+
+    def apply_weights(self, write: Callable[[dict[str, torch.Tensor]], None], version: int | None = None) -> int:
+        """Lets `write` change the weights in place (a collective receive, a copy), given the
+        model's tensors by name (tied names included); then drops the prefix cache and sets the version."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names too (lm_head)
+        params.update(dict(self.model.named_buffers()))
+        with torch.no_grad():
+            write(params)
         self.prefix.clear()
         self.version = self.version + 1 if version is None else version
         return self.version
@@ -333,6 +342,10 @@ class AsyncEngine:
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         with self._lock:  # between two steps
             return self.engine.update_weights(state, version)
+
+    def apply_weights(self, write: Callable[[dict[str, torch.Tensor]], None], version: int | None = None) -> int:
+        with self._lock:
+            return self.engine.apply_weights(write, version)
 
     def metrics(self) -> dict:
         s, e = self.engine.stats, self.engine

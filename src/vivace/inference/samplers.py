@@ -152,5 +152,18 @@ class _EngineActor:
     def update_weights(self, state: dict[str, torch.Tensor], version: int | None = None) -> int:
         return self.engine.update_weights(state, version)
 
+    def join_weight_sync(self, address: str, rank: int, world_size: int) -> None:
+        """Joins the trainer's broadcast group (rl/weight_sync.py) as receiver `rank`."""
+        from vivace.rl.weight_sync import WeightBroadcast
+
+        device = str(next(self.engine.engine.model.parameters()).device)
+        self.sync = WeightBroadcast(address, rank, world_size, device)
+
+    def receive_weights(self, names: list[str], version: int) -> int:
+        """Receives one broadcast into the model, between two engine steps; returns the bytes."""
+        received = []
+        self.engine.apply_weights(lambda params: received.append(self.sync.receive(names, params)), version)
+        return received[0]
+
     def metrics(self) -> dict:
         return self.engine.metrics()

@@ -7,8 +7,9 @@ Two placements behind one interface (`start`, `rollout`, `sampled_tokens`, `trai
   inference/samplers.py), `rollout_workers` rollout workers (each an agent loop beside its own
   workspace backend, sampling through the sampler actor), and the trainer (one rank per actor,
   a torch.distributed group among them). `ray.init()` starts a local cluster unless `address`
-  names one to join. Weights go from the trainer to the sampler through the object store: the
-  trainer `ray.put`s its full state dict once and the sampler fetches it.
+  names one to join. Weights go from the trainer to the sampler through the object store (the
+  trainer `ray.put`s its full state dict once and the sampler fetches it), or by collective
+  broadcast from trainer rank 0 (rl/weight_sync.py: NCCL on GPUs, gloo on CPU).
 - `LocalWorkers`: all in this process (tests, debugging, machines without Ray).
 """
 
@@ -94,6 +95,24 @@ class _TrainerActor:
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         return self.trainer.train_step(samples)
 
+    def sync_address(self) -> str:
+        import ray
+
+        return f"{ray.util.get_node_ip_address()}:{_free_port()}"
+
+    def join_weight_sync(self, address: str, world_size: int) -> list[str]:
+        """Rank 0 joins the broadcast group as the sender; returns the names it will send."""
+        from vivace.rl.weight_sync import WeightBroadcast
+
+        names = sorted(self.trainer.full_state_dict())
+        if self.trainer.rank == 0:
+            self.sync = WeightBroadcast(address, 0, world_size, self.trainer.device)
+        return names
+
+    def broadcast_weights(self) -> int:
+        state = self.trainer.full_state_dict()  # every rank takes part in the gather
+        return self.sync.send(state) if self.trainer.rank == 0 else 0
+
     def weights(self) -> list:
         """[ref to the full state dict, its bytes] (rank 0; other ranks take part in the gather)."""
         import ray
@@ -151,6 +170,15 @@ class RayWorkers:
         ]
         if checkpoint is not None:
             await asyncio.gather(*(t.load.remote(str(checkpoint)) for t in self.trainers))
+        mode = tc.weight_sync
+        self.broadcast = mode == "broadcast" or (mode == "auto" and bool(gpu))
+        if self.broadcast:
+            address = await self.trainers[0].sync_address.remote()
+            joined = await asyncio.gather(
+                *(t.join_weight_sync.remote(address, 2) for t in self.trainers),
+                self.sampler.join_weight_sync.remote(address, 1, 2),
+            )
+            self.names = joined[0]
         await self.sync(version)
 
     async def rollout(self, tasks: list[Task]) -> list[list[Rollout]]:
@@ -167,6 +195,12 @@ class RayWorkers:
 
     async def sync(self, version: int) -> tuple[int, float]:
         t0 = time.perf_counter()
+        if self.broadcast:
+            sent, _ = await asyncio.gather(
+                asyncio.gather(*(t.broadcast_weights.remote() for t in self.trainers)),
+                self.sampler.receive_weights.remote(self.names, version),
+            )
+            return sent[0], time.perf_counter() - t0
         results = await asyncio.gather(*(t.weights.remote() for t in self.trainers))
         ref, nbytes = results[0]
         await self.sampler.update_weights.remote(ref, version)

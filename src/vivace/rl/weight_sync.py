@@ -1,0 +1,52 @@
+"""Weight sync by collective broadcast: trainer rank 0 sends every tensor to every sampler
+replica over a process group of their own — NCCL between GPUs (GPU memory to GPU memory, no host
+copy), gloo on CPU (the same code path, testable anywhere).
+
+The group is separate from the trainer's FSDP group (its own TCPStore and ProcessGroup objects,
+not the default group), so samplers never join the trainer's collectives. Tensors go in sorted
+name order; each receiver writes straight into its model's parameters (the engine holds its lock
+meanwhile, so no step sees half-updated weights).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+
+import torch
+import torch.distributed as dist
+
+
+class WeightBroadcast:
+    """One member of the sync group: rank 0 is the trainer's rank 0, ranks 1.. are samplers."""
+
+    def __init__(self, address: str, rank: int, world_size: int, device: str = "cpu", timeout_s: float = 600.0):
+        host, port = address.rsplit(":", 1)
+        self.rank, self.device = rank, device
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
+        if device.startswith("cuda"):
+            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size)
+        else:
+            self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+
+    def send(self, state: Mapping[str, torch.Tensor]) -> int:
+        """Rank 0: broadcasts every tensor; returns the bytes sent (per receiver)."""
+        total = 0
+        for name in sorted(state):
+            tensor = state[name].to(self.device).contiguous()
+            self.group.broadcast(tensor, 0).wait()
+            total += tensor.numel() * tensor.element_size()
+        return total
+
+    def receive(self, names: Iterable[str], params: Mapping[str, torch.Tensor]) -> int:
+        """Ranks 1..: receives the named tensors (the sender's sorted names) into `params` in place."""
+        total = 0
+        for name in sorted(names):
+            target = params[name]
+            buffer = target if target.is_contiguous() else torch.empty_like(target)
+            self.group.broadcast(buffer, 0).wait()
+            if buffer is not target:
+                target.copy_(buffer)
+            total += buffer.numel() * buffer.element_size()
+        return total

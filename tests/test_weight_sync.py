@@ -1,0 +1,41 @@
+"""Weight sync by collective broadcast (gloo here; NCCL takes the same path on GPUs): a trainer's
+weights land in a running engine exactly, between two of its steps."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from vivace.harness.policy import SamplingParams
+from vivace.inference.engine import Engine
+from vivace.model.checkpoint import tiny_config
+from vivace.rl.weight_sync import WeightBroadcast
+
+
+def model(seed: int):
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_config(512, max_position_embeddings=256)).eval()
+
+
+def test_broadcast_into_a_running_engine():
+    trainer, engine = model(1), Engine(model(0))
+    state = {k: v for k, v in trainer.state_dict().items() if k != "lm_head.weight"}  # tied to the embedding
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    sent: list[int] = []
+    sender = threading.Thread(target=lambda: sent.append(WeightBroadcast(address, 0, 2).send(state)))
+    sender.start()
+    receiver = WeightBroadcast(address, 1, 2)
+    received: list[int] = []
+    version = engine.apply_weights(lambda params: received.append(receiver.receive(list(state), params)), version=7)
+    sender.join(timeout=60)
+    assert version == 7 and sent == received and sent[0] == sum(t.numel() * 4 for t in state.values())
+    for name, value in trainer.state_dict().items():
+        assert torch.equal(dict(engine.model.named_parameters(remove_duplicate=False))[name], value), name
+    p = list(range(1, 20))
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    assert engine.run([p], [greedy])[0].token_ids == Engine(trainer).run([p], [greedy])[0].token_ids
