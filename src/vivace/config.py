@@ -169,6 +169,8 @@ class TrainConfig(_Strict):
     is_cap: float = Field(2.0, ge=1, description="Cap of the sampler-to-trainer importance weight (truncated IS).")
     kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3); 0: off.")
     micro_batch_tokens: int = Field(8192, ge=64, description="Tokens per forward/backward micro-batch.")
+    trainer_ranks: int = Field(1, ge=1, description="Trainer processes (FSDP2 ranks; one GPU each when GPUs exist).")
+    rollout_workers: int = Field(1, ge=1, description="Rollout worker actors (each with its own workspace backend).")
     weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
         "auto",
         description="How new weights reach the sampler (Ray): object_store (ray.put + fetch), broadcast "

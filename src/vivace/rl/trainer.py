@@ -8,9 +8,10 @@ directory), the optimizer and the step.
 How: the model is sharded with FSDP2 (`fully_shard` per decoder layer, then the root) over a
 process group (gloo on CPU, NCCL on GPU); with one rank that is a group of one, so the same code
 runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
-gradients). Micro-batches are packed by token count (`micro_batch_tokens`) and gradients
-accumulate; the loss is normalised by the whole batch's generated tokens, so micro-batching does
-not change the update.
+gradients; ranks with fewer micro-batches run empty ones so their collectives stay in step).
+Micro-batches are packed by token count (`micro_batch_tokens`) and gradients
+accumulate; the loss is normalised by the rank's generated tokens, so micro-batching does not
+change the update (and ranks with equal token counts give the single-rank update).
 
 One update per batch: the trainer's own logprobs before the update (`logp_old`) equal the
 current ones, so the PPO ratio is 1 and only the truncated importance weight (sampler vs trainer)
@@ -53,6 +54,9 @@ class Sample:
     @property
     def n_generated(self) -> int:
         return sum(self.mask)
+
+
+_EMPTY = Sample(ids=[0, 0], mask=[0, 0], logprobs=[0.0, 0.0], versions=[-1, -1], advantage=0.0)  # a no-op micro-batch
 
 
 def init_distributed(rank: int = 0, world_size: int = 1) -> None:
@@ -116,7 +120,16 @@ class Trainer:
         weight_sum = 0.0
         entropy_sum = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for micro in self._micro_batches(samples):
+        micros = self._micro_batches(samples)
+        if self.world_size > 1:
+            # FSDP's forward and backward are collectives: every rank runs as many micro-batches
+            # (padding with empty ones, loss 0) and syncs gradients on the last backward only.
+            count = torch.tensor([len(micros)])
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            micros += [[_EMPTY]] * (int(count) - len(micros))
+        for i, micro in enumerate(micros):
+            if self.world_size > 1:
+                self.model.set_requires_gradient_sync(i == len(micros) - 1)
             logp, entropy, mask, behav, adv = self._forward(micro)
             logp_old = torch.cat([old[id(s)] for s in micro]) if old is not None else logp.detach()
             ref = self._reference_logprobs(micro) if self.reference is not None else None

@@ -142,10 +142,9 @@ class _RolloutActor:
 
 
 class RayWorkers:
-    def __init__(self, cfg: VivaceConfig, episode: Any = None, address: str | None = None,
-                 trainer_ranks: int = 1, rollout_workers: int = 1):  # fmt: skip
+    def __init__(self, cfg: VivaceConfig, episode: Any = None, address: str | None = None):
         self.cfg, self.episode, self.address = cfg, episode, address
-        self.trainer_ranks, self.rollout_workers = trainer_ranks, rollout_workers
+        self.trainer_ranks, self.rollout_workers = cfg.train.trainer_ranks, cfg.train.rollout_workers
 
     async def start(self, version: int, checkpoint: Path | None) -> None:
         import ray
