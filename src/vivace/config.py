@@ -199,7 +199,7 @@ PRESETS: dict[str, dict] = {
     "tiny": {
         "sandbox": {"memory_mb": 1024, "cpus": 1.0},
         "pool": {"max_live": 16, "create_concurrency": 4},
-        "agent": {"max_turns": 12, "max_tokens": 8192, "max_turn_tokens": 512},
+        "agent": {"max_turns": 6, "max_tokens": 8192, "max_turn_tokens": 256},
         "engine": {"max_batch": 16},
         # `make train`: 20 steps of 2 tasks x 4 rollouts, turns short enough for 2 CPU cores.
         "train": {"tasks_per_step": 2, "group_size": 4, "steps": 20, "rollout_concurrency": 8},
