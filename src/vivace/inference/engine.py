@@ -193,14 +193,14 @@ class Engine:
         budget = self.max_step_tokens
         # Decoding sequences first (one token each), then prompt chunks with what is left.
         for req in sorted(self.running, key=lambda r: r.cache.length < len(r.prompt)):
-            todo = req.known - req.cache.length
-            n = min(todo, budget) if req.cache.length < len(req.prompt) else 1
+            pending = req.known - req.cache.length
+            n = min(pending, budget) if req.cache.length < len(req.prompt) else 1
             if n <= 0:
                 continue
             start = req.cache.length
             tokens += [req.token(i) for i in range(start, start + n)]
             segments.append(Segment(req.cache, n))
-            rows.append((req, n == todo))
+            rows.append((req, n == pending))
             budget -= n
             if start < len(req.prompt):
                 self.stats.prefill_tokens += n
