@@ -55,7 +55,7 @@ def train_command(
     try:
         if resume is not None:
             cfg = VivaceConfig.model_validate_json((resume / "config.json").read_text())
-            run_dir = resume
+            run_dir = resume.resolve()
         else:
             cfg = load_config(preset, config_file)
         if steps is not None:

@@ -66,7 +66,7 @@ class TaskOrder:
 
 def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
     name = name or time.strftime("train-%Y%m%d-%H%M%S")
-    path = cfg.train.runs_dir / name
+    path = (cfg.train.runs_dir / name).resolve()  # absolute: actors write into it from their own cwd
     if (path / "metrics.jsonl").exists():
         raise FileExistsError(f"{path} already holds a run; resume it with --resume {path} or pick another --name")
     path.mkdir(parents=True, exist_ok=True)
