@@ -50,9 +50,14 @@ def local_engine(spec: str, config: EngineConfig | None = None) -> tuple[AsyncEn
     return AsyncEngine(engine, name=loaded.name), ChatFormat(loaded.tokenizer)
 
 
+def sampling_params(config: EngineConfig) -> SamplingParams:
+    """How agent turns are sampled (stop tokens and the token cap are set per turn by TokenPolicy)."""
+    return SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+
+
 def token_policy(spec: str, config: EngineConfig | None = None) -> TokenPolicy:
     config = config or EngineConfig()
-    params = SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+    params = sampling_params(config)
     if spec.startswith("tokens:"):
         url, _, model = spec.removeprefix("tokens:").partition("#")
         if not model:

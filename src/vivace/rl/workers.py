@@ -23,14 +23,17 @@ from typing import Any
 
 from vivace.config import EngineConfig, VivaceConfig
 from vivace.harness.chat import ChatFormat
-from vivace.harness.policy import SamplingParams, TokenPolicy
+from vivace.harness.policy import TokenPolicy
+from vivace.inference.samplers import sampling_params
 from vivace.rl.rollout import Rollout, rollout_groups
 from vivace.rl.trainer import Sample, Trainer
 from vivace.tasks.format import Task
 
 
-def _params(cfg: VivaceConfig) -> SamplingParams:
-    return SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p, top_k=cfg.engine.top_k)
+def _engine_config(cfg: VivaceConfig, version: int) -> EngineConfig:
+    """The sampler's engine settings; its seed moves with the step so a resumed run does not
+    replay the samples of its first steps."""
+    return cfg.engine.model_copy(update={"seed": cfg.train.seed + version})
 
 
 def _nbytes(state: dict) -> int:
@@ -42,19 +45,15 @@ class LocalWorkers:
         self.cfg, self.episode = cfg, episode
 
     async def start(self, version: int, checkpoint: Path | None) -> None:
-        from vivace.inference.engine import AsyncEngine, Engine
-        from vivace.model.checkpoint import load_model
+        from vivace.inference.samplers import local_engine
         from vivace.sandbox import open_backend
 
-        tc, ec = self.cfg.train, self.cfg.engine
+        tc = self.cfg.train
         self.trainer = Trainer(tc.model, tc)
         if checkpoint is not None:
             self.trainer.load(checkpoint)
-        loaded = load_model(tc.model)
-        engine = Engine(loaded.model, max_batch=ec.max_batch, max_step_tokens=ec.max_step_tokens,
-                        prefix_cache_tokens=ec.prefix_cache_tokens, seed=tc.seed + version)  # fmt: skip
-        self.sampler = AsyncEngine(engine, name=tc.model)
-        self.policy = TokenPolicy(self.sampler, ChatFormat(loaded.tokenizer), name=tc.model, params=_params(self.cfg))
+        self.sampler, chat = local_engine(tc.model, _engine_config(self.cfg, version))
+        self.policy = TokenPolicy(self.sampler, chat, name=tc.model, params=sampling_params(self.cfg.engine))
         self.backend = open_backend(self.cfg.sandbox)
         await self.sync(version)
 
@@ -132,7 +131,7 @@ class _RolloutActor:
 
         self.cfg, self.episode = cfg, episode
         chat = ChatFormat(load_tokenizer(cfg.train.model))
-        self.policy = TokenPolicy(RayEngine(sampler), chat, name=cfg.train.model, params=_params(cfg))
+        self.policy = TokenPolicy(RayEngine(sampler), chat, name=cfg.train.model, params=sampling_params(cfg.engine))
         self.backend = open_backend(cfg.sandbox)
 
     async def rollout(self, tasks: list[Task]) -> list[list[Rollout]]:
@@ -161,7 +160,7 @@ class RayWorkers:
             ray.remote(_TrainerActor).options(num_cpus=1, num_gpus=gpu).remote(self.cfg, r, self.trainer_ranks, master)
             for r in range(self.trainer_ranks)
         ]
-        engine_cfg = EngineConfig.model_validate({**self.cfg.engine.model_dump(), "seed": tc.seed + version})
+        engine_cfg = _engine_config(self.cfg, version)
         self.sampler = ray.remote(_EngineActor).options(num_cpus=1, num_gpus=gpu).remote(tc.model, engine_cfg)
         self.workers = [
             ray.remote(_RolloutActor).options(num_cpus=0).remote(self.cfg, self.sampler, self.episode)
