@@ -175,11 +175,14 @@ async def test_async_engine_concurrency_streaming_and_versions(model):
             await task
         # Weights change while a request generates: tokens record both versions.
         other = small_model(seed=1).state_dict()
-        long = asyncio.ensure_future(engine.generate(ps[2], SamplingParams(max_tokens=300)))
-        while engine.engine.stats.generated_tokens < 60 + 8 * 12 + 12:
-            await asyncio.sleep(0.01)
-        await asyncio.to_thread(engine.update_weights, other)
-        done = await long
+        seen, done = 0, None
+        async for item in engine.stream(ps[2], SamplingParams(max_tokens=300)):
+            if isinstance(item, tuple):
+                seen += 1
+                if seen == 20:  # mid-generation, from another thread, between two engine steps
+                    await asyncio.to_thread(engine.update_weights, other)
+            else:
+                done = item
         assert done.policy_version == 0 and set(done.token_versions) == {0, 1}
         assert list(done.token_versions) == sorted(done.token_versions)
         metrics = engine.metrics()
