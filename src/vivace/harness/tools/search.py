@@ -12,8 +12,10 @@ Known differences between rg and the walker: regex dialects (Rust vs Python `re`
 error messages differ too), `.ignore`/`.rgignore` files (rg only), files that are tracked
 but gitignored (the walker lists them) and NUL bytes after rg's first buffer.
 
-codebase_search goes through the small `SearchBackend` protocol; `LexicalSearch` (BM25 over
-~40-line chunks) is the default until a semantic index replaces it.
+codebase_search goes through the small `SearchBackend` protocol. The default is the semantic
+index (`vivace.search.backend.HybridSearch`: tree-sitter chunks, embeddings fused with BM25,
+one process-wide instance so a snapshot is indexed once for all its workspaces);
+`LexicalSearch` (BM25 over ~40-line chunks, no model) stays available as a backend.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from vivace.harness.tools.base import EVERYTHING, Access, ToolArgs, ToolContext,
 from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
 from vivace.sandbox.base import Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
+from vivace.search.lexical import tokenize
+from vivace.search.types import SearchHit
 
 SEARCH_TIMEOUT_S = 60.0
 MAX_GLOB_RESULTS = 200
@@ -234,41 +238,16 @@ class GlobFileSearch:
 # -- codebase_search --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SearchHit:
-    path: str
-    start_line: int  # 1-based, inclusive
-    end_line: int
-    score: float
-    snippet: str  # a few lines of the hit, starting at snippet_line
-    symbol: str | None = None  # the function or class the hit is in, when known
-    snippet_line: int = 0  # line number of the snippet's first line (0: start_line)
-
-
 class SearchBackend(Protocol):
     async def search(
         self, workspace: Workspace, query: str, target_directories: list[str] | None, k: int
     ) -> list[SearchHit]: ...
 
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
-_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _DEF = re.compile(
     r"^\s*(?:export\s+)?(?:pub(?:\([\w:]+\))?\s+)?(?:async\s+)?"
     r"(?:def|class|function|func|fn|struct|interface|enum|trait)\s+([A-Za-z_]\w*)"
 )
-
-
-def tokenize(text: str) -> list[str]:
-    """Identifiers whole and split (snake_case, camelCase), lowercased; one-letter tokens dropped."""
-    out = []
-    for word in _IDENT.findall(text):
-        if len(word) > 1:
-            out.append(word.lower())
-        parts = _PARTS.findall(word)
-        if len(parts) > 1:
-            out += [p.lower() for p in parts if len(p) > 1]
-    return out
 
 
 @dataclass
@@ -393,6 +372,14 @@ def _hit(chunk: _Chunk, end: int, score: float, terms: set[str]) -> SearchHit:
     return SearchHit(chunk.path, chunk.start, end, score, snippet, chunk.symbol, chunk.start + first)
 
 
+def default_search_backend() -> SearchBackend:
+    """The process-wide semantic index (shared by every episode); imported on first use, so
+    episodes that never search never load the embedding model."""
+    from vivace.search.backend import default_backend
+
+    return default_backend()
+
+
 class CodebaseSearchArgs(ToolArgs):
     query: str = Field(description="What to look for: identifiers, words, or a description of the code.")
     target_directories: list[str] | None = Field(
@@ -404,9 +391,10 @@ class CodebaseSearchArgs(ToolArgs):
 class CodebaseSearch:
     name: ClassVar[str] = "codebase_search"
     description: ClassVar[str] = (
-        "Search the codebase for the code most relevant to a query (ranked by term matching over ~40-line "
-        "chunks; identifiers are matched whole and split into words). Returns up to k hits, best first, each "
-        "as `path:start-end (symbol)` followed by a few lines. Use grep for exact patterns."
+        "Search the codebase for the code most relevant to a query, by meaning and by terms (semantic "
+        "embeddings fused with term matching over functions, classes and other chunks; identifiers are matched "
+        "whole and split into words). Returns up to k hits, best first, each as `path:start-end (symbol)` "
+        "followed by a few lines. Use grep for exact patterns."
     )
     Args: ClassVar[type[ToolArgs]] = CodebaseSearchArgs
 
@@ -419,7 +407,7 @@ class CodebaseSearch:
     async def run(self, args: CodebaseSearchArgs, ctx: ToolContext) -> ToolResult:
         backend = self.backend or ctx.search
         if backend is None:
-            backend = ctx.search = LexicalSearch()
+            backend = ctx.search = default_search_backend()
         try:
             hits = await backend.search(ctx.workspace, args.query, args.target_directories, args.k)
         except (*EXPECTED, ValueError, zlib.error) as e:  # ValueError, zlib.error: garbled walker output

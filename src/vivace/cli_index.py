@@ -1,0 +1,227 @@
+"""`vivace index build|search|bench|train-embedder`: the semantic codebase index from the command
+line (registered on the app in cli.py). The index a command builds is saved in the search cache
+(`--cache-dir`, default ~/.cache/vivace/search), so `search` after `build` embeds nothing
+unless files changed, and then only their changed chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vivace.cli import app, err, out
+
+index_app = typer.Typer(help="Semantic codebase index: build, search, benchmark, fine-tune the embedder.")
+app.add_typer(index_app, name="index")
+
+RepoOpt = Annotated[Path, typer.Option("--repo", help="Repository directory to index.")]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help="Embedding model: a sentence-transformers directory (default: packaged).")
+]
+CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="Search cache (default ~/.cache/vivace/search).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON.")]
+
+
+def _config(model: str | None, cache_dir: Path | None, **kw: Any):
+    from vivace.search.config import SearchConfig
+
+    updates = {k: v for k, v in {"model": model, "cache_dir": cache_dir, **kw}.items() if v is not None}
+    try:
+        return SearchConfig(**updates)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def _indexer(config):
+    from vivace.search.embed import EmbedderUnavailable, shared
+    from vivace.search.tree import Indexer
+
+    try:
+        return Indexer(config, shared(config.model, config.cache_dir / "embeddings" if config.cache_dir else None))
+    except EmbedderUnavailable as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def _repo(repo: Path) -> Path:
+    if not repo.is_dir():
+        err.print(f"[red]error:[/red] {repo} is not a directory; pass the repository with --repo DIR")
+        raise typer.Exit(2)
+    return repo.resolve()
+
+
+def _open(indexer, repo: Path, quiet: bool):
+    """The repository's index: its saved base (plus the files changed since), else a new build."""
+    from vivace.search.tree import DirectorySource
+
+    last = indexer.store.last_root(repo)
+    if last:
+        indexer.store.get(last)  # in memory now: a changed tree reuses it with an overlay
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err, disable=quiet, transient=True)  # fmt: skip
+    bar = progress.add_task("embedding chunks", total=None)
+
+    def step(stage: str, done: int, total: int) -> None:
+        progress.update(bar, description=f"{stage} chunks", completed=done, total=total)
+
+    with progress:
+        state = asyncio.run(indexer.open(DirectorySource(repo, indexer.config), step))
+    indexer.store.set_last_root(repo, state.view.base.root)
+    return state
+
+
+@index_app.command("build")
+def index_build(repo: RepoOpt, model: ModelOpt = None, cache_dir: CacheOpt = None, as_json: JsonOpt = False) -> None:
+    """Index DIR (chunk, embed, BM25); saved in the cache, keyed by the tree's Merkle root."""
+    repo = _repo(repo)
+    indexer = _indexer(_config(model, cache_dir))
+    t0 = time.perf_counter()
+    state = _open(indexer, repo, as_json)
+    base = state.view.base
+    report = {
+        "repo": str(repo), "root": state.view.root, "files": len(state.view.tree.files), "chunks": len(base.chunks),
+        "chunks_embedded": indexer.cache.embedder.encoded, "seconds": time.perf_counter() - t0,
+        "cache_dir": str(indexer.config.cache_dir),
+    }  # fmt: skip
+    if as_json:
+        out.print_json(json.dumps(report))
+        return
+    out.print(
+        f"indexed {report['files']} files as {report['chunks']} chunks ({report['chunks_embedded']} embedded now) "
+        f"in {report['seconds']:.1f} s; saved under {report['cache_dir']}"
+    )
+
+
+@index_app.command("search")
+def index_search(
+    query: Annotated[str, typer.Argument(help="What to look for, in words or identifiers.")],
+    repo: RepoOpt,
+    k: Annotated[int, typer.Option("--k", min=1, max=200, help="Number of results.")] = 10,
+    mode: Annotated[str, typer.Option("--mode", help="bm25, dense or hybrid.")] = "hybrid",
+    model: ModelOpt = None,
+    cache_dir: CacheOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search DIR's index (built or brought up to date first)."""
+    from vivace.search.types import MODES
+
+    if mode not in MODES:
+        err.print(f"[red]error:[/red] unknown --mode {mode!r}; modes: {', '.join(MODES)}")
+        raise typer.Exit(2)
+    repo = _repo(repo)
+    state = _open(_indexer(_config(model, cache_dir)), repo, as_json)
+    hits = state.view.search(query, k, mode)  # type: ignore[arg-type]
+    if as_json:
+        out.print_json(json.dumps([asdict(h) for h in hits]))
+        return
+    if not hits:
+        out.print(f"No results for {query!r}.")
+    for h in hits:
+        out.print(f"[bold]{h.path}:{h.start_line}-{h.end_line}[/]" + (f" ({h.symbol})" if h.symbol else "")
+                  + f"  [dim]{h.score:.4f}[/]", highlight=False)  # fmt: skip
+        first = h.snippet_line or h.start_line
+        for i, line in enumerate(h.snippet.split("\n")):
+            out.print(f"{first + i:>6}  {line}", markup=False, highlight=False)
+
+
+@index_app.command("bench")
+def index_bench(
+    files: Annotated[int, typer.Option(help="Files of the synthetic repository (throughput, incremental).")] = 2_000,
+    chunks: Annotated[int, typer.Option(help="Chunks at least in the latency index.")] = 20_000,
+    workspaces: Annotated[int, typer.Option(help="Workspaces over one snapshot (sharing).")] = 100,
+    model: ModelOpt = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="Reuse and keep embeddings here (default: none, all cold).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Localization (recall@1/5/10, MRR per mode), throughput, incremental re-indexing, sharing, latency."""
+    from vivace.search.bench import run_bench
+
+    cfg = _config(model, None).model_copy(update={"cache_dir": cache_dir})
+    result = asyncio.run(run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{s}[/]")))
+    if as_json:
+        out.print_json(json.dumps(result))
+        return
+    _print_bench(result)
+
+
+def _print_bench(r: dict[str, Any]) -> None:
+    loc = r["localization"]
+    table = Table(title=f"Localization: {loc['tasks']} bug tasks (answer = files of the reference patch)")
+    for col in ("mode", "recall@1", "recall@5", "recall@10", "MRR"):
+        table.add_column(col, justify="right")
+    for mode in ("bm25", "dense", "hybrid"):
+        m = loc[mode]
+        table.add_row(mode, *(f"{m[x]:.3f}" for x in ("recall@1", "recall@5", "recall@10", "mrr")))
+    out.print(table)
+    t = r["throughput"]
+    b = t["index_build"]
+    out.print(f"raw encode: {t['raw_encode']['chunks_per_s']:.1f} chunks/s; index build: {b['chunks_per_s']:.1f} "
+              f"chunks/s ({b['chunks']} chunks, {b['chunks_embedded']} embedded, {b['files']} files, "
+              f"{b['seconds']:.1f} s, of which encoding {b['encode_seconds']:.1f} s)")  # fmt: skip
+    for kind, inc in r["incremental"].items():
+        out.print(
+            f"incremental ({kind}): refresh after one edit p50 {inc['refresh_p50_ms']:.0f} ms, max "
+            f"{inc['refresh_max_ms']:.0f} ms; the next query finds it first {inc['found_top1']}/{inc['edits']}, "
+            f"in the top 10 {inc['found_top10']}/{inc['edits']}"
+        )
+    s = r["sharing"]
+    out.print(f"sharing: {s['workspaces']} workspaces, {s['bases_built']} base built, {s['chunk_texts_embedded']} "
+              f"chunk texts embedded for a {s['base_chunks']}-chunk base")  # fmt: skip
+    lat = r["latency"]
+    modes = ", ".join(
+        f"{m} p50 {lat[m]['p50_ms']:.1f} ms (p90 {lat[m]['p90_ms']:.1f})" for m in ("bm25", "dense", "hybrid")
+    )
+    out.print(f"latency over {lat['chunks']} chunks: {modes}")
+    if "tool_call_workspace" in lat:
+        out.print(
+            f"tool call through a workspace (refresh scan + search): p50 {lat['tool_call_workspace']['p50_ms']:.1f} ms"
+        )
+
+
+@index_app.command("train-embedder")
+def index_train_embedder(
+    traces: Annotated[Path, typer.Option("--traces", help="Run directory (or parent) of `vivace bench` trajectories.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the fine-tuned model directory is written.")] = Path(
+        "runs/embedder"
+    ),
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training pairs.")] = 2,
+    batch_size: Annotated[int, typer.Option(min=2, help="Pairs per step (the in-batch negatives).")] = 16,
+    lr: Annotated[float, typer.Option(help="Learning rate (AdamW).")] = 3e-5,
+    holdout: Annotated[float, typer.Option(min=0.05, max=0.9, help="Fraction of tasks held out.")] = 0.25,
+    seed: Annotated[int, typer.Option(help="Seed of the held-out split and the shuffling.")] = 0,
+    model: ModelOpt = None,
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Where task trees are built.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fine-tune the embedder on (query, chunk) pairs mined from successful trajectories; report
+    held-out retrieval before and after."""
+    from vivace.search.finetune import TrainConfig, train_embedder
+
+    if not traces.exists():
+        err.print(f"[red]error:[/red] {traces} does not exist; pass a `vivace bench --out` directory with --traces")
+        raise typer.Exit(2)
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, holdout=holdout, seed=seed)
+    try:
+        report = train_embedder(traces, out_dir, model, cfg, state_dir, say=lambda s: err.print(f"[dim]{s}[/]"))
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    if as_json:
+        out.print_json(json.dumps(report))
+        return
+    b, a = report["before"], report["after"]
+    out.print(f"pairs: {report['train_pairs']} train, {report['heldout_pairs']} held out "
+              f"({report['heldout_tasks']} tasks); saved {report['model_dir']}")  # fmt: skip
+    out.print(
+        f"held-out dense recall@5: {b['recall@5']:.3f} -> {a['recall@5']:.3f}; MRR {b['mrr']:.3f} -> {a['mrr']:.3f}"
+    )

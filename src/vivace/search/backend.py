@@ -1,0 +1,123 @@
+"""The codebase_search backend: a hybrid index per workspace over bases shared by all of them.
+
+One HybridSearch serves a whole process (`default_backend`): every episode's workspace gets a
+TreeState whose view shares the base of its snapshot, so a thousand rollouts of one
+repository embed it once, and each query first refreshes the workspace's overlay, so an edit
+is searchable at once. Without an embedding model (not installed, or failing to load) it
+still works, as BM25 over the same chunks, and says so once in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+import threading
+import weakref
+from typing import Any
+
+from vivace.sandbox.base import Workspace
+from vivace.sandbox.paths import WORKSPACE_MOUNT
+from vivace.search.config import SearchConfig
+from vivace.search.embed import EmbedderUnavailable, EmbeddingCache, shared
+from vivace.search.tree import Indexer, TreeState, WorkspaceSource
+from vivace.search.types import SearchHit
+
+log = logging.getLogger(__name__)
+_AUTO: Any = object()
+
+
+def open_cache(config: SearchConfig) -> EmbeddingCache | None:
+    """The shared embedding cache for `config`, or None (BM25 only) when no model can be had."""
+    try:
+        return shared(config.model, config.cache_dir / "embeddings" if config.cache_dir else None)
+    except EmbedderUnavailable as e:
+        log.warning("codebase_search without embeddings (BM25 only): %s", e)
+        return None
+
+
+class _PerWorkspace:
+    """Values keyed by workspace: weakly where the workspace allows it, so closed ones drop out."""
+
+    def __init__(self) -> None:
+        self.weak: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.strong: dict[int, Any] = {}
+
+    def get_for(self, ws: Any) -> Any:
+        try:
+            return self.weak.get(ws)
+        except TypeError:
+            return self.strong.get(id(ws))
+
+    def set_for(self, ws: Any, value: Any) -> None:
+        try:
+            self.weak[ws] = value
+        except TypeError:
+            self.strong[id(ws)] = value
+
+
+class HybridSearch:
+    """SearchBackend (harness.tools.search) over the semantic index."""
+
+    def __init__(
+        self, config: SearchConfig | None = None, cache: EmbeddingCache | None = _AUTO, indexer: Indexer | None = None
+    ):
+        """`cache`: the embedding cache (default: the process-wide one for config.model; None: BM25
+        only); `indexer`: share another backend's bases and cache (config and cache then come from it)."""
+        if indexer is None:
+            config = config or SearchConfig()
+            indexer = Indexer(config, open_cache(config) if cache is _AUTO else cache)
+        self.config, self.indexer = indexer.config, indexer
+        self._indexes = _PerWorkspace()  # workspace -> TreeState
+        self._opening = _PerWorkspace()  # workspace -> asyncio.Lock held while its first scan runs
+
+    async def state(self, workspace: Workspace) -> TreeState:
+        """The workspace's index, opened on first use and refreshed on every later call."""
+        state = self._indexes.get_for(workspace)
+        if state is None:
+            lock = self._opening.get_for(workspace)
+            if lock is None:
+                lock = asyncio.Lock()
+                self._opening.set_for(workspace, lock)
+            async with lock:
+                state = self._indexes.get_for(workspace)
+                if state is None:
+                    state = await self.indexer.open(WorkspaceSource(workspace, self.config))
+                    self._indexes.set_for(workspace, state)
+                    return state
+        async with state.lock:  # two searches in one turn: the second reuses the first's refresh
+            await self.indexer.refresh(WorkspaceSource(workspace, self.config), state)
+        return state
+
+    async def search(
+        self, workspace: Workspace, query: str, target_directories: list[str] | None, k: int
+    ) -> list[SearchHit]:
+        state = await self.state(workspace)
+        dirs = [d for d in (_rel(t) for t in target_directories or []) if d is not None]
+        if target_directories and not dirs:
+            return []  # every directory named lies outside the workspace
+        return await asyncio.to_thread(state.view.search, query, k, self.config.mode, dirs or None)
+
+
+def _rel(path: str) -> str | None:
+    """A workspace-relative directory ('.' for the root); None when it leaves the workspace."""
+    p = path.strip() or "."
+    if p == WORKSPACE_MOUNT or p.startswith(WORKSPACE_MOUNT + "/"):
+        p = p[len(WORKSPACE_MOUNT) :].lstrip("/") or "."
+    if p.startswith("/"):
+        return None
+    p = posixpath.normpath(p)
+    return None if p == ".." or p.startswith("../") else p
+
+
+_default: HybridSearch | None = None
+_default_lock = threading.Lock()
+
+
+def default_backend() -> HybridSearch:
+    """The process-wide backend (default SearchConfig): shared by every episode in the process."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = HybridSearch()
+        return _default

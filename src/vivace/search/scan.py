@@ -1,0 +1,127 @@
+"""Which files the index covers, with their stats, hashes and texts: one scan of a tree.
+
+The same source serves two callers: imported, it scans a host directory (`vivace index
+build --repo DIR`, benchmarks); sent as source to `python3 -c SOURCE ARGS_JSON` inside a
+workspace, it scans the workspace with one exec, so local, isolated and remote (HTTP)
+workspaces are indexed the same way. It must therefore run on any python3 with the standard
+library alone.
+
+Files are those the search tools see: hidden files and directories and symlinks are skipped,
+.gitignore is honoured in git repositories (`git ls-files`), vendored dependency folders are
+skipped, and binary (a NUL byte in the first 8 KiB), oversized and unreadable files are
+counted but not indexed. Not guaranteed: a file that changes during a scan may be reported
+with its old stat and new text (the next scan sees the stat change and reads it again).
+"""
+
+import base64
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+import zlib
+
+SKIP_DIRS = {"node_modules", "__pycache__", "venv", "site-packages", "target", "dist", "build", "vendor"}
+
+
+def text_hash(text):
+    """Content hash of an indexed file's text (also the Merkle tree's leaf hash)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+def candidates(root):
+    """(relative path, lstat) of the regular files under `root` that search may index, sorted."""
+    r = subprocess.run(
+        ["git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True
+    )
+    if r.returncode == 0 and r.stdout:
+        found = [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+    else:
+        found = []
+        for d, dirs, names in os.walk(root):
+            dirs[:] = [x for x in dirs if not x.startswith(".") and x not in SKIP_DIRS]
+            rel = os.path.relpath(d, root)
+            found += [n if rel == "." else rel + "/" + n for n in names]
+    out = []
+    for p in found:
+        if any(c.startswith(".") or c in SKIP_DIRS for c in p.split("/")):
+            continue
+        try:
+            st = os.lstat(os.path.join(root, p))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):  # not a symlink, directory or device
+            out.append((p, st))
+    return sorted(out, key=lambda e: e[0].split("/"))
+
+
+def read_text(full, max_bytes):
+    """The file's text, or None when it is binary, oversized or unreadable."""
+    try:
+        with open(full, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError:
+        return None
+    if len(data) > max_bytes or b"\0" in data[:8192]:
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def scan(
+    root=".", since_ns=None, hashes=False, max_files=100_000, max_bytes=1_000_000, budget=150_000, offset=0, limit=None
+):
+    """One pass over `root`: {"clock", "total", "files": [[path, size, mtime_ns, hash]], "texts",
+    "skipped"}. `hashes`: hash every file's text (a workspace's first scan); "" marks a file
+    that is not indexable, null one that was not read. `since_ns`: also return the texts of
+    files modified at or after it, within `budget` characters, so an edit since the last scan
+    costs no second exec. `offset`/`limit` page through the candidates (`total` of them)."""
+    clock = time.time_ns()
+    files, texts, skipped, used = [], {}, 0, 0
+    found = candidates(root)[:max_files]
+    for p, st in found[offset : None if limit is None else offset + limit]:
+        full = os.path.join(root, p)
+        digest = None
+        recent = since_ns is not None and st.st_mtime_ns >= since_ns
+        if st.st_size > max_bytes:
+            digest, recent = "", False
+        elif hashes or recent:
+            text = read_text(full, max_bytes)
+            if text is None:
+                digest, recent = "", False
+            elif hashes:
+                digest = text_hash(text)
+            if recent and used + len(text) <= budget:
+                texts[p], used = text, used + len(text)
+        skipped += digest == ""
+        files.append([p, st.st_size, st.st_mtime_ns, digest])
+    return {"clock": clock, "total": len(found), "files": files, "texts": texts, "skipped": skipped}
+
+
+def read_many(root, paths, max_bytes=1_000_000, budget=150_000):
+    """Texts of `paths` (None: binary, oversized, unreadable or gone) until `budget` characters
+    are used: {"texts", "rest"} where rest are the paths left for the next call."""
+    texts, used = {}, 0
+    for i, p in enumerate(paths):
+        text = read_text(os.path.join(root, p), max_bytes)
+        if texts and text is not None and used + len(text) > budget:
+            return {"texts": texts, "rest": paths[i:]}
+        texts[p], used = text, used + len(text or "")
+    return {"texts": texts, "rest": []}
+
+
+def encode(obj):
+    return base64.b64encode(zlib.compress(json.dumps(obj).encode("utf-8", "surrogatepass"), 6)).decode()
+
+
+def decode(blob):
+    return json.loads(zlib.decompress(base64.b64decode(blob)).decode("utf-8", "surrogatepass"))
+
+
+if __name__ == "__main__":
+    args = json.loads(sys.argv[1])
+    if args.pop("mode") == "read":
+        print(encode(read_many(".", sys.argv[2:], **args)))
+    else:
+        print(encode(scan(".", **args)))

@@ -1,0 +1,98 @@
+"""Base indexes by Merkle root: built once, kept in memory (LRU) and on disk, shared by views.
+
+Workspaces made from one snapshot have the same root, so the first one's index serves all of
+them; a tree that is not indexed yet but shares most of its files with a base in memory (a
+workspace that changed things before its first search, a repository after a few commits)
+uses that base plus an overlay instead of a new build. Disk layout: `DIR/bases/<root>/`
+(index.py's format) and `DIR/repos/<hash of a directory's path>` naming the root last built
+for that directory (`vivace index build`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+from vivace.search.embed import EmbeddingCache
+from vivace.search.index import BaseIndex
+
+
+class BaseStore:
+    def __init__(self, cache: EmbeddingCache | None, directory: Path | None, capacity: int = 8):
+        self.cache = cache
+        self.dir = Path(directory) if directory is not None else None
+        self.capacity = capacity
+        self.builds = 0  # bases built by this store (tests count them)
+        self._bases: OrderedDict[str, BaseIndex] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> str | None:
+        return self.cache.embedder.id if self.cache is not None else None
+
+    def get(self, root: str) -> BaseIndex | None:
+        with self._lock:
+            base = self._bases.get(root)
+            if base is not None:
+                self._bases.move_to_end(root)
+                return base
+        if self.dir is None:
+            return None
+        base = BaseIndex.load(self.dir / "bases" / root, self.model)
+        if base is not None and base.root == root:
+            self._remember(base)
+            return base
+        return None
+
+    def put(self, base: BaseIndex, built: bool = True) -> None:
+        self.builds += built
+        self._remember(base)
+        if self.dir is not None:
+            try:
+                base.save(self.dir / "bases" / base.root)
+            except OSError:
+                pass  # a read-only or full cache disk costs a rebuild later, never a failed search
+
+    def closest(self, files: Mapping[str, str], threshold: float) -> BaseIndex | None:
+        """The base in memory holding the most of `files` (same path and hash), if it holds at
+        least `threshold` of them."""
+        with self._lock:
+            bases = list(self._bases.values())
+        best, best_n = None, 0
+        for base in bases:
+            theirs = base.tree.files
+            n = sum(1 for p, h in files.items() if theirs.get(p) == h)
+            if n > best_n:
+                best, best_n = base, n
+        return best if files and best_n >= threshold * len(files) else None
+
+    def _remember(self, base: BaseIndex) -> None:
+        with self._lock:
+            self._bases[base.root] = base
+            self._bases.move_to_end(base.root)
+            while len(self._bases) > self.capacity:
+                self._bases.popitem(last=False)
+
+    # -- directories (the CLI) ------------------------------------------------------------------
+
+    def _pointer(self, repo: Path) -> Path | None:
+        if self.dir is None:
+            return None
+        key = hashlib.blake2b(str(Path(repo).resolve()).encode(), digest_size=12).hexdigest()
+        return self.dir / "repos" / key
+
+    def last_root(self, repo: Path) -> str | None:
+        pointer = self._pointer(repo)
+        try:
+            return pointer.read_text().strip() or None if pointer else None
+        except OSError:
+            return None
+
+    def set_last_root(self, repo: Path, root: str) -> None:
+        pointer = self._pointer(repo)
+        if pointer is not None:
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            pointer.write_text(root + "\n")

@@ -1,0 +1,87 @@
+"""`vivace index build|search` on a directory (the saved index is reused, edits are picked up),
+errors that say what to do, and the long benchmarks (slow): `index bench` at a small size and
+`index train-embedder` over oracle trajectories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from vivace.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    """(exit code, stdout); on failure stdout + stderr, to see why."""
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout if result.exit_code == 0 else result.output
+
+
+def test_index_build_then_search(tmp_path):
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    (repo / "geo").mkdir(parents=True)
+    (repo / "geo" / "distance.py").write_text(
+        "def haversine(a, b):\n    '''Great-circle distance in km.'''\n    return 0\n"
+    )
+    (repo / "shop.go").write_text("package shop\n\nfunc TotalPrice(items []int) int { return len(items) }\n")
+    for i in range(10):
+        (repo / f"util_{i}.rs").write_text(f"pub fn helper_{i}(x: u32) -> u32 {{ x + {i} }}\n")
+    code, out = invoke("index", "build", "--repo", str(repo), "--cache-dir", str(cache), "--json")
+    assert code == 0, out
+    built = json.loads(out)
+    assert built["files"] == 12 and built["chunks"] == 12
+    code, out = invoke(
+        "index", "search", "distance on a sphere", "--repo", str(repo), "--cache-dir", str(cache), "--json"
+    )
+    assert code == 0, out
+    hits = json.loads(out)
+    assert hits[0]["path"] == "geo/distance.py" and hits[0]["symbol"] == "haversine" and hits[0]["start_line"] == 1
+    (repo / "shop.go").write_text("package shop\n\nfunc ApplyVoucher(total int) int { return total - 5 }\n")
+    code, out = invoke("index", "search", "ApplyVoucher", "--repo", str(repo), "--cache-dir", str(cache), "--k", "1",
+                       "--mode", "bm25")  # fmt: skip
+    assert code == 0 and out.startswith("shop.go:1-3"), out
+    assert len(list((cache / "bases").iterdir())) == 1  # the edit lives in an overlay, not a second base
+
+
+def test_index_errors(tmp_path):
+    code, out = invoke("index", "search", "x", "--repo", str(tmp_path / "missing"))
+    assert code == 2 and "is not a directory" in out
+    code, out = invoke("index", "search", "x", "--repo", str(tmp_path), "--mode", "fuzzy")
+    assert code == 2 and "unknown --mode 'fuzzy'; modes: bm25, dense, hybrid" in out
+    code, out = invoke(
+        "index", "build", "--repo", str(tmp_path), "--model", str(tmp_path), "--cache-dir", str(tmp_path)
+    )
+    assert code == 2 and "not a sentence-transformers model directory" in out
+    code, out = invoke("index", "train-embedder", "--traces", str(tmp_path / "none"))
+    assert code == 2 and "does not exist" in out
+
+
+@pytest.mark.slow
+def test_index_bench_small():
+    code, out = invoke("index", "bench", "--files", "60", "--chunks", "600", "--workspaces", "10", "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert set(r["localization"]) == {"tasks", "bm25", "dense", "hybrid"} and r["localization"]["tasks"] == 120
+    assert r["sharing"]["bases_built"] == 1 and r["sharing"]["chunk_texts_embedded"] == r["sharing"]["base_chunks"]
+    assert r["incremental"]["workspace"]["found_top10"] == r["incremental"]["workspace"]["edits"]
+    assert r["latency"]["chunks"] >= 600
+
+
+@pytest.mark.slow
+def test_train_embedder_improves_heldout_recall(tmp_path):
+    runs, state = tmp_path / "traces", tmp_path / "state"
+    code, out = invoke(
+        "bench", "--model", "scripted:oracle", "--suite", "bugs", "--out", str(runs), "--state-dir", str(state)
+    )
+    assert code == 0, out
+    code, out = invoke("index", "train-embedder", "--traces", str(runs), "--out", str(tmp_path / "model"),
+                       "--state-dir", str(state), "--json")  # fmt: skip
+    assert code == 0, out
+    r = json.loads(out)
+    assert r["after"]["recall@5"] > r["before"]["recall@5"]
+    code, out = invoke("index", "build", "--repo", str(tmp_path / "model"), "--model", str(tmp_path / "model"),
+                       "--cache-dir", str(tmp_path / "cache"), "--json")  # fmt: skip
+    assert code == 0, out  # the tuned model is a model directory the index loads

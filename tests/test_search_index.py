@@ -1,0 +1,246 @@
+"""The semantic index's parts, fast: chunking (six languages, malformed and odd files), the
+scan's file rules, Merkle diffs against brute force, BM25 of overlay documents against bm25s,
+and the incremental view against a full rebuild after random edits.
+
+A deterministic bag-of-words embedder stands in for the model here (the mechanics do not
+depend on it); test_search_backend.py uses the real one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+from vivace.search import scan
+from vivace.search.chunking import MAX_CHARS, chunk_file
+from vivace.search.embed import EmbeddingCache
+from vivace.search.index import BaseIndex
+from vivace.search.lexical import LexicalIndex, tokenize
+from vivace.search.merkle import MerkleTree
+from vivace.search.view import IndexView
+
+
+class FakeEmbedder:
+    """Hashing-trick bag of words, L2-normalised: similar words, similar vectors; no model."""
+
+    id, batch_size, dim = "fake", 32, 64
+
+    def __init__(self) -> None:
+        self.calls = self.encoded = 0
+
+    def encode(self, texts):
+        self.calls += 1
+        self.encoded += len(texts)
+        return self._vectors(texts)
+
+    def _vectors(self, texts):
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, text in enumerate(texts):
+            for tok in tokenize(text):
+                out[i, zlib.crc32(tok.encode()) % self.dim] += 1
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+    def encode_query(self, query):
+        return self._vectors([query])[0]
+
+
+def check_cover(chunks, text):
+    n = len(text.split("\n")) - text.endswith("\n")
+    assert chunks[0].start == 1 and chunks[-1].end == n
+    assert all(a.end + 1 == b.start for a, b in zip(chunks, chunks[1:], strict=False))
+
+
+SOURCES = {
+    "a.py": "import os\n\n\nclass Cart:\n    def add(self, item):\n        self.items.append(item)\n\n\n"
+    "@decorator\ndef total(items, tax):\n    return sum(items) * (1 + tax)\n",
+    "b.ts": "export interface Item { price: number }\nexport class Cart {\n  add(i: Item) { this.items.push(i); }\n}\n"
+    "export const total = (xs: Item[]) => xs.length;\n",
+    "c.js": "function parseDate(s) {\n  return new Date(s);\n}\nclass Clock { now() { return 1; } }\n",
+    "d.go": "package shop\n\ntype Cart struct{ Items []int }\n\nfunc (c *Cart) Total() int { return len(c.Items) }\n",
+    "e.rs": "pub struct Cart { items: Vec<u32> }\nimpl Cart {\n    pub fn total(&self) -> u32 { 0 }\n}\n",
+    "F.java": "package shop;\npublic class Cart {\n    public int total() { return 0; }\n}\n",
+}
+
+
+@pytest.mark.parametrize("path", sorted(SOURCES))
+def test_chunks_name_definitions_in_six_languages(path):
+    chunks = chunk_file(path, SOURCES[path])
+    check_cover(chunks, SOURCES[path])
+    names = {s for c in chunks for s in c.symbols}
+    assert {"parseDate", "Clock"} <= names if path == "c.js" else "Cart" in names, names
+
+
+def test_large_definitions_split_into_members_and_small_ones_merge():
+    methods = "".join(
+        f"    def method_{i}(self, x):\n" + "        x = x + 1\n" * 12 + "        return x\n\n" for i in range(8)
+    )
+    text = (
+        "import os\nimport sys\n\n\nclass Big:\n    '''Doc.'''\n\n"
+        + methods
+        + "def small_a():\n    pass\n\n\ndef small_b():\n    pass\n"
+    )
+    chunks = chunk_file("m.py", text)
+    check_cover(chunks, text)
+    assert all(len(c.text) <= MAX_CHARS * 1.5 for c in chunks)
+    assert chunks[0].symbols[0] == "Big" and chunks[0].start == 1  # header (imports, class line) joins the first piece
+    assert any("Big.method_7" in c.symbols for c in chunks)
+    assert chunks[-1].symbols[-2:] == ("small_a", "small_b")  # small siblings merged
+
+
+def test_odd_files_still_chunk():
+    for path, text in [
+        ("broken.py", "def broken(:\n  x = \n\nclass Ok:\n    pass\n"),  # tree-sitter recovers
+        ("notes.txt", "\n".join(f"line {i}" for i in range(100))),  # no grammar: line windows
+        ("run.sh", "#!/bin/sh\nfunction deploy {\n  echo hi\n}\n"),
+        ("min.js", "var a=" + "1+" * 5000 + "1;"),  # one huge line
+        ("empty.py", ""),
+    ]:
+        chunks = chunk_file(path, text)
+        if text:
+            check_cover(chunks, text)
+        else:
+            assert chunks == []
+    assert chunk_file("run.sh", "function deploy {\n  echo hi\n}\n")[0].symbols == ("deploy",)
+    assert max(len(c.text) for c in chunk_file("min.js", "var a=" + "1+" * 20000 + "1;")) <= 20_000
+
+
+def test_scan_file_rules(tmp_path):
+    files = {"src/app.py": "print(1)\n", ".hidden/x.py": "x\n", "node_modules/m.js": "m\n", "big.txt": "x" * 2000}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01binary")
+    os.symlink("src/app.py", tmp_path / "link.py")
+    (tmp_path / "locked.py").write_text("secret\n")
+    (tmp_path / "locked.py").chmod(0)
+    got = scan.scan(str(tmp_path), hashes=True, max_bytes=1000)
+    listed = {p: h for p, _, _, h in got["files"]}
+    assert set(listed) == {"big.txt", "blob.bin", "locked.py", "src/app.py"}
+    assert listed["src/app.py"] == scan.text_hash("print(1)\n") and listed["big.txt"] == listed["blob.bin"] == ""
+    assert (listed["locked.py"] == "") == (os.geteuid() != 0)  # root reads anything
+    assert scan.scan(str(tmp_path / "src"), since_ns=0)["texts"] == {"app.py": "print(1)\n"}
+    assert scan.decode(scan.encode(got)) == got
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert scan.scan(str(empty), hashes=True)["files"] == []
+
+
+def test_merkle_diff_matches_brute_force():
+    rng = random.Random(0)
+    paths = [f"d{rng.randint(0, 5)}/s{rng.randint(0, 3)}/f{i}.py" for i in range(300)] + ["top.py"]
+    a = {p: f"h{rng.randint(0, 9)}" for p in paths}
+    tree = MerkleTree(a)
+    for _ in range(20):
+        b = dict(a)
+        for p in rng.sample(paths, rng.randint(0, 5)):
+            if rng.random() < 0.3:
+                b.pop(p, None)
+            else:
+                b[p] = f"h{rng.randint(10, 19)}"
+        b[f"new/{rng.randint(0, 3)}.py"] = "hn"
+        other = MerkleTree(b)
+        expected = {p: b.get(p) for p in set(a) | set(b) if a.get(p) != b.get(p)}
+        assert tree.diff(other) == expected
+        incremental = MerkleTree(a)
+        for p, h in expected.items():
+            incremental.set(p, h)
+        assert incremental.root == other.root and incremental.files == other.files
+    assert MerkleTree(a).root == tree.root and MerkleTree({}).diff(MerkleTree({})) == {}
+
+
+def test_overlay_bm25_matches_bm25s():
+    rng = random.Random(1)
+    words = "alpha beta gamma delta parse total cart price tax".split()
+    docs = [[rng.choice(words) for _ in range(rng.randint(1, 30))] for _ in range(60)]
+    index = LexicalIndex(docs)
+    for query in (["alpha"], ["tax", "tax", "price"], ["unknown", "cart"]):
+        assert np.allclose(index.scores(query), index.score_docs(query, docs), atol=1e-5)
+    assert tokenize("computeTotalPrice tax_rate") == [
+        "computetotalprice",
+        "compute",
+        "total",
+        "price",
+        "tax_rate",
+        "tax",
+        "rate",
+    ]
+
+
+def _repo(rng: random.Random, n: int) -> dict[str, str]:
+    words = "parse total cart price tax order stock route fare ledger money split".split()
+    out = {}
+    for i in range(n):
+        funcs = [
+            f"def {rng.choice(words)}_{rng.choice(words)}_{j}(x):\n    return x  # {rng.choice(words)}\n\n\n"
+            for j in range(rng.randint(1, 40))
+        ]
+        out[f"pkg{i % 3}/m{i}.py"] = "".join(funcs)
+    return out
+
+
+def test_incremental_view_equals_full_rebuild():
+    rng = random.Random(2)
+    texts = _repo(rng, 30)
+    cache = EmbeddingCache(FakeEmbedder())
+    base = BaseIndex.build(texts, cache)
+    view = IndexView(base, cache)
+    current = dict(texts)
+    for step in range(12):
+        changes = {}
+        for path in rng.sample(sorted(set(current) | {"pkg0/new.py"}), 3):
+            roll = rng.random()
+            if roll < 0.2:
+                changes[path] = None
+            elif roll < 0.4 and path in texts:
+                changes[path] = texts[path]  # back to the base content
+            else:
+                changes[path] = (current.get(path) or "") + f"def added_{step}(y):\n    return y\n"
+        view.apply(changes)
+        for path, text in changes.items():
+            current.pop(path, None) if text is None else current.__setitem__(path, text)
+        full = IndexView(BaseIndex.build(current, cache), cache)
+        key = lambda c: (c.path, c.start, c.end, c.text)  # noqa: E731
+        assert sorted(map(key, view.chunks())) == sorted(map(key, full.chunks()))
+        assert view.root == full.root == MerkleTree({p: scan.text_hash(t) for p, t in current.items()}).root
+        for query in ("total price", f"added {step}"):
+            dense = [(h.path, h.start_line, round(h.score, 5)) for h in view.search(query, 10, "dense")]
+            assert dense == [(h.path, h.start_line, round(h.score, 5)) for h in full.search(query, 10, "dense")]
+            assert {h.path for h in view.search(query, 5, "bm25")} <= set(current)
+    assert len(cache) == cache.embedder.encoded  # every distinct chunk text embedded exactly once
+
+
+def test_search_modes_filters_and_errors():
+    texts = {
+        "shop/pricing.py": "def compute_total_price(items, tax_rate):\n    return 1\n",
+        "pkg/calc.py": "def add(a, b):\n    return a + b\n",
+    }
+    view = IndexView(BaseIndex.build(texts, EmbeddingCache(FakeEmbedder())), EmbeddingCache(FakeEmbedder()))
+    for mode in ("bm25", "dense", "hybrid"):
+        hits = view.search("computeTotalPrice tax", 5, mode)
+        assert hits[0].path == "shop/pricing.py" and hits[0].symbol == "compute_total_price"
+        assert all(h.path.startswith("pkg/") for h in view.search("compute total", 5, mode, ["pkg"]))
+    assert view.search("zebra giraffe", 5, "bm25") == []
+    with pytest.raises(ValueError, match="unknown search mode"):
+        view.search("x", 5, "fuzzy")  # type: ignore[arg-type]
+    lexical_only = IndexView(BaseIndex.build(texts, None), None)
+    assert lexical_only.search("compute total", 5, "hybrid")[0].path == "shop/pricing.py"
+    with pytest.raises(ValueError, match="needs an embedding model"):
+        lexical_only.search("x", 5, "dense")
+    empty = IndexView(BaseIndex.build({}, None), None)
+    assert empty.search("anything", 5, "bm25") == []
+
+
+def test_base_saves_and_loads(tmp_path):
+    cache = EmbeddingCache(FakeEmbedder())
+    base = BaseIndex.build(_repo(random.Random(3), 5), cache)
+    base.save(tmp_path / "b")
+    loaded = BaseIndex.load(tmp_path / "b", "fake")
+    assert loaded is not None and loaded.root == base.root and loaded.chunks == base.chunks
+    assert np.allclose(loaded.vectors, base.vectors, atol=1e-3)
+    assert BaseIndex.load(tmp_path / "b", "another-model") is None
+    (tmp_path / "b" / "chunks.json").write_text("{broken")
+    assert BaseIndex.load(tmp_path / "b", "fake") is None and BaseIndex.load(tmp_path / "nothing", "fake") is None
