@@ -185,11 +185,16 @@ def _batches(pairs: list[tuple[str, str]], size: int, rng: random.Random) -> lis
 
 def finetune(model_dir: Path, pairs: list[tuple[str, str]], cfg: TrainConfig, out_dir: Path, say: Callable) -> None:
     import torch
-    from sentence_transformers import SentenceTransformer, losses
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    except ImportError:  # sentence-transformers before 6
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
 
     torch.manual_seed(cfg.seed)
     model = SentenceTransformer(str(model_dir), device="cpu")
-    loss_fn = losses.MultipleNegativesRankingLoss(model)
+    loss_fn = MultipleNegativesRankingLoss(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     rng = random.Random(cfg.seed)
     model.train()

@@ -7,7 +7,7 @@
 - list_dir: one directory's entries
 - glob_file_search: files by name pattern
 - grep: regex search of file contents (ripgrep, or an identical built-in fallback)
-- codebase_search: ranked code search (a pluggable SearchBackend; BM25 by default)
+- codebase_search: ranked code search (a pluggable SearchBackend; the hybrid semantic index by default)
 - read_lints: ruff diagnostics for changed or given Python files
 - run_terminal_cmd: a bash command in the workspace
 - todo_write: the agent's task list
