@@ -31,7 +31,7 @@ __all__ = ["LexicalSearch", "SearchBackend", "SearchHit", "Tool", "default_tools
 
 def default_tools(search_backend: SearchBackend | None = None) -> list[Tool]:
     """Fresh instances of every tool; `search_backend` overrides codebase_search's (else the
-    episode's `ctx.search`, else a LexicalSearch made on first use)."""
+    episode's `ctx.search`, else the process-wide hybrid index)."""
     return [
         ReadFile(),
         EditFile(),
