@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import posixpath
 import threading
 import weakref
 from typing import Any
 
+from vivace.harness.tools.search import rel_path
 from vivace.sandbox.base import Workspace
-from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.search.config import SearchConfig
 from vivace.search.embed import EmbedderUnavailable, EmbeddingCache, shared
 from vivace.search.tree import Indexer, TreeState, WorkspaceSource
@@ -93,21 +92,10 @@ class HybridSearch:
         self, workspace: Workspace, query: str, target_directories: list[str] | None, k: int
     ) -> list[SearchHit]:
         state = await self.state(workspace)
-        dirs = [d for d in (_rel(t) for t in target_directories or []) if d is not None]
+        dirs = [d for d in (rel_path(t) for t in target_directories or []) if d is not None]
         if target_directories and not dirs:
             return []  # every directory named lies outside the workspace
         return await asyncio.to_thread(state.view.search, query, k, self.config.mode, dirs or None)
-
-
-def _rel(path: str) -> str | None:
-    """A workspace-relative directory ('.' for the root); None when it leaves the workspace."""
-    p = path.strip() or "."
-    if p == WORKSPACE_MOUNT or p.startswith(WORKSPACE_MOUNT + "/"):
-        p = p[len(WORKSPACE_MOUNT) :].lstrip("/") or "."
-    if p.startswith("/"):
-        return None
-    p = posixpath.normpath(p)
-    return None if p == ".." or p.startswith("../") else p
 
 
 _default: HybridSearch | None = None
