@@ -17,12 +17,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+def cache_root() -> Path:
+    """vivace's machine-wide cache folder: $XDG_CACHE_HOME/vivace (~/.cache/vivace)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vivace"
+
+
 def default_state_dir() -> Path:
     """Where machine-wide sandbox state lives (snapshot cache, workspaces): $VIVACE_STATE_DIR or ~/.cache."""
     env = os.environ.get("VIVACE_STATE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vivace" / "sandbox"
+    return Path(env) if env else cache_root() / "sandbox"
 
 
 class _Strict(BaseModel):

@@ -8,15 +8,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vivace.config import cache_root
 from vivace.search.embed import DEFAULT_MODEL
 
 
 def default_cache_dir() -> Path:
     """$VIVACE_SEARCH_CACHE, else the search folder beside vivace's other caches (~/.cache/vivace/search)."""
     env = os.environ.get("VIVACE_SEARCH_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vivace" / "search"
+    return Path(env) if env else cache_root() / "search"
 
 
 class SearchConfig(BaseModel):
