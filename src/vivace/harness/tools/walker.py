@@ -156,4 +156,7 @@ if __name__ == "__main__":
     sys.stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
     if a["mode"] in ("content", "files", "count") and a["path"] != "." and not os.path.exists(a["path"]):
         sys.exit(print(a["path"] + ": No such file or directory (os error 2)", file=sys.stderr) or 2)
-    {"glob": glob, "list": listing, "read": read}.get(a["mode"], grep)()
+    try:
+        {"glob": glob, "list": listing, "read": read}.get(a["mode"], grep)()
+    except Exception as e:  # exit 1 means "no matches": a crash must not read as one
+        sys.exit(print(f"walker failed: {type(e).__name__}: {e}", file=sys.stderr) or 3)
