@@ -154,7 +154,23 @@ class TrainConfig(_Strict):
     tasks_per_step: int = Field(4, ge=1, description="Tasks (groups) rolled out per step.")
     group_size: int = Field(4, ge=2, description="Rollouts per task (G): advantages are relative to the group.")
     steps: int = Field(20, ge=1, description="Optimizer steps in the run.")
-    rollout_concurrency: int = Field(8, ge=1, description="Episodes running at once.")
+    rollout_concurrency: int = Field(8, ge=1, description="Episodes running at once (over all rollout workers).")
+    pipeline: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: a step's groups start together and the next step's start after the weight update "
+        "(batch barrier); async: rollouts never stop, the trainer takes the first complete groups, at most "
+        "max_staleness versions ahead of what they were sampled with.",
+    )
+    partial_episodes: Literal["continue", "abort"] = Field(
+        "continue",
+        description="Episodes in flight at a weight update: continue on the new weights (per-token versions "
+        "recorded) or abort and re-queue them. Either way an episode that can no longer be trained within "
+        "max_staleness is aborted and re-queued at once.",
+    )
+    sampler_replicas: int = Field(1, ge=1, description="Sampler (inference engine) replicas; episodes go to the least loaded.")
+    max_attempts: int = Field(
+        3, ge=1, description="Attempts of an episode whose environment failed before it counts as a failed rollout."
+    )
     advantage: Literal["mean", "std", "loo"] = Field(
         "mean", description="Group baseline: mean-centred, std-normalised, or leave-one-out."
     )

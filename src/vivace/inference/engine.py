@@ -347,12 +347,19 @@ class AsyncEngine:
         with self._lock:
             return self.engine.apply_weights(write, version)
 
+    def load(self) -> int:
+        """In-flight tokens (prompt + generated so far, over running and waiting requests): what a
+        router balances replicas by."""
+        with self._lock:
+            return sum(r.known for r in (*self.engine.running, *self.engine.waiting))
+
     def metrics(self) -> dict:
         s, e = self.engine.stats, self.engine
         return {
             "version": e.version,
             "running": len(e.running),
             "waiting": len(e.waiting),
+            "in_flight_tokens": self.load(),
             "steps": s.steps,
             "generated_tokens": s.generated_tokens,
             "prefill_tokens": s.prefill_tokens,

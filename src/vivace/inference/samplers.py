@@ -14,6 +14,9 @@ same engine as a Ray actor, for a sampler on another process or node) and `HttpS
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import random
 from typing import Any
 
 import httpx
@@ -138,7 +141,17 @@ class RayEngine:
         return RayEngine(ray.remote(_EngineActor).options(**actor_options).remote(spec, config or EngineConfig()))
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        return await self.actor.generate.remote(prompt_ids, params)
+        import ray
+
+        ref = self.actor.generate.remote(prompt_ids, params)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # the actor stops generating for an episode that was aborted
+            raise
+
+    async def load(self) -> int:
+        return await self.actor.load.remote()
 
     async def update_weights(self, state: dict[str, torch.Tensor], version: int | None = None) -> int:
         return await self.actor.update_weights.remote(state, version)
@@ -170,5 +183,51 @@ class _EngineActor:
         self.engine.apply_weights(lambda params: received.append(self.sync.receive(names, params)), version)
         return received[0]
 
+    def load(self) -> int:
+        return self.engine.load()
+
     def metrics(self) -> dict:
         return self.engine.metrics()
+
+
+class StickyRouter:
+    """One episode's view of several sampler replicas: its first turn goes to the replica with
+    the fewest in-flight tokens, later turns stay there (its prefix cache holds the episode).
+
+    `replicas` are Samplers with a `load()` (sync or async): AsyncEngine, RayEngine. When the
+    chosen replica fails, `lost` names it so the caller can re-queue the episode and replace
+    the replica rather than train on a cut-off episode."""
+
+    def __init__(self, replicas: list[Any], is_loss: Any = lambda e: False):
+        if not replicas:
+            raise ValueError("no sampler replicas to route to")
+        self.replicas, self.is_loss = replicas, is_loss
+        self.chosen: int | None = None
+        self.lost: int | None = None
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        if self.chosen is None:
+            self.chosen = await self._least_loaded()
+        try:
+            return await self.replicas[self.chosen].generate(prompt_ids, params)
+        except Exception as e:
+            if self.is_loss(e):
+                self.lost = self.chosen
+            raise
+
+    async def _least_loaded(self) -> int:
+        if len(self.replicas) == 1:
+            return 0
+
+        async def load(i: int) -> float:
+            try:
+                value = self.replicas[i].load()
+                return float(await value if inspect.isawaitable(value) else value)
+            except Exception as e:  # a replica that cannot answer is not chosen
+                if self.is_loss(e):
+                    return float("inf")
+                raise
+
+        loads = await asyncio.gather(*(load(i) for i in range(len(self.replicas))))
+        best = min(loads)
+        return random.choice([i for i, x in enumerate(loads) if x == best])  # ties: spread a burst of starts

@@ -1,27 +1,29 @@
 """The training loop: one controller owns it; the sampler, the rollouts and the trainer do the work.
 
-Each step: take the next `tasks_per_step` tasks in the run's seeded order, roll out `group_size`
-episodes of each on the current policy (the sampler's engine, continuously batched), score them
-with the benchmark's scorer, turn rewards into group advantages, train one step, and send the new
-weights to the sampler (bytes and seconds measured). Everything a step produced goes to the run
-directory:
+Each step: take the next `tasks_per_step` complete groups from the rollout pipeline
+(rl/pipeline.py: `group_size` episodes of each task in the run's seeded order, on the current
+policy, scored with the benchmark's scorer; synchronous or asynchronous), turn rewards into group
+advantages, train one step, and send the new weights to the samplers (bytes and seconds
+measured). Everything a step produced goes to the run directory:
 
     runs/NAME/config.json         the whole configuration
     runs/NAME/metrics.jsonl       one line per step (rewards, components, advantages, loss, KL,
                                   throughput, weight sync, rollout times, agent behaviour)
     runs/NAME/tensorboard/        the same numbers as TensorBoard scalars
     runs/NAME/trajectories/step_N.jsonl   every rollout of step N (trajectory + reward)
+    runs/NAME/timeline.jsonl      every episode attempt: start, end, worker, sampler, versions,
+                                  per-turn model/tool time, outcome (finished, requeued, ...)
     runs/NAME/checkpoints/step_N/ weights (HF directory), optimizer, step, data position, RNG
     runs/NAME/summary.json        the run's first and last numbers, written at the end
 
 Resume (`--resume runs/NAME`): the last checkpoint's weights, optimizer and RNG are loaded and the
-task order continues from its data position, so the run goes on as if never stopped; metrics of
-steps after that checkpoint are discarded and recomputed.
+task order continues from its data position (groups opened but not yet trained are opened
+again), so the run goes on as if never stopped; metrics of steps after that checkpoint are
+discarded and recomputed. If the trainer fails, the run stops with `TrainerFailed`, naming the
+last checkpoint to resume from.
 
-The work runs on Ray actors by default (rl/workers.py: sampler, rollout workers, trainer ranks),
-or in this process (`LocalWorkers`). Not covered here: the asynchronous pipeline and fault
-handling (rollouts overlapping training, bounded by `max_staleness`), which come with the
-pipeline issue.
+The work runs on Ray actors by default (rl/workers.py: sampler replicas, rollout workers, trainer
+ranks), or in this process (`LocalWorkers`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from vivace.config import VivaceConfig
 from vivace.rl.metrics import behaviour, mean, percentile
+from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
 from vivace.rl.workers import RayWorkers
 from vivace.tasks.format import Task
@@ -54,14 +57,19 @@ class TaskOrder:
         self.tasks, self.seed, self.position = tasks, seed, position
 
     def take(self, n: int) -> list[Task]:
-        out = []
-        for _ in range(n):
-            epoch, i = divmod(self.position, len(self.tasks))
-            perm = list(range(len(self.tasks)))
-            random.Random(f"{self.seed}:{epoch}").shuffle(perm)
-            out.append(self.tasks[perm[i]])
-            self.position += 1
+        out = [self.at(p) for p in range(self.position, self.position + n)]
+        self.position += n
         return out
+
+    def at(self, position: int) -> Task:
+        epoch, i = divmod(position, len(self.tasks))
+        perm = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(perm)
+        return self.tasks[perm[i]]
+
+
+class TrainerFailed(RuntimeError):
+    """The trainer failed; the run stopped at its last checkpoint."""
 
 
 def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
@@ -97,20 +105,24 @@ async def train(
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else load_suite(tc.suite, split=tc.split)
     order = TaskOrder(tasks, tc.seed)
-    start, ckpt = 0, None
+    start, ckpt, pending = 0, None, []
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
             state = json.loads((ckpt / "state.json").read_text())
-            order.position, start = state["data_position"], state["step"]
+            order.position, start, pending = state["data_position"], state["step"], state.get("pending", [])
             torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False)["torch"])
         _truncate_metrics(run_dir, start)
     workers = workers or RayWorkers(cfg, episode)
     board = SummaryWriter(str(run_dir / "tensorboard"))
+    pipeline = None
     try:
         await workers.start(start, ckpt)
+        pipeline = Pipeline(cfg, workers, order.at, version=start, position=order.position, pending=pending,
+                            timeline=run_dir / "timeline.jsonl")  # fmt: skip
+        pipeline.start()
         for step in range(start, tc.steps):
-            row = await _step(step, order, workers, cfg, run_dir)
+            row = await _step(step, pipeline, workers, cfg, run_dir)
             with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             for key, value in row.items():
@@ -120,26 +132,41 @@ async def train(
             if on_step:
                 on_step(row)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
-                await _checkpoint(run_dir, workers, step + 1, order.position)
+                await _checkpoint(run_dir, workers, step + 1, pipeline)
+    except TrainerFailed as e:
+        last = latest_checkpoint(run_dir)
+        where = f"its last checkpoint is {last}; continue with `vivace train --resume {run_dir}`" if last else (
+            "no checkpoint was written yet; start it again")  # fmt: skip
+        raise TrainerFailed(f"{e}. The run stopped: {where}.") from e.__cause__
     finally:
+        final = await pipeline.close() if pipeline is not None else {}
         board.close()
         await workers.close()
-    return write_summary(run_dir)
+    return write_summary(run_dir, final)
 
 
-async def _step(step: int, order: TaskOrder, workers: Any, cfg: VivaceConfig, run_dir: Path) -> dict[str, Any]:
+async def _step(step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, run_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    tokens_before = await workers.sampled_tokens()
-    groups = await workers.rollout(order.take(cfg.train.tasks_per_step))
+    before = await workers.sampler_stats()
+    groups = [g.rollouts() for g in await pipeline.next_batch()]
     rollout_s = time.perf_counter() - t0
-    generated = await workers.sampled_tokens() - tokens_before
     samples, counts = to_samples(groups, cfg, version=step)
-    train_stats = await workers.train_step(samples) if samples else {}
+    try:
+        train_stats = await workers.train_step(samples) if samples else {}
+    except Exception as e:
+        raise TrainerFailed(f"the trainer failed at step {step + 1}: {type(e).__name__}: {e}") from e
     sync_bytes, sync_s = await workers.sync(step + 1)
+    pipeline.set_version(step + 1)
+    after = await workers.sampler_stats()
     flat = [r for g in groups for r in g]
     _save_rollouts(run_dir, step, flat)
-    row = _row(step, flat, counts, train_stats, rollout_s, generated, time.perf_counter() - t0)
-    row.update(weight_sync_s=sync_s, weight_sync_bytes=sync_bytes)
+    step_s = time.perf_counter() - t0
+    generated = after["generated_tokens"] - before["generated_tokens"]
+    row = _row(step, flat, counts, train_stats, rollout_s, generated, step_s)
+    replicas = cfg.train.sampler_replicas
+    row.update(weight_sync_s=sync_s, weight_sync_bytes=sync_bytes,
+               sampler_busy=(after["busy_s"] - before["busy_s"]) / (step_s * replicas) if step_s else 0.0,
+               **pipeline.snapshot())  # fmt: skip
     return row
 
 
@@ -155,8 +182,8 @@ def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, s
         **counts,
         **train_stats,
         "sampling_tokens": generated,
-        "sampling_tokens_per_s": generated / rollout_s if rollout_s else 0.0,
-        "rollout_s": rollout_s,
+        "sampling_tokens_per_s": generated / step_s if step_s else 0.0,
+        "rollout_s": rollout_s,  # waiting for the batch (all of the rollouts, in sync mode)
         "episode_s_p50": percentile([r.trajectory.wall_s for r in ok], 0.5),
         "episode_s_p99": percentile([r.trajectory.wall_s for r in ok], 0.99),
         "unsupported_claims": mean([1.0 if r.details.get("unsupported_claims") else 0.0 for r in ok]),
@@ -176,11 +203,12 @@ def _save_rollouts(run_dir: Path, step: int, flat: list[Rollout]) -> None:
                                 "trajectory": r.trajectory.model_dump() if r.trajectory else None}) + "\n")  # fmt: skip
 
 
-async def _checkpoint(run_dir: Path, workers: Any, step: int, position: int) -> None:
+async def _checkpoint(run_dir: Path, workers: Any, step: int, pipeline: Pipeline) -> None:
     path = run_dir / "checkpoints" / f"step_{step}"
     await workers.save(path)
     torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
-    (path / "state.json").write_text(json.dumps({"step": step, "data_position": position}))  # written last: complete
+    state = {"step": step, "data_position": pipeline.position, "pending": pipeline.pending_positions()}
+    (path / "state.json").write_text(json.dumps(state))  # written last: complete
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
@@ -190,7 +218,7 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
         path.write_text("".join(line + "\n" for line in keep))
 
 
-def write_summary(run_dir: Path) -> dict[str, Any]:
+def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     first, last = rows[0], rows[-1]
     keys = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn", "loss", "entropy")
@@ -201,6 +229,7 @@ def write_summary(run_dir: Path) -> dict[str, Any]:
         "rollouts": sum(r["rollouts"] for r in rows),
         "wall_s": sum(r["step_s"] for r in rows),
         "checkpoint": str(latest_checkpoint(run_dir)),
+        "pipeline": pipeline or {},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -9,13 +9,14 @@ at most `max_staleness` policy versions behind the trainer. What was dropped is 
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from vivace.bench.runner import run_task
 from vivace.config import VivaceConfig
+from vivace.harness.policy import TokenPolicy
 from vivace.harness.trajectory import Trajectory
+from vivace.inference.samplers import StickyRouter
 from vivace.rl.advantages import group_advantages
 from vivace.rl.trainer import Sample
 from vivace.tasks.format import Task
@@ -38,26 +39,38 @@ class Rollout:
         return self.trajectory is not None and self.trajectory.stop_reason in TRUNCATED
 
 
-async def rollout_groups(
-    policy: Any, tasks: list[Task], cfg: VivaceConfig, backend: Any, episode: Any = run_task
-) -> list[list[Rollout]]:
-    """`group_size` episodes of every task, at most `rollout_concurrency` at once. `episode` is
-    `bench.runner.run_task` (the benchmark's episode and score) unless a synthetic environment
-    (rl/synthetic.py) replaces it."""
-    sem = asyncio.Semaphore(cfg.train.rollout_concurrency)
+@dataclass
+class EpisodeResult:
+    """What a rollout worker returns for one episode attempt. `status`: ok (a scored rollout),
+    sampler_lost (the sampler replica serving it died: re-queue it), env_failed (the workspace or
+    the episode raised: re-queue it, up to the attempt limit)."""
 
-    async def one(task: Task) -> Rollout:
-        async with sem:
-            try:
-                traj, score = await episode(policy, task, cfg, backend)
-            except Exception as e:  # an environment failure is counted, not trained on
-                return Rollout(task.id, None, 0.0, error=f"{type(e).__name__}: {e}")
-        components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}
-        return Rollout(task.id, traj, score.total, components, score.resolved, score.details)
+    status: str
+    rollout: Rollout | None = None
+    sampler: int | None = None  # replica index that served it
+    error: str | None = None
 
-    g = cfg.train.group_size
-    flat = await asyncio.gather(*(one(t) for t in tasks for _ in range(g)))
-    return [list(flat[i : i + g]) for i in range(0, len(flat), g)]
+
+async def run_attempt(
+    replicas: list[Any], chat: Any, params: Any, name: str, task: Task, cfg: VivaceConfig, backend: Any,
+    episode: Any = run_task, is_loss: Any = lambda e: False,
+) -> EpisodeResult:  # fmt: skip
+    """One episode on the least-loaded sampler replica (sticky for its later turns), scored by
+    `episode`: `bench.runner.run_task` (the benchmark's episode and score) unless a synthetic
+    environment (rl/synthetic.py) replaces it. `is_loss(exc)` says an exception means the replica
+    is gone (a dead Ray actor)."""
+    router = StickyRouter(replicas, is_loss)
+    policy = TokenPolicy(router, chat, name=name, params=params)
+    try:
+        traj, score = await episode(policy, task, cfg, backend)
+    except Exception as e:
+        status = "sampler_lost" if router.lost is not None else "env_failed"
+        return EpisodeResult(status, sampler=router.chosen, error=f"{type(e).__name__}: {e}")
+    if router.lost is not None:  # the loop recorded the failure as the episode's end: not a real one
+        return EpisodeResult("sampler_lost", sampler=router.lost, error=traj.error)
+    components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}
+    rollout = Rollout(task.id, traj, score.total, components, score.resolved, score.details)
+    return EpisodeResult("ok", rollout, sampler=router.chosen)
 
 
 def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> tuple[list[Sample], dict[str, float]]:
@@ -67,6 +80,7 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
     counts = {"groups": len(groups), "groups_zero_variance": 0, "rollouts_failed": 0, "samples_masked_truncated": 0,
               "samples_too_stale": 0, "samples_without_tokens": 0}  # fmt: skip
     advantages: list[float] = []
+    staleness: list[int] = []
     for group in groups:
         ok = [r for r in group if r.error is None]
         counts["rollouts_failed"] += len(group) - len(ok)
@@ -83,14 +97,17 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
                 counts["samples_masked_truncated"] += 1
             elif tokens is None or not any(tokens.loss_mask):
                 counts["samples_without_tokens"] += 1
-            elif (
-                min(v for v, m in zip(tokens.versions, tokens.loss_mask, strict=True) if m) < version - tc.max_staleness
+            elif (oldest := min(v for v, m in zip(tokens.versions, tokens.loss_mask, strict=True) if m)) < (
+                version - tc.max_staleness
             ):
                 counts["samples_too_stale"] += 1
             else:
                 samples.append(Sample(tokens.ids, tokens.loss_mask, tokens.logprobs, tokens.versions, a))
                 advantages.append(a)
+                staleness.append(version - oldest)
     counts["samples"] = len(samples)
+    if staleness:  # versions behind the trainer of each kept sample's oldest token
+        counts.update(staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness))
     if advantages:
         mean = sum(advantages) / len(advantages)
         counts.update(adv_mean=mean, adv_abs_mean=sum(map(abs, advantages)) / len(advantages),

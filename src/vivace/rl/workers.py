@@ -1,15 +1,24 @@
-"""Who does the work of a training step: the sampler, the rollout workers and the trainer.
+"""Who does the work of a training step: sampler replicas, rollout workers and the trainer.
 
-Two placements behind one interface (`start`, `rollout`, `sampled_tokens`, `train_step`, `sync`,
-`save`, `close`), so the controller's loop is the same everywhere:
+Two placements behind one interface, so the pipeline (rl/pipeline.py) and the controller are
+the same everywhere:
 
-- `RayWorkers` (the default): Ray actors — one sampler replica (the engine, `_EngineActor` from
+    start(version, checkpoint)   build everything, load a checkpoint, push weights `version`
+    capacity() -> [slots, ...]   episodes each rollout worker runs at once
+    episode(worker, task)        one episode attempt on that worker -> EpisodeResult;
+                                 raises WorkerLost when the worker itself died
+    replace_worker(worker)       a fresh worker in a dead one's place
+    heal_samplers(version)       replace dead sampler replicas, give them weights `version`
+    sampler_stats()              generated tokens and busy seconds, summed over replicas
+    train_step(samples), sync(version), save(path), close()
+
+- `RayWorkers` (the default): Ray actors — `sampler_replicas` engines (`_EngineActor` from
   inference/samplers.py), `rollout_workers` rollout workers (each an agent loop beside its own
-  workspace backend, sampling through the sampler actor), and the trainer (one rank per actor,
-  a torch.distributed group among them). `ray.init()` starts a local cluster unless `address`
-  names one to join. Weights go from the trainer to the sampler through the object store (the
-  trainer `ray.put`s its full state dict once and the sampler fetches it), or by collective
-  broadcast from trainer rank 0 (rl/weight_sync.py: NCCL on GPUs, gloo on CPU).
+  workspace backend, routing each episode to the least-loaded replica), and the trainer (one rank
+  per actor, a torch.distributed group among them). `ray.init()` starts a local cluster unless
+  `address` names one to join. Weights go from the trainer to the samplers through the object
+  store (the trainer `ray.put`s its full state dict once and every replica fetches it), or by
+  collective broadcast from trainer rank 0 (rl/weight_sync.py: NCCL on GPUs, gloo on CPU).
 - `LocalWorkers`: all in this process (tests, debugging, machines without Ray).
 """
 
@@ -23,26 +32,34 @@ from typing import Any
 
 from vivace.config import EngineConfig, VivaceConfig
 from vivace.harness.chat import ChatFormat
-from vivace.harness.policy import TokenPolicy
 from vivace.inference.samplers import sampling_params
-from vivace.rl.rollout import Rollout, rollout_groups
+from vivace.rl.rollout import EpisodeResult, run_attempt
 from vivace.rl.trainer import Sample, Trainer
 from vivace.tasks.format import Task
 
 
-def _engine_config(cfg: VivaceConfig, version: int) -> EngineConfig:
-    """The sampler's engine settings; its seed moves with the step so a resumed run does not
-    replay the samples of its first steps."""
-    return cfg.engine.model_copy(update={"seed": cfg.train.seed + version})
+class WorkerLost(Exception):
+    """The rollout worker running an episode died; the episode must be re-queued."""
+
+
+def _engine_config(cfg: VivaceConfig, version: int, replica: int = 0) -> EngineConfig:
+    """A sampler replica's engine settings; its seed moves with the step (a resumed run does not
+    replay its first steps' samples) and with the replica (replicas do not sample alike)."""
+    return cfg.engine.model_copy(update={"seed": cfg.train.seed + version + 1000 * replica})
 
 
 def _nbytes(state: dict) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
+def _split(total: int, parts: int) -> list[int]:
+    """`total` slots over `parts` workers, as evenly as possible (every worker gets at least one)."""
+    return [max(1, total // parts + (1 if i < total % parts else 0)) for i in range(parts)]
+
+
 class LocalWorkers:
     def __init__(self, cfg: VivaceConfig, episode: Any = None):
-        self.cfg, self.episode = cfg, episode
+        self.cfg, self.episode_fn = cfg, episode
 
     async def start(self, version: int, checkpoint: Path | None) -> None:
         from vivace.inference.samplers import local_engine
@@ -52,18 +69,31 @@ class LocalWorkers:
         self.trainer = Trainer(tc.model, tc)
         if checkpoint is not None:
             self.trainer.load(checkpoint)
-        self.sampler, chat = local_engine(tc.model, _engine_config(self.cfg, version))
-        self.policy = TokenPolicy(self.sampler, chat, name=tc.model, params=sampling_params(self.cfg.engine))
+        self.samplers = []
+        for i in range(tc.sampler_replicas):
+            engine, self.chat = local_engine(tc.model, _engine_config(self.cfg, version, i))
+            self.samplers.append(engine)
+        self.params = sampling_params(self.cfg.engine)
         self.backend = open_backend(self.cfg.sandbox)
         await self.sync(version)
 
-    async def rollout(self, tasks: list[Task]) -> list[list[Rollout]]:
-        if self.episode is not None:
-            return await rollout_groups(self.policy, tasks, self.cfg, self.backend, self.episode)
-        return await rollout_groups(self.policy, tasks, self.cfg, self.backend)
+    def capacity(self) -> list[int]:
+        return _split(self.cfg.train.rollout_concurrency, self.cfg.train.rollout_workers)
 
-    async def sampled_tokens(self) -> int:
-        return self.sampler.engine.stats.generated_tokens
+    async def episode(self, worker: int, task: Task) -> EpisodeResult:
+        kw = {"episode": self.episode_fn} if self.episode_fn is not None else {}
+        return await run_attempt(self.samplers, self.chat, self.params, self.cfg.train.model, task, self.cfg,
+                                 self.backend, **kw)  # fmt: skip
+
+    async def replace_worker(self, worker: int) -> None:
+        pass  # in-process workers do not die on their own
+
+    async def heal_samplers(self, version: int) -> int:
+        return 0
+
+    async def sampler_stats(self) -> dict[str, float]:
+        stats = [s.engine.stats for s in self.samplers]
+        return {"generated_tokens": sum(s.generated_tokens for s in stats), "busy_s": sum(s.busy_s for s in stats)}
 
     async def train_step(self, samples: list[Sample]) -> dict[str, float]:
         return await asyncio.to_thread(self.trainer.train_step, samples)
@@ -71,15 +101,17 @@ class LocalWorkers:
     async def sync(self, version: int) -> tuple[int, float]:
         t0 = time.perf_counter()
         state = self.trainer.full_state_dict()
-        self.sampler.update_weights(state, version=version)
+        for s in self.samplers:
+            s.update_weights(state, version=version)
         return _nbytes(state), time.perf_counter() - t0
 
     async def save(self, path: Path) -> None:
         await asyncio.to_thread(self.trainer.save, path)
 
     async def close(self) -> None:
-        if hasattr(self, "sampler"):
-            self.sampler.close()
+        for s in getattr(self, "samplers", []):
+            s.close()
+        if hasattr(self, "backend"):
             await self.backend.aclose()
 
 
@@ -124,68 +156,144 @@ class _TrainerActor:
 
 
 class _RolloutActor:
-    def __init__(self, cfg: VivaceConfig, sampler: Any, episode: Any):
-        from vivace.inference.samplers import RayEngine
+    """A rollout worker: runs episodes beside its own workspace backend, sampling from the replicas
+    it is handed with each episode (so replaced replicas reach it without a restart)."""
+
+    def __init__(self, cfg: VivaceConfig, episode: Any):
         from vivace.model.checkpoint import load_tokenizer
         from vivace.sandbox import open_backend
 
-        self.cfg, self.episode = cfg, episode
-        chat = ChatFormat(load_tokenizer(cfg.train.model))
-        self.policy = TokenPolicy(RayEngine(sampler), chat, name=cfg.train.model, params=sampling_params(cfg.engine))
+        self.cfg, self.episode_fn = cfg, episode
+        self.chat = ChatFormat(load_tokenizer(cfg.train.model))
+        self.params = sampling_params(cfg.engine)
         self.backend = open_backend(cfg.sandbox)
 
-    async def rollout(self, tasks: list[Task]) -> list[list[Rollout]]:
-        if self.episode is not None:
-            return await rollout_groups(self.policy, tasks, self.cfg, self.backend, self.episode)
-        return await rollout_groups(self.policy, tasks, self.cfg, self.backend)
+    async def episode_attempt(self, task: Task, samplers: list[Any]) -> EpisodeResult:
+        import ray
+
+        from vivace.inference.samplers import RayEngine
+
+        kw = {"episode": self.episode_fn} if self.episode_fn is not None else {}
+        replicas = [RayEngine(a) for a in samplers]
+        return await run_attempt(replicas, self.chat, self.params, self.cfg.train.model, task, self.cfg,
+                                 self.backend, is_loss=lambda e: isinstance(e, ray.exceptions.RayActorError), **kw)  # fmt: skip
+
+    def ping(self) -> bool:
+        return True
 
 
 class RayWorkers:
     def __init__(self, cfg: VivaceConfig, episode: Any = None, address: str | None = None):
-        self.cfg, self.episode, self.address = cfg, episode, address
+        self.cfg, self.episode_fn, self.address = cfg, episode, address
         self.trainer_ranks, self.rollout_workers = cfg.train.trainer_ranks, cfg.train.rollout_workers
+        self.version = 0
 
     async def start(self, version: int, checkpoint: Path | None) -> None:
         import ray
-
-        from vivace.inference.samplers import _EngineActor
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train
-        gpu = 1 if ray.cluster_resources().get("GPU") else 0
+        self.gpu = 1 if ray.cluster_resources().get("GPU") else 0
         self.trainers = [
-            ray.remote(_TrainerActor).options(num_cpus=1, num_gpus=gpu).remote(self.cfg, r, self.trainer_ranks, master)
+            ray.remote(_TrainerActor)
+            .options(num_cpus=1, num_gpus=self.gpu)
+            .remote(self.cfg, r, self.trainer_ranks, master)
             for r in range(self.trainer_ranks)
         ]
-        engine_cfg = _engine_config(self.cfg, version)
-        self.sampler = ray.remote(_EngineActor).options(num_cpus=1, num_gpus=gpu).remote(tc.model, engine_cfg)
-        self.workers = [
-            ray.remote(_RolloutActor).options(num_cpus=0).remote(self.cfg, self.sampler, self.episode)
-            for _ in range(self.rollout_workers)
-        ]
+        self.samplers = [self._new_sampler(version, i) for i in range(tc.sampler_replicas)]
+        self.workers = [self._new_worker() for _ in range(self.rollout_workers)]
         if checkpoint is not None:
             await asyncio.gather(*(t.load.remote(str(checkpoint)) for t in self.trainers))
         mode = tc.weight_sync
-        self.broadcast = mode == "broadcast" or (mode == "auto" and bool(gpu))
+        self.broadcast = mode == "broadcast" or (mode == "auto" and bool(self.gpu))
         if self.broadcast:
-            address = await self.trainers[0].sync_address.remote()
-            joined = await asyncio.gather(
-                *(t.join_weight_sync.remote(address, 2) for t in self.trainers),
-                self.sampler.join_weight_sync.remote(address, 1, 2),
-            )
-            self.names = joined[0]
+            await self._join_broadcast()
         await self.sync(version)
 
-    async def rollout(self, tasks: list[Task]) -> list[list[Rollout]]:
-        shares = [tasks[i :: len(self.workers)] for i in range(len(self.workers))]
-        parts = await asyncio.gather(*(w.rollout.remote(s) for w, s in zip(self.workers, shares, strict=True) if s))
-        return [g for part in parts for g in part]
+    def _new_sampler(self, version: int, replica: int) -> Any:
+        import ray
 
-    async def sampled_tokens(self) -> int:
-        return (await self.sampler.metrics.remote())["generated_tokens"]
+        from vivace.inference.samplers import _EngineActor
+
+        cfg = _engine_config(self.cfg, version, replica)
+        # Async actor: many episodes' requests at once, batched by the engine.
+        return (
+            ray.remote(_EngineActor)
+            .options(num_cpus=1, num_gpus=self.gpu, max_concurrency=1000)
+            .remote(self.cfg.train.model, cfg)
+        )
+
+    def _new_worker(self) -> Any:
+        import ray
+
+        return ray.remote(_RolloutActor).options(num_cpus=0, max_concurrency=1000).remote(self.cfg, self.episode_fn)
+
+    async def _join_broadcast(self) -> None:
+        """(Re)forms the broadcast group: trainer rank 0 and every replica, on a fresh address."""
+        address = await self.trainers[0].sync_address.remote()
+        world = 1 + len(self.samplers)
+        joined = await asyncio.gather(
+            *(t.join_weight_sync.remote(address, world) for t in self.trainers),
+            *(s.join_weight_sync.remote(address, i + 1, world) for i, s in enumerate(self.samplers)),
+        )
+        self.names = joined[0]
+
+    def capacity(self) -> list[int]:
+        return _split(self.cfg.train.rollout_concurrency, len(self.workers))
+
+    async def episode(self, worker: int, task: Task) -> EpisodeResult:
+        import ray
+
+        ref = self.workers[worker].episode_attempt.remote(task, self.samplers)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # aborted: the worker stops the episode and closes its workspace
+            raise
+        except ray.exceptions.RayActorError as e:
+            raise WorkerLost(f"rollout worker {worker} died: {e}") from e
+
+    async def replace_worker(self, worker: int) -> None:
+        import ray
+
+        ray.kill(self.workers[worker])
+        self.workers[worker] = self._new_worker()
+        await self.workers[worker].ping.remote()
+
+    async def heal_samplers(self, version: int) -> int:
+        """Replaces every replica that does not answer; returns how many were replaced."""
+        import ray
+
+        dead = []
+        for i, s in enumerate(self.samplers):
+            try:
+                await asyncio.wait_for(s.load.remote(), timeout=60)
+            except (ray.exceptions.RayActorError, TimeoutError):
+                dead.append(i)
+        for i in dead:
+            ray.kill(self.samplers[i])
+            self.samplers[i] = self._new_sampler(version, i)
+        if dead:
+            if self.broadcast:
+                await self._join_broadcast()
+            await self.sync(version)
+        return len(dead)
+
+    async def sampler_stats(self) -> dict[str, float]:
+        import ray
+
+        totals = {"generated_tokens": 0.0, "busy_s": 0.0}
+        for s in self.samplers:
+            try:
+                m = await s.metrics.remote()
+            except ray.exceptions.RayActorError:
+                continue  # a dead replica's numbers went with it
+            totals["generated_tokens"] += m["generated_tokens"]
+            totals["busy_s"] += m["busy_s"]
+        return totals
 
     async def train_step(self, samples: list[Sample]) -> dict[str, float]:
         stats = await asyncio.gather(*(t.train_step.remote(samples) for t in self.trainers))
@@ -196,12 +304,12 @@ class RayWorkers:
         if self.broadcast:
             sent, _ = await asyncio.gather(
                 asyncio.gather(*(t.broadcast_weights.remote() for t in self.trainers)),
-                self.sampler.receive_weights.remote(self.names, version),
+                asyncio.gather(*(s.receive_weights.remote(self.names, version) for s in self.samplers)),
             )
             return sent[0], time.perf_counter() - t0
         results = await asyncio.gather(*(t.weights.remote() for t in self.trainers))
         ref, nbytes = results[0]
-        await self.sampler.update_weights.remote(ref, version)
+        await asyncio.gather(*(s.update_weights.remote(ref, version) for s in self.samplers))
         return nbytes, time.perf_counter() - t0
 
     async def save(self, path: Path) -> None:
@@ -210,9 +318,8 @@ class RayWorkers:
     async def close(self) -> None:
         import ray
 
-        for actor in [*getattr(self, "workers", []), getattr(self, "sampler", None), *getattr(self, "trainers", [])]:
-            if actor is not None:
-                ray.kill(actor)
+        for actor in [*getattr(self, "workers", []), *getattr(self, "samplers", []), *getattr(self, "trainers", [])]:
+            ray.kill(actor)
 
 
 def _free_port() -> int:
