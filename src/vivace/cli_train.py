@@ -1,4 +1,5 @@
-"""`vivace train`: RL on the built-in defaults or a config; registered on the app in cli.py."""
+"""`vivace train` (RL on the built-in defaults or a config) and `vivace train bench-pipeline`
+(synchronous vs asynchronous rollouts); registered on the app in cli.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from rich.table import Table
 from vivace.cli import BackendOpt, PresetOpt, StateOpt, app, err, out
 from vivace.config import VivaceConfig, load_preset
 
+train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")
+app.add_typer(train_app, name="train")
+
 
 def load_config(preset: str, config_file: Path | None) -> VivaceConfig:
     """A preset, with a JSON or TOML file's sections merged over it."""
@@ -27,8 +31,9 @@ def load_config(preset: str, config_file: Path | None) -> VivaceConfig:
     return load_preset(preset, **overrides)
 
 
-@app.command("train")
+@train_app.callback(invoke_without_command=True)
 def train_command(
+    ctx: typer.Context,
     preset: PresetOpt = "tiny",
     config_file: Annotated[
         Path | None, typer.Option("--config", help="JSON or TOML file of sections merged over the preset.")
@@ -49,7 +54,9 @@ def train_command(
     ] = False,
 ) -> None:
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
-    from vivace.rl.controller import new_run_dir, train
+    if ctx.invoked_subcommand is not None:
+        return
+    from vivace.rl.controller import TrainerFailed, new_run_dir, train
     from vivace.rl.workers import LocalWorkers, RayWorkers
 
     try:
@@ -85,23 +92,88 @@ def train_command(
 
     err.print(f"run directory: {run_dir}  ({cfg.train.steps} steps, {cfg.train.tasks_per_step} tasks x "
               f"{cfg.train.group_size} rollouts per step, model {cfg.train.model})")  # fmt: skip
+
+    def run() -> dict:
+        if as_json:
+            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers,
+                                     on_step=lambda r: print(json.dumps(r), flush=True)))  # fmt: skip
+        with Live(render(), console=err, refresh_per_second=2) as live:
+
+            def on_step(row: dict) -> None:
+                table_rows.append(row)
+                live.update(render())
+
+            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, on_step=on_step))
+
+    try:
+        summary = run()
+    except TrainerFailed as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from e
     if as_json:
-        summary = asyncio.run(
-            train(
-                cfg,
-                run_dir,
-                resume=resume is not None,
-                workers=workers,
-                on_step=lambda r: print(json.dumps(r), flush=True),
-            )
-        )
         print(json.dumps({"summary": summary}))
+    else:
+        out.print_json(json.dumps(summary))
+
+
+@train_app.command("bench-pipeline")
+def bench_pipeline_command(
+    preset: PresetOpt = "tiny",
+    config_file: Annotated[
+        Path | None, typer.Option("--config", help="JSON or TOML file of sections merged over the preset.")
+    ] = None,
+    modes: Annotated[str, typer.Option(help="Comma-separated: sync, async, async-abort.")] = "sync,async,async-abort",
+    steps: Annotated[int, typer.Option(help="Training steps per mode.")] = 6,
+    tasks_per_step: Annotated[int, typer.Option(help="Groups per step.")] = 4,
+    group_size: Annotated[int, typer.Option(help="Episodes per group.")] = 4,
+    concurrency: Annotated[int, typer.Option(help="Episodes running at once (both modes).")] = 16,
+    max_staleness: Annotated[int, typer.Option(help="Async: versions a trained token may lag.")] = 1,
+    replicas: Annotated[int, typer.Option(help="Sampler replicas.")] = 1,
+    median_s: Annotated[float, typer.Option(help="Median tool latency (seconds).")] = 1.0,
+    sigma: Annotated[float, typer.Option(help="Log-normal sigma of tool latency (heavier tail when larger).")] = 1.0,
+    turns: Annotated[str, typer.Option(help="Turns per episode, drawn uniformly from MIN-MAX.")] = "2-6",
+    turn_tokens: Annotated[int, typer.Option(help="Tokens the model samples per turn at most.")] = 32,
+    work_dir: Annotated[Path, typer.Option(help="Where the runs go.")] = Path("runs/bench-pipeline"),
+    local: Annotated[bool, typer.Option("--local", help="In this process instead of Ray actors.")] = False,
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Synchronous vs asynchronous rollouts on a heavy-tailed synthetic environment, side by side:
+    trajectories per minute, sampler busy fraction, staleness, p50/p99 episode time."""
+    from vivace.rl.bench import bench_pipeline
+
+    try:
+        lo, _, hi = turns.partition("-")
+        turn_range = (int(lo), int(hi or lo))
+        cfg = load_config(preset, config_file)
+        cfg.train = cfg.train.model_copy(update={"steps": steps, "tasks_per_step": tasks_per_step,
+            "group_size": group_size, "rollout_concurrency": concurrency, "max_staleness": max_staleness,
+            "sampler_replicas": replicas, "checkpoint_every": 1_000_000})  # fmt: skip
+        cfg.agent = cfg.agent.model_copy(update={"max_turn_tokens": turn_tokens})
+        cfg.engine = cfg.engine.model_copy(update={"max_batch": max(cfg.engine.max_batch, concurrency)})
+        if backend is not None:
+            cfg.sandbox.backend = backend  # type: ignore[assignment]
+        if state_dir is not None:
+            cfg.sandbox.state_dir = state_dir
+        if not 1 <= turn_range[0] <= turn_range[1]:
+            raise ValueError(f"--turns {turns!r}: give MIN-MAX with 1 <= MIN <= MAX")
+    except ValueError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    with err.status("measuring the rollout pipeline...") as status:
+        result = asyncio.run(bench_pipeline(cfg, work_dir.resolve(), modes=[m.strip() for m in modes.split(",")],
+                                            median_s=median_s, sigma=sigma, turns=turn_range, local=local,
+                                            say=lambda s: status.update(s)))  # fmt: skip
+    if as_json:
+        print(json.dumps(result, indent=2))
         return
-    with Live(render(), console=err, refresh_per_second=2) as live:
-
-        def on_step(row: dict) -> None:
-            table_rows.append(row)
-            live.update(render())
-
-        summary = asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, on_step=on_step))
-    out.print_json(json.dumps(summary))
+    table = Table(title="rollout pipeline: " + result["workload"]["tool_latency"])
+    for col in ("mode", "traj/min", "vs sync", "sampler busy", "staleness", "episode p50 s", "p99 s", "requeued"):
+        table.add_column(col, justify="right")
+    for mode, r in result["modes"].items():
+        speed = f"{r['speedup_vs_sync']:.2f}x" if r.get("speedup_vs_sync") else "-"
+        stale = " ".join(f"{k}:{v}" for k, v in r["staleness"].items())
+        table.add_row(mode, f"{r['trajectories_per_min']:.1f}", speed, f"{r['sampler_busy']:.0%}", stale,
+                      f"{r['episode_s_p50']:.1f}", f"{r['episode_s_p99']:.1f}", str(r["episodes_requeued"]))  # fmt: skip
+    out.print(table)

@@ -167,7 +167,9 @@ class TrainConfig(_Strict):
         "recorded) or abort and re-queue them. Either way an episode that can no longer be trained within "
         "max_staleness is aborted and re-queued at once.",
     )
-    sampler_replicas: int = Field(1, ge=1, description="Sampler (inference engine) replicas; episodes go to the least loaded.")
+    sampler_replicas: int = Field(
+        1, ge=1, description="Sampler (inference engine) replicas; episodes go to the least loaded."
+    )
     max_attempts: int = Field(
         3, ge=1, description="Attempts of an episode whose environment failed before it counts as a failed rollout."
     )
