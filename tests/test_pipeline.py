@@ -38,7 +38,7 @@ class ScriptedWorkers:
         self.version = 0
         self.trained: list[tuple[int, list[list[int]]]] = []  # (trainer version, per-sample sampled versions)
         self.attempt_ids: list[str] = []
-        self.replaced = {"workers": 0, "samplers": 0}
+        self.replaced = {"workers_replaced": 0, "samplers_replaced": 0}
         self._ids = iter(range(1 << 30))
 
     async def start(self, version, checkpoint):
@@ -72,17 +72,19 @@ class ScriptedWorkers:
         return EpisodeResult("ok", Rollout(task.id, traj, score.total, {}, False, {}), sampler=0)
 
     async def replace_worker(self, worker):
-        self.replaced["workers"] += 1
+        self.replaced["workers_replaced"] += 1
 
     async def heal_samplers(self, version):
-        self.replaced["samplers"] += 1
+        self.replaced["samplers_replaced"] += 1
         return 1
 
     async def sampler_stats(self):
         return {"generated_tokens": 0, "busy_s": 0.0}
 
     async def train_step(self, samples):
-        self.trained.append((self.version, [[v for v, m in zip(s.versions, s.mask) if m] for s in samples]))
+        self.trained.append(
+            (self.version, [[v for v, m in zip(s.versions, s.mask, strict=True) if m] for s in samples])
+        )
         await asyncio.sleep(0.01)
         return {"loss": 0.0}
 
@@ -155,7 +157,7 @@ async def test_failures_are_requeued_and_every_count_balances(tmp_path):
     balanced(counts)
     for kind in ("worker_lost", "sampler_lost", "env_failed"):
         assert counts[f"episodes_{kind}"] > 0, kind
-    assert workers.replaced["workers"] > 0 and workers.replaced["samplers"] > 0
+    assert counts["workers_replaced"] > 0 and counts["samplers_replaced"] > 0
     # No finished attempt is trained twice, and every trained rollout is one finished attempt.
     trained = [json.loads(line) for p in sorted((tmp_path / "runs" / "faults" / "trajectories").glob("*.jsonl"))
                for line in p.open()]  # fmt: skip
@@ -187,3 +189,45 @@ async def test_a_failing_trainer_stops_the_run_naming_the_checkpoint(tmp_path):
     message = str(info.value)
     assert "step 4" in message and "illegal memory access" in message
     assert "checkpoints/step_2" in message and f"--resume {run_dir}" in message
+
+
+@pytest.mark.slow
+async def test_ray_run_survives_a_killed_rollout_worker_and_sampler_replica(tmp_path):
+    """The acceptance fault test: real actors (2 rollout workers, 2 sampler replicas, trainer),
+    one worker and one replica killed mid-run; the run completes and the counts balance."""
+    import ray
+
+    from vivace.rl.synthetic import latency_episode
+    from vivace.rl.workers import RayWorkers
+    from vivace.sandbox import open_backend
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "main.py").write_text("x = 1\n")
+    cfg = load_preset("smoke", agent={"max_turn_tokens": 16},
+                      train={"steps": 4, "tasks_per_step": 2, "group_size": 2, "rollout_workers": 2,
+                             "sampler_replicas": 2, "rollout_concurrency": 8, "pipeline": "async", "max_staleness": 1,
+                             "checkpoint_every": 100, "runs_dir": str(tmp_path / "runs")},
+                      sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
+    episode = latency_episode(open_backend(cfg.sandbox).snapshot(str(repo)), median_s=0.5, sigma=0.5, turns=(3, 5))
+    workers = RayWorkers(cfg, episode)
+    run_dir = new_run_dir(cfg, "faults")
+    killed: list[str] = []
+
+    async def saboteur() -> None:
+        timeline = run_dir / "timeline.jsonl"
+        while not (timeline.exists() and len(timeline.read_text().splitlines()) >= 3):
+            await asyncio.sleep(0.2)
+        ray.kill(workers.workers[0])
+        ray.kill(workers.samplers[1])
+        killed.append("both")
+
+    sabotage = asyncio.create_task(saboteur())
+    summary = await train(cfg, run_dir, tasks=tasks(4), episode=episode, workers=workers)
+    assert sabotage.done() and killed
+    counts = summary["pipeline"]
+    print(json.dumps(counts))
+    balanced(counts)
+    assert counts["episodes_trained"] == 4 * 2 * 2 and summary["steps"] == 4
+    assert counts.get("episodes_worker_lost", 0) >= 1 and counts.get("workers_replaced", 0) >= 1
+    assert counts.get("samplers_replaced", 0) >= 1

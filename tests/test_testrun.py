@@ -7,7 +7,7 @@ import sys
 
 from vivace.tasks.testrun import parse_outcomes
 
-SUITE = '''
+SUITE = """
 import pytest
 
 @pytest.mark.parametrize("src", ["{% if x %}", "a - b", "x] - [y", "tab\\there", "plain"])
@@ -20,15 +20,16 @@ def test_ok():
 class TestGroup:
     def test_fails(self):
         assert 1 == 2, "one is not two - really"
-'''
+"""
 
 
 def test_outcomes_of_real_pytest_output(tmp_path):
     (tmp_path / "test_sample.py").write_text(SUITE)
-    run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=tmp_path, capture_output=True, text=True, check=False,
-    ).stdout
+
+    def run(*args: str) -> str:
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False).stdout
+
     collected = [line for line in run("--collect-only", "-q").splitlines() if "::" in line]
     assert len(collected) == 7 and any(" - " in c for c in collected)
     outcomes = parse_outcomes(run("-q", "-rA", "--tb=short"))

@@ -195,7 +195,7 @@ class TrainConfig(_Strict):
     weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
         "auto",
         description="How new weights reach the sampler (Ray): object_store (ray.put + fetch), broadcast "
-        "(a collective from trainer rank 0: NCCL on GPU, gloo on CPU); auto: broadcast when GPUs are used.",
+        "(a collective from trainer rank 0: NCCL on GPU, gloo on CPU); auto: broadcast when every trainer rank and sampler replica has a GPU of its own.",
     )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every K steps (and at the end).")
     seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")

@@ -204,6 +204,7 @@ class StickyRouter:
         self.replicas, self.is_loss = replicas, is_loss
         self.chosen: int | None = None
         self.lost: int | None = None
+        self.seen_dead: set[int] = set()  # replicas that did not answer a load query
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         if self.chosen is None:
@@ -225,6 +226,7 @@ class StickyRouter:
                 return float(await value if inspect.isawaitable(value) else value)
             except Exception as e:  # a replica that cannot answer is not chosen
                 if self.is_loss(e):
+                    self.seen_dead.add(i)
                     return float("inf")
                 raise
 

@@ -147,7 +147,8 @@ class Pipeline:
         """Cumulative counts (episodes by outcome, failures, replacements) and what is in flight."""
         finished_waiting = sum(len(g.members) for g in self.groups.values()) + sum(g.size for g in self.ready)
         return {**{f"episodes_{k}": v for k, v in sorted(self.counts.items())},
-                "episodes_in_flight": len(self.in_flight), "episodes_buffered": finished_waiting}  # fmt: skip
+                "episodes_in_flight": len(self.in_flight), "episodes_buffered": finished_waiting,
+                **getattr(self.workers, "replaced", {})}  # fmt: skip
 
     async def close(self) -> dict[str, Any]:
         """Stops production; episodes still running are cancelled and counted as unfinished."""
@@ -225,6 +226,8 @@ class Pipeline:
                 self._spawn(self._replace_worker(att.worker))
         else:
             error = result.error
+            if result.dead_samplers and result.status != "sampler_lost":
+                self._spawn(self._heal())  # a replica no episode was lost on, found dead by the router
             if result.status == "ok":
                 outcome = "finished"
             elif result.status == "sampler_lost":
@@ -264,7 +267,6 @@ class Pipeline:
     async def _replace_worker(self, worker: int) -> None:
         try:
             await self.workers.replace_worker(worker)
-            self.counts["workers_replaced"] += 1
             self.free[worker] = self.workers.capacity()[worker]  # attempts of the dead one no longer count
         finally:
             self.replacing.discard(worker)
@@ -272,7 +274,7 @@ class Pipeline:
 
     async def _heal(self) -> None:
         async with self._heal_lock:
-            self.counts["samplers_replaced"] += await self.workers.heal_samplers(self.version)
+            await self.workers.heal_samplers(self.version)
 
     def _log(self, att: Attempt, outcome: str, result: Any, error: str | None) -> None:
         if self.timeline is None:

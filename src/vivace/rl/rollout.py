@@ -49,6 +49,7 @@ class EpisodeResult:
     rollout: Rollout | None = None
     sampler: int | None = None  # replica index that served it
     error: str | None = None
+    dead_samplers: list[int] = field(default_factory=list)  # replicas found dead on the way (to replace)
 
 
 async def run_attempt(
@@ -65,12 +66,14 @@ async def run_attempt(
         traj, score = await episode(policy, task, cfg, backend)
     except Exception as e:
         status = "sampler_lost" if router.lost is not None else "env_failed"
-        return EpisodeResult(status, sampler=router.chosen, error=f"{type(e).__name__}: {e}")
+        return EpisodeResult(status, sampler=router.chosen, error=f"{type(e).__name__}: {e}",
+                             dead_samplers=sorted(router.seen_dead))  # fmt: skip
     if router.lost is not None:  # the loop recorded the failure as the episode's end: not a real one
-        return EpisodeResult("sampler_lost", sampler=router.lost, error=traj.error)
+        return EpisodeResult("sampler_lost", sampler=router.lost, error=traj.error,
+                             dead_samplers=sorted(router.seen_dead | {router.lost}))  # fmt: skip
     components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}
     rollout = Rollout(task.id, traj, score.total, components, score.resolved, score.details)
-    return EpisodeResult("ok", rollout, sampler=router.chosen)
+    return EpisodeResult("ok", rollout, sampler=router.chosen, dead_samplers=sorted(router.seen_dead))
 
 
 def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> tuple[list[Sample], dict[str, float]]:

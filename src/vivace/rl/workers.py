@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ def _split(total: int, parts: int) -> list[int]:
 class LocalWorkers:
     def __init__(self, cfg: VivaceConfig, episode: Any = None):
         self.cfg, self.episode_fn = cfg, episode
+        self.replaced: Counter[str] = Counter()  # nothing is ever replaced in-process
 
     async def start(self, version: int, checkpoint: Path | None) -> None:
         from vivace.inference.samplers import local_engine
@@ -186,7 +188,7 @@ class RayWorkers:
     def __init__(self, cfg: VivaceConfig, episode: Any = None, address: str | None = None):
         self.cfg, self.episode_fn, self.address = cfg, episode, address
         self.trainer_ranks, self.rollout_workers = cfg.train.trainer_ranks, cfg.train.rollout_workers
-        self.version = 0
+        self.replaced: Counter[str] = Counter()  # workers_replaced, samplers_replaced
 
     async def start(self, version: int, checkpoint: Path | None) -> None:
         import ray
@@ -196,10 +198,16 @@ class RayWorkers:
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train
-        self.gpu = 1 if ray.cluster_resources().get("GPU") else 0
+        resources = ray.cluster_resources()
+        # One CPU (GPU when there are GPUs) per trainer rank and sampler replica, or an even share
+        # of what the cluster has: asking for more than exists would leave actors unscheduled and
+        # the run waiting forever (one GPU: trainer and sampler share it).
+        wanted = tc.trainer_ranks + tc.sampler_replicas
+        self.cpus = min(1.0, resources.get("CPU", 1.0) / wanted)
+        self.gpu = min(1.0, resources.get("GPU", 0.0) / wanted)
         self.trainers = [
             ray.remote(_TrainerActor)
-            .options(num_cpus=1, num_gpus=self.gpu)
+            .options(num_cpus=self.cpus, num_gpus=self.gpu)
             .remote(self.cfg, r, self.trainer_ranks, master)
             for r in range(self.trainer_ranks)
         ]
@@ -208,7 +216,8 @@ class RayWorkers:
         if checkpoint is not None:
             await asyncio.gather(*(t.load.remote(str(checkpoint)) for t in self.trainers))
         mode = tc.weight_sync
-        self.broadcast = mode == "broadcast" or (mode == "auto" and bool(self.gpu))
+        # NCCL needs a GPU per member: on a shared GPU weights go through the object store.
+        self.broadcast = mode == "broadcast" or (mode == "auto" and self.gpu >= 1.0)
         if self.broadcast:
             await self._join_broadcast()
         await self.sync(version)
@@ -222,7 +231,7 @@ class RayWorkers:
         # Async actor: many episodes' requests at once, batched by the engine.
         return (
             ray.remote(_EngineActor)
-            .options(num_cpus=1, num_gpus=self.gpu, max_concurrency=1000)
+            .options(num_cpus=self.cpus, num_gpus=self.gpu, max_concurrency=1000)
             .remote(self.cfg.train.model, cfg)
         )
 
@@ -262,24 +271,34 @@ class RayWorkers:
         ray.kill(self.workers[worker])
         self.workers[worker] = self._new_worker()
         await self.workers[worker].ping.remote()
+        self.replaced["workers_replaced"] += 1
 
     async def heal_samplers(self, version: int) -> int:
-        """Replaces every replica that does not answer; returns how many were replaced."""
+        """Replaces every replica that does not answer and gives it weights `version`; returns how
+        many were replaced."""
+        dead = await self._replace_dead(version)
+        if dead:
+            await self._push(version)
+        return dead
+
+    async def _replace_dead(self, version: int) -> int:
         import ray
 
-        dead = []
-        for i, s in enumerate(self.samplers):
+        async def alive(actor: Any) -> bool:
             try:
-                await asyncio.wait_for(s.load.remote(), timeout=60)
+                await asyncio.wait_for(actor.load.remote(), timeout=60)
+                return True
             except (ray.exceptions.RayActorError, TimeoutError):
-                dead.append(i)
+                return False
+
+        states = await asyncio.gather(*(alive(s) for s in self.samplers))
+        dead = [i for i, ok in enumerate(states) if not ok]
         for i in dead:
             ray.kill(self.samplers[i])
             self.samplers[i] = self._new_sampler(version, i)
-        if dead:
-            if self.broadcast:
-                await self._join_broadcast()
-            await self.sync(version)
+        if dead and self.broadcast:
+            await self._join_broadcast()
+        self.replaced["samplers_replaced"] += len(dead)
         return len(dead)
 
     async def sampler_stats(self) -> dict[str, float]:
@@ -300,17 +319,23 @@ class RayWorkers:
         return stats[0]
 
     async def sync(self, version: int) -> tuple[int, float]:
+        """Weights `version` to every replica; a replica found dead is replaced first (a broadcast
+        to a dead member would stall the whole group)."""
+        await self._replace_dead(version)
         t0 = time.perf_counter()
+        return await self._push(version), time.perf_counter() - t0
+
+    async def _push(self, version: int) -> int:
         if self.broadcast:
             sent, _ = await asyncio.gather(
                 asyncio.gather(*(t.broadcast_weights.remote() for t in self.trainers)),
                 asyncio.gather(*(s.receive_weights.remote(self.names, version) for s in self.samplers)),
             )
-            return sent[0], time.perf_counter() - t0
+            return sent[0]
         results = await asyncio.gather(*(t.weights.remote() for t in self.trainers))
         ref, nbytes = results[0]
         await asyncio.gather(*(s.update_weights.remote(ref, version) for s in self.samplers))
-        return nbytes, time.perf_counter() - t0
+        return nbytes
 
     async def save(self, path: Path) -> None:
         await asyncio.gather(*(t.save.remote(str(path)) for t in self.trainers))
