@@ -169,7 +169,10 @@ class Pipeline:
     def _budget(self) -> int:
         """How many groups this pipeline may have opened by now (see the module docstring)."""
         ahead = self.k if self.cfg.train.pipeline == "async" else 0
-        last = self.cfg.train.steps  # no group opens that no remaining step would train
+        # Async keeps producing up to the end, as in the middle of a run (the last batch is not
+        # left waiting on the run's slowest episodes); what no step trains is cancelled at the end
+        # (counted) and re-opened by a resume.
+        last = self.cfg.train.steps + ahead
         return (min(self.version + 1 + ahead, last) - self.first_version) * self.n
 
     async def _produce(self) -> None:
