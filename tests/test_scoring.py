@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_backend
-from vivace.bench.baselines import OraclePolicy, RandomPolicy
+from vivace.bench.baselines import OraclePolicy, RandomEditPolicy, RandomPolicy
 from vivace.bench.score import score, unsupported_claims
 from vivace.harness.agent import run_episode
 from vivace.harness.policies import NullPolicy, ReplayPolicy
@@ -65,6 +65,19 @@ async def test_doing_nothing_earns_nothing(task, state_dir):
 async def test_random_edits_do_not_solve(task, state_dir):
     _, s = await play(RandomPolicy(), task, state_dir)
     assert not s.resolved
+
+
+async def test_random_edit_mutates_only_the_function_the_test_names(task, state_dir):
+    outcomes = []
+    for i in range(6):  # the policy's choice is seeded by the task id
+        t = task.model_copy(update={"id": f"calc-add-{i}"})
+        traj, s = await play(RandomEditPolicy(), t, state_dir)
+        edits = [c for turn in traj.turns for c in turn.tool_calls if c.name == "edit_file"]
+        assert [c.name for turn in traj.turns for c in turn.tool_calls] == ["grep", "read_file", "edit_file"]
+        assert len(edits) == 1 and edits[0].arguments["path"] == "pkg/calc.py" and not edits[0].is_error
+        assert "return a - b" in edits[0].arguments["old_string"]  # add's body, never sub's
+        outcomes.append(s.resolved)
+    assert any(outcomes) and not all(outcomes)  # sometimes the random mutation is the fix
 
 
 async def test_editing_the_tests_instead_of_the_code_scores_zero(task, state_dir):

@@ -5,6 +5,10 @@
   (write_file / delete_file for whole files); turn 3 runs the tests and lints together;
   then it answers with what it changed and what the test run showed — nothing more.
 - `scripted:random`: looks at one random Python file and makes one random operator edit.
+- `scripted:random-edit`: a non-learned bug fixer — finds the function the failing test names
+  (the longest function name the test's name starts with or contains), reads its file and
+  applies one random single-line mutation inside it (the generator's own operators, which
+  include the reverse of most injected bugs). The bar a learned policy has to clear.
 
 Both need the task (`for_task`), so they run under `vivace bench` and RL, not `vivace agent`.
 """
@@ -18,6 +22,7 @@ from vivace.bench.patch import FileChange, is_test_path, parse_patch
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
 from vivace.harness.policy import Conversation, PolicyError
 from vivace.tasks.format import Task
+from vivace.tasks.mutate import mutations
 
 
 def _turn(content: str, *calls: tuple[str, dict]) -> AssistantTurn:
@@ -135,3 +140,78 @@ class _Random:
                 edit = {"path": call.arguments.get("path"), "old_string": line, "new_string": line.replace(a, b, 1)}
                 return _turn("", ("edit_file", edit))
         return AssistantTurn(Message("assistant", "Done."))
+
+
+class RandomEditPolicy(_NeedsTask):
+    name = "scripted:random-edit"
+
+    def for_task(self, task: Task) -> _RandomEdit:
+        return _RandomEdit(task)
+
+
+class _RandomEdit:
+    name = "scripted:random-edit"
+
+    def __init__(self, task: Task):
+        self.rng = random.Random(task.id)
+        self.tests = [t.split("::")[-1].split("[")[0].removeprefix("test_") for t in task.tests.fail_to_pass]
+        self.target: tuple[str, str] | None = None  # (file, function)
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        step = _turn_index(conversation)
+        results = [m.content for m in conversation.messages if m.role == "tool"]
+        if step == 0:
+            return _turn(
+                "Finding the function the failing test names.", ("grep", {"pattern": r"^\s*def \w+", "glob": "*.py"})
+            )
+        if step == 1:
+            self.target = self._named_function(results[-1])
+            if self.target:
+                return _turn("", ("read_file", {"path": self.target[0]}))
+        if step == 2 and self.target:
+            edit = self._random_mutation(results[-1])
+            if edit:
+                return _turn("", ("edit_file", edit))
+        return AssistantTurn(Message("assistant", "Done."))
+
+    def _named_function(self, grep_output: str) -> tuple[str, str] | None:
+        found: list[tuple[str, str]] = []
+        for line in grep_output.splitlines():
+            m = re.match(r"^(.+?\.py):\d+:\s*(?:async\s+)?def (\w+)", line)
+            if m and not is_test_path(m.group(1)):
+                found.append((m.group(1), m.group(2)))
+        named = [(len(f), p, f) for p, f in found for t in self.tests if not f.startswith("_") and f in t]
+        if not named:
+            return None
+        longest = max(n for n, _, _ in named)
+        path, func = self.rng.choice(sorted((p, f) for n, p, f in named if n == longest))
+        return path, func
+
+    def _random_mutation(self, read_output: str) -> dict | None:
+        numbered = [re.match(r"^\s*\d+\t(.*)$", ln) for ln in read_output.splitlines()]
+        source = "\n".join(m.group(1) for m in numbered if m)
+        path, func = self.target  # type: ignore[misc]
+        try:
+            options = [m for m in mutations(path, source) if m.function.split(".")[-1] == func]
+        except SyntaxError:
+            return None
+        if not options:
+            return None
+        m = self.rng.choice(options)
+        lines = source.split("\n")
+        lo, hi, up = m.line - 1, m.line, True  # grow context around the line until it occurs once
+        while source.count("\n".join(lines[lo:hi])) > 1:
+            if up and lo > 0:
+                lo -= 1
+            elif hi < len(lines):
+                hi += 1
+            elif lo > 0:
+                lo -= 1
+            else:
+                break
+            up = not up
+        old = lines[lo:hi]
+        new = old[: m.line - 1 - lo] + ([m.after] if m.after != "" else []) + old[m.line - lo :]
+        if m.after == "" and len(old) == 1:  # a removed line alone: take its newline with it
+            return {"path": path, "old_string": old[0] + "\n", "new_string": ""}
+        return {"path": path, "old_string": "\n".join(old), "new_string": "\n".join(new)}

@@ -6,6 +6,7 @@
     scripted:replay:FILE          replays a JSON list of assistant turns (tests, bug reports)
     scripted:oracle               the expert that applies a task's reference patch (bench, RL)
     scripted:random               one random operator edit (a floor for the benchmark)
+    scripted:random-edit          one random mutation inside the function the failing test names
 
 A replay file is a JSON list; each item is one assistant turn, either a message
 `{"content": "...", "tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]}`
@@ -33,11 +34,12 @@ from vivace.harness.messages import AssistantTurn, Message, decode_call
 from vivace.harness.policy import Conversation, Policy, PolicyError
 
 SPEC_FORMS = ("http(s)://HOST:PORT/v1#MODEL", "scripted:null", "scripted:replay:FILE", "scripted:oracle",
-              "scripted:random", "tiny", "PATH (a checkpoint directory)", "tokens:http://HOST:PORT/v1#MODEL")  # fmt: skip
+              "scripted:random", "scripted:random-edit", "tiny", "PATH (a checkpoint directory)", "tokens:http://HOST:PORT/v1#MODEL")  # fmt: skip
 # Policies defined above the harness (they need a task), imported only when named.
 _LAZY = {
     "scripted:oracle": "vivace.bench.baselines:OraclePolicy",
     "scripted:random": "vivace.bench.baselines:RandomPolicy",
+    "scripted:random-edit": "vivace.bench.baselines:RandomEditPolicy",
 }
 
 
