@@ -231,3 +231,22 @@ async def test_ray_run_survives_a_killed_rollout_worker_and_sampler_replica(tmp_
     assert counts["episodes_trained"] == 4 * 2 * 2 and summary["steps"] == 4
     assert counts.get("episodes_worker_lost", 0) >= 1 and counts.get("workers_replaced", 0) >= 1
     assert counts.get("samplers_replaced", 0) >= 1
+
+
+async def test_resume_reopens_groups_opened_but_not_trained(tmp_path):
+    """Async runs open groups ahead of the trainer; a checkpoint records them and a resume trains
+    them, so across the cut every task-order position is trained once and none is skipped."""
+    cfg = load_preset("smoke", train={"steps": 3, "tasks_per_step": 2, "group_size": 2, "checkpoint_every": 1,
+                                      "pipeline": "async", "max_staleness": 2, "runs_dir": str(tmp_path / "runs")})  # fmt: skip
+    run_dir = new_run_dir(cfg, "cut")
+    await train_run(cfg, run_dir, ScriptedWorkers(seed=6), [])
+    state = json.loads((run_dir / "checkpoints" / "step_3" / "state.json").read_text())
+    assert state["pending"]  # opened ahead of the trainer when the run stopped
+    cfg.train.steps = 6
+    await train(cfg, run_dir, resume=True, tasks=tasks(), workers=ScriptedWorkers(seed=7))
+    trained = [json.loads(line)["position"] for i in range(1, 7)
+               for line in (run_dir / "trajectories" / f"step_{i}.jsonl").open() if json.loads(line)["member"] == 0]  # fmt: skip
+    assert len(trained) == len(set(trained)) == 6 * 2
+    final = json.loads((run_dir / "checkpoints" / "step_6" / "state.json").read_text())
+    assert set(trained).isdisjoint(final["pending"])  # nothing opened is lost: trained or still pending
+    assert set(trained) | set(final["pending"]) == set(range(final["data_position"]))

@@ -148,7 +148,8 @@ async def train(
 async def _step(step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, run_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     before = await workers.sampler_stats()
-    groups = [g.rollouts() for g in await pipeline.next_batch()]
+    batch = await pipeline.next_batch()
+    groups = [g.rollouts() for g in batch]
     rollout_s = time.perf_counter() - t0
     samples, counts = to_samples(groups, cfg, version=step)
     try:
@@ -159,7 +160,7 @@ async def _step(step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, 
     pipeline.set_version(step + 1)
     after = await workers.sampler_stats()
     flat = [r for g in groups for r in g]
-    _save_rollouts(run_dir, step, flat)
+    _save_rollouts(run_dir, step, [(g.seq, i, r) for g in batch for i, r in enumerate(g.rollouts())])
     step_s = time.perf_counter() - t0
     generated = after["generated_tokens"] - before["generated_tokens"]
     row = _row(step, flat, counts, train_stats, rollout_s, generated, step_s)
@@ -194,12 +195,14 @@ def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, s
     return row
 
 
-def _save_rollouts(run_dir: Path, step: int, flat: list[Rollout]) -> None:
+def _save_rollouts(run_dir: Path, step: int, rollouts: list[tuple[int, int, Rollout]]) -> None:
+    """Step N's rollouts, each with its task-order position and member index in the group."""
     path = run_dir / "trajectories" / f"step_{step + 1}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        for r in flat:
-            f.write(json.dumps({"task_id": r.task_id, "reward": r.reward, "resolved": r.resolved, "error": r.error,
+        for position, member, r in rollouts:
+            f.write(json.dumps({"position": position, "member": member, "task_id": r.task_id, "reward": r.reward,
+                                "resolved": r.resolved, "error": r.error,
                                 "trajectory": r.trajectory.model_dump() if r.trajectory else None}) + "\n")  # fmt: skip
 
 
