@@ -337,7 +337,8 @@ import vivace.cli_bench  # noqa: E402,F401  (registers `tasks generate` and `ben
 import vivace.cli_index  # noqa: E402,F401  (registers `index build|search|bench|train-embedder` on the app)
 import vivace.cli_model  # noqa: E402,F401  (registers `tokenizer train` on the app)
 import vivace.cli_serve  # noqa: E402,F401  (registers `serve` and `serve bench` on the app)
-import vivace.cli_train  # noqa: E402,F401  (registers `train` on the app)
+import vivace.cli_sft  # noqa: E402,F401  (registers `sft data` on the app)
+import vivace.cli_train  # noqa: E402,F401  (registers `train` and `train bench-pipeline` on the app)
 
 if __name__ == "__main__":
     main()

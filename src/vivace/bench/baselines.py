@@ -45,29 +45,65 @@ class _NeedsTask:
 class OraclePolicy(_NeedsTask):
     name = "scripted:oracle"
 
+    def __init__(self, style: str = "efficient", minimal: bool = False):
+        self.style, self.minimal = style, minimal
+
     def for_task(self, task: Task) -> _Oracle:
-        return _Oracle(task)
+        return _Oracle(task, self.style, self.minimal)
+
+
+STYLES = ("efficient", "serial", "redundant", "no-tests")
 
 
 class _Oracle:
+    """The expert. `style` gives the correct-but-inefficient variants used as training data:
+    serial (one call per turn), redundant (a needless listing and re-reads), no-tests (answers
+    without checking). `minimal` cuts each edit's old_string to the changed lines plus the least
+    context that makes it unique in the file (as read), instead of the whole diff hunk."""
+
     name = "scripted:oracle"
 
-    def __init__(self, task: Task):
-        self.task = task
+    def __init__(self, task: Task, style: str = "efficient", minimal: bool = False):
+        if style not in STYLES:
+            raise ValueError(f"unknown oracle style {style!r}; choose from {', '.join(STYLES)}")
+        self.task, self.style, self.minimal = task, style, minimal
         self.changes = [c for c in parse_patch(task.reference_patch) if not is_test_path(c.path)]
+        self.plan: list | None = None
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
+        if self.plan is None:
+            self.plan = self._plan()
         step = _turn_index(conversation)
+        if step >= len(self.plan):
+            return AssistantTurn(Message("assistant", self._answer(conversation)))
+        content, calls = self.plan[step]
+        return _turn(content, *(calls(conversation) if callable(calls) else calls))
+
+    def _plan(self) -> list:
+        """(content, calls) per turn; calls may be a function of the conversation (edits need the files read)."""
         existing = [c.path for c in self.changes if not c.new_file]
-        if step == 0 and existing:
-            return _turn("Reading the code involved.", *(("read_file", {"path": p}) for p in existing))
-        if step <= 1:
-            return _turn("", *(call for c in self.changes for call in _edits(c)))
-        if step == 2:
-            py = [c.path for c in self.changes if c.path.endswith(".py") and not c.deleted]
-            calls = [("run_terminal_cmd", {"command": self.task.tests.command})]
-            return _turn("Checking the change.", *calls, *([("read_lints", {"paths": py})] if py else []))
-        return AssistantTurn(Message("assistant", self._answer(conversation)))
+        reads = [("read_file", {"path": p}) for p in existing]
+        py = [c.path for c in self.changes if c.path.endswith(".py") and not c.deleted]
+        test = ("run_terminal_cmd", {"command": self.task.tests.command})
+        lint = [("read_lints", {"paths": py})] if py else []
+        n_edits = sum(len(_edits(c)) for c in self.changes)
+        if self.style == "serial":
+            return ([("Reading the code involved.", [r]) for r in reads]
+                    + [("", lambda conv, i=i: [self._edit_calls(conv)[i]]) for i in range(n_edits)]
+                    + [("Checking the change.", [test])] + [("", [call]) for call in lint])  # fmt: skip
+        plan = [("Reading the code involved.", reads)] if reads else []
+        if self.style == "redundant":
+            plan = [("Looking around first.", [("list_dir", {"path": "."})]), *plan]
+        plan.append(("", self._edit_calls))
+        if self.style == "redundant" and reads:
+            plan.append(("Reading the files again.", reads))
+        if self.style != "no-tests":
+            plan.append(("Checking the change.", [test, *lint]))
+        return plan
+
+    def _edit_calls(self, conversation: Conversation) -> list[tuple[str, dict]]:
+        files = _files_read(conversation) if self.minimal else {}
+        return [call for c in self.changes for call in _edits(c, files.get(c.path))]
 
     def _answer(self, conversation: Conversation) -> str:
         files = ", ".join(c.path for c in self.changes) or "nothing"
@@ -75,16 +111,60 @@ class _Oracle:
         if runs and runs[-1].startswith("Exit code: 0"):
             summary = next((ln for ln in reversed(runs[-1].splitlines()) if " passed" in ln), "").strip(" =")
             return f"Changed {files}. The tests pass ({summary})." if summary else f"Changed {files}."
+        if not runs:
+            return f"Changed {files}."
         return f"Changed {files}. The test run did not succeed; see its output above."
 
 
-def _edits(change: FileChange) -> list[tuple[str, dict]]:
+def _edits(change: FileChange, content: str | None = None) -> list[tuple[str, dict]]:
+    """The tool calls that make one file's change; with the file's `content`, minimal fragments."""
     if change.deleted:
         return [("delete_file", {"path": change.path})]
     hunks = _hunks(change.text)
     if change.new_file:
         return [("write_file", {"path": change.path, "content": "".join(new for _, new in hunks)})]
+    if content is not None:
+        hunks = [_minimal(old, new, content) for old, new in hunks]
     return [("edit_file", {"path": change.path, "old_string": old, "new_string": new}) for old, new in hunks]
+
+
+def _minimal(old: str, new: str, content: str) -> tuple[str, str]:
+    """The hunk cut to its changed lines, then widened with its own context lines (alternately
+    above and below) until the old side occurs exactly once in `content`."""
+    o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    a = 0
+    while a < min(len(o), len(n)) and o[a] == n[a]:
+        a += 1
+    b = 0
+    while b < min(len(o), len(n)) - a and o[-1 - b] == n[-1 - b]:
+        b += 1
+    lo, hi = a, len(o) - b
+    if lo == hi:  # a pure insertion: anchor it on a neighbouring line
+        lo, hi = (lo - 1, hi) if lo > 0 else (lo, hi + 1)
+    up = True
+    while content.count("".join(o[lo:hi])) != 1 and (lo > 0 or hi < len(o)):
+        if (up and lo > 0) or hi == len(o):
+            lo -= 1
+        else:
+            hi += 1
+        up = not up
+    if content.count("".join(o[lo:hi])) != 1:
+        return old, new
+    return "".join(o[lo:hi]), "".join(n[lo : len(n) - (len(o) - hi)])
+
+
+def _files_read(conversation: Conversation) -> dict[str, str]:
+    """path -> content of every file read_file showed whole in the conversation (line numbers removed)."""
+    files, paths = {}, {}
+    for m in conversation.messages:  # call ids repeat across turns: pair results with the last turn's calls
+        if m.role == "assistant":
+            paths = {c.id: c.arguments.get("path") for c in m.tool_calls
+                     if c.name == "read_file" and isinstance(c.arguments, dict) and "offset" not in c.arguments}  # fmt: skip
+        path = paths.get(m.tool_call_id) if m.role == "tool" else None
+        if path and not m.content.startswith("Error"):
+            lines = [re.match(r"^\s*\d+\t(.*)$", ln) for ln in m.content.split("\n")]
+            files[path] = "\n".join(x.group(1) for x in lines if x) + "\n"
+    return files
 
 
 def _hunks(section: str) -> list[tuple[str, str]]:

@@ -139,3 +139,27 @@ class TokenPolicy:
             logprobs=list(out.logprobs),
             policy_version=out.policy_version,
         )
+
+
+class TeacherTokens:
+    """A message-level policy whose turns are recorded as the tokens a model would have to
+    sample to say them (loss mask 1; prompt and tool results 0), rendered token-in/token-out
+    exactly as TokenPolicy builds a sequence: expert data for supervised fine-tuning with the
+    same masking RL uses. `logprobs` are 0 and `versions` -1 (nothing was sampled)."""
+
+    def __init__(self, inner: Policy, chat_format: Any):
+        self.inner, self.chat, self.name = inner, chat_format, inner.name
+
+    async def act(self, conversation: Conversation) -> AssistantTurn:
+        log = conversation.tokens
+        if log is None:
+            log = conversation.tokens = TokenLog()
+            log.add_context(self.chat.prompt_ids(conversation.messages, conversation.tools))
+        else:
+            log.add_context(self.chat.continuation_ids(conversation.messages, conversation.tools, log.n_messages))
+        reply = await self.inner.act(conversation)
+        ids = self.chat.assistant_ids(reply.message)
+        log.add_sampled(ids, [0.0] * len(ids), -1)
+        log.n_messages = len(conversation.messages) + 1
+        reply.token_ids, reply.prompt_tokens, reply.completion_tokens = ids, len(log.ids) - len(ids), len(ids)
+        return reply

@@ -1,0 +1,95 @@
+"""Expert data for the warm start (`vivace sft data`): the scripted oracle and its correct but
+inefficient variants acting through the real harness, recorded as training sequences.
+
+Every episode is `bench.runner.run_task` — the same workspace, tools, loop and scorer as the
+benchmark and RL — with the oracle wrapped in `harness.policy.TeacherTokens`, so its turns become
+exactly the token sequence a model would have to produce (loss mask 1 on assistant tokens, 0 on
+the prompt and tool results: the masking RL uses). Only episodes the scorer marks resolved are
+kept. One JSON line per episode:
+
+    {"task_id", "style", "split", "reward", "turns", "tool_calls", "ids", "loss_mask", "messages"}
+
+`messages` is the OpenAI-style export, for other trainers. Styles (bench/baselines.py):
+efficient, serial (one call per turn), redundant (a needless listing, re-reads), no-tests. Edits
+use minimal unique old_string fragments unless `minimal` is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vivace.bench.baselines import STYLES, _Oracle
+from vivace.bench.runner import run_task
+from vivace.config import VivaceConfig
+from vivace.harness.chat import ChatFormat
+from vivace.harness.policy import TeacherTokens
+from vivace.tasks.format import Task
+
+
+async def expert_data(
+    cfg: VivaceConfig,
+    tasks: list[Task],
+    out: Path,
+    *,
+    model: str = "tiny",
+    styles: tuple[str, ...] = STYLES,
+    minimal: bool = True,
+    max_tokens: int | None = None,
+    concurrency: int = 4,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+) -> dict[str, Any]:
+    """Runs every (task, style) episode and writes the resolved ones no longer than `max_tokens`
+    (the model's context; None: any length) to `out` (JSONL); returns what was kept and why not."""
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.sandbox import open_backend
+
+    bad = [s for s in styles if s not in STYLES]
+    if bad:
+        raise ValueError(f"unknown style(s) {bad}; choose from {', '.join(STYLES)}")
+    chat = ChatFormat(load_tokenizer(model))
+    backend = open_backend(cfg.sandbox)
+    sem = asyncio.Semaphore(concurrency)
+    jobs = [(t, s) for t in tasks for s in styles]
+    counts: Counter[str] = Counter()
+    done = 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    async def one(task: Task, style: str, f: Any) -> None:
+        nonlocal done
+        async with sem:
+            try:
+                traj, score = await run_task(TeacherTokens(_Oracle(task, style, minimal), chat), task, cfg, backend)
+            except Exception as e:  # a broken task is counted and skipped, not fatal
+                counts[f"error:{type(e).__name__}"] += 1
+                traj = score = None
+        done += 1
+        progress(done, len(jobs))
+        if score is None or traj.tokens is None:
+            return
+        if not score.resolved:
+            counts[f"unresolved:{style}"] += 1
+            return
+        if max_tokens is not None and len(traj.tokens.ids) > max_tokens:
+            counts[f"too_long:{style}"] += 1
+            return
+        counts[f"kept:{style}"] += 1
+        counts["tokens"] += len(traj.tokens.ids)
+        counts["trained_tokens"] += sum(traj.tokens.loss_mask)
+        f.write(json.dumps({
+            "task_id": task.id, "style": style, "split": task.split, "reward": score.total, "turns": len(traj.turns),
+            "tool_calls": traj.tool_calls, "ids": traj.tokens.ids, "loss_mask": traj.tokens.loss_mask,
+            "messages": traj.to_messages(),
+        }) + "\n")  # fmt: skip
+
+    try:
+        with out.open("w") as f:
+            await asyncio.gather(*(one(t, s, f) for t, s in jobs))
+    finally:
+        await backend.aclose()
+    kept = sum(v for k, v in counts.items() if k.startswith("kept:"))
+    return {"episodes": len(jobs), "kept": kept, "out": str(out), **dict(sorted(counts.items()))}

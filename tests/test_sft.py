@@ -1,0 +1,46 @@
+"""Expert data (`vivace sft data`): the oracle's styles through the real harness become token
+sequences whose loss mask covers exactly what the assistant said, rendered as the policy sees it."""
+
+from __future__ import annotations
+
+import json
+
+from test_scoring import task  # noqa: F401  (the injected-bug fixture on conftest's sample repo)
+from vivace.config import load_preset
+from vivace.harness.chat import ChatFormat
+from vivace.harness.messages import Message, ToolCall
+from vivace.harness.tools import default_tools
+from vivace.harness.tools.base import tool_schema
+from vivace.model.checkpoint import load_tokenizer
+from vivace.rl.sft import expert_data
+
+
+def _message(d: dict) -> Message:
+    calls = tuple(ToolCall(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+                  for c in d.get("tool_calls") or [])  # fmt: skip
+    return Message(d["role"], d.get("content") or "", calls, tool_call_id=d.get("tool_call_id"), name=d.get("name"))
+
+
+async def test_expert_data_masks_exactly_the_assistant_turns(task, state_dir, tmp_path):  # noqa: F811
+    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    out = tmp_path / "expert.jsonl"
+    result = await expert_data(cfg, [task], out, concurrency=2)
+    assert result["kept"] == 4 and result["episodes"] == 4  # every style solves it
+    rows = {r["style"]: r for r in map(json.loads, out.open())}
+    assert rows["serial"]["turns"] > rows["efficient"]["turns"]
+    assert rows["redundant"]["tool_calls"] > rows["efficient"]["tool_calls"]
+    called = [c["function"]["name"] for m in rows["no-tests"]["messages"] for c in m.get("tool_calls") or []]
+    assert called and "run_terminal_cmd" not in called
+    chat = ChatFormat(load_tokenizer("tiny"))
+    tools = [tool_schema(t) for t in default_tools()]
+    for style, row in rows.items():
+        ids, mask = row["ids"], row["loss_mask"]
+        messages = [_message(m) for m in row["messages"]]
+        assert ids == chat.prompt_ids(messages, tools)[: len(ids)], style  # the rendering the policy reads
+        said = "".join(chat.assistant_text(m) for m in messages if m.role == "assistant")
+        assert chat.decode([i for i, m in zip(ids, mask, strict=True) if m]) == said, style
+    # Minimal fragments: the bug's one line, made unique with as little context as needed.
+    edit = next(c for m in rows["efficient"]["messages"] for c in m.get("tool_calls") or []
+                if c["function"]["name"] == "edit_file")  # fmt: skip
+    old = json.loads(edit["function"]["arguments"])["old_string"]
+    assert "return a - b" in old and "def sub" not in old and old.count("\n") <= 2
