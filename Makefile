@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/pytest -q -m slow
 	$(BIN)/vivace sandbox bench --n 500 --concurrency 32 --json
 	$(BIN)/vivace serve bench --model tiny --json
+	$(BIN)/vivace train bench-pipeline --json
 
 # RL on the built-in defaults (the tiny preset: bundled tasks, 2 CPU cores).
 train: setup
