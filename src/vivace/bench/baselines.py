@@ -129,8 +129,7 @@ def _edits(change: FileChange, content: str | None = None) -> list[tuple[str, di
 
 
 def _minimal(old: str, new: str, content: str) -> tuple[str, str]:
-    """The hunk cut to its changed lines, then widened with its own context lines (alternately
-    above and below) until the old side occurs exactly once in `content`."""
+    """The hunk cut to its changed lines, widened with its own context until unique in `content`."""
     o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
     a = 0
     while a < min(len(o), len(n)) and o[a] == n[a]:
@@ -141,16 +140,23 @@ def _minimal(old: str, new: str, content: str) -> tuple[str, str]:
     lo, hi = a, len(o) - b
     if lo == hi:  # a pure insertion: anchor it on a neighbouring line
         lo, hi = (lo - 1, hi) if lo > 0 else (lo, hi + 1)
+    return _unique(o, n, lo, hi, content) or (old, new)
+
+
+def _unique(old: list[str], new: list[str], lo: int, hi: int, content: str) -> tuple[str, str] | None:
+    """An edit_file (old_string, new_string) pair: `old[lo:hi]` is the changed region (`new` has the
+    same lines before `lo` and after `hi`), widened alternately above and below until the old side
+    occurs exactly once in `content`; None when even all of `old` is not unique."""
     up = True
-    while content.count("".join(o[lo:hi])) != 1 and (lo > 0 or hi < len(o)):
-        if (up and lo > 0) or hi == len(o):
+    while content.count("".join(old[lo:hi])) != 1 and (lo > 0 or hi < len(old)):
+        if (up and lo > 0) or hi == len(old):
             lo -= 1
         else:
             hi += 1
         up = not up
-    if content.count("".join(o[lo:hi])) != 1:
-        return old, new
-    return "".join(o[lo:hi]), "".join(n[lo : len(n) - (len(o) - hi)])
+    if content.count("".join(old[lo:hi])) != 1:
+        return None
+    return "".join(old[lo:hi]), "".join(new[lo : len(new) - (len(old) - hi)])
 
 
 def _files_read(conversation: Conversation) -> dict[str, str]:
@@ -162,9 +168,14 @@ def _files_read(conversation: Conversation) -> dict[str, str]:
                      if c.name == "read_file" and isinstance(c.arguments, dict) and "offset" not in c.arguments}  # fmt: skip
         path = paths.get(m.tool_call_id) if m.role == "tool" else None
         if path and not m.content.startswith("Error"):
-            lines = [re.match(r"^\s*\d+\t(.*)$", ln) for ln in m.content.split("\n")]
-            files[path] = "\n".join(x.group(1) for x in lines if x) + "\n"
+            files[path] = _file_text(m.content)
     return files
+
+
+def _file_text(read_output: str) -> str:
+    """A file's text from read_file's numbered lines (notes such as truncation markers dropped)."""
+    lines = [re.match(r"^\s*\d+\t(.*)$", ln) for ln in read_output.split("\n")]
+    return "\n".join(x.group(1) for x in lines if x) + "\n"
 
 
 def _hunks(section: str) -> list[tuple[str, str]]:
@@ -268,8 +279,7 @@ class _RandomEdit:
         return path, func
 
     def _random_mutation(self, read_output: str) -> dict | None:
-        numbered = [re.match(r"^\s*\d+\t(.*)$", ln) for ln in read_output.splitlines()]
-        source = "\n".join(m.group(1) for m in numbered if m)
+        source = _file_text(read_output)
         path, func = self.target  # type: ignore[misc]
         try:
             options = [m for m in mutations(path, source) if m.function.split(".")[-1] == func]
@@ -278,20 +288,9 @@ class _RandomEdit:
         if not options:
             return None
         m = self.rng.choice(options)
-        lines = source.split("\n")
-        lo, hi, up = m.line - 1, m.line, True  # grow context around the line until it occurs once
-        while source.count("\n".join(lines[lo:hi])) > 1:
-            if up and lo > 0:
-                lo -= 1
-            elif hi < len(lines):
-                hi += 1
-            elif lo > 0:
-                lo -= 1
-            else:
-                break
-            up = not up
-        old = lines[lo:hi]
-        new = old[: m.line - 1 - lo] + ([m.after] if m.after != "" else []) + old[m.line - lo :]
-        if m.after == "" and len(old) == 1:  # a removed line alone: take its newline with it
-            return {"path": path, "old_string": old[0] + "\n", "new_string": ""}
-        return {"path": path, "old_string": "\n".join(old), "new_string": "\n".join(new)}
+        lines = source.splitlines(keepends=True)
+        i = m.line - 1
+        ending = lines[i][len(m.before) :]  # the line's newline (none on a last line without one)
+        mutated = [*lines[:i], *([m.after + ending] if m.after != "" else []), *lines[i + 1 :]]
+        pair = _unique(lines, mutated, i, i + 1, source)
+        return {"path": path, "old_string": pair[0], "new_string": pair[1]} if pair else None
