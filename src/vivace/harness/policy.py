@@ -98,6 +98,18 @@ class Sampler(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
 
 
+def _with_new_messages(conversation: Conversation, chat: Any) -> TokenLog:
+    """The episode's token log, extended with the messages added since the last turn (the whole
+    prompt on the first turn) and the generation prompt: the past is never re-tokenized."""
+    log = conversation.tokens
+    if log is None:
+        log = conversation.tokens = TokenLog()
+        log.add_context(chat.prompt_ids(conversation.messages, conversation.tools))
+    else:
+        log.add_context(chat.continuation_ids(conversation.messages, conversation.tools, log.n_messages))
+    return log
+
+
 class TokenPolicy:
     """A policy that renders with a ChatFormat and samples from a Sampler, token-in/token-out."""
 
@@ -106,12 +118,7 @@ class TokenPolicy:
         self.params = params or SamplingParams()
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
-        log = conversation.tokens
-        if log is None:
-            log = conversation.tokens = TokenLog()
-            log.add_context(self.chat.prompt_ids(conversation.messages, conversation.tools))
-        else:
-            log.add_context(self.chat.continuation_ids(conversation.messages, conversation.tools, log.n_messages))
+        log = _with_new_messages(conversation, self.chat)
         stops = tuple(self.chat.stop_ids)
         params = SamplingParams(
             max_tokens=min(self.params.max_tokens, conversation.max_turn_tokens),
@@ -151,12 +158,7 @@ class TeacherTokens:
         self.inner, self.chat, self.name = inner, chat_format, inner.name
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
-        log = conversation.tokens
-        if log is None:
-            log = conversation.tokens = TokenLog()
-            log.add_context(self.chat.prompt_ids(conversation.messages, conversation.tools))
-        else:
-            log.add_context(self.chat.continuation_ids(conversation.messages, conversation.tools, log.n_messages))
+        log = _with_new_messages(conversation, self.chat)
         reply = await self.inner.act(conversation)
         ids = self.chat.assistant_ids(reply.message)
         log.add_sampled(ids, [0.0] * len(ids), -1)
