@@ -54,12 +54,13 @@ class EpisodeResult:
 
 async def run_attempt(
     replicas: list[Any], chat: Any, params: Any, name: str, task: Task, cfg: VivaceConfig, backend: Any,
-    episode: Any = run_task, is_loss: Any = lambda e: False,
+    episode: Any = None, is_loss: Any = lambda e: False,
 ) -> EpisodeResult:  # fmt: skip
     """One episode on the least-loaded sampler replica (sticky for its later turns), scored by
     `episode`: `bench.runner.run_task` (the benchmark's episode and score) unless a synthetic
-    environment (rl/synthetic.py) replaces it. `is_loss(exc)` says an exception means the replica
+    environment (rl/synthetic.py) replaces it (None: run_task). `is_loss(exc)` says an exception means the replica
     is gone (a dead Ray actor)."""
+    episode = episode or run_task
     router = StickyRouter(replicas, is_loss)
     policy = TokenPolicy(router, chat, name=name, params=params)
     try:

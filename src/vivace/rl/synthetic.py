@@ -43,7 +43,7 @@ def called_a_tool(traj: Trajectory) -> float:
 
 
 def synthetic_episode(repo_snapshot: Any, reward=called_a_tool, sign: float = 1.0):
-    """An `episode` function for `rollout_groups`: the task's request in a workspace of
+    """An `episode` function for the rollout workers (rl/rollout.py `run_attempt`): the task's request in a workspace of
     `repo_snapshot`, rewarded by `reward(trajectory)` (times `sign`, -1 to flip the objective)."""
 
     async def episode(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> tuple[Trajectory, Score]:

@@ -83,9 +83,8 @@ class LocalWorkers:
         return _split(self.cfg.train.rollout_concurrency, self.cfg.train.rollout_workers)
 
     async def episode(self, worker: int, task: Task) -> EpisodeResult:
-        kw = {"episode": self.episode_fn} if self.episode_fn is not None else {}
         return await run_attempt(self.samplers, self.chat, self.params, self.cfg.train.model, task, self.cfg,
-                                 self.backend, **kw)  # fmt: skip
+                                 self.backend, episode=self.episode_fn)  # fmt: skip
 
     async def replace_worker(self, worker: int) -> None:
         pass  # in-process workers do not die on their own
@@ -175,10 +174,9 @@ class _RolloutActor:
 
         from vivace.inference.samplers import RayEngine
 
-        kw = {"episode": self.episode_fn} if self.episode_fn is not None else {}
         replicas = [RayEngine(a) for a in samplers]
-        return await run_attempt(replicas, self.chat, self.params, self.cfg.train.model, task, self.cfg,
-                                 self.backend, is_loss=lambda e: isinstance(e, ray.exceptions.RayActorError), **kw)  # fmt: skip
+        return await run_attempt(replicas, self.chat, self.params, self.cfg.train.model, task, self.cfg, self.backend,
+                                 episode=self.episode_fn, is_loss=lambda e: isinstance(e, ray.exceptions.RayActorError))  # fmt: skip
 
     def ping(self) -> bool:
         return True

@@ -158,10 +158,10 @@ class EmbeddingCache:
         keys = [text_key(t) for t in texts]
         with self._lock:
             missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._vectors}
-        todo = list(missing.items())
+        uncached = list(missing.items())
         step = max(1, self.embedder.batch_size * 8)
-        for i in range(0, len(todo), step):
-            part = todo[i : i + step]
+        for i in range(0, len(uncached), step):
+            part = uncached[i : i + step]
             vectors = self.embedder.encode([t for _, t in part])
             with self._lock:
                 for (k, _), v in zip(part, vectors, strict=True):
@@ -169,7 +169,7 @@ class EmbeddingCache:
                         self._vectors[k] = v
                         self._new.append(k)
             if progress is not None:
-                progress(min(i + step, len(todo)), len(todo))
+                progress(min(i + step, len(uncached)), len(uncached))
         if not keys:
             return np.zeros((0, self.embedder.dim), np.float32)
         with self._lock:

@@ -113,9 +113,9 @@ class WorkspaceSource:
     async def read(self, paths: list[str]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         budget = TEXT_BUDGET * 2
-        todo = list(paths)
-        while todo:
-            batch = todo[:READ_BATCH]
+        unread = list(paths)
+        while unread:
+            batch = unread[:READ_BATCH]
             try:
                 got = await self._run(
                     {"mode": "read", "max_bytes": self.config.max_file_bytes, "budget": budget}, batch
@@ -124,11 +124,11 @@ class WorkspaceSource:
                 if budget > 8_000:
                     budget //= 2
                 else:  # one file alone does not fit: leave it out of the index
-                    out[todo.pop(0)] = None
+                    out[unread.pop(0)] = None
                 continue
             out |= got["texts"]
             done = len(batch) - len(got["rest"])
-            todo = todo[done:]
+            unread = unread[done:]
         return out
 
 
