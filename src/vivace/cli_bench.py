@@ -86,6 +86,36 @@ def tasks_generate(
     out.print(f"wrote {len(tasks)} tasks to {out_dir / 'tasks.jsonl'} (by split: {counts})")
 
 
+@tasks_app.command("families")
+def tasks_families(
+    out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")],
+    train: Annotated[int, typer.Option(help="Training tasks (themes of the train split).")] = 840,
+    validation: Annotated[int, typer.Option(help="Validation tasks.")] = 70,
+    test: Annotated[int, typer.Option(help="Held-out test tasks (themes never seen in training).")] = 210,
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
+    workers: Annotated[int, typer.Option(help="Test runs at the same time.")] = 2,
+) -> None:
+    """Generate the learnable task families (small projects, bugs the tools reveal), validated by
+    running their tests; spread evenly over families and curriculum levels."""
+    from vivace.tasks.families import generate_families
+    from vivace.tasks.format import save_jsonl
+
+    progress = _progress()
+    wanted = {"train": train, "validation": validation, "test": test}
+    bar = progress.add_task("tasks kept", total=sum(wanted.values()))
+    with progress:
+        tasks = generate_families({k: v for k, v in wanted.items() if v > 0}, seed, workers=workers,
+                                  progress=lambda kept, total: progress.update(bar, completed=kept))  # fmt: skip
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    save_jsonl(tasks, out_file)
+    counts: dict[str, int] = {}
+    for t in tasks:
+        key = f"{t.split}/{t.metadata['family']}"
+        counts[key] = counts.get(key, 0) + 1
+    out.print(f"wrote {len(tasks)} tasks to {out_file}")
+    out.print_json(json.dumps(dict(sorted(counts.items()))))
+
+
 @app.command("bench")
 def bench(
     model: Annotated[list[str], typer.Option("--model", help="Policy spec; repeat to compare several.")],

@@ -1,4 +1,5 @@
-"""`vivace sft data`: expert dialogues for the warm start; registered on the app in cli.py."""
+"""`vivace sft data` (expert dialogues) and `vivace sft train` (the supervised warm start on them);
+registered on the app in cli.py."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vivace.cli import BackendOpt, PresetOpt, StateOpt, _config, app, err, out
 
-sft_app = typer.Typer(help="Supervised warm start: expert data.", no_args_is_help=True)
+sft_app = typer.Typer(help="Supervised warm start: expert data, training.", no_args_is_help=True)
 app.add_typer(sft_app, name="sft")
 
 
 @sft_app.command("data")
 def sft_data(
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/expert.jsonl"),
-    suite: Annotated[str, typer.Option(help="Named suite: bundled, bugs, features.")] = "bundled",
+    suite: Annotated[str, typer.Option(help="Named suite: bundled, bugs, features, families.")] = "families",
+    tasks_path: Annotated[Path | None, typer.Option("--tasks", help="Tasks file (.jsonl) instead of a suite.")] = None,
     split: Annotated[
         str | None, typer.Option(help="Split to draw from (train, validation, test; default train).")
     ] = "train",
@@ -31,6 +33,9 @@ def sft_data(
     minimal: Annotated[bool, typer.Option(help="Minimal unique old_string fragments (else whole diff hunks).")] = True,
     max_tokens: Annotated[
         int | None, typer.Option(help="Drop episodes longer than this (default: the model's context).")
+    ] = None,
+    styles_per_task: Annotated[
+        int | None, typer.Option(help="Only this many styles per task, taken in turn (default: all).")
     ] = None,
     concurrency: Annotated[int, typer.Option(help="Episodes at the same time.")] = 4,
     preset: PresetOpt = "default",
@@ -45,9 +50,14 @@ def sft_data(
 
     try:
         cfg = _config(preset, backend, state_dir)
-        tasks = load_suite(suite, split=split)[:n]
+        if tasks_path is not None:
+            from vivace.tasks.format import load_tasks
+
+            tasks = [t for t in load_tasks(tasks_path) if split is None or t.split == split][:n]
+        else:
+            tasks = load_suite(suite, split=split)[:n]
         if not tasks:
-            raise ValueError(f"suite {suite!r} has no tasks in split {split!r}")
+            raise ValueError(f"{tasks_path or f'suite {suite!r}'} has no tasks in split {split!r}")
         wanted = tuple(s.strip() for s in styles.split(",") if s.strip())
         if max_tokens is None:
             from transformers import AutoConfig
@@ -60,11 +70,69 @@ def sft_data(
                       console=err) as bar:  # fmt: skip
             job = bar.add_task("episodes", total=len(tasks) * len(wanted))
             result = asyncio.run(expert_data(cfg, tasks, out_file, model=model, styles=wanted, minimal=minimal,
-                                             max_tokens=max_tokens, concurrency=concurrency,
+                                             max_tokens=max_tokens, styles_per_task=styles_per_task, concurrency=concurrency,
                                              progress=lambda done, total: bar.update(job, completed=done)))  # fmt: skip
     except ValueError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+    if as_json:
+        print(json.dumps(result))
+    else:
+        out.print_json(json.dumps(result))
+
+
+@sft_app.command("train")
+def sft_train(
+    data: Annotated[
+        list[str] | None, typer.Option("--data", help="Episode JSONL file(s): repeat, or separate with commas.")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Checkpoint directory (with train_log.jsonl).")] = Path(
+        "runs/sft/model"
+    ),
+    init: Annotated[str, typer.Option(help="Starting weights: tiny or a checkpoint directory.")] = "tiny",
+    eval_file: Annotated[Path | None, typer.Option("--eval", help="Held-out episodes (JSONL) for eval lines.")] = None,
+    seq_len: Annotated[int, typer.Option(help="Tokens per packed row; longer episodes are skipped.")] = 4096,
+    batch_tokens: Annotated[int, typer.Option(help="Tokens per optimizer step (rows accumulate).")] = 16384,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine to a tenth of it).")] = 2e-3,
+    steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,
+    epochs: Annotated[float | None, typer.Option(help="Stop after this many passes (default 1 if no budget).")] = None,
+    minutes: Annotated[float | None, typer.Option(help="Stop before this much wall time.")] = None,
+    eval_every: Annotated[int, typer.Option(help="Eval every N steps (and at the end).")] = 50,
+    save_every: Annotated[int, typer.Option(help="Save the checkpoint every N steps (and at the end).")] = 200,
+    seed: Annotated[int, typer.Option(help="Seed of the initialisation, packing and order.")] = 0,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Train the policy on expert episodes: cross-entropy on the assistant tokens (loss_mask 1),
+    packed rows, AdamW with warmup and cosine decay; writes a standard checkpoint to --out."""
+    from rich.markup import escape
+
+    from vivace.rl.sft_train import train_sft
+
+    files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
+    columns = (TextColumn("sft step"), MofNCompleteColumn(), BarColumn(),
+               TextColumn("loss {task.fields[loss]}  {task.fields[tok_s]} tok/s  {task.fields[eval]}"), TimeElapsedColumn())  # fmt: skip
+    try:
+        with Progress(*columns, console=err) as bar:
+            job = bar.add_task("sft", total=steps, loss="-", tok_s="-", eval="")
+
+            def show(line: dict) -> None:
+                if "eval_loss" in line:
+                    bar.update(job, eval=f"eval {line['eval_loss']:.3f} acc {line['eval_token_acc']:.3f}")
+                else:
+                    bar.update(job, completed=line["step"], total=line["planned_steps"], loss=f"{line['loss']:.4f}",
+                               tok_s=f"{line['tok_s']:.0f}")  # fmt: skip
+
+            result = train_sft(files, out_dir, init=init, eval_data=eval_file, seq_len=seq_len,
+                               batch_tokens=batch_tokens, lr=lr, max_steps=steps, epochs=epochs,
+                               time_budget_s=minutes * 60 if minutes is not None else None, eval_every=eval_every,
+                               save_every=save_every, seed=seed, threads=threads, progress=show)  # fmt: skip
+    except ValueError as e:
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(2) from e
+    if result["counts"]["too_long"]:
+        err.print(f"[yellow]note:[/] {result['counts']['too_long']} episode(s) longer than --seq-len {seq_len} "
+                  "were skipped")  # fmt: skip
     if as_json:
         print(json.dumps(result))
     else:

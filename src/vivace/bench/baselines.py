@@ -82,6 +82,8 @@ class _Oracle:
     def _plan(self) -> list:
         """(content, calls) per turn; calls may be a function of the conversation (edits need the files read)."""
         existing = [c.path for c in self.changes if not c.new_file]
+        # Files whose facts the fix needs without changing them (multi-file task families).
+        existing += [p for p in self.task.metadata.get("context_files", []) if p not in existing]
         reads = [("read_file", {"path": p}) for p in existing]
         py = [c.path for c in self.changes if c.path.endswith(".py") and not c.deleted]
         test = ("run_terminal_cmd", {"command": self.task.tests.command})

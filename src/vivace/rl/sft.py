@@ -40,11 +40,14 @@ async def expert_data(
     styles: tuple[str, ...] = STYLES,
     minimal: bool = True,
     max_tokens: int | None = None,
+    styles_per_task: int | None = None,
     concurrency: int = 4,
     progress: Callable[[int, int], None] = lambda done, total: None,
 ) -> dict[str, Any]:
     """Runs every (task, style) episode and writes the resolved ones no longer than `max_tokens`
-    (the model's context; None: any length) to `out` (JSONL); returns what was kept and why not."""
+    (the model's context; None: any length) to `out` (JSONL); returns what was kept and why not.
+    `styles_per_task` k: task i gets only k styles, taken in turn from position i (a mix of
+    behaviours at a fraction of the episodes)."""
     from vivace.model.checkpoint import load_tokenizer
     from vivace.sandbox import open_backend
 
@@ -54,7 +57,8 @@ async def expert_data(
     chat = ChatFormat(load_tokenizer(model))
     backend = open_backend(cfg.sandbox)
     sem = asyncio.Semaphore(concurrency)
-    jobs = [(t, s) for t in tasks for s in styles]
+    k = len(styles) if styles_per_task is None else max(1, min(styles_per_task, len(styles)))
+    jobs = [(t, styles[(i + j) % len(styles)]) for i, t in enumerate(tasks) for j in range(k)]
     counts: Counter[str] = Counter()
     done = 0
     out.parent.mkdir(parents=True, exist_ok=True)

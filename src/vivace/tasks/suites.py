@@ -3,7 +3,10 @@
 - bugs: bug tasks generated from the bundled repositories, stored in vivace/tasks/data/bugs.jsonl
   (made with `vivace tasks generate --n 120 --seed 0 --out DIR`, then DIR/tasks.jsonl copied there);
 - features: the hand-written feature tasks (vivace/tasks/features/*);
-- bundled: both.
+- bundled: both;
+- families: the learnable task families in generated projects (vivace/tasks/families.py), stored
+  in vivace/tasks/data/families.jsonl (made with `vivace tasks families --out FILE`; the warm
+  start and `make train` use it).
 
 Feature tasks come first, so `--n N` always includes them. `split` keeps one split (train / validation / test), which is decided by repository.
 """
@@ -17,8 +20,9 @@ from vivace.tasks.generate import split_of
 
 HERE = Path(__file__).parent
 BUGS_FILE = HERE / "data" / "bugs.jsonl"
+FAMILIES_FILE = HERE / "data" / "families.jsonl"
 FEATURES_DIR = HERE / "features"
-SUITES = ("bundled", "bugs", "features")
+SUITES = ("bundled", "bugs", "features", "families")
 
 
 def load_suite(name: str, split: str | None = None) -> list[Task]:
@@ -33,6 +37,10 @@ def load_suite(name: str, split: str | None = None) -> list[Task]:
         if not BUGS_FILE.is_file():
             raise ValueError(f"{BUGS_FILE} is missing; make it with `vivace tasks generate --out DIR` (see above)")
         tasks += load_jsonl(BUGS_FILE)
+    if name == "families":
+        if not FAMILIES_FILE.is_file():
+            raise ValueError(f"{FAMILIES_FILE} is missing; make it with `vivace tasks families --out {FAMILIES_FILE}`")
+        tasks += load_jsonl(FAMILIES_FILE)
     if split is not None:
         tasks = [t for t in tasks if t.split == split]
     return tasks

@@ -1,0 +1,108 @@
+"""The learnable task families: generated projects pass their own tests, each family's bug is
+caught by them and named where the family says, the reference patch undoes it, splits are
+theme-disjoint, and the task runs through the real benchmark (oracle solves it)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+
+import pytest
+
+from vivace.bench.patch import parse_patch
+from vivace.tasks.families import FAMILIES, MULTI_FILE, _make_task, _misspell, bugs, run_project
+from vivace.tasks.projects import THEMES, make_project, split_of_theme
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_generated_projects_pass_their_tests_and_name_tests_after_functions(level):
+    project = make_project("garden", level, random.Random(level))
+    outcomes, output = run_project(project.files)
+    assert outcomes and all(v == "PASSED" for v in outcomes.values()), output
+    tested = {t.split("::")[-1].removeprefix("test_") for t in outcomes}
+    assert tested == set(project.functions)
+    for test_file in (p for p in project.files if p.startswith("tests/")):
+        for line in project.files[test_file].splitlines():
+            if line.startswith("def test_"):
+                body = project.files[test_file].split(line, 1)[1].split("\ndef ", 1)[0]
+                assert body.count("assert ") >= 2, f"{line}: too few asserts for lucky edits to fail"
+
+
+def _task_for(family: str, seed: int = 0):
+    rng = random.Random(seed)
+    for _ in range(20):  # a project may have no site for a family; the generator tries others the same way
+        level = 3 if family in MULTI_FILE else rng.choice((1, 2, 3))
+        task = _make_task(make_project("kitchen", level, random.Random(rng.random())), family, random.Random(seed))
+        if task:
+            return task
+    raise AssertionError(f"no {family} task in 20 projects")
+
+
+def _files_of(patch: str, base: dict[str, str] | None = None, tmp=None) -> dict[str, str]:
+    """The tree a creating patch (plus an optional fix) describes, via git apply."""
+    subprocess.run(["git", "init", "-q", str(tmp)], check=True)
+    subprocess.run(["git", "apply", "-"], cwd=tmp, input=patch.encode(), check=True)
+    return {p.relative_to(tmp).as_posix(): p.read_text() for p in tmp.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_makes_a_caught_bug_that_the_reference_patch_fixes(family, tmp_path):
+    task = _task_for(family)
+    assert task.metadata["family"] == family and task.split == "test"  # kitchen is a test theme
+    files = _files_of(task.repo.patch, tmp=tmp_path / "a")
+    before, output = run_project(files)
+    assert task.tests.fail_to_pass and all(before.get(t) != "PASSED" for t in task.tests.fail_to_pass), output
+    assert all(before.get(t) == "PASSED" for t in task.tests.pass_to_pass)
+    subprocess.run(["git", "apply", "-"], cwd=tmp_path / "a", input=task.reference_patch.encode(), check=True)
+    fixed = {p: (tmp_path / "a" / p).read_text() for p in files}
+    after, output = run_project(fixed)
+    assert all(after[t] == "PASSED" for t in task.tests.fail_to_pass + task.tests.pass_to_pass), output
+    changed = [c.path for c in parse_patch(task.reference_patch)]
+    assert changed == [task.metadata["file"]] and not changed[0].startswith("tests/")
+    if family in MULTI_FILE:  # the right name lives only in the other file
+        (context,) = task.metadata["context_files"]
+        assert context != changed[0] and context in files
+    if task.metadata["style"] == "traceback" and family in ("misspelled_name", "misspelled_method", "wrong_keyword"):
+        assert f"{changed[0]}:" in task.request  # the traceback points at file:line
+
+
+def test_misspellings_differ_from_the_name():
+    rng = random.Random(0)
+    for name in ("total", "plants", "get", "append", "ab", "x1"):
+        for _ in range(20):
+            assert _misspell(name, rng) != name
+
+
+def test_splits_are_theme_disjoint_and_every_split_has_themes():
+    splits = {split_of_theme(t) for t in THEMES}
+    assert splits == {"train", "validation", "test"}
+    train_words = {w for t, spec in THEMES.items() if split_of_theme(t) == "train" for w in (spec[0], spec[1], spec[2])}
+    test_words = {w for t, spec in THEMES.items() if split_of_theme(t) == "test" for w in (spec[0], spec[1], spec[2])}
+    assert not train_words & test_words
+
+
+def test_bug_candidates_stay_in_the_package():
+    project = make_project("fleet", 3, random.Random(5))
+    for family in FAMILIES:
+        for _, path, mutated, _ in bugs(project, family, random.Random(0)):
+            assert path.startswith("fleet/") and mutated != project.files[path]
+
+
+async def test_oracle_solves_a_multi_file_task_and_random_edit_does_not_crash(state_dir):
+    from vivace.bench.baselines import OraclePolicy, RandomEditPolicy
+    from vivace.bench.runner import run_task
+    from vivace.config import load_preset
+    from vivace.sandbox import open_backend
+
+    task = _task_for("wrong_keyword", seed=3)
+    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    backend = open_backend(cfg.sandbox)
+    try:
+        traj, score = await run_task(OraclePolicy().for_task(task), task, cfg, backend)
+        _, random_score = await run_task(RandomEditPolicy().for_task(task), task, cfg, backend)
+    finally:
+        await backend.aclose()
+    assert score.resolved
+    reads = [c for t in traj.turns for c in t.tool_calls if c.name == "read_file"]
+    assert {c.arguments["path"] for c in reads} == {task.metadata["file"], *task.metadata["context_files"]}
+    assert random_score is not None
