@@ -1,16 +1,22 @@
-"""`vivace train` (RL on the built-in defaults or a config) and `vivace train bench-pipeline`
-(synchronous vs asynchronous rollouts); registered on the app in cli.py."""
+"""`vivace train` (RL on the built-in defaults or a config), `vivace train report` (the
+before/after evaluation of a finished run, rl/evaluate.py) and `vivace train bench-pipeline`
+(synchronous vs asynchronous rollouts); registered on the app in cli.py.
+
+A run that completes its steps with `train.eval_tasks > 0` ends with the same evaluation; its
+report's path is the last line printed (with --json: the "report" key of the summary line)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from vivace.cli import BackendOpt, PresetOpt, StateOpt, app, err, out
@@ -57,6 +63,7 @@ def train_command(
     if ctx.invoked_subcommand is not None:
         return
     from vivace.rl.controller import TrainerFailed, new_run_dir, train
+    from vivace.rl.evaluate import held_out_tasks
     from vivace.rl.workers import LocalWorkers, RayWorkers
 
     try:
@@ -71,6 +78,8 @@ def train_command(
             cfg.sandbox.backend = backend  # type: ignore[assignment]
         if state_dir is not None:
             cfg.sandbox.state_dir = state_dir
+        # Chosen before training: a bad split or suite must not surface only after the whole run.
+        eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
             run_dir = new_run_dir(cfg, name)
     except (ValueError, FileExistsError, FileNotFoundError) as e:
@@ -110,10 +119,91 @@ def train_command(
     except TrainerFailed as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
+    report = None
+    if eval_tasks:
+        try:
+            report = _evaluate(cfg, run_dir, eval_tasks)[1]
+        except ValueError as e:
+            err.print(f"[red]error:[/] the run finished but its evaluation could not start: {e}")
+            raise typer.Exit(2) from e
     if as_json:
-        print(json.dumps({"summary": summary}))
-    else:
-        out.print_json(json.dumps(summary))
+        print(json.dumps({"summary": summary, **({"report": str(report)} if report else {})}))
+        return
+    out.print_json(json.dumps(summary))
+    if report:
+        print(f"report: {report}")  # plain print: one unwrapped line, whatever the terminal width
+
+
+def _shown(path: Path) -> Path:
+    """The path relative to the working directory when it is under it (runs/NAME/...)."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def _evaluate(cfg: VivaceConfig, run_dir: Path, tasks: list) -> tuple[dict, Path]:
+    """The before/after benchmark of a run, with a progress bar on stderr: (report, report.md)."""
+    from vivace.rl.evaluate import evaluate_run, trained_policy
+
+    after = trained_policy(run_dir)
+    specs = {cfg.train.model, after, *cfg.train.eval_baselines}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err)  # fmt: skip
+    bar = progress.add_task("held-out episodes", total=len(specs) * len(tasks))
+
+    def show(done: int, total: int, solved: int) -> None:
+        progress.update(bar, completed=done, total=total, description=f"held-out episodes ({solved} solved)")
+
+    err.print(f"evaluating {cfg.train.model} (before) and {_shown(Path(after))} (after) beside "
+              f"{', '.join(cfg.train.eval_baselines) or 'no baselines'} on {len(tasks)} held-out tasks")  # fmt: skip
+    with progress:
+        report = asyncio.run(evaluate_run(cfg, run_dir, cfg.train.model, after, tasks, cfg.train.eval_baselines,
+                                          cfg.train.eval_concurrency, show))  # fmt: skip
+    return report, _shown(run_dir / "report.md")
+
+
+@train_app.command("report")
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory made by `vivace train` (runs/NAME).")],
+    tasks: Annotated[
+        int | None, typer.Option("--tasks", help="Held-out tasks (default: the run's eval_tasks, else one per family).")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Split the tasks come from (default: the run's eval_split).")
+    ] = None,
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Benchmark a run's starting policy and its last checkpoint (and the baselines) on held-out
+    tasks; write report.md, report.json and report.html into the run directory."""
+    from vivace.rl.evaluate import held_out_tasks, markdown_report, trained_policy
+
+    try:
+        if not (run_dir / "config.json").is_file():
+            raise ValueError(f"{run_dir} is not a run directory (no config.json); give one `vivace train` made, "
+                             "e.g. runs/NAME")  # fmt: skip
+        cfg = VivaceConfig.model_validate_json((run_dir / "config.json").read_text())
+        if backend is not None:
+            cfg.sandbox.backend = backend  # type: ignore[assignment]
+        if state_dir is not None:
+            cfg.sandbox.state_dir = state_dir
+        if split is not None and split not in ("train", "validation", "test"):
+            raise ValueError(f"unknown split {split!r}; use train, validation or test")
+        if tasks is not None and tasks < 1:
+            raise ValueError("--tasks must be at least 1")
+        trained_policy(run_dir)
+        chosen = held_out_tasks(cfg, tasks or cfg.train.eval_tasks or None, split)
+    except ValueError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    report, path = _evaluate(cfg, run_dir.resolve(), chosen)
+    if as_json:
+        print(json.dumps({"report": str(path), **report}))
+        return
+    sys.stdout.write(markdown_report(report))  # raw: tables must not be wrapped to the terminal
+    print(f"report: {path}")
 
 
 @train_app.command("bench-pipeline")

@@ -200,6 +200,17 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every K steps (and at the end).")
     seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
     runs_dir: Path = Field(Path("runs"), description="Where run directories are made.")
+    eval_tasks: int = Field(
+        0, ge=0, description="Held-out tasks in the before/after benchmark that ends the run (0: no evaluation)."
+    )
+    eval_split: Literal["train", "validation", "test"] = Field(
+        "test", description="Split of the suite the held-out tasks come from (spread over task families)."
+    )
+    eval_baselines: list[str] = Field(
+        default_factory=lambda: ["scripted:random-edit", "scripted:oracle"],
+        description="Policies benchmarked beside the starting and the trained policy (floor and ceiling).",
+    )
+    eval_concurrency: int = Field(4, ge=1, description="Evaluation episodes running at once.")
 
 
 class VivaceConfig(_Strict):

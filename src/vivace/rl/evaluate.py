@@ -1,0 +1,406 @@
+"""The before/after report that ends an RL run: what training changed, on tasks it never saw.
+
+`evaluate_run` benchmarks the starting policy (`before`), the trained one (`after`, the run's last
+checkpoint) and baselines (a floor and a ceiling: `scripted:random-edit`, `scripted:oracle`) on
+held-out tasks with `bench.runner.run_benchmark`, so the episode and the scorer are exactly those
+of the benchmark and of the rollouts. Results go to RUN/eval/ (results.jsonl, trajectories);
+the report to RUN/report.json (machine-readable, per policy and per family), RUN/report.md and a
+self-contained RUN/report.html (tables, SVG curves, bench's success-vs-tokens plot):
+
+- reward and success over training steps (from RUN/metrics.jsonl);
+- held-out success per policy, overall and per task family (`metadata["family"]`, else
+  `metadata["kind"]`); families with `metadata["learnable"] is False` are the harder ones and
+  are shown apart, so a gain on the learnable families is not averaged away (or faked) by them;
+- per policy: tool calls per turn, turns per episode and per solved task, reference tokens per
+  episode, reads/searches before the first edit (rl.metrics.behaviour on the saved
+  trajectories; an episode that never edits counts all its reads), unsupported-claim rate,
+  format errors;
+- a "before -> after" line with the delta for each of those.
+
+Held-out tasks are drawn round-robin over families in a seeded order (`held_out_tasks`), so a
+small evaluation still covers every family.
+
+Policies are loaded as `vivace bench` loads them (`load_policy(spec)`: the engine's default
+sampling settings), so the numbers compare with any other benchmark run.
+
+Not covered: significance. With a handful of tasks per family a difference of one task is
+noise; the report gives counts beside rates so the reader can judge.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from vivace.bench.report import _plot as success_vs_tokens_plot
+from vivace.bench.report import summarize
+from vivace.bench.runner import run_benchmark
+from vivace.config import VivaceConfig
+from vivace.harness.trajectory import Trajectory
+from vivace.rl.controller import latest_checkpoint
+from vivace.rl.metrics import behaviour
+from vivace.tasks.format import Task
+from vivace.tasks.suites import load_suite
+
+DEFAULT_BASELINES = ("scripted:random-edit", "scripted:oracle")
+# (key, label, format): the per-policy numbers, in the order the report shows them.
+METRICS = [
+    ("success", "held-out success", "pct"),
+    ("success_learnable", "success, learnable families", "pct"),
+    ("success_harder", "success, harder families", "pct"),
+    ("mean_reward", "reward (benchmark score)", "{:.3f}"),
+    ("tool_calls_per_turn", "tool calls per turn", "{:.2f}"),
+    ("turns_per_episode", "turns per episode", "{:.1f}"),
+    ("turns_per_solved", "turns per solved task", "{:.1f}"),
+    ("tokens_per_episode", "tokens per episode (reference)", "{:.0f}"),
+    ("reads_before_first_edit", "reads/searches before the first edit", "{:.1f}"),
+    ("unsupported_claim_rate", "unsupported-claim rate", "pct"),
+    ("format_errors_per_episode", "format errors per episode", "{:.2f}"),
+]
+CURVE_KEYS = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn")
+MAX_CURVE_ROWS = 20
+
+
+# ---- choosing what to evaluate ------------------------------------------------------------------
+
+
+def family_of(task: Task) -> str:
+    return str(task.metadata.get("family") or task.metadata.get("kind") or "other")
+
+
+def held_out_tasks(cfg: VivaceConfig, n: int | None = None, split: str | None = None) -> list[Task]:
+    """`n` tasks (default: one per family) of the training suite at `split` (default
+    cfg.train.eval_split), round-robin over families in an order seeded by cfg.train.seed."""
+    split = split or cfg.train.eval_split
+    tasks = load_suite(cfg.train.suite, split=split)
+    if not tasks:
+        raise ValueError(f"suite {cfg.train.suite!r} has no tasks in split {split!r}; choose another split or suite")
+    return stratified(tasks, n, cfg.train.seed)
+
+
+def stratified(tasks: list[Task], n: int | None, seed: int) -> list[Task]:
+    by_family: dict[str, list[Task]] = {}
+    for t in sorted(tasks, key=lambda t: t.id):  # the suite's file order must not change the draw
+        by_family.setdefault(family_of(t), []).append(t)
+    rng = random.Random(seed)
+    families = sorted(by_family)
+    rng.shuffle(families)
+    for f in families:
+        rng.shuffle(by_family[f])
+    n = len(families) if n is None else n
+    picked: list[Task] = []
+    while len(picked) < n and any(by_family.values()):
+        picked += [by_family[f].pop() for f in families if by_family[f]][: n - len(picked)]
+    return picked
+
+
+def trained_policy(run_dir: Path) -> str:
+    """The policy spec of the run's last checkpoint (its Hugging Face directory)."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None or not (ckpt / "model" / "config.json").is_file():
+        raise ValueError(f"{run_dir} has no checkpoint with weights (checkpoints/step_N/model); "
+                         f"finish the run first: `vivace train --resume {run_dir}`")  # fmt: skip
+    return str(ckpt / "model")
+
+
+# ---- running it ---------------------------------------------------------------------------------
+
+
+async def evaluate_run(
+    cfg: VivaceConfig,
+    run_dir: Path,
+    before: str,
+    after: str,
+    tasks: list[Task],
+    baselines: Iterable[str] = DEFAULT_BASELINES,
+    concurrency: int = 4,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Benchmarks before, after and the baselines on `tasks` into run_dir/eval/, writes
+    report.json/.md/.html into run_dir and returns the report. `progress(done, total, solved)`
+    follows the episodes."""
+    roles = {"before": before, "after": after, **{b: b for b in baselines}}
+    specs = list(dict.fromkeys(roles.values()))  # a policy named twice runs once
+    out_dir = run_dir / "eval"
+    shutil.rmtree(out_dir, ignore_errors=True)  # results.jsonl is appended to: a rerun starts clean
+    total, done, solved = len(specs) * len(tasks), [0], [0]
+
+    def on_done(row: dict[str, Any]) -> None:
+        done[0] += 1
+        solved[0] += bool(row.get("resolved"))
+        if progress:
+            progress(done[0], total, solved[0])
+
+    t0 = time.monotonic()
+    rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done)
+    report = build_report(run_dir, roles, tasks, rows, out_dir, time.monotonic() - t0)
+    write_report(run_dir, report)
+    return report
+
+
+# ---- the numbers --------------------------------------------------------------------------------
+
+
+def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: list[dict[str, Any]],
+                 out_dir: Path, seconds: float) -> dict[str, Any]:  # fmt: skip
+    by_id = {t.id: t for t in tasks}
+    families = _families(tasks)
+    harder = {f for f, v in families.items() if not v["learnable"]}
+    bench = summarize([{**r, "model": label} for label, spec in roles.items() for r in rows if r["model"] == spec])
+    policies = {
+        label: {"spec": spec, **policy_stats([r for r in rows if r["model"] == spec], by_id, harder, out_dir),
+                "bench": bench.get(label, {})}
+        for label, spec in roles.items()
+    }  # fmt: skip
+    curves = training_curves(run_dir / "metrics.jsonl")
+    return {
+        "run": run_dir.name,
+        "run_dir": str(run_dir),
+        "tasks": [t.id for t in tasks],
+        "task_splits": sorted({str(t.split) for t in tasks}),
+        "families": families,
+        "policies": policies,
+        "before_after": {k: _change(policies["before"].get(k), policies["after"].get(k)) for k, _, _ in METRICS},
+        "curves": curves,
+        "training": {"steps": len(curves), "first": curves[0] if curves else None, "last": curves[-1] if curves else None},
+        "eval_seconds": seconds,
+    }  # fmt: skip
+
+
+def _families(tasks: list[Task]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for t in tasks:
+        f = out.setdefault(family_of(t), {"tasks": 0, "learnable": True})
+        f["tasks"] += 1
+        f["learnable"] = f["learnable"] and t.metadata.get("learnable") is not False
+    return dict(sorted(out.items()))
+
+
+def policy_stats(rows: list[dict[str, Any]], by_id: dict[str, Task], harder: set[str], out_dir: Path) -> dict[str, Any]:
+    """One policy's held-out numbers; rows that failed to run count as unsolved episodes."""
+    scored = [r for r in rows if "error" not in r]
+    solved = [r for r in scored if r["resolved"]]
+    d = [r["details"] for r in scored]
+    moves = [behaviour(Trajectory.load(out_dir / r["trajectory"])) for r in scored]
+    fam = {r["task_id"]: family_of(by_id[r["task_id"]]) for r in rows}
+    per_family: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        e = per_family.setdefault(fam[r["task_id"]], {"episodes": 0, "solved": 0})
+        e["episodes"] += 1
+        e["solved"] += bool(r.get("resolved"))
+    for e in per_family.values():
+        e["success"] = e["solved"] / e["episodes"]
+    return {
+        "episodes": len(rows),
+        "errors": len(rows) - len(scored),
+        "solved": len(solved),
+        "success": _rate(rows),
+        "success_learnable": _rate([r for r in rows if fam[r["task_id"]] not in harder]),
+        "success_harder": _rate([r for r in rows if fam[r["task_id"]] in harder]),
+        "mean_reward": _mean([r["total"] for r in rows]),
+        "tool_calls_per_turn": _mean([x["tool_calls_per_turn"] for x in d]),
+        "turns_per_episode": _mean([x["turns"] for x in d]),
+        "turns_per_solved": _mean([r["details"]["turns"] for r in solved]),
+        "tokens_per_episode": _mean([x["reference_tokens"] for x in d if x.get("reference_tokens") is not None]),
+        "completion_tokens_per_episode": _mean([x.get("completion_tokens", 0) for x in d]),
+        "reads_before_first_edit": _mean([m["reads_before_first_edit"] for m in moves]),
+        "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
+        "format_errors": sum(x["format_errors"] for x in d),
+        "format_errors_per_episode": _mean([x["format_errors"] for x in d]),
+        "families": dict(sorted(per_family.items())),
+    }
+
+
+def training_curves(metrics_file: Path) -> list[dict[str, Any]]:
+    if not metrics_file.is_file():
+        return []
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    return [{"step": r["step"], **{k: r[k] for k in CURVE_KEYS if k in r}} for r in rows]
+
+
+def _rate(rows: list[dict[str, Any]]) -> float | None:
+    return sum(bool(r.get("resolved")) for r in rows) / len(rows) if rows else None
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def _change(before: float | None, after: float | None) -> dict[str, float | None]:
+    delta = after - before if before is not None and after is not None else None
+    return {"before": before, "after": after, "delta": delta}
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def write_report(run_dir: Path, report: dict[str, Any]) -> None:
+    (run_dir / "report.json").write_text(json.dumps(report, indent=1))
+    (run_dir / "report.md").write_text(markdown_report(report))
+    (run_dir / "report.html").write_text(html_report(report))
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.1%}" if fmt == "pct" else fmt.format(value)
+
+
+def _fmt_delta(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 100:+.1f} pts" if fmt == "pct" else ("{:+" + fmt[2:]).format(value)
+
+
+def change_lines(report: dict[str, Any]) -> list[str]:
+    """One "label: before → after (delta)" line per metric."""
+    out = []
+    for key, label, fmt in METRICS:
+        c = report["before_after"][key]
+        out.append(f"{label}: {_fmt(c['before'], fmt)} → {_fmt(c['after'], fmt)} ({_fmt_delta(c['delta'], fmt)})")
+    return out
+
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def family_table(report: dict[str, Any], learnable: bool) -> Table:
+    """Success per family (rate and solved/episodes) for every policy, with subtotal rows."""
+    fams = report["families"]
+    names = [f for f, v in fams.items() if v["learnable"] == learnable]
+    harder = [f for f, v in fams.items() if not v["learnable"]]
+    rows = [_group_row(report, f, [f]) for f in names]
+    if learnable and harder:
+        rows += [_group_row(report, "**all learnable**", names), _group_row(report, "**all**", list(fams))]
+    elif learnable:
+        rows.append(_group_row(report, "**all**", names))
+    elif len(names) > 1:
+        rows.append(_group_row(report, "**all harder**", names))
+    return ["family", "tasks", *report["policies"]], rows
+
+
+def _group_row(report: dict[str, Any], name: str, families: list[str]) -> list[str]:
+    cells = []
+    for p in report["policies"].values():
+        entries = [p["families"][f] for f in families if f in p["families"]]
+        solved, episodes = sum(e["solved"] for e in entries), sum(e["episodes"] for e in entries)
+        cells.append(f"{solved / episodes:.0%} ({solved}/{episodes})" if episodes else "n/a")
+    return [name, str(sum(report["families"][f]["tasks"] for f in families)), *cells]
+
+
+# Per-family success has its own tables; per-episode format errors are shown as a total here.
+_POLICY_COLUMNS = [
+    m for m in METRICS if m[0] not in ("success_learnable", "success_harder", "format_errors_per_episode")
+]
+
+
+def policy_table(report: dict[str, Any]) -> Table:
+    head = ["policy", *(label for _, label, _ in _POLICY_COLUMNS), "format errors"]
+    rows = [[label, *(_fmt(p[k], fmt) for k, _, fmt in _POLICY_COLUMNS), str(p["format_errors"])]
+            for label, p in report["policies"].items()]  # fmt: skip
+    return head, rows
+
+
+def curve_table(report: dict[str, Any]) -> Table:
+    curves = report["curves"]
+    if len(curves) > MAX_CURVE_ROWS:  # evenly spaced steps, first and last kept; all are in report.json
+        idx = sorted({round(i * (len(curves) - 1) / (MAX_CURVE_ROWS - 1)) for i in range(MAX_CURVE_ROWS)})
+        curves = [curves[i] for i in idx]
+    head = ["step", "reward", "success", "turns", "calls/turn"]
+    fmts = ("{:.3f}", "pct", "{:.1f}", "{:.2f}")
+    rows = [[str(c["step"]), *(_fmt(c.get(k), f) for k, f in zip(CURVE_KEYS, fmts, strict=True))] for c in curves]
+    return head, rows
+
+
+def _md_table(table: Table) -> list[str]:
+    head, rows = table
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _intro(report: dict[str, Any]) -> list[str]:
+    p = report["policies"]
+    fams = report["families"]
+    harder = [f for f, v in fams.items() if not v["learnable"]]
+    return [
+        f"- before: `{p['before']['spec']}`; after: `{p['after']['spec']}`",
+        f"- baselines: {', '.join(f'`{k}`' for k in p if k not in ('before', 'after')) or 'none'}",
+        f"- held-out: {len(report['tasks'])} tasks (split {', '.join(report['task_splits'])}) over "
+        f"{len(fams)} families: {', '.join(fams)}" + (f" (harder: {', '.join(harder)})" if harder else ""),
+        f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s",
+    ]
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    lines = [f"# RL report: {report['run']}", "", *_intro(report), "", "## Before → after (held-out)", ""]
+    lines += [f"- {line}" for line in change_lines(report)]
+    lines += ["", "## Held-out success by family", "", *_md_table(family_table(report, True))]
+    harder = family_table(report, False)
+    if harder[1]:
+        lines += ["", "### Harder families (not expected to be learnt)", "", *_md_table(harder)]
+    lines += ["", "## Behaviour per policy (held-out)", "", *_md_table(policy_table(report))]
+    lines += ["", "## Training curves", ""]
+    lines += _md_table(curve_table(report)) if report["curves"] else ["(no metrics.jsonl)"]
+    return "\n".join(lines) + "\n"
+
+
+def _html_table(table: Table) -> str:
+    head, rows = table
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c.strip('*'))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{trs}</table>"
+
+
+def line_plot(curves: list[dict[str, Any]], key: str, title: str) -> str:
+    """One metric over training steps as an inline SVG polyline."""
+    pts = [(c["step"], c[key]) for c in curves if c.get(key) is not None]
+    if not pts:
+        return ""
+    w, h, pad = 420, 220, 40
+    x0, x1 = pts[0][0], max(pts[-1][0], pts[0][0] + 1)
+    y0, y1 = min(0.0, *(y for _, y in pts)), max(1.0 if key == "success_rate" else 0.0, *(y for _, y in pts))
+    y1 = y1 if y1 > y0 else y0 + 1
+
+    def xy(x: float, y: float) -> str:
+        return f"{pad + (w - 2 * pad) * (x - x0) / (x1 - x0):.1f},{h - pad - (h - 2 * pad) * (y - y0) / (y1 - y0):.1f}"
+
+    line = " ".join(xy(x, y) for x, y in pts)
+    return (
+        f"<svg width='{w}' height='{h}' xmlns='http://www.w3.org/2000/svg'>"
+        f"<line x1='{pad}' y1='{h - pad}' x2='{w - pad}' y2='{h - pad}' stroke='#000'/>"
+        f"<line x1='{pad}' y1='{pad}' x2='{pad}' y2='{h - pad}' stroke='#000'/>"
+        f"<polyline points='{line}' fill='none' stroke='#3366cc' stroke-width='2'/>"
+        f"<text x='{w / 2}' y='{pad - 12}' font-size='13' text-anchor='middle'>{html.escape(title)}</text>"
+        f"<text x='{w / 2}' y='{h - 10}' font-size='11' text-anchor='middle'>step {x0}..{pts[-1][0]}</text>"
+        f"<text x='4' y='{pad + 4}' font-size='11'>{y1:.2g}</text><text x='4' y='{h - pad}' font-size='11'>{y0:.2g}</text>"
+        "</svg>"
+    )
+
+
+def html_report(report: dict[str, Any]) -> str:
+    title = f"RL report: {report['run']}"
+    intro = "".join(f"<li>{html.escape(s[2:].replace('`', ''))}</li>" for s in _intro(report))
+    changes = "".join(f"<li>{html.escape(s)}</li>" for s in change_lines(report))
+    harder = family_table(report, False)
+    curves = report["curves"]
+    plots = line_plot(curves, "reward_mean", "mean reward") + line_plot(curves, "success_rate", "success rate")
+    bench = {label: p["bench"] for label, p in report["policies"].items() if p["bench"]}
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
+        f"</style></head><body><h1>{html.escape(title)}</h1><ul>{intro}</ul>"
+        f"<h2>Before → after (held-out)</h2><ul>{changes}</ul>"
+        f"<h2>Held-out success by family</h2>{_html_table(family_table(report, True))}"
+        + (f"<h3>Harder families (not expected to be learnt)</h3>{_html_table(harder)}" if harder[1] else "")
+        + f"<h2>Behaviour per policy (held-out)</h2>{_html_table(policy_table(report))}"
+        f"<h2>Training curves</h2>{plots}" + (_html_table(curve_table(report)) if curves else "<p>(no metrics.jsonl)</p>")
+        + (success_vs_tokens_plot(bench) if len(bench) > 1 else "")
+        + "</body></html>\n"
+    )  # fmt: skip

@@ -1,0 +1,125 @@
+"""The before/after report that ends an RL run: scripted policies stand in for the starting and
+the trained policy on a few generated family tasks (one of a harder family), with a fake
+metrics.jsonl; the report's numbers must match the benchmark rows, and `vivace train report`
+refuses what it cannot evaluate with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from vivace.cli import app
+from vivace.config import load_preset
+from vivace.rl.evaluate import evaluate_run, family_of, held_out_tasks, stratified, trained_policy
+from vivace.tasks.families import generate_families
+from vivace.tasks.format import RepoSpec, Task, TestSpec
+
+BEFORE, AFTER = "scripted:random-edit", "scripted:oracle"
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return generate_families({"test": 3}, seed=0, families=("misspelled_name", "self_comparison", "arithmetic"))
+
+
+def _metrics(run_dir, steps=3):
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for s in range(1, steps + 1):
+            f.write(json.dumps({"step": s, "reward_mean": 0.1 * s, "success_rate": 0.25 * s, "agent_turns": 3.0,
+                                "agent_tool_calls_per_turn": 1.5, "loss": 0.0}) + "\n")  # fmt: skip
+
+
+async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _metrics(run_dir)
+    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    seen: list[tuple[int, int, int]] = []
+    report = await evaluate_run(cfg, run_dir, BEFORE, AFTER, tasks, concurrency=3, progress=lambda *a: seen.append(a))
+    on_disk = json.loads((run_dir / "report.json").read_text())
+    assert on_disk["before_after"] == json.loads(json.dumps(report["before_after"]))
+    assert (run_dir / "report.html").read_text().count("<svg") >= 3  # two curves and success vs tokens
+
+    rows = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * len(tasks)  # random-edit and oracle, each once though named twice
+    assert seen[-1][:2] == (len(rows), len(rows)) and seen[-1][2] == sum(r["resolved"] for r in rows)
+    family = {t.id: family_of(t) for t in tasks}
+    for label, spec in [("before", BEFORE), ("after", AFTER), (BEFORE, BEFORE), (AFTER, AFTER)]:
+        p = report["policies"][label]
+        mine = [r for r in rows if r["model"] == spec]
+        assert p["spec"] == spec and p["episodes"] == len(tasks)
+        assert p["success"] == pytest.approx(sum(r["resolved"] for r in mine) / len(mine))
+        for f, e in p["families"].items():
+            of_f = [r for r in mine if family[r["task_id"]] == f]
+            assert (e["episodes"], e["solved"]) == (len(of_f), sum(r["resolved"] for r in of_f))
+        assert p["tokens_per_episode"] == pytest.approx(sum(r["details"]["reference_tokens"] for r in mine) / len(mine))
+    after = report["policies"]["after"]
+    assert after["success"] == 1.0 and after["reads_before_first_edit"] >= 1  # the oracle reads, then edits
+    assert report["families"]["arithmetic"]["learnable"] is False
+    assert after["success_harder"] == 1.0 and after["success_learnable"] == 1.0
+    for key, change in report["before_after"].items():
+        b, a = report["policies"]["before"][key], after[key]
+        assert change == {"before": b, "after": a, "delta": None if b is None or a is None else pytest.approx(a - b)}
+    assert [c["step"] for c in report["curves"]] == [1, 2, 3] and report["curves"][-1]["success_rate"] == 0.75
+
+    md = (run_dir / "report.md").read_text()
+    for name in [*report["families"], BEFORE, AFTER, "before", "after", "Harder families", "→"]:
+        assert name in md, name
+    harder_section = md.split("### Harder families")[1].split("##")[0]
+    assert "arithmetic" in harder_section and "misspelled_name" not in harder_section
+    assert "**all learnable**" in md and "| **all** | 3 |" in md
+
+
+def _task(i: int, family: str | None, kind: str = "bug") -> Task:
+    meta = {"kind": kind, "split": "test", **({"family": family} if family else {})}
+    return Task(id=f"t{i}", repo=RepoSpec(bundled="_blank"), request="fix it",
+                tests=TestSpec(command="true", fail_to_pass=["t::a"]), metadata=meta)  # fmt: skip
+
+
+def test_held_out_tasks_cover_every_family_first():
+    tasks = [_task(i, f) for i, f in enumerate(["a"] * 5 + ["b"] * 2 + ["c"] + [None])]
+    for seed in range(5):
+        picked = stratified(tasks, 4, seed)
+        assert sorted(family_of(t) for t in picked) == ["a", "b", "bug", "c"]  # no family -> its kind
+        assert [t.id for t in stratified(list(reversed(tasks)), 4, seed)] == [t.id for t in picked]
+    assert len(stratified(tasks, None, 0)) == 4 and len(stratified(tasks, 50, 0)) == len(tasks)
+
+
+def test_missing_checkpoint_and_empty_split_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="--resume"):
+        trained_policy(tmp_path)
+    monkeypatch.setattr("vivace.rl.evaluate.load_suite", lambda name, split=None: [])
+    with pytest.raises(ValueError, match="no tasks in split 'validation'"):
+        held_out_tasks(load_preset("tiny"), 3, "validation")
+
+
+def test_report_command_refuses_what_it_cannot_evaluate(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", "report", str(tmp_path)])
+    assert result.exit_code == 2 and "config.json" in result.output
+    (tmp_path / "config.json").write_text(load_preset("tiny").model_dump_json())
+    result = runner.invoke(app, ["train", "report", str(tmp_path)])
+    assert result.exit_code == 2 and "--resume" in result.output
+    result = runner.invoke(app, ["train", "report", str(tmp_path), "--split", "holdout"])
+    assert result.exit_code == 2 and "unknown split" in result.output
+
+
+def test_report_command_runs_the_evaluation(tasks, tmp_path, state_dir, monkeypatch):
+    """`vivace train report RUN`: the run's starting policy vs its last checkpoint (both stood in
+    for by scripted policies here), the report's path as the last line, or in the JSON."""
+    cfg = load_preset("tiny", train={"model": BEFORE, "eval_baselines": []})
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    _metrics(tmp_path, steps=2)
+    monkeypatch.setattr("vivace.rl.evaluate.trained_policy", lambda run_dir: AFTER)
+    monkeypatch.setattr("vivace.rl.evaluate.held_out_tasks", lambda cfg, n, split: tasks[:n])
+    args = ["train", "report", str(tmp_path), "--tasks", "2", "--backend", "plain", "--state-dir", str(state_dir)]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    assert data["report"] == str(tmp_path / "report.md") and len(data["tasks"]) == 2
+    assert data["policies"]["after"]["success"] == 1.0 and set(data["policies"]) == {"before", "after"}
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == f"report: {tmp_path / 'report.md'}"
