@@ -99,7 +99,7 @@ def sft_train(
     minutes: Annotated[float | None, typer.Option(help="Stop before this much wall time.")] = None,
     eval_every: Annotated[int, typer.Option(help="Eval every N steps (and at the end).")] = 50,
     save_every: Annotated[int, typer.Option(help="Save the checkpoint every N steps (and at the end).")] = 200,
-    seed: Annotated[int, typer.Option(help="Seed of the initialisation, packing and order.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the packing and the episode order.")] = 0,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:

@@ -1,0 +1,185 @@
+"""Supervised warm start (`vivace sft train`): packed rows see one episode at a time, the loss
+counts only masked targets, a few steps overfit a handful of episodes, the checkpoint loads, and
+bad data fails with the file and line."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from vivace.cli import app
+from vivace.model.checkpoint import load_model, load_tokenizer, tiny_config
+from vivace.rl.sft_train import (
+    IGNORE,
+    PACKED,
+    SftDataError,
+    forward_row,
+    lr_at,
+    make_episode,
+    pack,
+    read_episodes,
+    train_sft,
+)
+
+torch.set_num_threads(2)
+SMALL = dict(hidden_size=64, moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=32, num_experts=4)  # fmt: skip
+VOCAB = 4096  # the reference tokenizer's
+
+
+def _small_model():
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_config(VOCAB, **SMALL), dtype=torch.float32).eval()
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _episodes(n: int, seed: int = 0, lo: int = 20, hi: int = 60) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        k = rng.randint(lo, hi)
+        rows.append({"ids": [rng.randrange(VOCAB) for _ in range(k)], "loss_mask": [0] * (k // 2) + [1] * (k - k // 2)})
+    return rows
+
+
+@pytest.mark.parametrize("attn", [PACKED, "sdpa", "eager"])
+def test_packed_row_equals_each_episode_alone(attn):
+    model = _small_model()
+    eps = [make_episode(r["ids"], r["loss_mask"]) for r in _episodes(3, lo=5, hi=40)] + [make_episode([7])]
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([e.ids]), use_cache=False).logits[0] for e in eps]  # plain inference
+        flat = torch.tensor([[i for e in eps for i in e.ids]])
+        leaky = model(input_ids=flat, use_cache=False).logits[0]  # one long sequence: later episodes see earlier ones
+        model.set_attn_implementation(attn)
+        packed = forward_row(model, eps)[0].logits[0]
+    start = 0
+    for e, ref in zip(eps, alone, strict=True):
+        torch.testing.assert_close(packed[start : start + len(e.ids)], ref, atol=1e-4, rtol=0)
+        start += len(e.ids)
+    assert (leaky[len(eps[0].ids) :] - packed[len(eps[0].ids) :]).abs().max() > 1e-2  # the check has teeth
+
+
+def test_labels_and_loss_count_only_masked_targets():
+    # Targets are the next token where the *target's* mask is 1; nothing crosses an episode's end.
+    a, b = make_episode([5, 6, 7], [0, 1, 1]), make_episode([8, 9], [1, 0])
+    assert a.labels + b.labels == [6, 7, IGNORE, IGNORE, IGNORE]
+    assert make_episode([1, 2, 3]).labels == [2, 3, IGNORE]  # ids only: every token
+    model = _small_model()
+    rng = random.Random(1)
+    ids = [rng.randrange(VOCAB) for _ in range(12)]
+    mask = [0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 0, 0]  # trailing tool output is not trained
+
+    def loss(ids_):
+        with torch.no_grad():
+            out, labels = forward_row(model, [make_episode(ids_, mask)])
+        return torch.nn.functional.cross_entropy(out.logits[0], labels, ignore_index=IGNORE), out.logits[0]
+
+    base, logits = loss(ids)
+    logp = torch.log_softmax(logits, -1)
+    by_hand = -sum(logp[t - 1, ids[t]] for t in (3, 4, 6, 7)) / 4  # targets at masked positions 3, 4, 6, 7
+    torch.testing.assert_close(base, by_hand)
+    with torch.no_grad():  # what training computes: logits at the trained positions only, same numbers
+        out, labels = forward_row(model, [make_episode(ids, mask)], trained_only=True)
+    torch.testing.assert_close(out.logits[0], logits[[2, 3, 5, 6]], atol=1e-5, rtol=0)
+    assert labels.tolist() == [ids[t] for t in (3, 4, 6, 7)]
+    assert torch.equal(loss(ids[:8] + [1, 2, 3, 4])[0], base)  # unmasked targets change nothing
+    assert not torch.equal(loss(ids[:6] + [ids[6] + 1] + ids[7:])[0], base)  # a masked one does
+
+
+def test_pack_fits_rows_and_is_seeded():
+    lengths = [50, 30, 30, 20, 70, 10, 100]
+    rows = pack(lengths, 100, random.Random(0))
+    assert sorted(i for r in rows for i in r) == list(range(7))
+    assert all(sum(lengths[i] for i in r) <= 100 for r in rows) and len(rows) == 4  # 310 tokens: best possible
+    assert rows == pack(lengths, 100, random.Random(0))
+
+
+def test_overfits_and_saves_a_loadable_checkpoint(tmp_path):
+    data = _write(tmp_path / "train.jsonl", _episodes(6))
+    kw = dict(seq_len=128, batch_tokens=256, lr=1e-2, warmup_steps=2, max_steps=30, eval_every=15, seed=3,
+              config_overrides=SMALL, threads=2)  # fmt: skip
+    summary = train_sft([data], tmp_path / "m", eval_data=data, **kw)
+    log = [json.loads(x) for x in (tmp_path / "m" / "train_log.jsonl").open()]
+    steps = [x for x in log if "loss" in x]
+    evals = [x for x in log if "eval_loss" in x]
+    assert len(steps) == 30 and [x["step"] for x in evals] == [15, 30]
+    assert steps[0]["loss"] > 7 and steps[-1]["loss"] < 0.5 * steps[0]["loss"] and steps[-1]["loss"] < 1.0
+    assert evals[-1]["eval_token_acc"] > 0.9 and summary["stopped_by"] == "max_steps"
+    assert summary["counts"]["kept"] == 6 and len(summary["data"][0]["sha256"]) == 64
+    assert json.loads((tmp_path / "m" / "sft_summary.json").read_text())["finished"] is True
+    assert PACKED not in (tmp_path / "m" / "config.json").read_text()  # loads with the default attention
+    for model in (load_model(str(tmp_path / "m")).model, AutoModelForCausalLM.from_pretrained(tmp_path / "m")):
+        assert model.dtype == torch.float32
+        ev = read_episodes(data, VOCAB)
+        with torch.no_grad():
+            out, labels = forward_row(model.eval(), ev[:1])
+        assert torch.nn.functional.cross_entropy(out.logits[0], labels, ignore_index=IGNORE) < 1.0
+    # The same seed gives the same run.
+    logs = []
+    for name in ("a", "b"):
+        train_sft([data], tmp_path / name, **{**kw, "max_steps": 4})
+        logs.append([json.loads(x)["loss"] for x in (tmp_path / name / "train_log.jsonl").open()])
+    assert logs[0] == logs[1] and len(logs[0]) == 4
+
+
+def test_budgets_and_schedule(tmp_path):
+    data = _write(tmp_path / "train.jsonl", _episodes(4) + [{"ids": list(range(200))}, {"ids": [1], "loss_mask": [1]}])
+    kw = dict(seq_len=128, batch_tokens=128, warmup_steps=1, config_overrides=SMALL, save_every=1)
+    by_epochs = train_sft([data], tmp_path / "e", epochs=2, **kw)
+    counts = by_epochs["counts"]  # 200 ids are too long for 128; a lone id has no target
+    assert counts["too_long"] == 1 and counts["untrained"] == 1 and counts["kept"] == 4
+    assert by_epochs["stopped_by"] == "epochs" and by_epochs["step"] == 2 * counts["steps_per_epoch"]
+    by_time = train_sft([data], tmp_path / "t", time_budget_s=1e-3, epochs=5, **kw)
+    assert by_time["stopped_by"] == "time_budget" and by_time["step"] == 1  # at least one step, then out of time
+
+    def interrupt(line):
+        if line["step"] == 2:
+            raise KeyboardInterrupt
+
+    stopped = train_sft([data], tmp_path / "i", epochs=5, progress=interrupt, **kw)
+    assert stopped["stopped_by"] == "interrupted" and stopped["step"] == 2
+    assert load_model(str(tmp_path / "i")).model is not None  # what it learned is saved
+    lrs = [lr_at(s, s / 10, 1.0, 2, 0.1) for s in range(12)]
+    assert lrs[:2] == [0.5, 1.0] and lrs[2] > lrs[6] > lrs[10] == pytest.approx(0.1) == lrs[11]
+
+
+def test_bad_data_names_the_file_and_line(tmp_path):
+    good = _episodes(1)[0]
+    cases = {
+        "not JSON": ["{oops"],
+        '"ids", a list': [{"text": "hi"}],
+        "loss_mask": [{"ids": [1, 2, 3], "loss_mask": [0, 1]}],
+        "outside the vocabulary": [{"ids": [1, VOCAB + 5]}],
+    }
+    for n, (expect, rows) in enumerate(cases.items()):
+        path = tmp_path / f"bad{n}.jsonl"
+        path.write_text(json.dumps(good) + "\n" + "".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
+                                                          for r in rows))  # fmt: skip
+        with pytest.raises(SftDataError, match=re.escape(f"{path}:2: ") + ".*" + re.escape(expect)):
+            read_episodes(path, VOCAB)
+        result = CliRunner().invoke(app, ["sft", "train", "--data", str(path), "--out", str(tmp_path / "x")])
+        assert result.exit_code == 2 and f"{path.name}:2" in result.output.replace("\n", ""), result.output
+    missing = CliRunner().invoke(app, ["sft", "train", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
+    assert missing.exit_code == 2 and "no such file" in missing.output
+
+
+def test_cli_trains_the_tiny_model(tmp_path):
+    rows = _episodes(3, lo=40, hi=80)
+    a, b = _write(tmp_path / "a.jsonl", rows[:2]), _write(tmp_path / "b.jsonl", rows[2:])
+    args = ["sft", "train", "--data", f"{a},{b}", "--out", str(tmp_path / "m"), "--seq-len", "256",
+            "--batch-tokens", "256", "--steps", "2", "--threads", "2", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["step"] == 2 and summary["counts"]["episodes"] == 3 and len(summary["data"]) == 2
+    assert load_tokenizer(str(tmp_path / "m")) is not None
