@@ -106,3 +106,19 @@ async def test_oracle_solves_a_multi_file_task_and_random_edit_does_not_crash(st
     reads = [c for t in traj.turns for c in t.tool_calls if c.name == "read_file"]
     assert {c.arguments["path"] for c in reads} == {task.metadata["file"], *task.metadata["context_files"]}
     assert random_score is not None
+
+
+def test_bench_summary_breaks_success_down_by_family():
+    from vivace.bench.report import markdown, summarize
+
+    details = {"turns": 2, "tool_calls": 2, "tool_calls_per_turn": 1.0, "reference_tokens": 10, "wall_s": 1.0,
+               "unsupported_claims": [], "format_errors": 0, "model_s": 0.0}  # fmt: skip
+    rows = [{"model": m, "task_id": f"t{i}", "family": fam, "resolved": ok, "total": 1.0 * ok, "adherence": 1.0,
+             "details": details}
+            for m, fam, ok, i in [("a", "typo", True, 1), ("a", "typo", False, 2), ("a", "arith", True, 3),
+                                  ("b", "typo", False, 1), ("b", "typo", False, 2), ("b", "arith", False, 3)]]  # fmt: skip
+    summary = summarize(rows)
+    assert summary["a"]["success_by_family"] == {"arith": [1, 1], "typo": [1, 2]}
+    assert summary["b"]["success_by_family"] == {"arith": [0, 1], "typo": [0, 2]}
+    text = markdown(summary, "t")
+    assert "| typo | 50% (1/2) | 0% (0/2) |" in text and "| arith | 100% (1/1) | 0% (0/1) |" in text

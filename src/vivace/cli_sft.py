@@ -91,7 +91,10 @@ def sft_train(
     ),
     init: Annotated[str, typer.Option(help="Starting weights: tiny or a checkpoint directory.")] = "tiny",
     eval_file: Annotated[Path | None, typer.Option("--eval", help="Held-out episodes (JSONL) for eval lines.")] = None,
-    seq_len: Annotated[int, typer.Option(help="Tokens per packed row; longer episodes are skipped.")] = 4096,
+    seq_len: Annotated[
+        int,
+        typer.Option(help="Tokens per packed row (default: the tiny model's context); longer episodes are skipped."),
+    ] = 8192,
     batch_tokens: Annotated[int, typer.Option(help="Tokens per optimizer step (rows accumulate).")] = 16384,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine to a tenth of it).")] = 2e-3,
     steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,

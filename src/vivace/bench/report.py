@@ -50,7 +50,19 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
         "format_errors": sum(x["format_errors"] for x in d),
         "ref_tokens_per_s": tokens / model_s if tokens and model_s and generates else None,
+        "success_by_family": _by_family(rows),
     }
+
+
+def _by_family(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """family -> [solved, episodes], for tasks that name a family (the generated task families)."""
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        if r.get("family"):
+            counts = out.setdefault(r["family"], [0, 0])
+            counts[0] += bool(r.get("resolved"))
+            counts[1] += 1
+    return dict(sorted(out.items()))
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -85,7 +97,18 @@ def markdown(summary: dict[str, dict[str, Any]], title: str) -> str:
     for model, s in summary.items():
         cells = [_cell(s[k], f) for k, _, f in _COLUMNS]
         lines.append(f"| {model} | {s['episodes']} | " + " | ".join(cells) + " |")
+    families = sorted({f for s in summary.values() for f in s.get("success_by_family", {})})
+    if families:
+        lines += ["", "Success by task family (solved/episodes):", "",
+                  "| family | " + " | ".join(summary) + " |", "|" + "---|" * (len(summary) + 1)]  # fmt: skip
+        for fam in families:
+            cells = [_solved(s.get("success_by_family", {}).get(fam)) for s in summary.values()]
+            lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _solved(counts: list[int] | None) -> str:
+    return "n/a" if not counts else f"{counts[0] / counts[1]:.0%} ({counts[0]}/{counts[1]})"
 
 
 def html_report(summary: dict[str, dict[str, Any]], title: str) -> str:

@@ -93,7 +93,8 @@ async def run_task(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> 
 
 
 async def _episode(model: str, policy: Any, task: Task, cfg: VivaceConfig, backend: Any, out_dir: Path) -> dict:
-    row: dict[str, Any] = {"model": model, "task_id": task.id, "split": task.split, "kind": task.metadata.get("kind")}
+    row: dict[str, Any] = {"model": model, "task_id": task.id, "split": task.split, "kind": task.metadata.get("kind"),
+                           "family": task.metadata.get("family")}  # fmt: skip
     t0 = time.monotonic()
     try:
         traj, result = await run_task(policy, task, cfg, backend)

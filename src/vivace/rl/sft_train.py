@@ -261,7 +261,7 @@ def train_sft(
     *,
     init: str = "tiny",
     eval_data: Path | None = None,
-    seq_len: int = 4096,
+    seq_len: int = 8192,
     batch_tokens: int = 16384,
     lr: float = 2e-3,
     min_lr_ratio: float = 0.1,
