@@ -42,7 +42,9 @@ def _files_of(patch: str, base: dict[str, str] | None = None, tmp=None) -> dict[
     """The tree a creating patch (plus an optional fix) describes, via git apply."""
     subprocess.run(["git", "init", "-q", str(tmp)], check=True)
     subprocess.run(["git", "apply", "-"], cwd=tmp, input=patch.encode(), check=True)
-    return {p.relative_to(tmp).as_posix(): p.read_text() for p in tmp.rglob("*") if p.is_file() and ".git" not in p.parts}
+    return {
+        p.relative_to(tmp).as_posix(): p.read_text() for p in tmp.rglob("*") if p.is_file() and ".git" not in p.parts
+    }
 
 
 @pytest.mark.parametrize("family", FAMILIES)

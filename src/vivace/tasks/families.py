@@ -77,7 +77,10 @@ def _candidates(family: str, path: str, source: str, project: Project):
         return
     for func in [n for n in tree.body if isinstance(n, ast.FunctionDef)]:
         local = {a.arg for a in func.args.args} | {
-            t.id for n in ast.walk(func) for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
+            t.id
+            for n in ast.walk(func)
+            for t in ast.walk(n)
+            if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
         }
         for node in ast.walk(func):
             if family == "misspelled_name" and isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):

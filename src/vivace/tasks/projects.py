@@ -82,6 +82,7 @@ class Names:
 
 
 # name template, source template, argument maker (rng, records, names) -> args tuple.
+# fmt: off
 CORE_FUNCTIONS: list[tuple[str, str, object]] = [
     ("total_{field}", '''
 def total_{field}({items}):
@@ -198,6 +199,7 @@ def {other}_ratio({items}, name):
     return ratio({part}={item}["{other}"], {whole}={item}["{field}"])
 ''', lambda rng, recs, n: (recs, rng.choice([r["name"] for r in recs]))),
 ]
+# fmt: on
 REPORT_NEEDS = ("find_{item}", "total_{field}")  # core functions report.py calls
 
 
@@ -246,10 +248,12 @@ def make_project(theme: str, level: int, rng: random.Random) -> Project:
         files[path] = header + body
         scope = {**namespace.get("util", {}), **namespace.get("core", {})} if module == "report" else {}
         namespace[module] = _exec(body, scope)
-        for fn_name, _, make_args in chosen:
+        for fn_name, _, _ in chosen:
             functions[names.fmt(fn_name)] = path
         files[f"tests/test_{module}.py"] = _tests(pkg, module, chosen, names, namespace[module], rng)
-    files["pyproject.toml"] = f'[project]\nname = "{pkg}"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n'
+    files["pyproject.toml"] = (
+        f'[project]\nname = "{pkg}"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n'
+    )
     return Project(theme, level, names, files, functions)
 
 
