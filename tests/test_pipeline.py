@@ -250,3 +250,13 @@ async def test_resume_reopens_groups_opened_but_not_trained(tmp_path):
     final = json.loads((run_dir / "checkpoints" / "step_6" / "state.json").read_text())
     assert set(trained).isdisjoint(final["pending"])  # nothing opened is lost: trained or still pending
     assert set(trained) | set(final["pending"]) == set(range(final["data_position"]))
+
+
+async def test_time_budget_stops_after_a_step_with_a_checkpoint(tmp_path):
+    """`max_minutes` ends the run after the step that leaves no room for another: fewer steps than
+    asked, the last one checkpointed (resumable), and the summary says why it stopped."""
+    summary, rows = await run(tmp_path, ScriptedWorkers(seed=8), "budget", max_minutes=1e-6)
+    assert len(rows) == 1 and summary["steps"] == 1 and summary["stopped_by"] == "max_minutes"
+    assert (tmp_path / "runs" / "budget" / "checkpoints" / "step_1" / "state.json").is_file()
+    summary, rows = await run(tmp_path, ScriptedWorkers(seed=8), "no-budget", steps=2)
+    assert summary["stopped_by"] == "steps" and len(rows) == 2

@@ -32,14 +32,14 @@ def synthetic_tasks(repo) -> list[Task]:
     ]  # fmt: skip
 
 
-async def learn(tmp_path, sign: float, steps: int) -> list[dict]:
+async def learn(tmp_path, sign: float, steps: int, temperature: float = 1.0) -> list[dict]:
     repo = tmp_path / f"repo{sign}"
     repo.mkdir()
     (repo / "main.py").write_text("def helper():\n    return 42\n")
     cfg = load_preset("smoke", agent={"max_turns": 1, "max_turn_tokens": 24},
                       train={"tasks_per_step": 2, "group_size": 8, "steps": steps, "lr": 3e-3,
                              "checkpoint_every": steps, "runs_dir": str(tmp_path / "runs"), "rollout_concurrency": 16},
-                      engine={"temperature": 1.0},
+                      engine={"temperature": temperature},
                       sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
     snapshot = open_backend(cfg.sandbox).snapshot(str(repo))
     rows: list[dict] = []
@@ -68,6 +68,14 @@ async def test_policy_learns_and_flipped_sign_does_not(tmp_path):
     assert rate(up, "last") >= rate(up, "first") + 0.3
     assert rate(down, "last") <= rate(down, "first")
     assert all(abs(r.get("kl_sampler_trainer_k1", 0.0)) < 1e-3 for r in up)  # sampler and trainer agree on CPU
+
+
+async def test_trainer_scores_tokens_at_the_sampling_temperature(tmp_path):
+    """Sampled at T=0.5, the sampler's logprobs are of logits/T; the trainer must compute the same
+    distribution, or every importance weight is off by the temperature."""
+    rows = await learn(tmp_path, 1.0, steps=3, temperature=0.5)
+    trained = [r for r in rows if "kl_sampler_trainer_k1" in r]  # steps whose groups all tied train nothing
+    assert trained and all(abs(r["kl_sampler_trainer_k1"]) < 1e-3 and r["is_weight_mean"] > 0.99 for r in trained)
 
 
 def test_train_command_smoke(tmp_path):

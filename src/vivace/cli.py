@@ -106,7 +106,7 @@ def agent(
     try:
         if max_turns is not None:
             cfg.agent.max_turns = max_turns
-        policy = load_policy(model)
+        policy = load_policy(model, cfg.engine)
     except ValueError as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

@@ -126,6 +126,9 @@ def bench(
     concurrency: Annotated[int, typer.Option(help="Episodes at the same time.")] = 4,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/bench-TIME).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-model summary as JSON.")] = False,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature of model policies (default: the preset's engine).")
+    ] = None,
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
@@ -138,6 +141,8 @@ def bench(
     from vivace.tasks.suites import load_suite
 
     cfg = _config(preset, backend, state_dir)
+    if temperature is not None:
+        cfg.engine.temperature = temperature
     if (suite is None) == (tasks_path is None):
         err.print("[red]error:[/red] give exactly one of --suite NAME and --tasks PATH")
         raise typer.Exit(2)

@@ -49,7 +49,7 @@ async def run_benchmark(
 ) -> list[dict[str, Any]]:
     """Runs every model on every task; returns the result rows (also in out_dir/results.jsonl)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    policies = {m: load_policy(m) for m in models}  # fail on a bad spec before any work
+    policies = {m: load_policy(m, cfg.engine) for m in models}  # fail on a bad spec before any work
     reference_chat_format()  # likewise a missing reference tokenizer, and its loading is not paid mid-run
     backend = open_backend(cfg.sandbox)
     sem = asyncio.Semaphore(concurrency)

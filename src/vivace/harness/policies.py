@@ -28,10 +28,13 @@ import importlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vivace.harness.messages import AssistantTurn, Message, decode_call
 from vivace.harness.policy import Conversation, Policy, PolicyError
+
+if TYPE_CHECKING:
+    from vivace.config import EngineConfig
 
 SPEC_FORMS = ("http(s)://HOST:PORT/v1#MODEL", "scripted:null", "scripted:replay:FILE", "scripted:oracle",
               "scripted:random", "scripted:random-edit", "tiny", "PATH (a checkpoint directory)", "tokens:http://HOST:PORT/v1#MODEL")  # fmt: skip
@@ -43,8 +46,9 @@ _LAZY = {
 }
 
 
-def load_policy(spec: str) -> Policy:
-    """The policy a spec names; an unknown spec raises ValueError listing the valid forms."""
+def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
+    """The policy a spec names; an unknown spec raises ValueError listing the valid forms.
+    `engine` sets how a token-level model is run and sampled (temperature...)."""
     if spec.startswith(("http://", "https://")):
         base_url, _, model = spec.partition("#")
         return OpenAIPolicy(base_url, model or None, name=spec)
@@ -56,7 +60,7 @@ def load_policy(spec: str) -> Policy:
         module, _, attr = _LAZY[spec].partition(":")
         return getattr(importlib.import_module(module), attr)()
     if spec == "tiny" or spec.startswith("tokens:") or (Path(spec).expanduser() / "config.json").is_file():
-        return importlib.import_module("vivace.inference.samplers").token_policy(spec)
+        return importlib.import_module("vivace.inference.samplers").token_policy(spec, engine)
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 
 

@@ -121,6 +121,7 @@ async def train(
         pipeline = Pipeline(cfg, workers, order.at, version=start, position=order.position, pending=pending,
                             timeline=run_dir / "timeline.jsonl")  # fmt: skip
         pipeline.start()
+        t_start, stopped_by = time.monotonic(), "steps"
         for step in range(start, tc.steps):
             row = await _step(step, pipeline, workers, cfg, run_dir)
             with (run_dir / "metrics.jsonl").open("a") as f:
@@ -131,8 +132,14 @@ async def train(
             board.flush()
             if on_step:
                 on_step(row)
-            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
+            done = step + 1 - start
+            # A time budget ends the run after the step that leaves no room for another one.
+            out_of_time = tc.max_minutes is not None and (time.monotonic() - t_start) * (done + 1) / done > tc.max_minutes * 60
+            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time:
                 await _checkpoint(run_dir, workers, step + 1, pipeline)
+            if out_of_time and step + 1 < tc.steps:
+                stopped_by = "max_minutes"
+                break
     except TrainerFailed as e:
         last = latest_checkpoint(run_dir)
         where = f"its last checkpoint is {last}; continue with `vivace train --resume {run_dir}`" if last else (
@@ -142,7 +149,7 @@ async def train(
         final = await pipeline.close() if pipeline is not None else {}
         board.close()
         await workers.close()
-    return write_summary(run_dir, final)
+    return write_summary(run_dir, final, stopped_by)
 
 
 async def _step(step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, run_dir: Path) -> dict[str, Any]:
@@ -221,12 +228,13 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
         path.write_text("".join(line + "\n" for line in keep))
 
 
-def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped_by: str = "steps") -> dict[str, Any]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     first, last = rows[0], rows[-1]
     keys = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn", "loss", "entropy")
     summary = {
         "steps": len(rows),
+        "stopped_by": stopped_by,  # steps, or max_minutes (the time budget)
         "first": {k: first.get(k) for k in keys},
         "last": {k: last.get(k) for k in keys},
         "rollouts": sum(r["rollouts"] for r in rows),

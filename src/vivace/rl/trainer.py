@@ -76,10 +76,19 @@ def init_distributed(rank: int = 0, world_size: int = 1) -> None:
 
 class Trainer:
     def __init__(
-        self, model_spec: str, cfg: TrainConfig, rank: int = 0, world_size: int = 1, updates_per_step: int = 1
+        self,
+        model_spec: str,
+        cfg: TrainConfig,
+        rank: int = 0,
+        world_size: int = 1,
+        updates_per_step: int = 1,
+        temperature: float = 1.0,
     ):
         init_distributed(rank, world_size)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        # The policy being trained is the one the sampler draws from: logits / temperature
+        # (0, greedy, has no logprobs to train on and counts as 1).
+        self.temperature = temperature if temperature > 0 else 1.0
         self.updates_per_step = updates_per_step
         self.device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         loaded = load_model(model_spec, device=self.device)
@@ -168,7 +177,7 @@ class Trainer:
         width = max(len(s.ids) for s in micro)
         ids = torch.tensor([s.ids + [0] * (width - len(s.ids)) for s in micro], device=self.device)
         attn = torch.tensor([[1] * len(s.ids) + [0] * (width - len(s.ids)) for s in micro], device=self.device)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / self.temperature
         logps = torch.log_softmax(logits, dim=-1)
         taken = logps.gather(-1, ids[:, 1:, None])[..., 0]
         with torch.no_grad():
@@ -196,7 +205,7 @@ class Trainer:
     def _reference_logprobs(self, micro: list[Sample]) -> torch.Tensor:
         width = max(len(s.ids) for s in micro)
         ids = torch.tensor([s.ids + [0] * (width - len(s.ids)) for s in micro], device=self.device)
-        logps = torch.log_softmax(self.reference(input_ids=ids).logits[:, :-1].float(), dim=-1)
+        logps = torch.log_softmax(self.reference(input_ids=ids).logits[:, :-1].float() / self.temperature, dim=-1)
         taken = logps.gather(-1, ids[:, 1:, None])[..., 0]
         return torch.cat([taken[i, : len(s.ids) - 1] for i, s in enumerate(micro)])
 

@@ -68,7 +68,7 @@ class LocalWorkers:
         from vivace.sandbox import open_backend
 
         tc = self.cfg.train
-        self.trainer = Trainer(tc.model, tc)
+        self.trainer = Trainer(tc.model, tc, temperature=self.cfg.engine.temperature)
         if checkpoint is not None:
             self.trainer.load(checkpoint)
         self.samplers = []
@@ -119,7 +119,14 @@ class LocalWorkers:
 class _TrainerActor:
     def __init__(self, cfg: VivaceConfig, rank: int, world_size: int, master: str):
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master.split(":")
-        self.trainer = Trainer(cfg.train.model, cfg.train, rank=rank, world_size=world_size)
+        import torch
+
+        if cfg.train.pipeline == "sync" and not torch.cuda.is_available():
+            # Ray runs CPU actors on one thread; with the batch barrier the samplers idle while the
+            # trainer works, so on CPU the trainer may use the node's cores.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        self.trainer = Trainer(cfg.train.model, cfg.train, rank=rank, world_size=world_size,
+                               temperature=cfg.engine.temperature)  # fmt: skip
 
     def load(self, path: str) -> None:
         self.trainer.load(Path(path))
