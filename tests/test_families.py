@@ -11,7 +11,7 @@ import pytest
 
 from vivace.bench.patch import parse_patch
 from vivace.tasks.families import FAMILIES, MULTI_FILE, _make_task, _misspell, bugs, run_project
-from vivace.tasks.projects import THEMES, make_project, split_of_theme
+from vivace.tasks.projects import THEMES, generated_theme, make_project, split_of_theme
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
@@ -81,6 +81,10 @@ def test_splits_are_theme_disjoint_and_every_split_has_themes():
     train_words = {w for t, spec in THEMES.items() if split_of_theme(t) == "train" for w in (spec[0], spec[1], spec[2])}
     test_words = {w for t, spec in THEMES.items() if split_of_theme(t) == "test" for w in (spec[0], spec[1], spec[2])}
     assert not train_words & test_words
+    generated = {w for n in range(2000) for w in (lambda s: (s[0], s[1], s[2], *s[3]))(generated_theme(n))}
+    held_out = {w for t, spec in THEMES.items() if split_of_theme(t) != "train" for w in (*spec[:3], *spec[3])}
+    assert not generated & held_out and split_of_theme("gen-7") == "train"
+    assert len({generated_theme(n)[:3] for n in range(2000)}) > 1000  # names vary: copying beats remembering
 
 
 def test_bug_candidates_stay_in_the_package():

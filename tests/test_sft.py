@@ -30,7 +30,8 @@ async def test_expert_data_masks_exactly_the_assistant_turns(task, state_dir, tm
     assert rows["serial"]["turns"] > rows["efficient"]["turns"]
     assert rows["redundant"]["tool_calls"] > rows["efficient"]["tool_calls"]
     called = [c["function"]["name"] for m in rows["no-tests"]["messages"] for c in m.get("tool_calls") or []]
-    assert called and "run_terminal_cmd" not in called
+    # no-tests never checks its change (a run to find the failure first is looking, not checking)
+    assert "edit_file" in called and "run_terminal_cmd" not in called[called.index("edit_file") :]
     chat = ChatFormat(load_tokenizer("tiny"))
     tools = [tool_schema(t) for t in default_tools()]
     for style, row in rows.items():

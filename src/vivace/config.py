@@ -198,7 +198,9 @@ class TrainConfig(_Strict):
         "(a collective from trainer rank 0: NCCL on GPU, gloo on CPU); auto: broadcast when every trainer rank and sampler replica has a GPU of its own.",
     )
     max_minutes: float | None = Field(
-        None, gt=0, description="Wall-clock budget: stop (with a checkpoint) after the step that leaves no room for another."
+        None,
+        gt=0,
+        description="Wall-clock budget: stop (with a checkpoint) after the step that leaves no room for another.",
     )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every K steps (and at the end).")
     seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
@@ -239,8 +241,16 @@ PRESETS: dict[str, dict] = {
         # `make train`: the shipped warm start trained with RL on the learnable task families for
         # about 12 minutes (2 tasks x 4 rollouts per step), then the before/after report on 14
         # held-out tasks (2 per family) beside the baselines.
-        "train": {"suite": "families", "tasks_per_step": 2, "group_size": 4, "steps": 40, "max_minutes": 12.0,
-                  "rollout_concurrency": 8, "lr": 2e-4, "eval_tasks": 14},
+        "train": {
+            "suite": "families",
+            "tasks_per_step": 2,
+            "group_size": 4,
+            "steps": 40,
+            "max_minutes": 12.0,
+            "rollout_concurrency": 8,
+            "lr": 2e-4,
+            "eval_tasks": 14,
+        },
     },
     # The smallest end-to-end check (CI): tight limits so runaway commands end fast.
     "smoke": {

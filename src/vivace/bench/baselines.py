@@ -89,11 +89,16 @@ class _Oracle:
         test = ("run_terminal_cmd", {"command": self.task.tests.command})
         lint = [("read_lints", {"paths": py})] if py else []
         n_edits = sum(len(_edits(c)) for c in self.changes)
+        # An expert does not open a file nothing has pointed it to: when the request names none of
+        # the changed files, it runs the tests first and reads what their traceback shows.
+        changed = [c.path for c in self.changes if not c.new_file]
+        discover = [("Running the tests to see what fails.", [test])] if changed and not any(
+            p in self.task.request for p in changed) else []  # fmt: skip
         if self.style == "serial":
-            return ([("Reading the code involved.", [r]) for r in reads]
+            return (discover + [("Reading the code involved.", [r]) for r in reads]
                     + [("", lambda conv, i=i: [self._edit_calls(conv)[i]]) for i in range(n_edits)]
                     + [("Checking the change.", [test])] + [("", [call]) for call in lint])  # fmt: skip
-        plan = [("Reading the code involved.", reads)] if reads else []
+        plan = discover + ([("Reading the code involved.", reads)] if reads else [])
         if self.style == "redundant":
             plan = [("Looking around first.", [("list_dir", {"path": "."})]), *plan]
         plan.append(("", self._edit_calls))
@@ -109,6 +114,8 @@ class _Oracle:
 
     def _answer(self, conversation: Conversation) -> str:
         files = ", ".join(c.path for c in self.changes) or "nothing"
+        if self.style == "no-tests":  # its only run (if any) was before the change: nothing to report
+            return f"Changed {files}."
         runs = [m.content for m in conversation.messages if m.role == "tool" and m.content.startswith("Exit code:")]
         if runs and runs[-1].startswith("Exit code: 0"):
             summary = next((ln for ln in reversed(runs[-1].splitlines()) if " passed" in ln), "").strip(" =")

@@ -134,7 +134,9 @@ async def train(
                 on_step(row)
             done = step + 1 - start
             # A time budget ends the run after the step that leaves no room for another one.
-            out_of_time = tc.max_minutes is not None and (time.monotonic() - t_start) * (done + 1) / done > tc.max_minutes * 60
+            out_of_time = (
+                tc.max_minutes is not None and (time.monotonic() - t_start) * (done + 1) / done > tc.max_minutes * 60
+            )
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time:
                 await _checkpoint(run_dir, workers, step + 1, pipeline)
             if out_of_time and step + 1 < tc.steps:

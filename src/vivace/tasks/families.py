@@ -38,7 +38,7 @@ from pathlib import Path
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 from vivace.tasks.generate import unified_diff
 from vivace.tasks.mutate import mutations
-from vivace.tasks.projects import Project, make_project
+from vivace.tasks.projects import Project, make_project, split_of_theme
 from vivace.tasks.testrun import failure_section, parse_outcomes
 
 LEARNABLE = ("misspelled_name", "misspelled_method", "self_comparison", "unused_loop_variable")
@@ -50,6 +50,8 @@ TEST_COMMAND = "python -X no_debug_ranges -m pytest -q -rA --tb=short -p no:cach
 METHODS = ("append", "get", "strip", "lower", "title")
 KEYWORD_SWAPS = {"value": "number", "low": "start", "high": "stop", "part": "share", "whole": "of"}
 
+# Share of training projects named from generated themes (projects.generated_theme), not the named ones.
+GENERATED_THEMES = 0.8
 Bug = tuple[str, str, str, list[str]]  # (family, file, mutated content, context files to read)
 
 
@@ -172,7 +174,7 @@ def generate_families(
     progress: Callable[[int, int], None] = lambda kept, wanted: None,
 ) -> list[Task]:
     """`per_split[split]` tasks for each split, spread evenly over families and curriculum levels."""
-    from vivace.tasks.projects import THEMES, split_of_theme
+    from vivace.tasks.projects import THEMES
 
     rng = random.Random(seed)
     themes = {s: sorted(t for t in THEMES if split_of_theme(t) == s) for s in per_split}
@@ -197,7 +199,10 @@ def generate_families(
 
 def _project_for(family: str, themes: list[str], rng: random.Random) -> Project:
     level = 3 if family in MULTI_FILE else rng.choice((1, 1, 2, 2, 3))
-    return make_project(rng.choice(themes), level, random.Random(rng.random()))
+    theme = rng.choice(themes)
+    if split_of_theme(theme) == "train" and rng.random() < GENERATED_THEMES:
+        theme = f"gen-{rng.randrange(100_000)}"
+    return make_project(theme, level, random.Random(rng.random()))
 
 
 def _make_task(project: Project, family: str, rng: random.Random) -> Task | None:

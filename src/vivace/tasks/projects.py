@@ -61,6 +61,39 @@ SYNONYMS = {
 }
 
 
+# Generated training themes ("gen-N"): with only the named themes a small model remembers their
+# package names instead of copying the path a traceback shows; thousands of name combinations
+# make copying the only way. No word here is in a validation or test theme.
+_PACKAGES = """acme atlas beacon cobalt delta ember fable grove harbinger indigo juniper kestrel lumen meadow
+nimbus onyx pylon quarry raven summit tundra umber vortex willow yarrow zephyr anvil bramble cinder
+dune flint glacier hollow ingot jasper kiln lagoon marble nectar opal prairie quill ridge spruce
+thistle valley walnut basin canyon fjord geyser island mesa oasis plateau reef savanna""".split()
+_NOUNS = """widget gadget parcel ticket badge token sensor valve pump gear lever socket panel cable crate
+pallet barrel bucket ladder lantern candle mirror pillow blanket basket kettle teapot saucer ribbon
+button marble pebble shell feather acorn pinecone leaf petal seed sprout root branch stone brick
+tile plank beam rivet bolt screw hinge latch drawer shelf cabinet locker vault coin medal trophy
+poster banner flag kite balloon rocket drone robot engine motor turbine battery magnet lens prism""".split()
+_FIELDS = """size cost count level depth width length mass speed score rating rank volume budget quota
+stock height price value points hours minutes units charge power energy heat pressure
+capacity duration margin balance limit total amount""".split()
+_PEOPLE = """alba bruno carla dario elio fina gino hana ivo jana kai lina milo nora otto pia quinn rosa
+sami tara umi vera wim xena yuri zoe arlo bea cato dina enzo fay gus ines jon kira leo mona nils
+oli pau rei sol teo una""".split()
+_UNITS = "kg g m cm km l ml h min s pts units eur usd kwh".split()
+
+
+def generated_theme(n: int) -> tuple[str, str, str, tuple[str, str], str, tuple[str, ...]]:
+    rng = random.Random(f"theme-{n}")
+    item = rng.choice(_NOUNS)
+    items = item[:-1] + "ies" if item.endswith("y") and item[-2] not in "aeiou" else item + "s"
+    f, o = rng.sample(_FIELDS, 2)
+    return rng.choice(_PACKAGES), item, items, (f, o), rng.choice(_UNITS), tuple(rng.sample(_PEOPLE, 5))
+
+
+def theme_spec(theme: str) -> tuple[str, str, str, tuple[str, str], str, tuple[str, ...]]:
+    return generated_theme(int(theme.removeprefix("gen-"))) if theme.startswith("gen-") else THEMES[theme]
+
+
 def split_of_theme(theme: str) -> str:
     return THEME_SPLITS.get(theme, "train")
 
@@ -217,7 +250,7 @@ class Project:
 
 
 def make_project(theme: str, level: int, rng: random.Random) -> Project:
-    pkg, item, items, fields, unit, people = THEMES[theme]
+    pkg, item, items, fields, unit, people = theme_spec(theme)
     f, o = fields if rng.random() < 0.5 else fields[::-1]
     names = Names(pkg, item, items, f, o, unit, people, {k: rng.choice(v) for k, v in SYNONYMS.items()})
     if names.local["part"] == names.local["whole"]:
