@@ -92,8 +92,9 @@ class _Oracle:
         # An expert does not open a file nothing has pointed it to: when the request names none of
         # the changed files, it runs the tests first and reads what their traceback shows.
         changed = [c.path for c in self.changes if not c.new_file]
-        discover = [("Running the tests to see what fails.", [test])] if changed and not any(
-            p in self.task.request for p in changed) else []  # fmt: skip
+        # Off for now: on the unisolated backend the discovery run's .pyc of a same-size, same-second edit
+        # is reused (stale bytecode); turn it back on with PYTHONDONTWRITEBYTECODE in the sandbox env.
+        discover = [] if changed else []
         if self.style == "serial":
             return (discover + [("Reading the code involved.", [r]) for r in reads]
                     + [("", lambda conv, i=i: [self._edit_calls(conv)[i]]) for i in range(n_edits)]
