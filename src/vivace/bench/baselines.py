@@ -89,12 +89,9 @@ class _Oracle:
         test = ("run_terminal_cmd", {"command": self.task.tests.command})
         lint = [("read_lints", {"paths": py})] if py else []
         n_edits = sum(len(_edits(c)) for c in self.changes)
-        # An expert does not open a file nothing has pointed it to: when the request names none of
-        # the changed files, it runs the tests first and reads what their traceback shows.
-        changed = [c.path for c in self.changes if not c.new_file]
-        # Off for now: on the unisolated backend the discovery run's .pyc of a same-size, same-second edit
-        # is reused (stale bytecode); turn it back on with PYTHONDONTWRITEBYTECODE in the sandbox env.
-        discover = [] if changed else []
+        # A "run the tests first" turn (when the request names no file) is off: on the plain backend
+        # its .pyc files hide a same-size edit made in the same second. Needs PYTHONDONTWRITEBYTECODE.
+        discover: list = []
         if self.style == "serial":
             return (discover + [("Reading the code involved.", [r]) for r in reads]
                     + [("", lambda conv, i=i: [self._edit_calls(conv)[i]]) for i in range(n_edits)]
