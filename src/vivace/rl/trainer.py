@@ -63,6 +63,12 @@ def init_distributed(rank: int = 0, world_size: int = 1) -> None:
     """Joins (or makes) the trainer's process group: NCCL on GPU, gloo on CPU."""
     if dist.is_initialized():
         return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if world_size == 1:
+        # One rank needs no rendezvous: an in-memory store cannot lose a race for a free port
+        # to another process (a TCP store on a just-freed port sometimes did, beside Ray).
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         import socket
@@ -70,7 +76,6 @@ def init_distributed(rank: int = 0, world_size: int = 1) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world_size)
 
 
