@@ -52,9 +52,14 @@ async def test_oracle_gets_full_marks(task, state_dir, kind):
     assert s.resolved and s.correctness == 1.0
     assert s.adherence == 1.0 and s.claims == 1.0 and s.format == 1.0
     assert s.details["fail_to_pass"] == [2, 2]
-    assert [len(t.tool_calls) for t in traj.turns] == [1, 1, 2, 0]
+    # The request names no file: run the tests, read what they point to, edit, test + lint, answer.
+    assert [len(t.tool_calls) for t in traj.turns] == [1, 1, 1, 2, 0]
+    assert traj.turns[0].tool_calls[0].name == "run_terminal_cmd"
     assert "The tests pass" in traj.final_message and s.details["unsupported_claims"] == []
     assert s.total > 1.0
+    named = task.model_copy(update={"request": task.request + " (in pkg/calc.py)"})
+    traj, s = await play(OraclePolicy(), named, state_dir, kind)
+    assert s.resolved and [len(t.tool_calls) for t in traj.turns] == [1, 1, 2, 0]  # no discovery run needed
 
 
 async def test_doing_nothing_earns_nothing(task, state_dir):

@@ -89,9 +89,11 @@ class _Oracle:
         test = ("run_terminal_cmd", {"command": self.task.tests.command})
         lint = [("read_lints", {"paths": py})] if py else []
         n_edits = sum(len(_edits(c)) for c in self.changes)
-        # A "run the tests first" turn (when the request names no file) is off: on the plain backend
-        # its .pyc files hide a same-size edit made in the same second. Needs PYTHONDONTWRITEBYTECODE.
-        discover: list = []
+        # An expert does not open a file nothing has pointed it to: when the request names none of
+        # the changed files, it runs the tests first and reads what their traceback shows.
+        changed = [c.path for c in self.changes if not c.new_file]
+        discover = [("Running the tests to see what fails.", [test])] if changed and not any(
+            p in self.task.request for p in changed) else []  # fmt: skip
         if self.style == "serial":
             return (discover + [("Reading the code involved.", [r]) for r in reads]
                     + [("", lambda conv, i=i: [self._edit_calls(conv)[i]]) for i in range(n_edits)]

@@ -108,6 +108,9 @@ def command_env(toolchain: list[Path], home: str, extra: dict[str, str]) -> dict
         "LANG": "C.UTF-8",
         "TERM": "dumb",
         "USER": "sandbox",
+        # Python checks cached bytecode by source mtime (1 s) and size: an edit of the same size in
+        # the same second as a test run would otherwise run the old code.
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
     venvs = [d for d in toolchain if (d / "pyvenv.cfg").exists()]
     if venvs:
