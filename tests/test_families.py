@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from vivace.bench.patch import parse_patch
-from vivace.tasks.families import FAMILIES, MULTI_FILE, _make_task, _misspell, bugs, run_project
+from vivace.tasks.families import FAMILIES, MULTI_FILE, _make_task, _misspell, bugs, generate_families, run_project
 from vivace.tasks.projects import THEMES, generated_theme, make_project, split_of_theme
 
 
@@ -85,6 +85,14 @@ def test_splits_are_theme_disjoint_and_every_split_has_themes():
     held_out = {w for t, spec in THEMES.items() if split_of_theme(t) != "train" for w in (*spec[:3], *spec[3])}
     assert not generated & held_out and split_of_theme("gen-7") == "train"
     assert len({generated_theme(n)[:3] for n in range(2000)}) > 1000  # names vary: copying beats remembering
+    assert len({generated_theme(n)[0] for n in range(2000)}) > 1000  # packages too (mostly invented words)
+
+
+def test_more_training_tasks_keep_the_held_out_tasks():
+    few = generate_families({"train": 1, "validation": 2}, seed=3, families=("misspelled_name",))
+    more = generate_families({"train": 3, "validation": 2}, seed=3, families=("misspelled_name",))
+    held_out = [[t.id for t in tasks if t.split == "validation"] for tasks in (few, more)]
+    assert len(held_out[0]) == 2 and held_out[0] == held_out[1]
 
 
 def test_bug_candidates_stay_in_the_package():

@@ -104,6 +104,9 @@ def sft_train(
     save_every: Annotated[int, typer.Option(help="Save the checkpoint every N steps (and at the end).")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the packing and the episode order.")] = 0,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
+    objective: Annotated[
+        str, typer.Option(help="assistant: the assistant tokens (RL's mask); dialogue: every token after the system turn.")
+    ] = "assistant",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train the policy on expert episodes: cross-entropy on the assistant tokens (loss_mask 1),
@@ -129,7 +132,8 @@ def sft_train(
             result = train_sft(files, out_dir, init=init, eval_data=eval_file, seq_len=seq_len,
                                batch_tokens=batch_tokens, lr=lr, max_steps=steps, epochs=epochs,
                                time_budget_s=minutes * 60 if minutes is not None else None, eval_every=eval_every,
-                               save_every=save_every, seed=seed, threads=threads, progress=show)  # fmt: skip
+                               save_every=save_every, seed=seed, threads=threads, objective=objective,
+                               progress=show)  # fmt: skip
     except ValueError as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e

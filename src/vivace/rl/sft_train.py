@@ -86,8 +86,15 @@ def make_episode(ids: list[int], mask: list[int] | None = None) -> Episode:
     return Episode(ids, [t if m else IGNORE for t, m in zip(ids[1:], mask[1:], strict=True)] + [IGNORE])
 
 
-def read_episodes(path: Path, vocab_size: int) -> list[Episode]:
-    """Every line of a JSONL file, checked: ids in the vocabulary, a 0/1 loss_mask per id."""
+OBJECTIVES = ("assistant", "dialogue")
+
+
+def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) -> list[Episode]:
+    """Every line of a JSONL file, checked: ids in the vocabulary, a 0/1 loss_mask per id.
+    With `turn_start` (the chat format's message-start token) the "dialogue" objective: the
+    system turn (prompt + tool schemas, the same in every episode) is cut off and every later
+    token is trained — tracebacks, file reads and edits repeat one another, so it is copying
+    practice at a third of the cost of running the system turn too."""
     if not path.is_file():
         raise SftDataError(f"{path}: no such file (write one with `vivace sft data --out {path}`)")
     episodes = []
@@ -113,6 +120,11 @@ def read_episodes(path: Path, vocab_size: int) -> list[Episode]:
                 got = f"{len(mask)} entries" if isinstance(mask, list) else type(mask).__name__
                 raise SftDataError(f'{where}: "loss_mask" must be one 0/1 per id ({len(ids)} ids, got {got}); '
                                    'fix the line or drop "loss_mask" to train on every token')  # fmt: skip
+            if turn_start is not None:
+                starts = [i for i, t in enumerate(ids) if t == turn_start][:2]
+                if len(starts) < 2:
+                    raise SftDataError(f"{where}: the dialogue objective needs a chat episode (a system turn, then more)")
+                ids, mask = ids[starts[1]:], None
             episodes.append(make_episode(ids, mask))
     if not episodes:
         raise SftDataError(f"{path}: no episodes (the file is empty)")
@@ -274,6 +286,7 @@ def train_sft(
     save_every: int = 200,
     seed: int = 0,
     threads: int | None = None,
+    objective: str = "assistant",
     config_overrides: dict[str, Any] | None = None,
     progress: Callable[[dict[str, Any]], None] = lambda record: None,
 ) -> dict[str, Any]:
@@ -296,10 +309,13 @@ def train_sft(
     if seq_len > model.config.max_position_embeddings:
         raise ValueError(f"--seq-len {seq_len} exceeds the model's {model.config.max_position_embeddings} positions")
     vocab = min(len(tokenizer), model.config.vocab_size)
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
+    turn_start = tokenizer.convert_tokens_to_ids("<|im_start|>") if objective == "dialogue" else None
 
     files, episodes = [], []
     for p in data:
-        eps = read_episodes(p, vocab)
+        eps = read_episodes(p, vocab, turn_start)
         files.append({"path": str(p), "sha256": _sha256(p), "episodes": len(eps)})
         episodes += eps
     kept = [e for e in episodes if len(e.ids) <= seq_len and any(t != IGNORE for t in e.labels)]
@@ -310,7 +326,7 @@ def train_sft(
         shortest = min(len(e.ids) for e in episodes)
         raise SftDataError(f"no episode fits --seq-len {seq_len} with a trained token (the shortest has {shortest} "
                            "tokens); raise --seq-len (up to the model's context)")  # fmt: skip
-    evals = read_episodes(Path(eval_data), vocab) if eval_data else []
+    evals = read_episodes(Path(eval_data), vocab, turn_start) if eval_data else []
     eval_info = None
     if eval_data:
         eval_info = {"path": str(eval_data), "sha256": _sha256(Path(eval_data)), "episodes": len(evals)}

@@ -176,13 +176,13 @@ def generate_families(
     """`per_split[split]` tasks for each split, spread evenly over families and curriculum levels."""
     from vivace.tasks.projects import THEMES
 
-    rng = random.Random(seed)
     themes = {s: sorted(t for t in THEMES if split_of_theme(t) == s) for s in per_split}
     wanted = sum(per_split.values())
     tasks: list[Task] = []
     seen: set[str] = set()
     with ThreadPoolExecutor(workers) as pool:
         for split, n in per_split.items():
+            rng = random.Random(f"{seed}-{split}")  # one stream per split: more training tasks keep the held-out ones
             plan = [(families[i % len(families)], i) for i in range(n)]
             while plan:
                 jobs = [(fam, i, _project_for(fam, themes[split], rng)) for fam, i in plan[: workers * 4]]

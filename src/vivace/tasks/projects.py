@@ -84,10 +84,30 @@ _UNITS = "kg g m cm km l ml h min s pts units eur usd kwh".split()
 
 def generated_theme(n: int) -> tuple[str, str, str, tuple[str, str], str, tuple[str, ...]]:
     rng = random.Random(f"theme-{n}")
-    item = rng.choice(_NOUNS)
+    held_out = {w for t, spec in THEMES.items() if split_of_theme(t) != "train" for w in _theme_words(spec)}
+
+    def pick(words: list[str], invented: float) -> str:
+        # Invented words cannot be remembered from training, only copied from what the tools show.
+        while (w := _invent(rng) if rng.random() < invented else rng.choice(words)) in held_out:
+            pass
+        return w
+
+    item = pick(_NOUNS, 0.5)
     items = item[:-1] + "ies" if item.endswith("y") and item[-2] not in "aeiou" else item + "s"
-    f, o = rng.sample(_FIELDS, 2)
-    return rng.choice(_PACKAGES), item, items, (f, o), rng.choice(_UNITS), tuple(rng.sample(_PEOPLE, 5))
+    f = pick(_FIELDS, 0.5)
+    while (o := pick(_FIELDS, 0.5)) == f:
+        pass
+    return pick(_PACKAGES, 0.7), item, items, (f, o), rng.choice(_UNITS), tuple(rng.sample(_PEOPLE, 5))
+
+
+def _invent(rng: random.Random) -> str:
+    """A pronounceable made-up word of 2-3 syllables ("tovika", "brelun")."""
+    onsets, vowels, codas = "b d f g k l m n p r s t v z br dr gr kl pl st tr".split(), "aeiou", ["", "", "n", "r", "l"]
+    return "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.choice((2, 2, 3))))
+
+
+def _theme_words(spec: tuple) -> tuple[str, ...]:
+    return (spec[0], spec[1], spec[2], *spec[3])
 
 
 def theme_spec(theme: str) -> tuple[str, str, str, tuple[str, str], str, tuple[str, ...]]:
