@@ -9,9 +9,12 @@ How: the model is sharded with FSDP2 (`fully_shard` per decoder layer, then the 
 process group (gloo on CPU, NCCL on GPU); with one rank that is a group of one, so the same code
 runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
 gradients; ranks with fewer micro-batches run empty ones so their collectives stay in step).
-Micro-batches are packed by token count (`micro_batch_tokens`) and gradients
-accumulate; the loss is normalised by the rank's generated tokens, so micro-batching does not
-change the update (and ranks with equal token counts give the single-rank update).
+Micro-batches are rows of about `micro_batch_tokens` tokens: several rollouts packed end to end,
+each attending only to itself (`packed` attention and restarted positions, as in rl/sft_train.py:
+no padding), with logits computed only at the generated tokens (an agent episode is mostly prompt
+and tool output). Gradients accumulate; the loss is normalised by the rank's generated tokens, so
+micro-batching does not change the update (and ranks with equal token counts give the
+single-rank update).
 
 One update per batch: the trainer's own logprobs before the update (`logp_old`) equal the
 current ones, so the PPO ratio is 1 and only the truncated importance weight (sampler vs trainer)
@@ -39,6 +42,7 @@ from torch.distributed.fsdp import fully_shard
 from vivace.config import TrainConfig
 from vivace.model.checkpoint import load_model, save_checkpoint
 from vivace.rl.loss import LossConfig, policy_loss
+from vivace.rl.sft_train import PACKED, forward_row, make_episode, pack
 
 
 @dataclass
@@ -99,6 +103,7 @@ class Trainer:
         loaded = load_model(model_spec, device=self.device)
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model.train()
+        self.model.set_attn_implementation(PACKED)
         for layer in self.model.model.layers:
             fully_shard(layer)
         fully_shard(self.model)
@@ -107,6 +112,7 @@ class Trainer:
         self.reference = None
         if cfg.kl_coef > 0:  # a frozen copy of the starting policy
             self.reference = load_model(model_spec, device=self.device).model.eval().requires_grad_(False)
+            self.reference.set_attn_implementation(PACKED)
         self.step = 0
 
     # ---- training -------------------------------------------------------------------------------
@@ -165,35 +171,23 @@ class Trainer:
         return out
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Sequences by length, packed while the padded micro-batch stays within the token budget."""
-        batches: list[list[Sample]] = []
-        current: list[Sample] = []
-        for s in sorted(samples, key=lambda s: len(s.ids)):
-            if current and (len(current) + 1) * len(s.ids) > self.cfg.micro_batch_tokens:
-                batches.append(current)
-                current = []
-            current.append(s)
-        if current:
-            batches.append(current)
-        return batches
+        """Rollouts packed into rows of at most `micro_batch_tokens` (a longer one gets its own row)."""
+        rows = pack([len(s.ids) for s in samples], self.cfg.micro_batch_tokens)
+        return [[samples[i] for i in row] for row in rows]
 
-    def _forward(self, micro: list[Sample]):
-        """Per-token logprobs (with grad) and entropies of each sample's tokens 1..n, flattened."""
-        width = max(len(s.ids) for s in micro)
-        ids = torch.tensor([s.ids + [0] * (width - len(s.ids)) for s in micro], device=self.device)
-        attn = torch.tensor([[1] * len(s.ids) + [0] * (width - len(s.ids)) for s in micro], device=self.device)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / self.temperature
-        logps = torch.log_softmax(logits, dim=-1)
-        taken = logps.gather(-1, ids[:, 1:, None])[..., 0]
+    def _forward(self, micro: list[Sample], model: torch.nn.Module | None = None):
+        """Logprobs (with grad unless `model` is the frozen reference) and entropies of the
+        generated tokens of one packed row, flattened in sample order, with their mask (all ones),
+        sampler logprobs and advantages."""
+        out, targets = forward_row(model or self.model, [make_episode(s.ids, s.mask) for s in micro], trained_only=True)
+        logps = torch.log_softmax(out.logits[0].float() / self.temperature, dim=-1)
+        logp = logps.gather(-1, targets[:, None])[:, 0]
         with torch.no_grad():
             entropy = -(logps.exp() * logps).sum(-1)
-        parts = [(taken[i, : len(s.ids) - 1], entropy[i, : len(s.ids) - 1]) for i, s in enumerate(micro)]
-        logp = torch.cat([p for p, _ in parts])
-        ent = torch.cat([e for _, e in parts])
-        mask = torch.cat([torch.tensor(s.mask[1:], dtype=torch.float32) for s in micro]).to(self.device)
-        behav = torch.cat([torch.tensor(s.logprobs[1:], dtype=torch.float32) for s in micro]).to(self.device)
-        adv = torch.cat([torch.full((len(s.ids) - 1,), s.advantage) for s in micro]).to(self.device)
-        return logp, ent, mask, behav, adv
+        generated = [[j for j in range(1, len(s.ids)) if s.mask[j]] for s in micro]
+        behav = torch.tensor([s.logprobs[j] for s, js in zip(micro, generated) for j in js], dtype=torch.float32)
+        adv = torch.tensor([s.advantage for s, js in zip(micro, generated) for _ in js], dtype=torch.float32)
+        return logp, entropy, torch.ones_like(logp), behav.to(self.device), adv.to(self.device)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
@@ -202,17 +196,14 @@ class Trainer:
             logp, *_ = self._forward(micro)
             start = 0
             for s in micro:
-                out[id(s)] = logp[start : start + len(s.ids) - 1].detach()
-                start += len(s.ids) - 1
+                n = s.n_generated - s.mask[0]  # the first token is never a target
+                out[id(s)] = logp[start : start + n].detach()
+                start += n
         return out
 
     @torch.no_grad()
     def _reference_logprobs(self, micro: list[Sample]) -> torch.Tensor:
-        width = max(len(s.ids) for s in micro)
-        ids = torch.tensor([s.ids + [0] * (width - len(s.ids)) for s in micro], device=self.device)
-        logps = torch.log_softmax(self.reference(input_ids=ids).logits[:, :-1].float() / self.temperature, dim=-1)
-        taken = logps.gather(-1, ids[:, 1:, None])[..., 0]
-        return torch.cat([taken[i, : len(s.ids) - 1] for i, s in enumerate(micro)])
+        return self._forward(micro, self.reference)[0]
 
     # ---- weights and checkpoints ------------------------------------------------------------------
 
