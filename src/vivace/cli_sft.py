@@ -71,7 +71,7 @@ def sft_data(
             job = bar.add_task("episodes", total=len(tasks) * len(wanted))
             result = asyncio.run(expert_data(cfg, tasks, out_file, model=model, styles=wanted, minimal=minimal,
                                              max_tokens=max_tokens, styles_per_task=styles_per_task, concurrency=concurrency,
-                                             progress=lambda done, total: bar.update(job, completed=done)))  # fmt: skip
+                                             progress=lambda done, total: bar.update(job, completed=done, total=total)))  # fmt: skip
     except ValueError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
