@@ -153,14 +153,14 @@ def test_budgets_and_schedule(tmp_path):
     assert lrs[:2] == [0.5, 1.0] and lrs[2] > lrs[6] > lrs[10] == pytest.approx(0.1) == lrs[11]
 
 
-def test_dialogue_objective_drops_the_system_turn_and_trains_the_rest(tmp_path):
+def test_dialogue_objective_keeps_the_system_turn_as_context_and_trains_the_rest(tmp_path):
     start = 7  # stands for the chat format's message-start token
     ids = [start, 11, 12, 13, start, 21, 22, start, 31, 32]  # system turn, user turn, assistant turn
     path = _write(tmp_path / "d.jsonl", [{"ids": ids, "loss_mask": [0] * 8 + [1, 1]}])
     (assistant,) = read_episodes(path, VOCAB)
     (dialogue,) = read_episodes(path, VOCAB, turn_start=start)
     assert assistant.ids == ids and [t for t in assistant.labels if t != IGNORE] == [31, 32]
-    assert dialogue.ids == ids[4:] and dialogue.labels == [21, 22, start, 31, 32, IGNORE]
+    assert dialogue.ids == ids and dialogue.labels == [IGNORE] * 3 + [start, 21, 22, start, 31, 32, IGNORE]
     no_turns = _write(tmp_path / "plain.jsonl", [{"ids": [1, 2, 3]}])
     with pytest.raises(SftDataError, match="plain.jsonl:1: .*chat episode"):
         read_episodes(no_turns, VOCAB, turn_start=start)

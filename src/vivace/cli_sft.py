@@ -105,7 +105,8 @@ def sft_train(
     seed: Annotated[int, typer.Option(help="Seed of the packing and the episode order.")] = 0,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
     objective: Annotated[
-        str, typer.Option(help="assistant: the assistant tokens (RL's mask); dialogue: every token after the system turn.")
+        str,
+        typer.Option(help="assistant: the assistant tokens (RL's mask); dialogue: every token after the system turn."),
     ] = "assistant",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:

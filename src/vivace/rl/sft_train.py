@@ -8,18 +8,14 @@ counts, final numbers). The loss is the mean over tokens whose loss_mask is 1 �
 token's mask, the same masking RL uses — plus the router's load-balancing loss (Qwen3-MoE's own
 `aux_loss` at `config.router_aux_loss_coef`; a balanced router scores `num_experts_per_tok`).
 
-Packing: episodes are packed several to a row of `seq_len` tokens (greedy best-fit decreasing,
-equal lengths in a seeded order, rows shuffled every epoch); rows are grouped into steps of about
-`batch_tokens` tokens, one row per forward, gradients accumulated and normalised by the step's
-trained tokens (so the grouping does not change the update). No padding: a row is exactly its
-episodes. Episodes longer than `seq_len` are skipped and counted. Position ids restart at 0 for
-each episode, and no token attends to another episode: training uses `packed` attention
-(registered here), causal sdpa on each episode's slice given its boundaries (`cu_seq_lens_q`),
-which skips the work across episodes (a 4,096-token row of five episodes trains 2.4x faster on 2
-CPU threads than with sdpa's block-diagonal L×L mask). Plain sdpa or eager on the same call is
-still correct: transformers reads the position restarts (no mask, no cache) as packed sequences
-and builds the block-diagonal mask. tests/test_sft_train.py checks all three against each
-episode run alone.
+Packing (rl/packing.py): episodes are packed several to a row of `seq_len` computed positions
+(greedy best-fit decreasing, equal lengths in a seeded order, rows shuffled every epoch); the
+opening all episodes share (the system turn) is computed once per row and every episode attends
+to it and to itself only, with its own positions, so each episode's logits are exactly those of
+the episode run alone. Rows are grouped into steps of about `batch_tokens` computed positions,
+one row per forward, gradients accumulated and normalised by the step's trained tokens (so the
+grouping does not change the update). No padding. Episodes longer than `seq_len` or the model's
+context are skipped and counted.
 
 Schedule: linear warmup (at most a quarter of the planned steps), then cosine to
 `min_lr_ratio * lr`. Its progress is the larger of steps/planned steps (from `max_steps`, or
@@ -33,9 +29,7 @@ is not saved), several devices, bf16, several rows per forward (on a GPU one wou
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -43,47 +37,20 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
-IGNORE = -100  # label of positions that are not trained
+from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, row_tokens, shared_prefix
+
+__all__ = ["IGNORE", "PACKED", "SftDataError", "forward_row", "make_episode", "pack", "read_episodes", "train_sft"]
 GRAD_CLIP = 1.0
-PACKED = "packed"  # the attention implementation that training uses
-
-
-def packed_attention(module, query, key, value, attention_mask, scaling=None, cu_seq_lens_q=None, **kwargs):
-    """Causal attention within each packed episode: sdpa per [start, end) of `cu_seq_lens_q`
-    (query/key/value: batch 1, heads, length, dim); returns (batch, length, heads, dim)."""
-    bounds = cu_seq_lens_q.tolist() if cu_seq_lens_q is not None else [0, query.shape[2]]
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)  # grouped-query heads
-    parts = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
-                                            scale=scaling) for a, b in zip(bounds, bounds[1:], strict=False)]  # fmt: skip
-    return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(PACKED, packed_attention)
 
 
 class SftDataError(ValueError):
     """Training data that cannot be used; the message names the file and line and the fix."""
-
-
-@dataclass
-class Episode:
-    ids: list[int]
-    labels: list[int]  # per position: the next token if its loss_mask is 1, else IGNORE
-
-
-def make_episode(ids: list[int], mask: list[int] | None = None) -> Episode:
-    """Targets are ids shifted left, kept where the *target's* mask is 1; the last position has none."""
-    mask = [1] * len(ids) if mask is None else mask
-    return Episode(ids, [t if m else IGNORE for t, m in zip(ids[1:], mask[1:], strict=True)] + [IGNORE])
 
 
 OBJECTIVES = ("assistant", "dialogue")
@@ -91,10 +58,10 @@ OBJECTIVES = ("assistant", "dialogue")
 
 def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) -> list[Episode]:
     """Every line of a JSONL file, checked: ids in the vocabulary, a 0/1 loss_mask per id.
-    With `turn_start` (the chat format's message-start token) the "dialogue" objective: the
-    system turn (prompt + tool schemas, the same in every episode) is cut off and every later
-    token is trained — tracebacks, file reads and edits repeat one another, so it is copying
-    practice at a third of the cost of running the system turn too."""
+    With `turn_start` (the chat format's message-start token) the "dialogue" objective: every
+    token after the system turn (prompt + tool schemas, the same in every episode, kept as untrained
+    context and computed once per row) is trained — tracebacks, file reads and edits repeat one
+    another, so it is copying practice in the context the policy acts in."""
     if not path.is_file():
         raise SftDataError(f"{path}: no such file (write one with `vivace sft data --out {path}`)")
     episodes = []
@@ -123,44 +90,23 @@ def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) ->
             if turn_start is not None:
                 starts = [i for i, t in enumerate(ids) if t == turn_start][:2]
                 if len(starts) < 2:
-                    raise SftDataError(f"{where}: the dialogue objective needs a chat episode (a system turn, then more)")
-                ids, mask = ids[starts[1]:], None
+                    raise SftDataError(
+                        f"{where}: the dialogue objective needs a chat episode (a system turn, then more)"
+                    )
+                mask = [0] * starts[1] + [1] * (len(ids) - starts[1])
             episodes.append(make_episode(ids, mask))
     if not episodes:
         raise SftDataError(f"{path}: no episodes (the file is empty)")
     return episodes
 
 
-def pack(lengths: list[int], seq_len: int, rng: random.Random | None = None) -> list[list[int]]:
-    """Episode indices per row (each fits `seq_len`): best-fit decreasing; with `rng`, equal
-    lengths are taken in a random order and the rows are shuffled."""
-    order = list(range(len(lengths)))
-    if rng is not None:
-        rng.shuffle(order)
-    order.sort(key=lambda i: -lengths[i])  # stable: ties keep the shuffled order
-    rows: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (room left, row), sorted
-    for i in order:
-        k = bisect.bisect_left(free, (lengths[i], -1))
-        if k == len(free):
-            rows.append([])
-            room, r = seq_len, len(rows) - 1
-        else:
-            room, r = free.pop(k)
-        rows[r].append(i)
-        if room > lengths[i]:
-            bisect.insort(free, (room - lengths[i], r))
-    if rng is not None:
-        rng.shuffle(rows)
-    return rows
-
-
-def group_steps(rows: list[list[int]], lengths: list[int], batch_tokens: int) -> list[list[list[int]]]:
-    """Consecutive rows per step while the step holds at most `batch_tokens` (at least one row)."""
+def group_steps(rows: list[list[int]], lengths: list[int], batch_tokens: int, shared: int = 0) -> list[list[list[int]]]:
+    """Consecutive rows per step while the step computes at most `batch_tokens` positions (at least
+    one row; the first `shared` tokens of a row's episodes are computed once)."""
     steps: list[list[list[int]]] = []
     tokens = 0
     for row in rows:
-        n = sum(lengths[i] for i in row)
+        n = sum(lengths[i] for i in row) - shared * (len(row) - 1)
         if not steps or tokens + n > batch_tokens:
             steps.append([])
             tokens = 0
@@ -169,32 +115,14 @@ def group_steps(rows: list[list[int]], lengths: list[int], batch_tokens: int) ->
     return steps
 
 
-def forward_row(model, episodes: list[Episode], router: bool = False, trained_only: bool = False):
-    """One packed row through the model: (output, labels), `output.logits[0]` aligned with `labels`.
-    Attention stays inside each episode with `packed`, sdpa or eager attention (module docstring).
-    `trained_only`: logits at the trained positions only (the vocabulary projection and softmax
-    are skipped where nothing is learned: most of an agent episode is prompt and tool output)."""
-    ids = torch.tensor([i for e in episodes for i in e.ids])
-    pos = torch.cat([torch.arange(len(e.ids)) for e in episodes])
-    labels = torch.tensor([t for e in episodes for t in e.labels])
-    bounds = torch.tensor([0, *itertools.accumulate(len(e.ids) for e in episodes)])
-    keep = torch.nonzero(labels != IGNORE)[:, 0] if trained_only else 0  # 0: every position
-    if trained_only:
-        labels = labels[keep]
-    dev = model.device
-    # use_cache=False: with a cache, sdpa/eager would not read the position restarts as packing.
-    out = model(input_ids=ids[None].to(dev), position_ids=pos[None].to(dev), use_cache=False,
-                output_router_logits=router, cu_seq_lens_q=bounds, logits_to_keep=keep)  # fmt: skip
-    return out, labels.to(dev)
-
-
 @torch.no_grad()
 def evaluate(model, episodes: list[Episode], seq_len: int) -> dict[str, float]:
     """Mean loss and greedy token accuracy over the trained tokens of `episodes`."""
     was_training = model.training
     model.eval()
     loss = correct = n = 0.0
-    for row in pack([len(e.ids) for e in episodes], seq_len):
+    shared = shared_prefix(episodes)
+    for row in pack([len(e.ids) for e in episodes], seq_len, shared=shared):
         out, labels = forward_row(model, [episodes[i] for i in row], trained_only=True)
         logits = out.logits[0].float()
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
@@ -252,14 +180,14 @@ def _accumulate(model, batch: list[list[Episode]], aux_coef: float) -> tuple[flo
     the step's count (a mean over the step however it is split), plus the router's balance loss
     weighted by each row's share of the step's tokens. Returns (loss, aux loss) of the step."""
     trained = sum(t != IGNORE for row in batch for e in row for t in e.labels)
-    tokens = sum(len(e.ids) for row in batch for e in row)
+    tokens = sum(row_tokens(row) for row in batch)
     ce_total = aux_total = 0.0
     for row in batch:
         out, labels = forward_row(model, row, router=aux_coef > 0, trained_only=True)
         ce = F.cross_entropy(out.logits[0].float(), labels, reduction="sum") / trained
         loss = ce
         if aux_coef > 0 and out.aux_loss is not None:
-            aux = out.aux_loss * (sum(len(e.ids) for e in row) / tokens)
+            aux = out.aux_loss * (row_tokens(row) / tokens)
             loss = loss + aux_coef * aux
             aux_total += float(aux.detach())
         loss.backward()
@@ -306,8 +234,7 @@ def train_sft(
     model, tokenizer = _init_model(init, config_overrides, seed)
     model.set_attn_implementation(PACKED)  # not saved: the checkpoint's config loads with the default
     torch.manual_seed(seed)
-    if seq_len > model.config.max_position_embeddings:
-        raise ValueError(f"--seq-len {seq_len} exceeds the model's {model.config.max_position_embeddings} positions")
+    longest = min(seq_len, model.config.max_position_embeddings)  # an episode must fit a row and the context
     vocab = min(len(tokenizer), model.config.vocab_size)
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
@@ -318,26 +245,28 @@ def train_sft(
         eps = read_episodes(p, vocab, turn_start)
         files.append({"path": str(p), "sha256": _sha256(p), "episodes": len(eps)})
         episodes += eps
-    kept = [e for e in episodes if len(e.ids) <= seq_len and any(t != IGNORE for t in e.labels)]
-    too_long = sum(len(e.ids) > seq_len for e in episodes)
+    kept = [e for e in episodes if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
+    too_long = sum(len(e.ids) > longest for e in episodes)
     counts = {"episodes": len(episodes), "kept": len(kept), "too_long": too_long,
               "untrained": len(episodes) - len(kept) - too_long}  # fmt: skip
     if not kept:
         shortest = min(len(e.ids) for e in episodes)
-        raise SftDataError(f"no episode fits --seq-len {seq_len} with a trained token (the shortest has {shortest} "
+        raise SftDataError(f"no episode fits {longest} tokens with a trained token (the shortest has {shortest} "
                            "tokens); raise --seq-len (up to the model's context)")  # fmt: skip
     evals = read_episodes(Path(eval_data), vocab, turn_start) if eval_data else []
     eval_info = None
     if eval_data:
         eval_info = {"path": str(eval_data), "sha256": _sha256(Path(eval_data)), "episodes": len(evals)}
-        evals = [e for e in evals if len(e.ids) <= seq_len and any(t != IGNORE for t in e.labels)]
+        evals = [e for e in evals if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
         eval_info["kept"] = len(evals)
 
     lengths = [len(e.ids) for e in kept]
+    shared = shared_prefix(kept)  # the opening every episode has (the system turn), computed once per row
     rng = random.Random(seed)
-    steps = group_steps(pack(lengths, seq_len, rng), lengths, batch_tokens)
+    steps = group_steps(pack(lengths, seq_len, rng, shared), lengths, batch_tokens, shared)
     counts["rows"] = sum(len(s) for s in steps)
-    counts["fill"] = round(sum(lengths) / (counts["rows"] * seq_len), 4)
+    counts["shared_prefix"] = shared
+    counts["fill"] = round((sum(lengths) - shared * (len(kept) - counts["rows"])) / (counts["rows"] * seq_len), 4)
     counts["steps_per_epoch"] = len(steps)
     budgets = [b for b in (max_steps, math.ceil(epochs * len(steps)) if epochs else None) if b is not None]
     planned = min(budgets) if budgets else None
@@ -391,7 +320,7 @@ def train_sft(
             if state["stopped_by"]:
                 break
             if cursor == len(steps):  # a new epoch: new row order (ties re-drawn)
-                steps, cursor = group_steps(pack(lengths, seq_len, rng), lengths, batch_tokens), 0
+                steps, cursor = group_steps(pack(lengths, seq_len, rng, shared), lengths, batch_tokens, shared), 0
             batch = [[kept[i] for i in row] for row in steps[cursor]]
             cursor += 1
             s0 = time.perf_counter()

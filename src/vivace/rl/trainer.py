@@ -10,8 +10,8 @@ process group (gloo on CPU, NCCL on GPU); with one rank that is a group of one, 
 runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
 gradients; ranks with fewer micro-batches run empty ones so their collectives stay in step).
 Micro-batches are rows of about `micro_batch_tokens` tokens: several rollouts packed end to end,
-each attending only to itself (`packed` attention and restarted positions, as in rl/sft_train.py:
-no padding), with logits computed only at the generated tokens (an agent episode is mostly prompt
+each attending only to itself and to the prompt they all open with, which the row computes once
+(rl/packing.py: restarted positions, no padding), with logits computed only at the generated tokens (an agent episode is mostly prompt
 and tool output). Gradients accumulate; the loss is normalised by the rank's generated tokens, so
 micro-batching does not change the update (and ranks with equal token counts give the
 single-rank update).
@@ -42,7 +42,7 @@ from torch.distributed.fsdp import fully_shard
 from vivace.config import TrainConfig
 from vivace.model.checkpoint import load_model, save_checkpoint
 from vivace.rl.loss import LossConfig, policy_loss
-from vivace.rl.sft_train import PACKED, forward_row, make_episode, pack
+from vivace.rl.packing import PACKED, forward_row, make_episode, pack, shared_prefix
 
 
 @dataclass
@@ -171,8 +171,10 @@ class Trainer:
         return out
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Rollouts packed into rows of at most `micro_batch_tokens` (a longer one gets its own row)."""
-        rows = pack([len(s.ids) for s in samples], self.cfg.micro_batch_tokens)
+        """Rollouts packed into rows of at most `micro_batch_tokens` computed positions (the prompt they
+        all open with counted once per row; a longer rollout gets its own row)."""
+        shared = shared_prefix([make_episode(s.ids, s.mask) for s in samples])
+        rows = pack([len(s.ids) for s in samples], self.cfg.micro_batch_tokens, shared=shared)
         return [[samples[i] for i in row] for row in rows]
 
     def _forward(self, micro: list[Sample], model: torch.nn.Module | None = None):
@@ -185,8 +187,12 @@ class Trainer:
         with torch.no_grad():
             entropy = -(logps.exp() * logps).sum(-1)
         generated = [[j for j in range(1, len(s.ids)) if s.mask[j]] for s in micro]
-        behav = torch.tensor([s.logprobs[j] for s, js in zip(micro, generated) for j in js], dtype=torch.float32)
-        adv = torch.tensor([s.advantage for s, js in zip(micro, generated) for _ in js], dtype=torch.float32)
+        behav = torch.tensor(
+            [s.logprobs[j] for s, js in zip(micro, generated, strict=True) for j in js], dtype=torch.float32
+        )
+        adv = torch.tensor(
+            [s.advantage for s, js in zip(micro, generated, strict=True) for _ in js], dtype=torch.float32
+        )
         return logp, entropy, torch.ones_like(logp), behav.to(self.device), adv.to(self.device)
 
     @torch.no_grad()

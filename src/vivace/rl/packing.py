@@ -1,0 +1,155 @@
+"""Packed training rows: many episodes in one forward pass, each seeing only itself — and the
+prompt they all start with computed once.
+
+What: `forward_row` runs a row of episodes (SFT dialogues or RL rollouts) through a Hugging Face
+causal LM and returns the logits of the trained positions with their targets; `pack` assigns
+episodes to rows. Both the supervised warm start (sft_train.py) and the RL trainer use them.
+
+Why a shared prefix: every agent episode opens with the same system turn (prompt + tool schemas,
+~2,700 tokens with the tiny model's tokenizer) and is often only ~1,000 tokens more, and an RL
+group's rollouts share the user's request too. A row computes that common prefix once; each
+episode's own tokens attend to the prefix and to themselves (`packed` attention below), with
+positions continuing after the prefix, so every logit equals the episode run alone and the
+gradient is the sum over episodes, as if each were run separately. On 2 CPU threads that makes
+a row of agent episodes ~2-3x cheaper per episode. The prefix is shared only where no episode
+trains a target inside it (a trained prefix token would otherwise count once instead of once
+per episode).
+
+Not covered: several rows per forward (one row, batch 1: on CPU a bigger batch buys nothing).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+IGNORE = -100  # label of positions that are not trained
+PACKED = "packed"  # the attention implementation training uses
+
+
+@dataclass
+class Episode:
+    ids: list[int]
+    labels: list[int]  # per position: the next token if its loss_mask is 1, else IGNORE
+
+
+def make_episode(ids: list[int], mask: list[int] | None = None) -> Episode:
+    """Targets are ids shifted left, kept where the *target's* mask is 1; the last position has none."""
+    mask = [1] * len(ids) if mask is None else mask
+    return Episode(ids, [t if m else IGNORE for t, m in zip(ids[1:], mask[1:], strict=True)] + [IGNORE])
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, cu_seq_lens_q=None, shared_prefix=0,
+                     **kwargs):  # fmt: skip
+    """Causal attention within each packed segment [start, end) of `cu_seq_lens_q` (query/key/value:
+    batch 1, heads, length, dim); with `shared_prefix` P > 0 the first segment is [0, P) and every
+    later one also attends to all of it. Returns (batch, length, heads, dim)."""
+    bounds = cu_seq_lens_q.tolist() if cu_seq_lens_q is not None else [0, query.shape[2]]
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)  # grouped-query heads
+    parts = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        if shared_prefix and a >= shared_prefix:
+            k = torch.cat([key[:, :, :shared_prefix], key[:, :, a:b]], 2)
+            v = torch.cat([value[:, :, :shared_prefix], value[:, :, a:b]], 2)
+            n = b - a
+            mask = torch.ones(n, shared_prefix + n, dtype=torch.bool, device=query.device)
+            mask[:, shared_prefix:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+            parts.append(F.scaled_dot_product_attention(query[:, :, a:b], k, v, attn_mask=mask, scale=scaling))
+        else:
+            parts.append(F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
+                                                        is_causal=True, scale=scaling))  # fmt: skip
+    return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PACKED, packed_attention)
+
+
+def shared_prefix(episodes: list[Episode]) -> int:
+    """Positions the row can compute once for all `episodes`: their common token prefix, cut so
+    that every episode keeps a token of its own and trains no target inside it. 0 for one episode."""
+    if len(episodes) < 2:
+        return 0
+    n = min(common_prefix([e.ids for e in episodes]), min(len(e.ids) for e in episodes) - 1)
+    for e in episodes:
+        trained = next((i for i in range(max(n, 0)) if e.labels[i] != IGNORE), None)
+        if trained is not None:
+            n = trained
+    return max(n, 0)
+
+
+def forward_row(model, episodes: list[Episode], router: bool = False, trained_only: bool = False,
+                share_prefix: bool = True):  # fmt: skip
+    """One packed row through the model: (output, labels), `output.logits[0]` aligned with `labels`.
+    Attention stays inside each episode (plus the shared prefix) with `packed` attention; sdpa or
+    eager attention are still correct with `share_prefix=False` (transformers reads the position
+    restarts as packed sequences). `trained_only`: logits at the trained positions only (most of an
+    agent episode is prompt and tool output, so the vocabulary projection is skipped there)."""
+    p = shared_prefix(episodes) if share_prefix else 0
+    first = episodes[0]
+    ids = torch.tensor(first.ids[:p] + [i for e in episodes for i in e.ids[p:]])
+    pos = torch.cat([torch.arange(p)] + [torch.arange(p, len(e.ids)) for e in episodes])
+    labels = torch.tensor(first.labels[:p] + [t for e in episodes for t in e.labels[p:]])
+    sizes = ([p] if p else []) + [len(e.ids) - p for e in episodes]
+    bounds = torch.tensor([0, *itertools.accumulate(sizes)])
+    keep = torch.nonzero(labels != IGNORE)[:, 0] if trained_only else 0  # 0: every position
+    if trained_only:
+        labels = labels[keep]
+    elif p:  # every episode's own logits, in order: the prefix's positions repeated per episode
+        raise ValueError("a shared prefix returns trained positions only: pass trained_only=True")
+    dev = model.device
+    # use_cache=False: with a cache, sdpa/eager would not read the position restarts as packing.
+    out = model(input_ids=ids[None].to(dev), position_ids=pos[None].to(dev), use_cache=False,
+                output_router_logits=router, cu_seq_lens_q=bounds, shared_prefix=p, logits_to_keep=keep)  # fmt: skip
+    return out, labels.to(dev)
+
+
+def row_tokens(episodes: list[Episode]) -> int:
+    """Positions a row of `episodes` computes (the shared prefix once)."""
+    return sum(len(e.ids) for e in episodes) - shared_prefix(episodes) * max(len(episodes) - 1, 0)
+
+
+def pack(lengths: list[int], seq_len: int, rng: random.Random | None = None, shared: int = 0) -> list[list[int]]:
+    """Episode indices per row: best-fit decreasing into rows of `seq_len` positions, where the
+    first `shared` tokens of every episode are common and counted once per row; with `rng`, equal
+    lengths are taken in a random order and the rows are shuffled."""
+    order = list(range(len(lengths)))
+    if rng is not None:
+        rng.shuffle(order)
+    order.sort(key=lambda i: -lengths[i])  # stable: ties keep the shuffled order
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row), sorted
+    for i in order:
+        own = lengths[i] - shared
+        k = bisect.bisect_left(free, (own, -1))
+        if k == len(free):
+            rows.append([])
+            room, r = seq_len - shared, len(rows) - 1
+        else:
+            room, r = free.pop(k)
+        rows[r].append(i)
+        if room > own:
+            bisect.insort(free, (room - own, r))
+    if rng is not None:
+        rng.shuffle(rows)
+    return rows
+
+
+def common_prefix(seqs: list[list[int]]) -> int:
+    """Length of the token prefix every sequence starts with."""
+    if not seqs:
+        return 0
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for s in seqs[1:]:
+        k = 0
+        while k < n and s[k] == first[k]:
+            k += 1
+        n = k
+    return n
