@@ -138,24 +138,41 @@ def _edits(change: FileChange, content: str | None = None) -> list[tuple[str, di
 
 
 def _minimal(old: str, new: str, content: str) -> tuple[str, str]:
-    """The hunk cut to its changed lines, widened with its own context until unique in `content`."""
+    """The hunk cut to its changed lines, widened with its own context until unique in `content`,
+    then cut inside those lines to the changed words the same way (`bounnd` -> `bound` rather than
+    the whole line: less to copy exactly)."""
     o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    found = _unique(o, n, *_changed(o, n), content)
+    if not found:
+        return old, new
+    words_old, words_new = _WORD.findall(found[0]), _WORD.findall(found[1])
+    cut = _unique(words_old, words_new, *_changed(words_old, words_new), content)
+    return cut if cut and cut[0].strip() else found
+
+
+_WORD = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _changed(old: list[str], new: list[str]) -> tuple[int, int]:
+    """[lo, hi) of the pieces of `old` that differ from `new` (the same pieces before and after);
+    a pure insertion is anchored on a neighbouring piece."""
     a = 0
-    while a < min(len(o), len(n)) and o[a] == n[a]:
+    while a < min(len(old), len(new)) and old[a] == new[a]:
         a += 1
     b = 0
-    while b < min(len(o), len(n)) - a and o[-1 - b] == n[-1 - b]:
+    while b < min(len(old), len(new)) - a and old[-1 - b] == new[-1 - b]:
         b += 1
-    lo, hi = a, len(o) - b
-    if lo == hi:  # a pure insertion: anchor it on a neighbouring line
+    lo, hi = a, len(old) - b
+    if lo == hi:
         lo, hi = (lo - 1, hi) if lo > 0 else (lo, hi + 1)
-    return _unique(o, n, lo, hi, content) or (old, new)
+    return lo, hi
 
 
 def _unique(old: list[str], new: list[str], lo: int, hi: int, content: str) -> tuple[str, str] | None:
-    """An edit_file (old_string, new_string) pair: `old[lo:hi]` is the changed region (`new` has the
-    same lines before `lo` and after `hi`), widened alternately above and below until the old side
-    occurs exactly once in `content`; None when even all of `old` is not unique."""
+    """An edit_file (old_string, new_string) pair from pieces (lines or words): `old[lo:hi]` is the
+    changed region (`new` has the same pieces before `lo` and after `hi`), widened alternately
+    before and after until the old side occurs exactly once in `content`; None when even all of
+    `old` is not unique."""
     up = True
     while content.count("".join(old[lo:hi])) != 1 and (lo > 0 or hi < len(old)):
         if (up and lo > 0) or hi == len(old):
