@@ -45,6 +45,9 @@ def train_command(
         Path | None, typer.Option("--config", help="JSON or TOML file of sections merged over the preset.")
     ] = None,
     steps: Annotated[int | None, typer.Option(help="Steps in the run (default: the config's).")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the task order, sampling and held-out draw (default: the config's).")
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Run directory name under runs/ (default: train-DATE-TIME).")] = None,
     resume: Annotated[
         Path | None, typer.Option(help="Continue the run in this directory from its last checkpoint.")
@@ -74,6 +77,8 @@ def train_command(
             cfg = load_config(preset, config_file)
         if steps is not None:
             cfg.train.steps = steps
+        if seed is not None:
+            cfg.train.seed = seed
         if backend is not None:
             cfg.sandbox.backend = backend  # type: ignore[assignment]
         if state_dir is not None:
