@@ -101,7 +101,8 @@ def _candidates(family: str, path: str, source: str, project: Project):
                 if len(set(seg)) == len(seg) and all(s and "\n" not in s for s in seg) and "None" not in seg:
                     line = lines[node.lineno - 1]
                     text = ast.get_source_segment(source, node) or ""
-                    broken = text.replace(seg[-1], seg[0]) if text.endswith(seg[-1]) else ""
+                    # the last operand only (`x["name"] == name` must not touch the "name" key)
+                    broken = text[: -len(seg[-1])] + seg[0] if text.endswith(seg[-1]) else ""
                     if broken and text in line:
                         yield _with_line(lines, node.lineno, line.replace(text, broken, 1)), []
             elif family == "unused_loop_variable" and isinstance(node, ast.For):
@@ -186,7 +187,8 @@ def generate_families(
             plan = [(families[i % len(families)], i) for i in range(n)]
             while plan:
                 jobs = [(fam, i, _project_for(fam, themes[split], rng)) for fam, i in plan[: workers * 4]]
-                results = list(pool.map(lambda job: _make_task(job[2], job[0], random.Random(rng.random())), jobs))
+                seeds = [rng.random() for _ in jobs]  # drawn here: worker threads would draw in a racy order
+                results = list(pool.map(lambda job, s: _make_task(job[2], job[0], random.Random(s)), jobs, seeds))
                 done = {i for (_, i, _), task in zip(jobs, results, strict=True) if task and task.id not in seen}
                 for (_, i, _), task in zip(jobs, results, strict=True):
                     if task and i in done and task.id not in seen:
