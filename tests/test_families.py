@@ -136,3 +136,28 @@ def test_bench_summary_breaks_success_down_by_family():
     assert summary["b"]["success_by_family"] == {"arith": [0, 1], "typo": [0, 2]}
     text = markdown(summary, "t")
     assert "| typo | 50% (1/2) | 0% (0/2) |" in text and "| arith | 100% (1/1) | 0% (0/1) |" in text
+
+
+def test_minimal_edits_make_exactly_the_reference_fix_on_every_task():
+    """The oracle's minimal old_string/new_string pairs (cut inside lines to the changed words)
+    turn each buggy file into exactly the fixed one, every old_string unique when applied."""
+    from vivace.bench.baselines import _edits, _hunks
+    from vivace.bench.patch import parse_patch
+    from vivace.tasks.suites import load_suite
+
+    tasks = load_suite("families")
+    shorter = 0
+    for task in tasks:
+        created = {c.path: "".join(new for _, new in _hunks(c.text)) for c in parse_patch(task.repo.patch)}
+        for change in parse_patch(task.reference_patch):
+            buggy = created[change.path]
+            whole = buggy
+            for _, args in _edits(change):  # the reference's whole hunks
+                whole = whole.replace(args["old_string"], args["new_string"], 1)
+            cut = buggy
+            for _, args in _edits(change, buggy):
+                assert cut.count(args["old_string"]) == 1, (task.id, args)
+                cut = cut.replace(args["old_string"], args["new_string"])
+                shorter += not args["old_string"].endswith("\n")  # cut inside a line
+            assert cut == whole, task.id
+    assert shorter > len(tasks) * 3 // 4  # most fixes are cut inside a line
