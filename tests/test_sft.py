@@ -11,6 +11,7 @@ from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
+from vivace.harness.policy import render_conversation
 from vivace.model.checkpoint import load_tokenizer
 from vivace.rl.sft import expert_data
 
@@ -40,6 +41,7 @@ async def test_expert_data_masks_exactly_the_assistant_turns(task, state_dir, tm
         assert ids == chat.prompt_ids(messages, tools)[: len(ids)], style  # the rendering the policy reads
         said = "".join(chat.assistant_text(m) for m in messages if m.role == "assistant")
         assert chat.decode([i for i, m in zip(ids, mask, strict=True) if m]) == said, style
+        assert render_conversation(chat, messages, tools) == (ids, mask), style  # offline rendering = recorded
     # Minimal fragments: the bug's one line, made unique with as little context as needed.
     edit = next(c for m in rows["efficient"]["messages"] for c in m.get("tool_calls") or []
                 if c["function"]["name"] == "edit_file")  # fmt: skip

@@ -81,6 +81,49 @@ def sft_data(
         out.print_json(json.dumps(result))
 
 
+@sft_app.command("augment")
+def sft_augment(
+    data: Annotated[Path, typer.Option("--data", help="Expert episodes from `vivace sft data`.")] = Path(
+        "runs/sft/expert.jsonl"
+    ),
+    out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/augmented.jsonl"),
+    variants: Annotated[int, typer.Option(help="Renamed, cut-short copies per episode.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the new names and cuts.")] = 0,
+    model: Annotated[str, typer.Option(help="Whose tokenizer renders the tokens: tiny or a checkpoint.")] = "tiny",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
+    """Copies of expert episodes with the package renamed (fresh names a model can only copy) and cut
+    after the first turn naming one of its files or the first edit: dense practice at copying."""
+    from vivace.harness.chat import ChatFormat
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import tool_schema
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.rl.sft_augment import augment_episodes
+
+    if not data.is_file():
+        err.print(f"[red]error:[/] {data}: no such file (write one with `vivace sft data --out {data}`)")
+        raise typer.Exit(2)
+    chat = ChatFormat(load_tokenizer(model))
+    tools = [tool_schema(t) for t in default_tools()]
+    with data.open() as f:
+        total = sum(1 for line in f if line.strip())
+    counts = {"episodes": total, "written": 0, "tokens": 0, "trained_tokens": 0}
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    with Progress(TextColumn("augmenting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
+        job = bar.add_task("episodes", total=total)
+        with data.open() as f, out_file.open("w") as w:
+            rows = (json.loads(line) for line in f if line.strip())
+            for row in augment_episodes(
+                rows, chat, tools, variants, seed, progress=lambda n: bar.update(job, completed=n)
+            ):
+                w.write(json.dumps(row) + "\n")
+                counts["written"] += 1
+                counts["tokens"] += len(row["ids"])
+                counts["trained_tokens"] += sum(row["loss_mask"])
+    result = {"out": str(out_file), **counts}
+    print(json.dumps(result)) if as_json else out.print_json(json.dumps(result))
+
+
 @sft_app.command("train")
 def sft_train(
     data: Annotated[

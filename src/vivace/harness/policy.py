@@ -165,3 +165,26 @@ class TeacherTokens:
         log.n_messages = len(conversation.messages) + 1
         reply.token_ids, reply.prompt_tokens, reply.completion_tokens = ids, len(log.ids) - len(ids), len(ids)
         return reply
+
+
+def render_conversation(
+    chat: Any, messages: Sequence[Message], tools: Sequence[dict] | None
+) -> tuple[list[int], list[int]]:
+    """The token sequence a TokenPolicy (or TeacherTokens) builds over `messages` (system, user, then
+    assistant turns and their tool results), with its loss mask (1 on assistant tokens): what an
+    episode's recorded tokens would be had a model said those turns. For messages edited after the
+    fact (renamed, cut short) that are to be trained on exactly as the harness renders them."""
+    starts = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    if not starts:
+        raise ValueError("render_conversation needs at least one assistant message")
+    ids = chat.prompt_ids(messages[: starts[0]], tools)
+    mask = [0] * len(ids)
+    for k, i in enumerate(starts):
+        turn = chat.assistant_ids(messages[i])
+        ids += turn
+        mask += [1] * len(turn)
+        if k + 1 < len(starts):
+            more = chat.continuation_ids(messages[: starts[k + 1]], tools, i + 1)
+            ids += more
+            mask += [0] * len(more)
+    return ids, mask
