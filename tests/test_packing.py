@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from vivace.model.checkpoint import tiny_config
-from vivace.rl.packing import IGNORE, PACKED, forward_row, make_episode, pack, row_tokens, shared_prefix
+from vivace.rl.packing import IGNORE, PACKED, forward_row, make_episode, pack, pack_episodes, row_tokens, shared_prefix
 
 torch.set_num_threads(2)
 SMALL = dict(hidden_size=64, moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -83,3 +83,16 @@ def test_row_tokens_and_pack_count_the_prefix_once():
     for r in rows:
         assert sum(lengths[i] for i in r) - p * (len(r) - 1) <= 200
     assert len(rows) < len(pack(lengths, 200))  # without sharing, at most one episode per row fits
+
+
+def test_pack_episodes_shares_the_opening_per_group_and_packs_the_rest_plainly():
+    agent = _episodes(prefix_len=100, n=6, seed=1)
+    plain = [make_episode([random.Random(i).randrange(512) for _ in range(30)], [1] * 30) for i in range(5)]
+    episodes = agent + plain
+    rows = pack_episodes(episodes, 400, random.Random(0))
+    assert sorted(i for r, _ in rows for i in r) == list(range(11))
+    for row, cost in rows:
+        members = [episodes[i] for i in row]
+        assert {i < 6 for i in row} in ({True}, {False})  # agent episodes and plain ones never share a row
+        assert cost == row_tokens(members) <= 400
+    assert sum(cost for _, cost in rows) < sum(len(e.ids) for e in episodes) - 100 * 4  # the opening counted once a row

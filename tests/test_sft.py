@@ -9,9 +9,9 @@ from test_scoring import task  # noqa: F401  (the injected-bug fixture on confte
 from vivace.config import load_preset
 from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import Message, ToolCall
+from vivace.harness.policy import render_conversation
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
-from vivace.harness.policy import render_conversation
 from vivace.model.checkpoint import load_tokenizer
 from vivace.rl.sft import expert_data
 

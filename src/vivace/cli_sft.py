@@ -124,6 +124,31 @@ def sft_augment(
     print(json.dumps(result)) if as_json else out.print_json(json.dumps(result))
 
 
+@sft_app.command("copies")
+def sft_copies(
+    out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/copies.jsonl"),
+    n: Annotated[int, typer.Option("--n", help="Sequences.")] = 40000,
+    vocab: Annotated[str, typer.Option(help="Token ids to draw from, LO:HI (HI excluded).")] = "300:4096",
+    repeats: Annotated[int, typer.Option(help="Copies of the span after the first.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the tokens.")] = 0,
+) -> None:
+    """Synthetic copying sequences (a random span repeated after short fillers; loss on the repeats):
+    the first stage of the warm start, where the induction heads that copying needs form."""
+    from vivace.rl.copying import copy_sequences
+
+    try:
+        lo, hi = (int(x) for x in vocab.split(":"))
+        rows = copy_sequences(n, (lo, hi), seed, repeats=repeats)
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        with out_file.open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    except ValueError as e:
+        err.print(f"[red]error:[/] {e} (--vocab is LO:HI, e.g. 300:800)")
+        raise typer.Exit(2) from e
+    out.print(f"wrote {n} sequences to {out_file}")
+
+
 @sft_app.command("train")
 def sft_train(
     data: Annotated[

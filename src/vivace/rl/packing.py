@@ -153,3 +153,26 @@ def common_prefix(seqs: list[list[int]]) -> int:
             k += 1
         n = k
     return n
+
+
+def pack_episodes(
+    episodes: list[Episode], seq_len: int, rng: random.Random | None = None, opening: int = 32
+) -> list[tuple[list[int], int]]:
+    """Episode indices per row with each row's computed positions: episodes that open with the same
+    `opening` tokens (agent episodes: the system turn) are packed together around their shared
+    prefix; the rest (plain sequences) without one. With `rng`, ties and row order are shuffled."""
+    groups: dict[tuple[int, ...] | None, list[int]] = {}
+    for i, e in enumerate(episodes):
+        groups.setdefault(tuple(e.ids[:opening]), []).append(i)
+    singles = [i for key, members in list(groups.items()) if len(members) < 2 for i in groups.pop(key)]
+    if singles:
+        groups[None] = singles
+    rows: list[tuple[list[int], int]] = []
+    for key, members in groups.items():
+        shared = shared_prefix([episodes[i] for i in members]) if key is not None else 0
+        lengths = [len(episodes[i].ids) for i in members]
+        for row in pack(lengths, seq_len, rng, shared):
+            rows.append(([members[j] for j in row], sum(lengths[j] for j in row) - shared * (len(row) - 1)))
+    if rng is not None:
+        rng.shuffle(rows)
+    return rows

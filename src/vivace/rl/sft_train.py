@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, row_tokens, shared_prefix
+from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, pack_episodes, row_tokens
 
 __all__ = ["IGNORE", "PACKED", "SftDataError", "forward_row", "make_episode", "pack", "read_episodes", "train_sft"]
 GRAD_CLIP = 1.0
@@ -100,18 +100,17 @@ def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) ->
     return episodes
 
 
-def group_steps(rows: list[list[int]], lengths: list[int], batch_tokens: int, shared: int = 0) -> list[list[list[int]]]:
-    """Consecutive rows per step while the step computes at most `batch_tokens` positions (at least
-    one row; the first `shared` tokens of a row's episodes are computed once)."""
+def group_steps(rows: list[tuple[list[int], int]], batch_tokens: int) -> list[list[list[int]]]:
+    """Consecutive rows (episode indices, computed positions) per step while the step computes at most
+    `batch_tokens` positions (at least one row)."""
     steps: list[list[list[int]]] = []
     tokens = 0
-    for row in rows:
-        n = sum(lengths[i] for i in row) - shared * (len(row) - 1)
-        if not steps or tokens + n > batch_tokens:
+    for row, cost in rows:
+        if not steps or tokens + cost > batch_tokens:
             steps.append([])
             tokens = 0
         steps[-1].append(row)
-        tokens += n
+        tokens += cost
     return steps
 
 
@@ -121,8 +120,7 @@ def evaluate(model, episodes: list[Episode], seq_len: int) -> dict[str, float]:
     was_training = model.training
     model.eval()
     loss = correct = n = 0.0
-    shared = shared_prefix(episodes)
-    for row in pack([len(e.ids) for e in episodes], seq_len, shared=shared):
+    for row, _ in pack_episodes(episodes, seq_len):
         out, labels = forward_row(model, [episodes[i] for i in row], trained_only=True)
         logits = out.logits[0].float()
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
@@ -260,13 +258,12 @@ def train_sft(
         evals = [e for e in evals if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
         eval_info["kept"] = len(evals)
 
-    lengths = [len(e.ids) for e in kept]
-    shared = shared_prefix(kept)  # the opening every episode has (the system turn), computed once per row
     rng = random.Random(seed)
-    steps = group_steps(pack(lengths, seq_len, rng, shared), lengths, batch_tokens, shared)
-    counts["rows"] = sum(len(s) for s in steps)
-    counts["shared_prefix"] = shared
-    counts["fill"] = round((sum(lengths) - shared * (len(kept) - counts["rows"])) / (counts["rows"] * seq_len), 4)
+    rows = pack_episodes(kept, seq_len, rng)  # the system turn agent episodes share is computed once per row
+    steps = group_steps(rows, batch_tokens)
+    counts["rows"] = len(rows)
+    counts["computed_tokens"] = sum(cost for _, cost in rows)
+    counts["fill"] = round(counts["computed_tokens"] / (len(rows) * seq_len), 4)
     counts["steps_per_epoch"] = len(steps)
     budgets = [b for b in (max_steps, math.ceil(epochs * len(steps)) if epochs else None) if b is not None]
     planned = min(budgets) if budgets else None
@@ -320,7 +317,7 @@ def train_sft(
             if state["stopped_by"]:
                 break
             if cursor == len(steps):  # a new epoch: new row order (ties re-drawn)
-                steps, cursor = group_steps(pack(lengths, seq_len, rng, shared), lengths, batch_tokens, shared), 0
+                steps, cursor = group_steps(pack_episodes(kept, seq_len, rng), batch_tokens), 0
             batch = [[kept[i] for i in row] for row in steps[cursor]]
             cursor += 1
             s0 = time.perf_counter()
