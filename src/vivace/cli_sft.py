@@ -164,7 +164,8 @@ def sft_train(
         typer.Option(help="Tokens per packed row (default: the tiny model's context); longer episodes are skipped."),
     ] = 8192,
     batch_tokens: Annotated[int, typer.Option(help="Tokens per optimizer step (rows accumulate).")] = 16384,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine to a tenth of it).")] = 2e-3,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine to --min-lr-ratio of it).")] = 2e-3,
+    min_lr_ratio: Annotated[float, typer.Option(help="Where the cosine ends, as a share of --lr (1: constant).")] = 0.1,
     steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,
     epochs: Annotated[float | None, typer.Option(help="Stop after this many passes (default 1 if no budget).")] = None,
     minutes: Annotated[float | None, typer.Option(help="Stop before this much wall time.")] = None,
@@ -199,7 +200,7 @@ def sft_train(
                                tok_s=f"{line['tok_s']:.0f}")  # fmt: skip
 
             result = train_sft(files, out_dir, init=init, eval_data=eval_file, seq_len=seq_len,
-                               batch_tokens=batch_tokens, lr=lr, max_steps=steps, epochs=epochs,
+                               batch_tokens=batch_tokens, lr=lr, min_lr_ratio=min_lr_ratio, max_steps=steps, epochs=epochs,
                                time_budget_s=minutes * 60 if minutes is not None else None, eval_every=eval_every,
                                save_every=save_every, seed=seed, threads=threads, objective=objective,
                                progress=show)  # fmt: skip
