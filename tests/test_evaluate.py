@@ -35,9 +35,10 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     _metrics(run_dir)
-    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)}, train={"eval_temperature": 0})
     seen: list[tuple[int, int, int]] = []
     report = await evaluate_run(cfg, run_dir, BEFORE, AFTER, tasks, concurrency=3, progress=lambda *a: seen.append(a))
+    assert report["temperature"] == 0 and cfg.engine.temperature == 1.0  # greedy for the report only
     on_disk = json.loads((run_dir / "report.json").read_text())
     assert on_disk["before_after"] == json.loads(json.dumps(report["before_after"]))
     assert (run_dir / "report.html").read_text().count("<svg") >= 3  # two curves and success vs tokens
@@ -69,7 +70,7 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
         assert name in md, name
     harder_section = md.split("### Harder families")[1].split("##")[0]
     assert "arithmetic" in harder_section and "misspelled_name" not in harder_section
-    assert "**all learnable**" in md and "| **all** | 3 |" in md
+    assert "**all learnable**" in md and "| **all** | 3 |" in md and "at temperature 0" in md
 
 
 def _task(i: int, family: str | None, kind: str = "bug") -> Task:

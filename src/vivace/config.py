@@ -216,6 +216,12 @@ class TrainConfig(_Strict):
         description="Policies benchmarked beside the starting and the trained policy (floor and ceiling).",
     )
     eval_concurrency: int = Field(4, ge=1, description="Evaluation episodes running at once.")
+    eval_temperature: float | None = Field(
+        None,
+        ge=0,
+        description="Sampling temperature of the before/after benchmark (None: the engine's; 0: greedy, "
+        "so before and after differ by their weights only, not by sampling luck).",
+    )
 
 
 class VivaceConfig(_Strict):

@@ -126,6 +126,9 @@ async def evaluate_run(
     """Benchmarks before, after and the baselines on `tasks` into run_dir/eval/, writes
     report.json/.md/.html into run_dir and returns the report. `progress(done, total, solved)`
     follows the episodes."""
+    if cfg.train.eval_temperature is not None:
+        cfg = cfg.model_copy(deep=True)
+        cfg.engine.temperature = cfg.train.eval_temperature
     roles = {"before": before, "after": after, **{b: b for b in baselines}}
     specs = list(dict.fromkeys(roles.values()))  # a policy named twice runs once
     out_dir = run_dir / "eval"
@@ -141,6 +144,7 @@ async def evaluate_run(
     t0 = time.monotonic()
     rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done)
     report = build_report(run_dir, roles, tasks, rows, out_dir, time.monotonic() - t0)
+    report["temperature"] = cfg.engine.temperature
     write_report(run_dir, report)
     return report
 
@@ -333,7 +337,8 @@ def _intro(report: dict[str, Any]) -> list[str]:
         f"- baselines: {', '.join(f'`{k}`' for k in p if k not in ('before', 'after')) or 'none'}",
         f"- held-out: {len(report['tasks'])} tasks (split {', '.join(report['task_splits'])}) over "
         f"{len(fams)} families: {', '.join(fams)}" + (f" (harder: {', '.join(harder)})" if harder else ""),
-        f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s",
+        f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s"
+        + (f" at temperature {report['temperature']:g}" if report.get("temperature") is not None else ""),
     ]
 
 
