@@ -149,6 +149,37 @@ def sft_copies(
     out.print(f"wrote {n} sequences to {out_file}")
 
 
+@sft_app.command("drills")
+def sft_drills(
+    data: Annotated[list[Path], typer.Option("--data", help="Episode JSONL file(s) with ids and loss_mask.")],
+    out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/drills.jsonl"),
+    window: Annotated[int, typer.Option(help="Most tokens of context kept before each path.")] = 1024,
+    seed: Annotated[int, typer.Option(help="Seed of the window lengths.")] = 0,
+    model: Annotated[str, typer.Option(help="Whose tokenizer wrote the ids: tiny or a checkpoint.")] = "tiny",
+) -> None:
+    """Path retrieval drills: for each path argument in the episodes, the system turn, the context
+    before it and the path, with the loss on the path only (see rl/copying.py)."""
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.rl.copying import path_drills
+
+    for p in data:
+        if not p.is_file():
+            err.print(f"[red]error:[/] {p}: no such file (write one with `vivace sft data --out {p}`)")
+            raise typer.Exit(2)
+    tok = load_tokenizer(model)
+    turn_start = tok.convert_tokens_to_ids("<|im_start|>")
+    n = 0
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    with out_file.open("w") as w:
+        for p in data:
+            with p.open() as f:
+                rows = (json.loads(line) for line in f if line.strip())
+                for row in path_drills(rows, tok.decode, turn_start, window, seed):
+                    w.write(json.dumps(row) + "\n")
+                    n += 1
+    out.print(f"wrote {n} drills to {out_file}")
+
+
 @sft_app.command("train")
 def sft_train(
     data: Annotated[

@@ -1,0 +1,45 @@
+"""Copy practice for the warm start: synthetic repeated spans, and path drills cut from episodes."""
+
+from __future__ import annotations
+
+from vivace.model.checkpoint import load_tokenizer
+from vivace.rl.copying import copy_sequences, path_drills
+
+
+def test_copy_sequences_repeat_the_span_and_train_only_on_the_repeats():
+    for row in copy_sequences(50, (300, 800), seed=3, repeats=2):
+        ids, mask = row["ids"], row["loss_mask"]
+        assert len(ids) == len(mask) and all(300 <= t < 800 for t in ids)
+        trained = [t for t, m in zip(ids, mask) if m]
+        span = len(trained) // 2 + 1  # each repeat trains all but its first token
+        assert trained[: span - 1] == trained[span - 1 :]  # the two repeats are the same tokens
+
+
+def _episode(tok, request: str, reply: str):
+    turns = [("system", "You are a coding agent."), ("user", request), ("assistant", reply)]
+    ids, mask = [], []
+    for role, text in turns:
+        piece = tok(f"<|im_start|>{role}\n{text}<|im_end|>\n")["input_ids"]
+        ids += piece
+        mask += [int(role == "assistant")] * len(piece)
+    return {"ids": ids, "loss_mask": mask}
+
+
+def test_path_drills_keep_the_system_turn_and_train_on_the_path_only():
+    tok = load_tokenizer("tiny")
+    turn_start = tok.convert_tokens_to_ids("<|im_start|>")
+    filler = "tests/test_core.py:4: in test_spread\n" * 40
+    row = _episode(tok, filler + "museum/core.py:12: in spread\nE   NameError", '{"path": "museum/core.py"}')
+    system_len = row["ids"].index(turn_start, 1)
+    drills = list(path_drills([row], tok.decode, turn_start, window=64))
+    assert len(drills) == 1
+    ids, mask = drills[0]["ids"], drills[0]["loss_mask"]
+    assert ids[:system_len] == row["ids"][:system_len] and len(ids) == len(mask)
+    assert tok.decode([t for t, m in zip(ids, mask) if m]) == 'museum/core.py"}'
+    context = tok.decode(ids[system_len:])
+    assert "museum/core.py:12" in context and len(ids) - system_len <= 64 + 8  # cut to the window
+    # no path argument, or a path the assistant did not write: no drill
+    plain = _episode(tok, "museum/core.py:12", "Done.")
+    assert list(path_drills([plain], tok.decode, turn_start)) == []
+    user_only = {"ids": row["ids"], "loss_mask": [0] * len(row["ids"])}
+    assert list(path_drills([user_only], tok.decode, turn_start)) == []
