@@ -10,7 +10,7 @@ def test_copy_sequences_repeat_the_span_and_train_only_on_the_repeats():
     for row in copy_sequences(50, (300, 800), seed=3, repeats=2):
         ids, mask = row["ids"], row["loss_mask"]
         assert len(ids) == len(mask) and all(300 <= t < 800 for t in ids)
-        trained = [t for t, m in zip(ids, mask) if m]
+        trained = [t for t, m in zip(ids, mask, strict=True) if m]
         span = len(trained) // 2 + 1  # each repeat trains all but its first token
         assert trained[: span - 1] == trained[span - 1 :]  # the two repeats are the same tokens
 
@@ -35,7 +35,7 @@ def test_path_drills_keep_the_system_turn_and_train_on_the_path_only():
     assert len(drills) == 1
     ids, mask = drills[0]["ids"], drills[0]["loss_mask"]
     assert ids[:system_len] == row["ids"][:system_len] and len(ids) == len(mask)
-    assert tok.decode([t for t, m in zip(ids, mask) if m]) == 'museum/core.py"}'
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == 'museum/core.py"}'
     context = tok.decode(ids[system_len:])
     assert "museum/core.py:12" in context and len(ids) - system_len <= 64 + 8  # cut to the window
     # no path argument, or a path the assistant did not write: no drill
