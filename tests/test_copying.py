@@ -43,3 +43,16 @@ def test_path_drills_keep_the_system_turn_and_train_on_the_path_only():
     assert list(path_drills([plain], tok.decode, turn_start)) == []
     user_only = {"ids": row["ids"], "loss_mask": [0] * len(row["ids"])}
     assert list(path_drills([user_only], tok.decode, turn_start)) == []
+
+
+def test_old_string_drills_end_at_the_closing_quote_not_an_escaped_one():
+    tok = load_tokenizer("tiny")
+    turn_start = tok.convert_tokens_to_ids("<|im_start|>")
+    reply = '{"path": "m/core.py", "old_string": "x = \\"a\\" + y", "new_string": "x = 1"}'
+    row = _episode(tok, 'def f():\n    x = "a" + y\n', reply)
+    drills = list(path_drills([row], tok.decode, turn_start, arguments=("old_string",)))
+    assert len(drills) == 1
+    trained = tok.decode([t for t, m in zip(drills[0]["ids"], drills[0]["loss_mask"], strict=True) if m])
+    assert trained.startswith('x = \\"a\\" + y"') and "new_string" not in trained
+    both = list(path_drills([row], tok.decode, turn_start, arguments=("path", "old_string")))
+    assert len(both) == 2

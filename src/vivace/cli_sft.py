@@ -156,6 +156,9 @@ def sft_drills(
     window: Annotated[int, typer.Option(help="Most tokens of context kept before each path.")] = 1024,
     seed: Annotated[int, typer.Option(help="Seed of the window lengths.")] = 0,
     model: Annotated[str, typer.Option(help="Whose tokenizer wrote the ids: tiny or a checkpoint.")] = "tiny",
+    argument: Annotated[
+        list[str] | None, typer.Option(help="Tool-call arguments to drill (repeat; default: path).")
+    ] = None,
 ) -> None:
     """Path retrieval drills: for each path argument in the episodes, the system turn, the context
     before it and the path, with the loss on the path only (see rl/copying.py)."""
@@ -174,7 +177,7 @@ def sft_drills(
         for p in data:
             with p.open() as f:
                 rows = (json.loads(line) for line in f if line.strip())
-                for row in path_drills(rows, tok.decode, turn_start, window, seed):
+                for row in path_drills(rows, tok.decode, turn_start, window, seed, tuple(argument or ["path"])):
                     w.write(json.dumps(row) + "\n")
                     n += 1
     out.print(f"wrote {n} drills to {out_file}")

@@ -59,10 +59,11 @@ def path_drills(
     turn_start: int,
     window: int = 1024,
     seed: int = 0,
+    arguments: tuple[str, ...] = ("path",),
 ) -> Iterator[dict[str, list[int]]]:
-    """Retrieval drills cut from expert episodes: for every `path` argument the expert wrote, the
-    system turn, then up to `window` tokens before the path (the traceback or listing it came
-    from), then the path; the loss is on the path's tokens only.
+    """Retrieval drills cut from expert episodes: for every `path` argument the expert wrote (or
+    any of `arguments`, e.g. `old_string`), the system turn, then up to `window` tokens before the
+    value (the traceback or file it came from), then the value; the loss is on the value only.
 
     Why: the tokenizer splits names into short pieces (`museum` -> `m` `use` `um`), so the first
     piece of a path is not a copy of "what followed this token before" but a lookup of "which
@@ -72,7 +73,7 @@ def path_drills(
     chat turn: the system turn is everything before the second one, kept so the drill is
     practised in the context the agent meets (a drill without it did not transfer)."""
     rng = random.Random(seed)
-    key = '"path": "'
+    keys = tuple(f'"{name}": "' for name in arguments)
     for row in rows:
         ids, mask = row["ids"], row["loss_mask"]
         starts = [i for i, t in enumerate(ids) if t == turn_start]
@@ -80,10 +81,16 @@ def path_drills(
             continue
         system = starts[1]
         for s in range(system + 1, len(ids)):
-            if not mask[s] or mask[s - 1] == 0 or not decode(ids[max(system, s - 4) : s]).endswith(key):
+            if not mask[s] or mask[s - 1] == 0 or not decode(ids[max(system, s - 6) : s]).endswith(keys):
                 continue
-            e = s  # the path ends with the token that closes the string
-            while e < len(ids) - 1 and e - s < 32 and '"' not in decode([ids[e]]):
+            e = s  # the value ends with the token that closes the string (an escaped quote does not)
+            while e < len(ids) - 1 and e - s < 64 and not _closes(decode(ids[e - 1 : e]), decode([ids[e]])):
                 e += 1
             a = max(system, s - rng.randint(window // 2, window))
             yield {"ids": ids[:system] + ids[a : e + 1], "loss_mask": [0] * (system + s - a) + [1] * (e + 1 - s)}
+
+
+def _closes(before: str, token: str) -> bool:
+    """Whether `token` (decoded; `before`: the text just before it) holds an unescaped quote."""
+    text = before + token
+    return any(text[j] == '"' and text[j - 1 : j] != "\\" for j in range(len(before), len(text)))
