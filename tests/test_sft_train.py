@@ -196,3 +196,47 @@ def test_cli_trains_the_tiny_model(tmp_path):
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["step"] == 2 and summary["counts"]["episodes"] == 3 and len(summary["data"]) == 2
     assert load_tokenizer(str(tmp_path / "m")) is not None
+
+
+class _Predicts(torch.nn.Module):
+    """Greedy-predicts the true next token inside each packed segment, except the tokens in `miss`."""
+
+    def __init__(self, miss: set[int]):
+        super().__init__()
+        self.miss = miss
+        self.device = torch.device("cpu")
+
+    def forward(self, input_ids, cu_seq_lens_q, logits_to_keep, **kwargs):
+        ids, bounds = input_ids[0].tolist(), cu_seq_lens_q.tolist()
+        logits = torch.zeros(len(ids), VOCAB)
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            for k in range(a, b - 1):
+                nxt = ids[k + 1]
+                logits[k, (nxt + 1) % VOCAB if nxt in self.miss else nxt] = 1.0
+        return type("Out", (), {"logits": logits[logits_to_keep][None]})()
+
+
+def test_eval_probes_the_first_token_and_the_whole_value_of_each_argument():
+    from vivace.rl.sft_train import argument_spans, evaluate
+
+    tok = load_tokenizer("tiny")
+    episodes = []
+    for k in range(3):  # three episodes sharing a system turn, packed in one row
+        turns = [("system", "You are a coding agent."), ("user", f"fix bug {k} in zoo/core.py"),
+                 ("assistant", '<tool_call>\n{"name": "edit_file", "arguments": {"path": "zoo/core.py", '
+                               f'"old_string": "x = {k}", "new_string": "y = {k}"}}}}\n</tool_call>')]  # fmt: skip
+        ids, mask = [], []
+        for role, text in turns:
+            piece = tok(f"<|im_start|>{role}\n{text}<|im_end|>\n")["input_ids"]
+            ids, mask = ids + piece, mask + [int(role == "assistant")] * len(piece)
+        episodes.append(make_episode(ids, mask))
+    spans = argument_spans(episodes, tok.decode)
+    assert [[a for a, _, _ in s] for s in spans] == [["path", "old_string", "new_string"]] * 3
+    first_path = episodes[0].ids[spans[0][0][1]]
+    assert tok.decode(episodes[0].ids[spans[0][0][1] : spans[0][0][2] + 1]) .startswith('zoo/core.py"')
+    perfect = evaluate(_Predicts(set()), episodes, 8192, spans)
+    assert perfect["eval_token_acc"] == 1.0 and perfect["eval_exact_path"] == perfect["eval_exact_new_string"] == 1.0
+    wrong = evaluate(_Predicts({first_path}), episodes, 8192, spans)  # the path's first token missed, nothing else
+    assert wrong["eval_first_path"] == wrong["eval_exact_path"] == 0.0
+    assert wrong["eval_first_old_string"] == wrong["eval_exact_new_string"] == 1.0
+    assert wrong["eval_token_acc"] < 1.0

@@ -228,7 +228,9 @@ def sft_train(
 
             def show(line: dict) -> None:
                 if "eval_loss" in line:
-                    bar.update(job, eval=f"eval {line['eval_loss']:.3f} acc {line['eval_token_acc']:.3f}")
+                    probes = "".join(f" {a} {line[f'eval_first_{a}']:.2f}/{line[f'eval_exact_{a}']:.2f}"
+                                     for a in ("path", "old_string", "new_string") if f"eval_first_{a}" in line)  # fmt: skip
+                    bar.update(job, eval=f"eval {line['eval_loss']:.3f} acc {line['eval_token_acc']:.3f}{probes}")
                 else:
                     bar.update(job, completed=line["step"], total=line["planned_steps"], loss=f"{line['loss']:.4f}",
                                tok_s=f"{line['tok_s']:.0f}")  # fmt: skip

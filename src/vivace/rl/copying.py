@@ -73,21 +73,38 @@ def path_drills(
     chat turn: the system turn is everything before the second one, kept so the drill is
     practised in the context the agent meets (a drill without it did not transfer)."""
     rng = random.Random(seed)
-    keys = tuple(f'"{name}": "' for name in arguments)
     for row in rows:
         ids, mask = row["ids"], row["loss_mask"]
         starts = [i for i, t in enumerate(ids) if t == turn_start]
         if len(starts) < 2:
             continue
         system = starts[1]
-        for s in range(system + 1, len(ids)):
-            if not mask[s] or mask[s - 1] == 0 or not decode(ids[max(system, s - 6) : s]).endswith(keys):
-                continue
-            e = s  # the value ends with the token that closes the string (an escaped quote does not)
-            while e < len(ids) - 1 and e - s < 64 and not _closes(decode(ids[e - 1 : e]), decode([ids[e]])):
-                e += 1
+        for _, s, e in argument_values(ids, mask, decode, arguments, start=system + 1):
             a = max(system, s - rng.randint(window // 2, window))
             yield {"ids": ids[:system] + ids[a : e + 1], "loss_mask": [0] * (system + s - a) + [1] * (e + 1 - s)}
+
+
+def argument_values(
+    ids: list[int],
+    mask: list[int],
+    decode: Callable[[list[int]], str],
+    arguments: tuple[str, ...] = ("path",),
+    start: int = 1,
+) -> Iterator[tuple[str, int, int]]:
+    """(argument name, first, last) token positions of every string value of `arguments` that the
+    assistant wrote (loss_mask 1) in a tool call; `last` is the token holding the closing quote."""
+    keys = tuple(f'"{name}": "' for name in arguments)
+    for s in range(max(start, 1), len(ids)):
+        if not mask[s] or mask[s - 1] == 0:
+            continue
+        before = decode(ids[max(0, s - 6) : s])
+        key = next((k for k in keys if before.endswith(k)), None)
+        if key is None:
+            continue
+        e = s  # the value ends with the token that closes the string (an escaped quote does not)
+        while e < len(ids) - 1 and e - s < 64 and not _closes(decode(ids[e - 1 : e]), decode([ids[e]])):
+            e += 1
+        yield key[1 : key.index('"', 1)], s, e
 
 
 def _closes(before: str, token: str) -> bool:

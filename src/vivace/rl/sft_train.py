@@ -114,20 +114,51 @@ def group_steps(rows: list[tuple[list[int], int]], batch_tokens: int) -> list[li
     return steps
 
 
+PROBED = ("path", "old_string", "new_string")  # the tool-call arguments a policy has to copy or infer
+
+
+def argument_spans(episodes: list[Episode], decode: Callable[[list[int]], str]) -> list[list[tuple[str, int, int]]]:
+    """Per episode, the (argument, first, last) token positions of the trained `PROBED` values."""
+    from vivace.rl.copying import argument_values
+
+    spans = []
+    for e in episodes:
+        mask = [0] + [int(t != IGNORE) for t in e.labels[:-1]]  # position i is trained when i-1 predicts it
+        spans.append(list(argument_values(e.ids, mask, decode, PROBED)))
+    return spans
+
+
 @torch.no_grad()
-def evaluate(model, episodes: list[Episode], seq_len: int) -> dict[str, float]:
-    """Mean loss and greedy token accuracy over the trained tokens of `episodes`."""
+def evaluate(model, episodes: list[Episode], seq_len: int, spans: list[list[tuple[str, int, int]]] | None = None
+             ) -> dict[str, float]:  # fmt: skip
+    """Mean loss and greedy token accuracy over the trained tokens of `episodes`; with `spans`
+    (argument_spans), per probed argument under teacher forcing: how often the first token of its
+    value is the greedy choice (`eval_first_<arg>`) and how often the whole value is (`eval_exact_<arg>`)
+    — the tokens that decide whether a call works, which the mean accuracy hides."""
     was_training = model.training
     model.eval()
     loss = correct = n = 0.0
+    hits: dict[str, list[int]] = {f"{kind}_{a}": [] for a in PROBED for kind in ("first", "exact")}
     for row, _ in pack_episodes(episodes, seq_len):
         out, labels = forward_row(model, [episodes[i] for i in row], trained_only=True)
         logits = out.logits[0].float()
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
-        correct += float((logits.argmax(-1) == labels).sum())
+        right = (logits.argmax(-1) == labels).tolist()
+        correct += sum(right)
         n += len(labels)
+        offset = 0
+        for i in row:  # trained positions come episode by episode, in order (the shared prefix trains none)
+            trained = [j for j, t in enumerate(episodes[i].labels) if t != IGNORE]
+            where = {j: offset + k for k, j in enumerate(trained)}
+            for arg, first, last in (spans[i] if spans else ()):
+                ok = [right[where[j - 1]] for j in range(first, last + 1) if j - 1 in where]
+                if ok:
+                    hits[f"first_{arg}"].append(int(ok[0]))
+                    hits[f"exact_{arg}"].append(int(all(ok)))
+            offset += len(trained)
     model.train(was_training)
-    return {"eval_loss": loss / max(n, 1.0), "eval_token_acc": correct / max(n, 1.0), "eval_tokens": int(n)}
+    probes = {f"eval_{k}": round(sum(v) / len(v), 4) for k, v in hits.items() if v}
+    return {"eval_loss": loss / max(n, 1.0), "eval_token_acc": correct / max(n, 1.0), "eval_tokens": int(n), **probes}
 
 
 def lr_at(step: int, progress: float, lr: float, warmup: int, min_lr_ratio: float) -> float:
@@ -257,6 +288,7 @@ def train_sft(
         eval_info = {"path": str(eval_data), "sha256": _sha256(Path(eval_data)), "episodes": len(evals)}
         evals = [e for e in evals if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
         eval_info["kept"] = len(evals)
+    eval_spans = argument_spans(evals, tokenizer.decode) if evals else None
 
     rng = random.Random(seed)
     rows = pack_episodes(kept, seq_len, rng)  # the system turn agent episodes share is computed once per row
@@ -287,7 +319,7 @@ def train_sft(
 
     def run_eval() -> None:
         if evals:
-            last_eval.update(evaluate(model, evals, seq_len))
+            last_eval.update(evaluate(model, evals, seq_len, eval_spans))
             record({"step": state["step"], **last_eval})
 
     def summary(finished: bool) -> dict[str, Any]:
