@@ -233,7 +233,7 @@ def test_eval_probes_the_first_token_and_the_whole_value_of_each_argument():
     spans = argument_spans(episodes, tok.decode)
     assert [[a for a, _, _ in s] for s in spans] == [["path", "old_string", "new_string"]] * 3
     first_path = episodes[0].ids[spans[0][0][1]]
-    assert tok.decode(episodes[0].ids[spans[0][0][1] : spans[0][0][2] + 1]) .startswith('zoo/core.py"')
+    assert tok.decode(episodes[0].ids[spans[0][0][1] : spans[0][0][2] + 1]).startswith('zoo/core.py"')
     perfect = evaluate(_Predicts(set()), episodes, 8192, spans)
     assert perfect["eval_token_acc"] == 1.0 and perfect["eval_exact_path"] == perfect["eval_exact_new_string"] == 1.0
     wrong = evaluate(_Predicts({first_path}), episodes, 8192, spans)  # the path's first token missed, nothing else

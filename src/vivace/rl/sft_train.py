@@ -150,7 +150,7 @@ def evaluate(model, episodes: list[Episode], seq_len: int, spans: list[list[tupl
         for i in row:  # trained positions come episode by episode, in order (the shared prefix trains none)
             trained = [j for j, t in enumerate(episodes[i].labels) if t != IGNORE]
             where = {j: offset + k for k, j in enumerate(trained)}
-            for arg, first, last in (spans[i] if spans else ()):
+            for arg, first, last in spans[i] if spans else ():
                 ok = [right[where[j - 1]] for j in range(first, last + 1) if j - 1 in where]
                 if ok:
                     hits[f"first_{arg}"].append(int(ok[0]))
