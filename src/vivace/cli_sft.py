@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 from typing import Annotated
 
@@ -159,6 +160,7 @@ def sft_drills(
     argument: Annotated[
         list[str] | None, typer.Option(help="Tool-call arguments to drill (repeat; default: path).")
     ] = None,
+    keep: Annotated[float, typer.Option(help="Share of the drills written (seeded), to size a data mix.")] = 1.0,
 ) -> None:
     """Path retrieval drills: for each path argument in the episodes, the system turn, the context
     before it and the path, with the loss on the path only (see rl/copying.py)."""
@@ -169,8 +171,12 @@ def sft_drills(
         if not p.is_file():
             err.print(f"[red]error:[/] {p}: no such file (write one with `vivace sft data --out {p}`)")
             raise typer.Exit(2)
+    if not 0 < keep <= 1:
+        err.print(f"[red]error:[/] --keep must be in (0, 1], got {keep}")
+        raise typer.Exit(2)
     tok = load_tokenizer(model)
     turn_start = tok.convert_tokens_to_ids("<|im_start|>")
+    sample = random.Random(seed + 1)
     n = 0
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with out_file.open("w") as w:
@@ -178,6 +184,8 @@ def sft_drills(
             with p.open() as f:
                 rows = (json.loads(line) for line in f if line.strip())
                 for row in path_drills(rows, tok.decode, turn_start, window, seed, tuple(argument or ["path"])):
+                    if keep < 1 and sample.random() >= keep:
+                        continue
                     w.write(json.dumps(row) + "\n")
                     n += 1
     out.print(f"wrote {n} drills to {out_file}")
