@@ -240,3 +240,23 @@ def test_eval_probes_the_first_token_and_the_whole_value_of_each_argument():
     assert wrong["eval_first_path"] == wrong["eval_exact_path"] == 0.0
     assert wrong["eval_first_old_string"] == wrong["eval_exact_new_string"] == 1.0
     assert wrong["eval_token_acc"] < 1.0
+
+
+def test_ship_rounds_to_bf16_and_loads_as_a_checkpoint(tmp_path):
+    from vivace.model.checkpoint import save_checkpoint, ship_checkpoint
+
+    model = _small_model()
+    save_checkpoint(model, load_tokenizer("tiny"), tmp_path / "trained")
+    (tmp_path / "trained" / "sft_summary.json").write_text(json.dumps({"step": 7}))
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "stale.bin").write_text("old")  # what the destination held is replaced
+    record = ship_checkpoint(tmp_path / "trained", tmp_path / "tiny")
+    assert record["dtype"] == "bfloat16" and record["sft_summary"] == {"step": 7}
+    assert not (tmp_path / "tiny" / "stale.bin").exists()
+    assert json.loads((tmp_path / "tiny" / "warm_start.json").read_text())["sha256"] == record["sha256"]
+    shipped = load_model(str(tmp_path / "tiny")).model  # computes in fp32 again
+    assert next(shipped.parameters()).dtype == torch.float32
+    ids = torch.tensor([[5, 17, 300, 42]])
+    with torch.no_grad():
+        a, b = model(ids).logits, shipped(ids).logits
+    assert torch.allclose(a, b, atol=0.05) and not torch.equal(a, b)  # rounded, not retrained

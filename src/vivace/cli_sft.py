@@ -191,6 +191,28 @@ def sft_drills(
     out.print(f"wrote {n} drills to {out_file}")
 
 
+@sft_app.command("ship")
+def sft_ship(
+    checkpoint: Annotated[
+        Path, typer.Argument(help="The trained checkpoint directory (e.g. the warm start's last stage).")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
+) -> None:
+    """Make a checkpoint the shipped `tiny` policy: weights rounded to bf16 into
+    vivace/model/assets/tiny (what `--model tiny` loads), with warm_start.json recording its source."""
+    from vivace.model.checkpoint import TINY_DIR, ship_checkpoint
+
+    if not (checkpoint / "config.json").is_file():
+        err.print(
+            f"[red]error:[/] {checkpoint} is not a checkpoint (no config.json); train one with `vivace sft train`"
+        )
+        raise typer.Exit(2)
+    record = ship_checkpoint(checkpoint)
+    record.pop("sft_summary", None)
+    record["dest"] = str(TINY_DIR)
+    print(json.dumps(record)) if as_json else out.print_json(json.dumps(record))
+
+
 @sft_app.command("train")
 def sft_train(
     data: Annotated[

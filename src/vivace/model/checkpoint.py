@@ -99,6 +99,33 @@ def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     return path
 
 
+def ship_checkpoint(source: str | Path, dest: Path = TINY_DIR, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Copies a trained checkpoint into the package as `tiny` (weights rounded to `dtype`: half the
+    bytes of fp32, and `load_model` computes in fp32 again), with `warm_start.json` saying where it
+    came from. Returns that record. Replaces what `dest` held."""
+    import hashlib
+    import json
+    import shutil
+
+    loaded = load_model(str(source))
+    model = loaded.model.to(dtype)
+    tmp = dest.with_name(dest.name + ".new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_checkpoint(model, loaded.tokenizer, tmp)
+    summary = Path(source) / "sft_summary.json"
+    record = {
+        "source": str(source),
+        "dtype": str(dtype).removeprefix("torch."),
+        "parameters": count_parameters(model),
+        "sha256": hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest(),
+        "sft_summary": json.loads(summary.read_text()) if summary.is_file() else None,
+    }
+    (tmp / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return record
+
+
 def count_parameters(model: PreTrainedModel) -> dict[str, int]:
     """Total parameters, and those a token passes through (top-k of the experts, for MoE models)."""
     total = sum(p.numel() for p in model.parameters())
