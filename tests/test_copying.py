@@ -56,3 +56,12 @@ def test_old_string_drills_end_at_the_closing_quote_not_an_escaped_one():
     assert trained.startswith('x = \\"a\\" + y"') and "new_string" not in trained
     both = list(path_drills([row], tok.decode, turn_start, arguments=("path", "old_string")))
     assert len(both) == 2
+
+
+def test_copy_sequences_filler_sets_how_far_back_the_copy_is():
+    for row in copy_sequences(30, (300, 4000), seed=1, repeats=1, span=(8, 8), filler=(500, 600)):
+        ids, mask = row["ids"], row["loss_mask"]
+        assert mask == [0] * (len(ids) - 7) + [1] * 7  # the repeat, less its first token
+        # ids = filler, span, filler, span: the first span starts after 500-600 tokens, the copy 500-600 after it
+        starts = [p for p in range(500, 601) if ids[p : p + 8] == ids[-8:]]
+        assert starts and 500 <= len(ids) - 16 - starts[0] <= 600

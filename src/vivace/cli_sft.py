@@ -131,21 +131,27 @@ def sft_copies(
     n: Annotated[int, typer.Option("--n", help="Sequences.")] = 40000,
     vocab: Annotated[str, typer.Option(help="Token ids to draw from, LO:HI (HI excluded).")] = "300:4096",
     repeats: Annotated[int, typer.Option(help="Copies of the span after the first.")] = 3,
+    filler: Annotated[
+        str, typer.Option(help="Random tokens before each copy, LO:HI (both included): how far back the copy looks.")
+    ] = "0:8",
     seed: Annotated[int, typer.Option(help="Seed of the tokens.")] = 0,
 ) -> None:
-    """Synthetic copying sequences (a random span repeated after short fillers; loss on the repeats):
+    """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
     the first stage of the warm start, where the induction heads that copying needs form."""
     from vivace.rl.copying import copy_sequences
 
     try:
         lo, hi = (int(x) for x in vocab.split(":"))
-        rows = copy_sequences(n, (lo, hi), seed, repeats=repeats)
+        gap = tuple(int(x) for x in filler.split(":"))
+        if len(gap) != 2 or not 0 <= gap[0] <= gap[1]:
+            raise ValueError(f"--filler must be LO:HI with 0 <= LO <= HI, got {filler!r}")
+        rows = copy_sequences(n, (lo, hi), seed, repeats=repeats, filler=gap)
         out_file.parent.mkdir(parents=True, exist_ok=True)
         with out_file.open("w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     except ValueError as e:
-        err.print(f"[red]error:[/] {e} (--vocab is LO:HI, e.g. 300:800)")
+        err.print(f"[red]error:[/] {e} (--vocab and --filler are LO:HI, e.g. 300:800)")
         raise typer.Exit(2) from e
     out.print(f"wrote {n} sequences to {out_file}")
 
