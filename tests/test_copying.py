@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vivace.model.checkpoint import load_tokenizer
-from vivace.rl.copying import copy_sequences, path_drills
+from vivace.rl.copying import copy_sequences, lookback_sequences, path_drills
 
 
 def test_copy_sequences_repeat_the_span_and_train_only_on_the_repeats():
@@ -65,3 +65,18 @@ def test_copy_sequences_filler_sets_how_far_back_the_copy_is():
         # ids = filler, span, filler, span: the first span starts after 500-600 tokens, the copy 500-600 after it
         starts = [p for p in range(500, 601) if ids[p : p + 8] == ids[-8:]]
         assert starts and 500 <= len(ids) - 16 - starts[0] <= 600
+
+
+def test_lookback_sequences_copy_spans_from_far_back_and_train_on_half_the_row():
+    for row in lookback_sequences(20, (300, 4000), seed=2, context=256, span=(8, 24)):
+        ids, mask = row["ids"], row["loss_mask"]
+        assert len(ids) == len(mask) and 512 <= len(ids) < 512 + 24
+        assert not any(mask[:256]) and sum(mask) > 0.4 * len(ids)
+        source = ids[:256]
+        i = 256
+        while i < len(ids):  # every copied span (a 0 then 1s in the mask) occurs in the random context
+            j = i + 1
+            while j < len(ids) and mask[j]:
+                j += 1
+            assert any(source[a : a + j - i] == ids[i:j] for a in range(256 - (j - i) + 1))
+            i = j

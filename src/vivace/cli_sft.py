@@ -134,18 +134,25 @@ def sft_copies(
     filler: Annotated[
         str, typer.Option(help="Random tokens before each copy, LO:HI (both included): how far back the copy looks.")
     ] = "0:8",
+    lookback: Annotated[
+        int | None,
+        typer.Option(help="Instead: this many random tokens, then as many of spans copied from anywhere in them."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the tokens.")] = 0,
 ) -> None:
     """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
     the first stage of the warm start, where the induction heads that copying needs form."""
-    from vivace.rl.copying import copy_sequences
+    from vivace.rl.copying import copy_sequences, lookback_sequences
 
     try:
         lo, hi = (int(x) for x in vocab.split(":"))
         gap = tuple(int(x) for x in filler.split(":"))
         if len(gap) != 2 or not 0 <= gap[0] <= gap[1]:
             raise ValueError(f"--filler must be LO:HI with 0 <= LO <= HI, got {filler!r}")
-        rows = copy_sequences(n, (lo, hi), seed, repeats=repeats, filler=gap)
+        if lookback is not None:
+            rows = lookback_sequences(n, (lo, hi), seed, context=lookback)
+        else:
+            rows = copy_sequences(n, (lo, hi), seed, repeats=repeats, filler=gap)
         out_file.parent.mkdir(parents=True, exist_ok=True)
         with out_file.open("w") as f:
             for row in rows:
