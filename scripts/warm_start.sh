@@ -37,6 +37,8 @@ $V sft train --data "$D/copies_wide.jsonl" --eval "$D/copies_val.jsonl" --init "
 # 2b. Long-range copies: stage 2's copies sit 0-8 tokens after their source, and the heads formed there
 #    do not reach the hundreds of tokens back a traceback's path sits (measured: 0% copied at gaps of
 #    64-1,024); spans copied from anywhere in 768 random tokens reached 78% in 200 steps (2 minutes).
+#    Not enough as it stands (attempt 5): these heads copy nothing behind the system turn and the
+#    episode stage at lr 1e-3 erases them; see docs/benchmarks.md for what to change next.
 $V sft copies --out "$D/lookback.jsonl" --n 6000 --vocab 300:4000 --lookback 768 --seed 3
 $V sft copies --out "$D/lookback_val.jsonl" --n 60 --vocab 300:4000 --lookback 768 --seed 96
 $V sft train --data "$D/lookback.jsonl" --eval "$D/lookback_val.jsonl" --init "$D/c2" --out "$D/c3" --seq-len 3072 \
