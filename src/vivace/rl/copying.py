@@ -13,9 +13,13 @@ steps of 16k tokens. So the warm start begins here, then moves to the episodes.
 What: `copy_sequences` yields {"ids", "loss_mask"} rows `vivace sft train` reads: a random span of
 `span` tokens (ids drawn uniformly from `vocab`), then `repeats` times a short random filler and the
 span again; the loss is on the repeated spans (all but their first token, which nothing predicts).
-`path_drills` is the second kind of practice: windows of expert episodes ending at a path argument.
-A narrow vocabulary makes the plateau short; a second pass over the whole vocabulary lets the
-copying work for any token. Not covered: drills for `old_string` (the other lookup an edit needs).
+`lookback_sequences` copies spans from anywhere in a long random context (copies from far back).
+`path_drills` is the other kind of practice: windows of expert episodes ending at a tool-call
+argument (path, old_string, new_string). A narrow vocabulary makes the plateau short; a second
+pass over the whole vocabulary lets the copying work for any token. Not covered (measured in
+docs/benchmarks.md, warm start attempt 5): copy heads trained on these rows alone copy nothing
+behind the 2,700-token system turn, and none of them has yet carried over to copying names out
+of an episode's tracebacks.
 """
 
 from __future__ import annotations
