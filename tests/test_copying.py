@@ -80,3 +80,33 @@ def test_lookback_sequences_copy_spans_from_far_back_and_train_on_half_the_row()
                 j += 1
             assert any(source[a : a + j - i] == ids[i:j] for a in range(256 - (j - i) + 1))
             i = j
+
+
+def test_copies_behind_the_system_turn_open_like_an_agent_episode(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+    from vivace.harness.chat import ChatFormat
+    from vivace.harness.messages import Message
+    from vivace.harness.prompts import SYSTEM_PROMPT
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import tool_schema
+
+    chat = ChatFormat(load_tokenizer("tiny"))
+    tools = [tool_schema(t) for t in default_tools()]
+    episode = chat.prompt_ids([Message("system", SYSTEM_PROMPT), Message("user", "Fix the failing test.")], tools)
+    out = tmp_path / "c.jsonl"
+    args = ["sft", "copies", "--out", str(out), "--n", "3", "--lookback", "64", "--behind-system"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3
+    for row in rows:
+        n = next(i for i, (a, b) in enumerate(zip(row["ids"], episode, strict=False)) if a != b)
+        assert chat.decode(row["ids"][:n]).endswith(
+            "<|im_start|>user\n"
+        )  # the whole system turn, then the user turn opens
+        assert not any(row["loss_mask"][:n]) and sum(row["loss_mask"]) > 0
+        assert len(row["ids"]) - n >= 128  # the lookback row follows in full

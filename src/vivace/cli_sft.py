@@ -138,11 +138,15 @@ def sft_copies(
         int | None,
         typer.Option(help="Instead: this many random tokens, then as many of spans copied from anywhere in them."),
     ] = None,
+    behind_system: Annotated[
+        bool, typer.Option(help="Put each row behind the harness's system turn, where the agent copies.")
+    ] = False,
+    model: Annotated[str, typer.Option(help="Whose tokenizer renders the system turn: tiny or a checkpoint.")] = "tiny",
     seed: Annotated[int, typer.Option(help="Seed of the tokens.")] = 0,
 ) -> None:
     """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
     the first stage of the warm start, where the induction heads that copying needs form."""
-    from vivace.rl.copying import copy_sequences, lookback_sequences
+    from vivace.rl.copying import copy_sequences, lookback_sequences, system_opening
 
     try:
         lo, hi = (int(x) for x in vocab.split(":"))
@@ -153,9 +157,11 @@ def sft_copies(
             rows = lookback_sequences(n, (lo, hi), seed, context=lookback)
         else:
             rows = copy_sequences(n, (lo, hi), seed, repeats=repeats, filler=gap)
+        opening = system_opening(model) if behind_system else []
         out_file.parent.mkdir(parents=True, exist_ok=True)
         with out_file.open("w") as f:
             for row in rows:
+                row = {"ids": opening + row["ids"], "loss_mask": [0] * len(opening) + row["loss_mask"]}
                 f.write(json.dumps(row) + "\n")
     except ValueError as e:
         err.print(f"[red]error:[/] {e} (--vocab and --filler are LO:HI, e.g. 300:800)")

@@ -90,6 +90,25 @@ def lookback_sequences(
         yield {"ids": ids, "loss_mask": mask}
 
 
+def system_opening(model: str = "tiny") -> list[int]:
+    """The token ids every agent episode opens with: the harness's system turn (prompt and tool
+    schemas, rendered by the chat format) and the start of the user turn. Copy rows behind it are
+    practised at the positions, and against the ~2,700 keys, that an episode's copies meet."""
+    from vivace.harness.chat import ChatFormat
+    from vivace.harness.messages import Message
+    from vivace.harness.prompts import SYSTEM_PROMPT
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import tool_schema
+    from vivace.model.checkpoint import load_tokenizer
+
+    chat = ChatFormat(load_tokenizer(model))
+    tools = [tool_schema(t) for t in default_tools()]
+    ids = chat.prompt_ids([Message("system", SYSTEM_PROMPT), Message("user", "")], tools)
+    user = chat.encode("<|im_start|>user\n")
+    at = next(i for i in range(len(ids)) if ids[i : i + len(user)] == user)
+    return ids[: at + len(user)]
+
+
 def path_drills(
     rows: Iterable[dict[str, Any]],
     decode: Callable[[list[int]], str],
