@@ -328,6 +328,41 @@ async def test_grep_checks_for_rg_once_per_workspace(pctx):
     assert "pkg/calc.py:1:def add" in (await call(pctx, "grep", tool=grep, pattern="add")).text
 
 
+async def test_grep_reports_a_failed_search_not_an_empty_one(pctx, monkeypatch):
+    from vivace.sandbox.base import ExecResult
+
+    async def failed(*args):  # what a sandbox that could not start hands back: exit 1 and a reason
+        return ExecResult("", "bwrap: Can't fork for pid 1: Resource temporarily unavailable", 1, 0.01)
+
+    grep = Grep()
+    monkeypatch.setattr(grep, "_search", failed)
+    result = await call(pctx, "grep", tool=grep, pattern="add")
+    assert result.is_error and "No matches" not in result.text and "Can't fork" in result.text
+
+
+async def test_isolated_backend_retries_a_sandbox_that_could_not_fork():
+    from types import SimpleNamespace
+
+    from vivace.sandbox.base import ExecResult
+    from vivace.sandbox.isolated import IsolatedBackend
+
+    results = [ExecResult("", "bwrap: Can't fork for pid 1: Resource temporarily unavailable\n", 1, 0.01)] * 2
+    results.append(ExecResult("ran\n", "", 0, 0.01))
+    calls = []
+
+    async def run_once(ws, argv, timeout, env):
+        calls.append(argv)
+        return results[len(calls) - 1]
+
+    backend = SimpleNamespace(_run_once=run_once)
+    res = await IsolatedBackend.run(backend, None, ["echo", "ran"], 5.0, {})
+    assert res.stdout == "ran\n" and len(calls) == 3
+    # A command's own exit 1 (or bwrap's other failures) is handed back at once, never re-run.
+    calls.clear()
+    results[:] = [ExecResult("", "grep: no match\n", 1, 0.01)]
+    assert (await IsolatedBackend.run(backend, None, ["false"], 5.0, {})).exit_code == 1 and len(calls) == 1
+
+
 # -- glob_file_search --------------------------------------------------------------------------------
 
 

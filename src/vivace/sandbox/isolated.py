@@ -276,6 +276,18 @@ class IsolatedBackend(LocalBackend):
 
     # -- commands --------------------------------------------------------------------------
     async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult:
+        # bwrap's first fork can fail with EAGAIN when the machine is briefly short of processes
+        # (seen under the test suite's load); nothing of the command ran then, so try again rather
+        # than hand back bwrap's exit 1, which a caller such as grep would read as its own.
+        for delay in (0.05, 0.2, 0.8):
+            res = await self._run_once(ws, argv, timeout, env)
+            if not _fork_failed(res):
+                return res
+            log.warning("bwrap could not fork (%s); retrying in %.2f s", res.stderr.strip(), delay)
+            await asyncio.sleep(delay)
+        return await self._run_once(ws, argv, timeout, env)
+
+    async def _run_once(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult:
         name = self._cg_name(ws.id)
         ooms_before = self.cgroups.oom_kills(name)
 
@@ -396,3 +408,13 @@ def _opaque(path: str) -> bool:
         return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
     except OSError:
         return False
+
+
+def _fork_failed(res: ExecResult) -> bool:
+    """Whether bwrap failed to fork its sandbox with EAGAIN, before running anything."""
+    return (
+        res.exit_code == 1
+        and not res.stdout
+        and res.stderr.startswith("bwrap: Can't fork")
+        and ("Resource temporarily unavailable" in res.stderr)
+    )

@@ -138,9 +138,9 @@ class Grep:
             res = await self._search(ctx.workspace, args, path, before, after)
         except EXPECTED as e:
             return error(f"grep could not run in the workspace: {e}")
-        if res.exit_code == 1 and not res.stdout:
+        if res.exit_code == 1 and not res.stdout and not res.stderr.strip():  # a failure that exits 1 says why
             return ToolResult(f"No matches for {args.pattern!r} in {path}.")
-        if res.exit_code not in (0, 1) and not res.stdout.strip():
+        if res.exit_code != 0 and not res.stdout.strip():
             msg = res.stderr.strip()
             if f"{path}: No such file or directory" in msg:
                 return error(f"{path} does not exist; use list_dir or glob_file_search to find the right path.")
