@@ -105,8 +105,7 @@ def test_copies_behind_the_system_turn_open_like_an_agent_episode(tmp_path):
     assert len(rows) == 3
     for row in rows:
         n = next(i for i, (a, b) in enumerate(zip(row["ids"], episode, strict=False)) if a != b)
-        assert chat.decode(row["ids"][:n]).endswith(
-            "<|im_start|>user\n"
-        )  # the whole system turn, then the user turn opens
+        # The whole system turn, then the user turn opens: where the random row begins.
+        assert chat.decode(row["ids"][:n]).endswith("<|im_start|>user\n")
         assert not any(row["loss_mask"][:n]) and sum(row["loss_mask"]) > 0
         assert len(row["ids"]) - n >= 128  # the lookback row follows in full
