@@ -91,6 +91,16 @@ def sft_augment(
     variants: Annotated[int, typer.Option(help="Renamed, cut-short copies per episode.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the new names and cuts.")] = 0,
     model: Annotated[str, typer.Option(help="Whose tokenizer renders the tokens: tiny or a checkpoint.")] = "tiny",
+    cut: Annotated[
+        list[str] | None,
+        typer.Option(help="Where a copy may end, drawn per copy: first_file, first_edit or whole (repeat)."),
+    ] = None,
+    theme_names: Annotated[
+        bool, typer.Option("--theme-names", help="Rename the theme's record nouns and fields too, not only the package.")
+    ] = False,
+    train_context: Annotated[
+        bool, typer.Option("--train-context", help="Train every token after the system turn, not only the assistant's.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Copies of expert episodes with the package renamed (fresh names a model can only copy) and cut
@@ -99,8 +109,12 @@ def sft_augment(
     from vivace.harness.tools import default_tools
     from vivace.harness.tools.base import tool_schema
     from vivace.model.checkpoint import load_tokenizer
-    from vivace.rl.sft_augment import augment_episodes
+    from vivace.rl.sft_augment import CUTS, augment_episodes
 
+    cuts = tuple(cut or CUTS)
+    if bad := [c for c in cuts if c not in (*CUTS, "whole")]:
+        err.print(f"[red]error:[/] unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole")
+        raise typer.Exit(2)
     if not data.is_file():
         err.print(f"[red]error:[/] {data}: no such file (write one with `vivace sft data --out {data}`)")
         raise typer.Exit(2)
@@ -115,7 +129,8 @@ def sft_augment(
         with data.open() as f, out_file.open("w") as w:
             rows = (json.loads(line) for line in f if line.strip())
             for row in augment_episodes(
-                rows, chat, tools, variants, seed, progress=lambda n: bar.update(job, completed=n)
+                rows, chat, tools, variants, seed, progress=lambda n: bar.update(job, completed=n), cuts=cuts,
+                theme_names=theme_names, train_context=train_context,
             ):
                 w.write(json.dumps(row) + "\n")
                 counts["written"] += 1

@@ -34,9 +34,10 @@ from typing import Any
 
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policy import render_conversation
-from vivace.tasks.projects import THEMES, _invent, _theme_words, split_of_theme
+from vivace.rl.packing import common_prefix
+from vivace.tasks.projects import THEMES, _invent, _theme_words, split_of_theme, theme_spec
 
-CUTS = ("first_file", "first_edit")
+CUTS = ("first_file", "first_edit")  # and "whole": the episode uncut
 
 
 def held_out_words() -> set[str]:
@@ -74,13 +75,53 @@ def package_of(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def theme_of(task_id: str | None) -> str | None:
+    """The theme a generated task's id starts with ("gen-97669-misspelled-name-…" → "gen-97669")."""
+    if not task_id:
+        return None
+    parts = task_id.split("-")
+    theme = "-".join(parts[:2]) if parts[0] == "gen" else parts[0]
+    return theme if theme.startswith("gen-") or theme in THEMES else None
+
+
+def theme_renames(theme: str, messages: list[Message], rng: random.Random) -> dict[str, str]:
+    """Fresh invented words for the theme's package, record nouns and numeric fields. A word the
+    expert's fix writes (in an edit's new_string but not its old_string: the typo's correct form)
+    keeps its name, since its misspelt form in the code is not renamed with it."""
+    pkg, item, items, (field, other), *_ = theme_spec(theme)
+    fixed = set()
+    for m in messages:
+        for c in m.tool_calls:
+            if c.name == "edit_file" and isinstance(c.arguments, dict):
+                old, new = str(c.arguments.get("old_string", "")), str(c.arguments.get("new_string", ""))
+                fixed |= {w for w in (pkg, item, items, field, other) if _word(w).search(new) and not _word(w).search(old)}
+    held_out = held_out_words()
+    fresh = iter(w for w in iter(lambda: _invent(rng), None) if w not in held_out)
+    new_item = next(fresh)
+    mapping = {pkg: next(fresh), item: new_item, items: new_item + "s", field: next(fresh), other: next(fresh)}
+    return {old: new for old, new in mapping.items() if old not in fixed}
+
+
+def _word(w: str) -> re.Pattern:
+    """`w` not inside a longer word: underscores and digits count as edges (`count_books_over`)."""
+    return re.compile(rf"(?<![A-Za-z]){re.escape(w)}(?![a-z])")
+
+
 def rename(messages: list[Message], old: str, new: str) -> list[Message]:
-    """Every whole-word `old` replaced by `new` after the system prompt (content and tool-call arguments)."""
-    pattern = re.compile(rf"\b{re.escape(old)}\b")
+    """Every `old` (as a word or a part of an identifier) replaced by `new` after the system prompt."""
+    return rename_words(messages, {old: new})
+
+
+def rename_words(messages: list[Message], mapping: dict[str, str]) -> list[Message]:
+    """Each key of `mapping`, as a word or a part of an identifier (capitalised too), replaced by its
+    value after the system prompt (content and tool-call arguments); longer words first."""
+    table = {**mapping, **{k.capitalize(): v.capitalize() for k, v in mapping.items()}}
+    words = sorted(table, key=len, reverse=True)
+    pattern = re.compile(rf"(?<![A-Za-z])(?:{'|'.join(map(re.escape, words))})(?![a-z])") if words else None
 
     def sub(value: Any) -> Any:
         if isinstance(value, str):
-            return pattern.sub(new, value)
+            return pattern.sub(lambda m: table[m.group(0)], value) if pattern else value
         if isinstance(value, dict):
             return {k: sub(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -99,7 +140,9 @@ def rename(messages: list[Message], old: str, new: str) -> list[Message]:
 
 def cut_after(messages: list[Message], cut: str, package: str) -> list[Message] | None:
     """The messages up to and including the assistant turn that first names a file of `package`
-    (first_file) or first calls edit_file (first_edit); None when no turn does."""
+    (first_file) or first calls edit_file (first_edit), all of them for "whole"; None when no turn does."""
+    if cut == "whole":
+        return messages
     for i, m in enumerate(messages):
         if m.role != "assistant":
             continue
@@ -118,9 +161,16 @@ def augment_episodes(
     seed: int = 0,
     invented_share: float = 0.5,
     progress: Callable[[int], None] = lambda done: None,
+    cuts: tuple[str, ...] = CUTS,
+    theme_names: bool = False,
+    train_context: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """`variants` renamed, cut-short copies of each expert episode row, as {"task_id", "cut",
-    "package", "ids", "loss_mask"} rows. Rows without messages or without a package are skipped."""
+    "package", "ids", "loss_mask"} rows. Rows without messages or without a package are skipped.
+    `theme_names`: the theme's record nouns and fields get fresh invented names too (rows of other
+    tasks keep the package-only rename). `train_context`: the loss mask covers every token after
+    the system turn (the request and tool results too), not only the assistant's: a language-model
+    objective in which a fresh name's every later mention is a copy of an earlier one."""
     rng = random.Random(seed)
     pool = name_pool()
     for n, row in enumerate(rows, 1):
@@ -129,11 +179,20 @@ def augment_episodes(
         if old is None:
             continue
         messages = [Message.from_openai(m) for m in row["messages"]]
+        theme = theme_of(row.get("task_id")) if theme_names else None
         for _ in range(variants):
-            new = _invent(rng) if rng.random() < invented_share else rng.choice(pool)
-            cut = rng.choice(CUTS)
-            kept = cut_after(rename(messages, old, new), cut, new)
+            if theme is not None:
+                mapping = theme_renames(theme, messages, rng)
+                new = mapping.get(old, old)
+            else:
+                new = _invent(rng) if rng.random() < invented_share else rng.choice(pool)
+                mapping = {old: new}
+            cut = rng.choice(cuts)
+            kept = cut_after(rename_words(messages, mapping), cut, new)
             if kept is None:
                 continue
             ids, mask = render_conversation(chat, kept, tools)
+            if train_context:
+                system = common_prefix([ids, chat.prompt_ids(kept[:1], tools)]) if kept[0].role == "system" else 0
+                mask = [0] * system + [1] * (len(ids) - system)
             yield {"task_id": row.get("task_id"), "cut": cut, "package": new, "ids": ids, "loss_mask": mask}
