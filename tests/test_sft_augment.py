@@ -11,7 +11,17 @@ from vivace.harness.messages import Message, ToolCall
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
 from vivace.model.checkpoint import load_tokenizer
-from vivace.rl.sft_augment import augment_episodes, cut_after, held_out_words, name_pool, package_of, rename
+from vivace.rl.sft_augment import (
+    augment_episodes,
+    cut_after,
+    held_out_words,
+    name_pool,
+    package_of,
+    rename,
+    rename_words,
+    theme_of,
+    theme_renames,
+)
 
 SYSTEM = "You are a coding agent. Paths are relative; acme is not special here."
 
@@ -66,3 +76,61 @@ def test_name_pool_is_offline_words_without_held_out_themes():
     assert len(pool) > 1000 and pool == sorted(pool)
     assert not set(pool) & held_out_words()
     assert "def" not in pool and "core" not in pool
+
+
+def _garden_episode() -> list[dict]:
+    """A garden-theme task (package garden, records plant/plants, fields height/water) whose fix
+    writes the field `height` back over its typo."""
+    msgs = [
+        Message("system", SYSTEM),
+        Message("user", "garden/core.py:2: in tallest_plant\nE   KeyError: 'hieght'\nUsage message: Plant heights"),
+        Message("assistant", "", (ToolCall("c1", "read_file", {"path": "garden/core.py"}),)),
+        Message("tool", "def tallest_plant(plants):\n    return max(p['hieght'] for p in plants)  # water", tool_call_id="c1",
+                name="read_file"),
+        Message("assistant", "", (ToolCall("c2", "edit_file", {"path": "garden/core.py", "old_string": "'hieght'",
+                                                               "new_string": "'height'"}),)),
+        Message("tool", "Edited garden/core.py", tool_call_id="c2", name="edit_file"),
+        Message("assistant", "Fixed the key in garden/core.py."),
+    ]  # fmt: skip
+    return [m.to_openai() for m in msgs]
+
+
+def test_theme_of_reads_generated_and_named_themes():
+    assert theme_of("gen-97669-misspelled-name-28843502a5") == "gen-97669"
+    assert theme_of("garden-self-comparison-0a1b") == "garden"
+    assert theme_of("nosuchtheme-x-y") is None and theme_of(None) is None
+
+
+def test_theme_renames_keep_the_word_a_fix_writes():
+    import random
+
+    messages = [Message.from_openai(m) for m in _garden_episode()]
+    mapping = theme_renames("garden", messages, random.Random(0))
+    assert "height" not in mapping  # its typo 'hieght' stays in the code, so the fix must still write it
+    assert set(mapping) == {"garden", "plant", "plants", "water"}
+    assert mapping["plants"] == mapping["plant"] + "s"
+    assert not set(mapping.values()) & held_out_words()
+
+
+def test_rename_words_reaches_identifier_parts_but_not_longer_words():
+    messages = [Message("system", "plant"), Message("user", "tallest_plant(plants) Plant plantation age message 2plant")]
+    out = rename_words(messages, {"plant": "vor", "plants": "vors", "age": "tik"})
+    assert out[0].content == "plant"  # the system turn is the harness's
+    assert out[1].content == "tallest_vor(vors) Vor plantation tik message 2vor"
+
+
+def test_whole_episodes_with_theme_names_and_the_context_trained():
+    chat = ChatFormat(load_tokenizer("tiny"))
+    tools = [tool_schema(t) for t in default_tools()]
+    rows = [{"task_id": "garden-misspelled-name-abc", "messages": _garden_episode()}]
+    out = list(augment_episodes(iter(rows), chat, tools, variants=3, seed=1, cuts=("whole",), theme_names=True,
+                                train_context=True))  # fmt: skip
+    assert len(out) == 3
+    for r in out:
+        text = chat.decode(r["ids"])
+        after_system = text[text.index(SYSTEM) + len(SYSTEM):]
+        assert "garden" not in after_system and "plant" not in after_system and "water" not in after_system
+        assert "'height'" in after_system and f"Fixed the key in {r['package']}/core.py." in after_system
+        first = r["loss_mask"].index(1)
+        assert set(r["loss_mask"][first:]) == {1}  # request, tool results and answers all trained
+        assert SYSTEM in chat.decode(r["ids"][:first]) and "garden" not in chat.decode(r["ids"][first:])
