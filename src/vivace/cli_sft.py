@@ -144,7 +144,10 @@ def sft_augment(
 def sft_copies(
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/copies.jsonl"),
     n: Annotated[int, typer.Option("--n", help="Sequences.")] = 40000,
-    vocab: Annotated[str, typer.Option(help="Token ids to draw from, LO:HI (HI excluded).")] = "300:4096",
+    vocab: Annotated[
+        str,
+        typer.Option(help="Token ids to draw from, LO:HI (HI excluded), or `pieces`: those invented names break into."),
+    ] = "300:4096",
     repeats: Annotated[int, typer.Option(help="Copies of the span after the first.")] = 3,
     filler: Annotated[
         str, typer.Option(help="Random tokens before each copy, LO:HI (both included): how far back the copy looks.")
@@ -161,15 +164,18 @@ def sft_copies(
 ) -> None:
     """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
     the first stage of the warm start, where the induction heads that copying needs form."""
-    from vivace.rl.copying import copy_sequences, lookback_sequences, system_opening
+    from vivace.rl.copying import copy_sequences, lookback_sequences, name_pieces, system_opening
 
     try:
-        lo, hi = (int(x) for x in vocab.split(":"))
+        pool = name_pieces(model) if vocab == "pieces" else None
+        if pool is not None and lookback is None:
+            raise ValueError("--vocab pieces goes with --lookback")
+        lo, hi = (min(pool), max(pool) + 1) if pool else (int(x) for x in vocab.split(":"))
         gap = tuple(int(x) for x in filler.split(":"))
         if len(gap) != 2 or not 0 <= gap[0] <= gap[1]:
             raise ValueError(f"--filler must be LO:HI with 0 <= LO <= HI, got {filler!r}")
         if lookback is not None:
-            rows = lookback_sequences(n, (lo, hi), seed, context=lookback)
+            rows = lookback_sequences(n, (lo, hi), seed, context=lookback, pool=pool)
         else:
             rows = copy_sequences(n, (lo, hi), seed, repeats=repeats, filler=gap)
         opening = system_opening(model) if behind_system else []

@@ -25,7 +25,7 @@ of an episode's tracebacks.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 
@@ -63,9 +63,11 @@ def lookback_sequences(
     seed: int = 0,
     context: int = 1024,
     span: tuple[int, int] = (8, 24),
+    pool: Sequence[int] | None = None,
 ) -> Iterator[dict[str, list[int]]]:
     """`n` rows of `context` random tokens followed by as many tokens of spans copied from random
-    places in it; the loss is on the copies (all but each span's first token).
+    places in it; the loss is on the copies (all but each span's first token). `pool`: draw the
+    tokens from these ids instead of the range `vocab` (see `name_pieces`).
 
     Why beside `copy_sequences`: there each copy sits a few tokens after its source, and the heads
     that form there copy only nearby tokens (measured: a checkpoint copying 84% at gaps of 0-8 tokens
@@ -74,13 +76,16 @@ def lookback_sequences(
     row is trained, so the signal per step stays dense (a long random filler between copies
     trains a handful of tokens per row)."""
     lo, hi = vocab
-    if not 0 <= lo < hi:
+    if pool is None and not 0 <= lo < hi:
         raise ValueError(f"vocab must be a range [lo, hi) of token ids, got {vocab}")
+    if pool is not None and not pool:
+        raise ValueError("the token pool is empty")
     if context < span[1]:
         raise ValueError(f"context ({context}) must hold the longest span ({span[1]})")
     rng = random.Random(seed)
+    draw = (lambda: rng.choice(pool)) if pool is not None else (lambda: rng.randrange(lo, hi))
     for _ in range(n):
-        ids = [rng.randrange(lo, hi) for _ in range(context)]
+        ids = [draw() for _ in range(context)]
         mask = [0] * context
         while len(ids) < 2 * context:
             k = rng.randint(*span)
@@ -88,6 +93,26 @@ def lookback_sequences(
             ids += ids[at : at + k]
             mask += [0] + [1] * (k - 1)
         yield {"ids": ids, "loss_mask": mask}
+
+
+def name_pieces(model: str = "tiny", words: int = 5000, seed: int = 0) -> list[int]:
+    """The token ids invented names break into (`museum` → `m`, `use`, `um`), each as often as it
+    occurs in `words` of them: a pool to draw from with a name's frequencies.
+
+    Why: copy heads trained on ids drawn from thousands match a single token, which is unique in its
+    context; a name's pieces are a few hundred short, common tokens that recur all over an episode,
+    so copying one needs a match on the tokens before it. Lookback rows over this pool ask for that."""
+    from collections import Counter
+
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.tasks.projects import _invent
+
+    tokenizer = load_tokenizer(model)
+    rng = random.Random(seed)
+    counts: Counter[int] = Counter()
+    for _ in range(words):
+        counts.update(tokenizer.encode(_invent(rng), add_special_tokens=False))
+    return sorted(counts.elements())
 
 
 def system_opening(model: str = "tiny") -> list[int]:
