@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vivace.model.checkpoint import load_tokenizer
-from vivace.rl.copying import copy_sequences, lookback_sequences, path_drills
+from vivace.rl.copying import copy_sequences, lookback_sequences, name_pieces, path_drills
 
 
 def test_copy_sequences_repeat_the_span_and_train_only_on_the_repeats():
@@ -109,3 +109,15 @@ def test_copies_behind_the_system_turn_open_like_an_agent_episode(tmp_path):
         assert chat.decode(row["ids"][:n]).endswith("<|im_start|>user\n")
         assert not any(row["loss_mask"][:n]) and sum(row["loss_mask"]) > 0
         assert len(row["ids"]) - n >= 128  # the lookback row follows in full
+
+
+def test_name_pieces_are_the_short_common_tokens_names_split_into_and_lookback_draws_from_them():
+    tokenizer = load_tokenizer("tiny")
+    pool = name_pieces(words=500)
+    kinds = set(pool)
+    assert 30 < len(kinds) < len(pool)  # a few hundred kinds at most, the frequent ones repeated
+    assert max(len(tokenizer.decode([t])) for t in kinds) <= 6  # pieces, not words
+    (row,) = lookback_sequences(1, (0, 1), seed=0, context=256, pool=pool)
+    assert set(row["ids"]) <= kinds
+    context = row["ids"][:256]
+    assert len(set(context)) < 200  # pieces recur: one token alone does not say where a copy comes from
