@@ -173,17 +173,21 @@ async def test_async_engine_concurrency_streaming_and_versions(model):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        # Weights change while a request generates: tokens record both versions.
+        # Weights change while a request generates: tokens record both versions. The update is made
+        # on the engine thread at the 20th token (it holds the engine's lock there, so this is between
+        # two forwards): from the reader's side the engine may already have finished the request.
         other = small_model(seed=1).state_dict()
-        seen, done = 0, None
-        async for item in engine.stream(ps[2], SamplingParams(max_tokens=300)):
-            if isinstance(item, tuple):
-                seen += 1
-                if seen == 20:  # mid-generation, from another thread, between two engine steps
-                    await asyncio.to_thread(engine.update_weights, other)
-            else:
-                done = item
+        seen = []
+
+        def swap_at_20(token: int, logprob: float) -> None:
+            seen.append(token)
+            if len(seen) == 20:
+                engine.engine.update_weights(other)
+
+        done = await asyncio.wrap_future(engine._submit(ps[2], SamplingParams(max_tokens=300), swap_at_20).future)
+        assert len(done.token_ids) > 20, "the request ended before the update could land"
         assert done.policy_version == 0 and set(done.token_versions) == {0, 1}
+        assert list(done.token_versions).index(1) == 20
         assert list(done.token_versions) == sorted(done.token_versions)
         metrics = engine.metrics()
         assert metrics["version"] == 1 and metrics["generated_tokens"] > 0 and 0 < metrics["batch_occupancy"] <= 1
