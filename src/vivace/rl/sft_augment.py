@@ -84,10 +84,13 @@ def theme_of(task_id: str | None) -> str | None:
     return theme if theme.startswith("gen-") or theme in THEMES else None
 
 
-def theme_renames(theme: str, messages: list[Message], rng: random.Random) -> dict[str, str]:
-    """Fresh invented words for the theme's package, record nouns and numeric fields. A word the
-    expert's fix writes (in an edit's new_string but not its old_string: the typo's correct form)
-    keeps its name, since its misspelt form in the code is not renamed with it."""
+def theme_renames(
+    theme: str, messages: list[Message], rng: random.Random, pool: list[str] | None = None, invented_share: float = 0.5
+) -> dict[str, str]:
+    """Fresh invented words for the theme's package, record nouns and numeric fields; the package is
+    a word of `pool` instead with probability 1 - `invented_share` (held-out packages are real words
+    like `museum`). A word the expert's fix writes (in an edit's new_string but not its old_string:
+    the typo's correct form) keeps its name, since its misspelt form in the code is not renamed with it."""
     pkg, item, items, (field, other), *_ = theme_spec(theme)
     fixed = set()
     for m in messages:
@@ -98,7 +101,8 @@ def theme_renames(theme: str, messages: list[Message], rng: random.Random) -> di
     held_out = held_out_words()
     fresh = iter(w for w in iter(lambda: _invent(rng), None) if w not in held_out)
     new_item = next(fresh)
-    mapping = {pkg: next(fresh), item: new_item, items: new_item + "s", field: next(fresh), other: next(fresh)}
+    package = rng.choice(pool) if pool and rng.random() >= invented_share else next(fresh)
+    mapping = {pkg: package, item: new_item, items: new_item + "s", field: next(fresh), other: next(fresh)}
     return {old: new for old, new in mapping.items() if old not in fixed}
 
 
@@ -182,7 +186,7 @@ def augment_episodes(
         theme = theme_of(row.get("task_id")) if theme_names else None
         for _ in range(variants):
             if theme is not None:
-                mapping = theme_renames(theme, messages, rng)
+                mapping = theme_renames(theme, messages, rng, pool, invented_share)
                 new = mapping.get(old, old)
             else:
                 new = _invent(rng) if rng.random() < invented_share else rng.choice(pool)
