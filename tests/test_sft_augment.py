@@ -134,3 +134,19 @@ def test_whole_episodes_with_theme_names_and_the_context_trained():
         first = r["loss_mask"].index(1)
         assert set(r["loss_mask"][first:]) == {1}  # request, tool results and answers all trained
         assert SYSTEM in chat.decode(r["ids"][:first]) and "garden" not in chat.decode(r["ids"][first:])
+
+
+def test_retry_cut_inserts_an_untrained_near_miss_read_and_its_real_error():
+    chat = ChatFormat(load_tokenizer("tiny"))
+    tools = [tool_schema(t) for t in default_tools()]
+    rows = [{"task_id": "garden-misspelled-name-abc", "messages": _garden_episode()}]
+    out = list(augment_episodes(iter(rows), chat, tools, variants=4, seed=2, cuts=("retry",), theme_names=True))
+    assert len(out) == 4
+    for r in out:
+        pkg = r["package"]
+        text = chat.decode(r["ids"])
+        wrong = text.split('"path": "')[1].split("/")[0]  # the first read names the near miss
+        assert wrong != pkg and f"Error: {wrong}/core.py does not exist" in text
+        said = chat.decode([i for i, m in zip(r["ids"], r["loss_mask"], strict=True) if m])
+        assert said.count('"path"') == 1 and f'"path": "{pkg}/core.py"' in said  # only the right read is trained
+        assert wrong + "/" not in said and "edit_file" not in said

@@ -37,7 +37,7 @@ from vivace.harness.policy import render_conversation
 from vivace.rl.packing import common_prefix
 from vivace.tasks.projects import THEMES, _invent, _theme_words, split_of_theme, theme_spec
 
-CUTS = ("first_file", "first_edit")  # and "whole": the episode uncut
+CUTS = ("first_file", "first_edit")  # and "whole": the episode uncut; "retry": see with_failed_read
 
 
 def held_out_words() -> set[str]:
@@ -157,6 +157,34 @@ def cut_after(messages: list[Message], cut: str, package: str) -> list[Message] 
     return None
 
 
+def with_failed_read(messages: list[Message], package: str, rng: random.Random) -> tuple[list[Message], int] | None:
+    """The messages up to the first assistant turn naming a file of `package`, with a failed read
+    inserted before it: a read_file of a near-miss path (the package cut short by 1-3 letters, or a
+    letter changed) and the error the tool gives for it. Returns (messages, index of the inserted,
+    untrained turn); None when no turn names a package file. What the expert never shows otherwise:
+    after "does not exist", copy the path again from the context instead of repeating the call."""
+    from vivace.harness.tools.files import error
+
+    kept = cut_after(messages, "first_file", package)
+    if kept is None or len(package) < 3:
+        return None
+    path = next(
+        (a.get(k) for c in kept[-1].tool_calls if isinstance(a := c.arguments, dict) for k in ("path", "paths")
+         if isinstance(a.get(k), str) and a[k].startswith(f"{package}/")),
+        f"{package}/core.py",
+    )  # fmt: skip
+    if rng.random() < 0.6:
+        wrong = package[: -rng.randint(1, min(3, len(package) - 2))]
+    else:
+        i = rng.randrange(1, len(package))
+        wrong = package[:i] + rng.choice([c for c in "aeioulnrst" if c != package[i]]) + package[i + 1 :]
+    bad = path.replace(f"{package}/", f"{wrong}/", 1)
+    text = error(f"{bad} does not exist; use list_dir or glob_file_search to find it.").text
+    call = Message("assistant", kept[-1].content, (ToolCall("call_0", "read_file", {"path": bad}),))
+    failed = Message("tool", text, tool_call_id="call_0", name="read_file")
+    return [*kept[:-1], call, failed, kept[-1]], len(kept) - 1
+
+
 def augment_episodes(
     rows: Iterator[dict[str, Any]],
     chat: Any,
@@ -192,10 +220,18 @@ def augment_episodes(
                 new = _invent(rng) if rng.random() < invented_share else rng.choice(pool)
                 mapping = {old: new}
             cut = rng.choice(cuts)
-            kept = cut_after(rename_words(messages, mapping), cut, new)
+            renamed, untrained = rename_words(messages, mapping), None
+            if cut == "retry":
+                found = with_failed_read(renamed, new, rng)
+                kept, untrained = found if found else (None, None)
+            else:
+                kept = cut_after(renamed, cut, new)
             if kept is None:
                 continue
             ids, mask = render_conversation(chat, kept, tools)
+            if untrained is not None:  # the near-miss call is context, never a target
+                end = len(render_conversation(chat, kept[: untrained + 1], tools)[0])
+                mask[end - len(chat.assistant_ids(kept[untrained])) : end] = [0] * len(chat.assistant_ids(kept[untrained]))
             if train_context:
                 system = common_prefix([ids, chat.prompt_ids(kept[:1], tools)]) if kept[0].role == "system" else 0
                 mask = [0] * system + [1] * (len(ids) - system)
