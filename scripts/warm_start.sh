@@ -32,7 +32,7 @@ $V sft copies --out "$D/copies_narrow.jsonl" --n 40000 --vocab 300:800 --seed 0
 $V sft copies --out "$D/copies_narrow_val.jsonl" --n 200 --vocab 300:800 --seed 99
 $V sft copies --out "$D/copies_wide.jsonl" --n 60000 --vocab 300:4000 --seed 1
 $V sft copies --out "$D/copies_val.jsonl" --n 200 --vocab 300:4000 --seed 98
-$V sft train --data "$D/copies_narrow.jsonl" --eval "$D/copies_narrow_val.jsonl" --out "$D/c1" --seq-len 2560 \
+$V sft train --data "$D/copies_narrow.jsonl" --eval "$D/copies_narrow_val.jsonl" --init tiny-init --out "$D/c1" --seq-len 2560 \
   --batch-tokens 2560 --lr 0.001 --min-lr-ratio 1 --steps 760 --threads 2 --seed 0
 $V sft train --data "$D/copies_wide.jsonl" --eval "$D/copies_val.jsonl" --init "$D/c1" --out "$D/c2" --seq-len 2560 \
   --batch-tokens 2560 --lr 0.001 --min-lr-ratio 1 --steps 400 --threads 2 --seed 0

@@ -37,7 +37,7 @@ async def learn(tmp_path, sign: float, steps: int, temperature: float = 1.0) -> 
     repo.mkdir()
     (repo / "main.py").write_text("def helper():\n    return 42\n")
     cfg = load_preset("smoke", agent={"max_turns": 1, "max_turn_tokens": 24},
-                      train={"tasks_per_step": 2, "group_size": 8, "steps": steps, "lr": 3e-3,
+                      train={"model": "tiny-init", "tasks_per_step": 2, "group_size": 8, "steps": steps, "lr": 3e-3,
                              "checkpoint_every": steps, "runs_dir": str(tmp_path / "runs"), "rollout_concurrency": 16},
                       engine={"temperature": temperature},
                       sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip

@@ -260,3 +260,13 @@ def test_ship_rounds_to_bf16_and_loads_as_a_checkpoint(tmp_path):
     with torch.no_grad():
         a, b = model(ids).logits, shipped(ids).logits
     assert torch.allclose(a, b, atol=0.05) and not torch.equal(a, b)  # rounded, not retrained
+
+
+def test_tiny_init_is_the_seeded_untrained_model_whatever_is_shipped():
+    from vivace.model.checkpoint import TINY_DIR, load_model
+
+    a, b = load_model("tiny-init").model, load_model("tiny-init").model
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    if (TINY_DIR / "config.json").is_file():  # the shipped warm start differs from where it began
+        shipped = load_model("tiny").model.state_dict()
+        assert any(not torch.equal(v, shipped[k]) for k, v in a.state_dict().items())

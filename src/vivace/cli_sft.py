@@ -65,7 +65,7 @@ def sft_data(
 
             from vivace.model.checkpoint import load_tokenizer, tiny_config
 
-            config = tiny_config(len(load_tokenizer(model))) if model == "tiny" else AutoConfig.from_pretrained(model)
+            config = tiny_config(len(load_tokenizer(model))) if model in ("tiny", "tiny-init") else AutoConfig.from_pretrained(model)
             max_tokens = config.max_position_embeddings
         with Progress(TextColumn("expert episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:  # fmt: skip
@@ -261,7 +261,9 @@ def sft_train(
     out_dir: Annotated[Path, typer.Option("--out", help="Checkpoint directory (with train_log.jsonl).")] = Path(
         "runs/sft/model"
     ),
-    init: Annotated[str, typer.Option(help="Starting weights: tiny or a checkpoint directory.")] = "tiny",
+    init: Annotated[
+        str, typer.Option(help="Starting weights: tiny (the shipped warm start), tiny-init (untrained) or a checkpoint.")
+    ] = "tiny",
     eval_file: Annotated[Path | None, typer.Option("--eval", help="Held-out episodes (JSONL) for eval lines.")] = None,
     seq_len: Annotated[
         int,

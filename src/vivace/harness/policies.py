@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from vivace.config import EngineConfig
 
 SPEC_FORMS = ("http(s)://HOST:PORT/v1#MODEL", "scripted:null", "scripted:replay:FILE", "scripted:oracle",
-              "scripted:random", "scripted:random-edit", "tiny", "PATH (a checkpoint directory)", "tokens:http://HOST:PORT/v1#MODEL")  # fmt: skip
+              "scripted:random", "scripted:random-edit", "tiny", "tiny-init", "PATH (a checkpoint directory)", "tokens:http://HOST:PORT/v1#MODEL")  # fmt: skip
 # Policies defined above the harness (they need a task), imported only when named.
 _LAZY = {
     "scripted:oracle": "vivace.bench.baselines:OraclePolicy",
@@ -59,7 +59,7 @@ def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     if spec in _LAZY:
         module, _, attr = _LAZY[spec].partition(":")
         return getattr(importlib.import_module(module), attr)()
-    if spec == "tiny" or spec.startswith("tokens:") or (Path(spec).expanduser() / "config.json").is_file():
+    if spec in ("tiny", "tiny-init") or spec.startswith("tokens:") or (Path(spec).expanduser() / "config.json").is_file():
         return importlib.import_module("vivace.inference.samplers").token_policy(spec, engine)
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 

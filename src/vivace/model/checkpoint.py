@@ -10,7 +10,8 @@ and the Hugging Face ecosystem with no conversion step.
 
 `tiny` resolves to the trained checkpoint shipped in `model/assets/tiny` when it exists, else to
 a freshly initialised model (seeded, so every process gets the same weights) with the reference
-tokenizer. Not covered: downloading from a hub (nothing is fetched at run time) and sharded
+tokenizer; `tiny-init` is always that fresh model (the warm start's starting point, and tests
+that need an untrained policy). Not covered: downloading from a hub (nothing is fetched at run time) and sharded
 loading across devices (the trainer does that).
 """
 
@@ -24,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 ASSETS = Path(__file__).parent / "assets"
 TINY_DIR = ASSETS / "tiny"
+TINY_INIT = "tiny-init"  # the seeded, untrained tiny model: where the warm start begins
 TINY_SEED = 0
 
 
@@ -60,13 +62,13 @@ class LoadedModel:
 
 def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
     """`tiny` or a local checkpoint directory -> model (eval mode) and tokenizer."""
-    if spec == "tiny" and not (TINY_DIR / "config.json").is_file():
+    if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
         from vivace.model.tokenizer import reference_tokenizer
 
         tokenizer = reference_tokenizer()
         torch.manual_seed(TINY_SEED)
         model = AutoModelForCausalLM.from_config(tiny_config(len(tokenizer)), dtype=dtype)
-        return LoadedModel(model.to(device).eval(), tokenizer, "tiny")
+        return LoadedModel(model.to(device).eval(), tokenizer, spec)
     path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
     if not (path / "config.json").is_file():
         raise ValueError(
@@ -80,7 +82,7 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     """The tokenizer of `tiny` or of a checkpoint directory, without loading the weights."""
-    if spec == "tiny" and not (TINY_DIR / "tokenizer_config.json").is_file():
+    if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "tokenizer_config.json").is_file()):
         from vivace.model.tokenizer import reference_tokenizer
 
         return reference_tokenizer()

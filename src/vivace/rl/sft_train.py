@@ -183,7 +183,7 @@ def _init_model(init: str, overrides: dict | None, seed: int):
     if not overrides:
         loaded = load_model(init)
         return loaded.model, loaded.tokenizer
-    if init != "tiny":
+    if init not in ("tiny", "tiny-init"):
         raise ValueError("config overrides apply to a freshly initialised tiny model only")
     from transformers import AutoModelForCausalLM
 
