@@ -113,7 +113,10 @@ def test_theme_renames_keep_the_word_a_fix_writes():
 
 
 def test_rename_words_reaches_identifier_parts_but_not_longer_words():
-    messages = [Message("system", "plant"), Message("user", "tallest_plant(plants) Plant plantation age message 2plant")]
+    messages = [
+        Message("system", "plant"),
+        Message("user", "tallest_plant(plants) Plant plantation age message 2plant"),
+    ]
     out = rename_words(messages, {"plant": "vor", "plants": "vors", "age": "tik"})
     assert out[0].content == "plant"  # the system turn is the harness's
     assert out[1].content == "tallest_vor(vors) Vor plantation tik message 2vor"
@@ -128,7 +131,7 @@ def test_whole_episodes_with_theme_names_and_the_context_trained():
     assert len(out) == 3
     for r in out:
         text = chat.decode(r["ids"])
-        after_system = text[text.index(SYSTEM) + len(SYSTEM):]
+        after_system = text[text.index(SYSTEM) + len(SYSTEM) :]
         assert "garden" not in after_system and "plant" not in after_system and "water" not in after_system
         assert "'height'" in after_system and f"Fixed the key in {r['package']}/core.py." in after_system
         first = r["loss_mask"].index(1)

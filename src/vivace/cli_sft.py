@@ -65,7 +65,11 @@ def sft_data(
 
             from vivace.model.checkpoint import load_tokenizer, tiny_config
 
-            config = tiny_config(len(load_tokenizer(model))) if model in ("tiny", "tiny-init") else AutoConfig.from_pretrained(model)
+            config = (
+                tiny_config(len(load_tokenizer(model)))
+                if model in ("tiny", "tiny-init")
+                else AutoConfig.from_pretrained(model)
+            )
             max_tokens = config.max_position_embeddings
         with Progress(TextColumn("expert episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:  # fmt: skip
@@ -96,7 +100,8 @@ def sft_augment(
         typer.Option(help="Where a copy may end, drawn per copy: first_file, first_edit, whole or retry (repeat)."),
     ] = None,
     theme_names: Annotated[
-        bool, typer.Option("--theme-names", help="Rename the theme's record nouns and fields too, not only the package.")
+        bool,
+        typer.Option("--theme-names", help="Rename the theme's record nouns and fields too, not only the package."),
     ] = False,
     train_context: Annotated[
         bool, typer.Option("--train-context", help="Train every token after the system turn, not only the assistant's.")
@@ -129,8 +134,15 @@ def sft_augment(
         with data.open() as f, out_file.open("w") as w:
             rows = (json.loads(line) for line in f if line.strip())
             for row in augment_episodes(
-                rows, chat, tools, variants, seed, progress=lambda n: bar.update(job, completed=n), cuts=cuts,
-                theme_names=theme_names, train_context=train_context,
+                rows,
+                chat,
+                tools,
+                variants,
+                seed,
+                progress=lambda n: bar.update(job, completed=n),
+                cuts=cuts,
+                theme_names=theme_names,
+                train_context=train_context,
             ):
                 w.write(json.dumps(row) + "\n")
                 counts["written"] += 1
@@ -262,7 +274,8 @@ def sft_train(
         "runs/sft/model"
     ),
     init: Annotated[
-        str, typer.Option(help="Starting weights: tiny (the shipped warm start), tiny-init (untrained) or a checkpoint.")
+        str,
+        typer.Option(help="Starting weights: tiny (the shipped warm start), tiny-init (untrained) or a checkpoint."),
     ] = "tiny",
     eval_file: Annotated[Path | None, typer.Option("--eval", help="Held-out episodes (JSONL) for eval lines.")] = None,
     seq_len: Annotated[

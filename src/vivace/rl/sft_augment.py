@@ -18,7 +18,10 @@ exactly the tokens the harness gives a model in that conversation, loss mask on 
 The system turn is shared by all, so a training row computes it once (rl/packing.py) and a cut
 episode costs only its own few hundred tokens.
 
-Not covered: renaming functions, records or fields (the package is what a path needs), and
+Options measured in attempt 6 (docs/benchmarks.md): `theme_names` renames the record nouns and
+fields too (hence function names built from them), `cuts` adds "whole" (uncut) and "retry" (a
+near-miss read and its error before the right call), `train_context` trains every token after
+the system turn. Not covered: renaming names that are not the theme's (`total`, `bound`), and
 checking the renamed code still runs (nothing executes it; the tool results are edited text).
 """
 
@@ -97,7 +100,9 @@ def theme_renames(
         for c in m.tool_calls:
             if c.name == "edit_file" and isinstance(c.arguments, dict):
                 old, new = str(c.arguments.get("old_string", "")), str(c.arguments.get("new_string", ""))
-                fixed |= {w for w in (pkg, item, items, field, other) if _word(w).search(new) and not _word(w).search(old)}
+                fixed |= {
+                    w for w in (pkg, item, items, field, other) if _word(w).search(new) and not _word(w).search(old)
+                }
     held_out = held_out_words()
     fresh = iter(w for w in iter(lambda: _invent(rng), None) if w not in held_out)
     new_item = next(fresh)
@@ -230,8 +235,11 @@ def augment_episodes(
                 continue
             ids, mask = render_conversation(chat, kept, tools)
             if untrained is not None:  # the near-miss call is context, never a target
-                end = len(render_conversation(chat, kept[: untrained + 1], tools)[0])
-                mask[end - len(chat.assistant_ids(kept[untrained])) : end] = [0] * len(chat.assistant_ids(kept[untrained]))
+                end, n = (
+                    len(render_conversation(chat, kept[: untrained + 1], tools)[0]),
+                    len(chat.assistant_ids(kept[untrained])),
+                )
+                mask[end - n : end] = [0] * n
             if train_context:
                 system = common_prefix([ids, chat.prompt_ids(kept[:1], tools)]) if kept[0].role == "system" else 0
                 mask = [0] * system + [1] * (len(ids) - system)
