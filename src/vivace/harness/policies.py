@@ -59,7 +59,11 @@ def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     if spec in _LAZY:
         module, _, attr = _LAZY[spec].partition(":")
         return getattr(importlib.import_module(module), attr)()
-    if spec in ("tiny", "tiny-init") or spec.startswith("tokens:") or (Path(spec).expanduser() / "config.json").is_file():
+    if (
+        spec in ("tiny", "tiny-init")
+        or spec.startswith("tokens:")
+        or (Path(spec).expanduser() / "config.json").is_file()
+    ):
         return importlib.import_module("vivace.inference.samplers").token_policy(spec, engine)
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 
