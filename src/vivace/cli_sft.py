@@ -63,12 +63,10 @@ def sft_data(
         if max_tokens is None:
             from transformers import AutoConfig
 
-            from vivace.model.checkpoint import load_tokenizer, tiny_config
+            from vivace.model.checkpoint import TINY_NAMES, load_tokenizer, tiny_config
 
             config = (
-                tiny_config(len(load_tokenizer(model)))
-                if model in ("tiny", "tiny-init")
-                else AutoConfig.from_pretrained(model)
+                tiny_config(len(load_tokenizer(model))) if model in TINY_NAMES else AutoConfig.from_pretrained(model)
             )
             max_tokens = config.max_position_embeddings
         with Progress(TextColumn("expert episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

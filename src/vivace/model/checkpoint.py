@@ -11,8 +11,8 @@ and the Hugging Face ecosystem with no conversion step.
 `tiny` resolves to the trained checkpoint shipped in `model/assets/tiny` when it exists, else to
 a freshly initialised model (seeded, so every process gets the same weights) with the reference
 tokenizer; `tiny-init` is always that fresh model (the warm start's starting point, and tests
-that need an untrained policy). Not covered: downloading from a hub (nothing is fetched at run time) and sharded
-loading across devices (the trainer does that).
+that need an untrained policy). Not covered: downloading from a hub (nothing is fetched at run
+time) and sharded loading across devices (the trainer does that).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 ASSETS = Path(__file__).parent / "assets"
 TINY_DIR = ASSETS / "tiny"
 TINY_INIT = "tiny-init"  # the seeded, untrained tiny model: where the warm start begins
+TINY_NAMES = ("tiny", TINY_INIT)  # the specs with the tiny preset's architecture (no checkpoint path)
 TINY_SEED = 0
 
 

@@ -178,12 +178,12 @@ def _sha256(path: Path) -> str:
 
 
 def _init_model(init: str, overrides: dict | None, seed: int):
-    from vivace.model.checkpoint import load_model, load_tokenizer, tiny_config
+    from vivace.model.checkpoint import TINY_NAMES, load_model, load_tokenizer, tiny_config
 
     if not overrides:
         loaded = load_model(init)
         return loaded.model, loaded.tokenizer
-    if init not in ("tiny", "tiny-init"):
+    if init not in TINY_NAMES:
         raise ValueError("config overrides apply to a freshly initialised tiny model only")
     from transformers import AutoModelForCausalLM
 
