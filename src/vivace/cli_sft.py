@@ -290,6 +290,7 @@ def sft_train(
     save_every: Annotated[int, typer.Option(help="Save the checkpoint every N steps (and at the end).")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the packing and the episode order.")] = 0,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
+    device: Annotated[str, typer.Option(help="auto (the GPU if torch sees one), cpu, cuda or cuda:N.")] = "auto",
     objective: Annotated[
         str,
         typer.Option(help="assistant: the assistant tokens (RL's mask); dialogue: every token after the system turn."),
@@ -321,8 +322,8 @@ def sft_train(
             result = train_sft(files, out_dir, init=init, eval_data=eval_file, seq_len=seq_len,
                                batch_tokens=batch_tokens, lr=lr, min_lr_ratio=min_lr_ratio, max_steps=steps, epochs=epochs,
                                time_budget_s=minutes * 60 if minutes is not None else None, eval_every=eval_every,
-                               save_every=save_every, seed=seed, threads=threads, objective=objective,
-                               progress=show)  # fmt: skip
+                               save_every=save_every, seed=seed, threads=threads, device=device,
+                               objective=objective, progress=show)  # fmt: skip
     except ValueError as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e

@@ -24,7 +24,11 @@ still decays to the floor as time runs out (that run then depends on the machine
 and epoch budgets are deterministic for a seed). The run stops at whichever budget comes first
 (one epoch when none is given) or at Ctrl-C, and saves the checkpoint; it also saves every
 `save_every` steps, so a killed run keeps its last save. Not covered: resuming (the optimizer
-is not saved), several devices, bf16, several rows per forward (on a GPU one would).
+is not saved), several devices, several rows per forward.
+
+Device: `device="auto"` trains on the GPU when torch sees one (fp32 weights and AdamW state, bf16
+autocast for the forward; rows stay one per forward, so a step's batch is its rows accumulated),
+else on the CPU in fp32.
 """
 
 from __future__ import annotations
@@ -140,7 +144,8 @@ def evaluate(model, episodes: list[Episode], seq_len: int, spans: list[list[tupl
     loss = correct = n = 0.0
     hits: dict[str, list[int]] = {f"{kind}_{a}": [] for a in PROBED for kind in ("first", "exact")}
     for row, _ in pack_episodes(episodes, seq_len):
-        out, labels = forward_row(model, [episodes[i] for i in row], trained_only=True)
+        with _autocast(model):
+            out, labels = forward_row(model, [episodes[i] for i in row], trained_only=True)
         logits = out.logits[0].float()
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
         right = (logits.argmax(-1) == labels).tolist()
@@ -167,6 +172,21 @@ def lr_at(step: int, progress: float, lr: float, warmup: int, min_lr_ratio: floa
         return lr * (step + 1) / warmup
     cos = 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * cos)
+
+
+def pick_device(device: str) -> torch.device:
+    """`auto`: the GPU when torch sees one, else the CPU; otherwise the named torch device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA GPU here; use --device cpu (or auto)")
+    return dev
+
+
+def _autocast(model):
+    """bf16 autocast on a GPU (the weights and optimizer stay fp32); nothing on the CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=model.device.type == "cuda")
 
 
 def _sha256(path: Path) -> str:
@@ -212,7 +232,8 @@ def _accumulate(model, batch: list[list[Episode]], aux_coef: float) -> tuple[flo
     tokens = sum(row_tokens(row) for row in batch)
     ce_total = aux_total = 0.0
     for row in batch:
-        out, labels = forward_row(model, row, router=aux_coef > 0, trained_only=True)
+        with _autocast(model):
+            out, labels = forward_row(model, row, router=aux_coef > 0, trained_only=True)
         ce = F.cross_entropy(out.logits[0].float(), labels, reduction="sum") / trained
         loss = ce
         if aux_coef > 0 and out.aux_loss is not None:
@@ -243,6 +264,7 @@ def train_sft(
     save_every: int = 200,
     seed: int = 0,
     threads: int | None = None,
+    device: str = "auto",
     objective: str = "assistant",
     config_overrides: dict[str, Any] | None = None,
     progress: Callable[[dict[str, Any]], None] = lambda record: None,
@@ -259,8 +281,11 @@ def train_sft(
         torch.set_num_threads(threads)
     if max_steps is None and epochs is None and time_budget_s is None:
         epochs = 1.0
+    dev = pick_device(device)
     random.seed(seed)
     model, tokenizer = _init_model(init, config_overrides, seed)
+    model.to(dev)
+    args["device"] = str(dev)
     model.set_attn_implementation(PACKED)  # not saved: the checkpoint's config loads with the default
     torch.manual_seed(seed)
     longest = min(seq_len, model.config.max_position_embeddings)  # an episode must fit a row and the context
