@@ -50,7 +50,7 @@ for i in 0 1 2 3; do  # piece copies (sft copies --vocab pieces), beside the var
     --seed $((SEED + 1000 + i)) >/dev/null &
 done
 wait
-echo "variants: $(cat "$A"/var_*.jsonl | wc -l) episodes"
+echo "$(date +%T) variants: $(cat "$A"/var_*.jsonl | wc -l) episodes"
 
 # 2. Training: the expert episodes as recorded plus all variants, bf16 autocast, 4 rows a step.
 data=()
