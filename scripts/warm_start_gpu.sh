@@ -7,6 +7,11 @@
 # would take days at this size). Variants are made in parallel, one process per core.
 #
 #   INIT=tiny MINUTES=6 scripts/warm_start_gpu.sh          # writes $D/gpu (checkpoint + logs)
+#   PHASE=variants scripts/warm_start_gpu.sh                 # only the variants (e.g. on a CPU host)
+#   PHASE=train INIT=runs/warm_start/gpu STAGE_OUT=runs/warm_start/gpu2 scripts/warm_start_gpu.sh
+#
+# BASES (default: train_a train_b, and train_c if present) names the expert files in $D; FF, FE,
+# WH, RT are the variants per episode of each cut (first_file, first_edit, whole, retry).
 #
 # Reproducibility: the variants are seeded, but their fresh names come from the identifiers in
 # the running Python's standard library (sft_augment.name_pool), so another Python version draws
@@ -19,14 +24,17 @@ INIT=${INIT:-tiny}
 OUT=${STAGE_OUT:-$D/gpu}
 MINUTES=${MINUTES:-6}
 SEED=${SEED:-100}
+PHASE=${PHASE:-all}
+LR=${LR:-0.0006} FF=${FF:-12} FE=${FE:-12} WH=${WH:-4} RT=${RT:-3}
 JOBS=${JOBS:-$(nproc)}
 A=$D/gpu_data
 mkdir -p "$A"
 
 # 1. Variants: every base file split in shards, each shard renamed and cut four ways.
+bases=()
+for b in ${BASES:-train_a train_b $( [ -f "$D/train_c.jsonl" ] && echo train_c )}; do bases+=("$D/$b.jsonl"); done
+if [ "$PHASE" != train ]; then
 rm -f "$A"/shard_* "$A"/var_*.jsonl
-bases=("$D/train_a.jsonl" "$D/train_b.jsonl")
-[ -f "$D/train_c.jsonl" ] && bases+=("$D/train_c.jsonl")
 n=0
 for f in "${bases[@]}"; do
   split -n l/8 -d "$f" "$A/shard_${n}_"
@@ -35,10 +43,10 @@ done
 jobs=()
 for s in "$A"/shard_*; do
   k=$(basename "$s")
-  jobs+=("--cut first_file --theme-names --variants 12 --data $s --out $A/var_ff_$k.jsonl")
-  jobs+=("--cut first_edit --theme-names --variants 12 --data $s --out $A/var_fe_$k.jsonl")
-  jobs+=("--cut whole --theme-names --variants 4 --data $s --out $A/var_wh_$k.jsonl")
-  jobs+=("--cut retry --theme-names --variants 3 --data $s --out $A/var_rt_$k.jsonl")
+  jobs+=("--cut first_file --theme-names --variants $FF --data $s --out $A/var_ff_$k.jsonl")
+  jobs+=("--cut first_edit --theme-names --variants $FE --data $s --out $A/var_fe_$k.jsonl")
+  jobs+=("--cut whole --theme-names --variants $WH --data $s --out $A/var_wh_$k.jsonl")
+  jobs+=("--cut retry --theme-names --variants $RT --data $s --out $A/var_rt_$k.jsonl")
 done
 i=0
 for j in "${jobs[@]}"; do
@@ -51,10 +59,12 @@ for i in 0 1 2 3; do  # piece copies (sft copies --vocab pieces), beside the var
 done
 wait
 echo "$(date +%T) variants: $(cat "$A"/var_*.jsonl | wc -l) episodes"
+fi
+[ "$PHASE" = variants ] && exit 0
 
 # 2. Training: the expert episodes as recorded plus all variants, bf16 autocast, 4 rows a step.
 data=()
 for f in "${bases[@]}" "$A"/var_*.jsonl; do data+=(--data "$f"); done
 $V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$INIT" --out "$OUT" --seq-len 16384 \
-  --batch-tokens 65536 --lr 0.0006 --min-lr-ratio 0.1 --minutes "$MINUTES" --eval-every 100 \
+  --batch-tokens 65536 --lr "$LR" --min-lr-ratio 0.1 --minutes "$MINUTES" --eval-every 100 \
   --save-every 500 --seed "$SEED" --device auto

@@ -270,3 +270,14 @@ def test_tiny_init_is_the_seeded_untrained_model_whatever_is_shipped():
     if (TINY_DIR / "config.json").is_file():  # the shipped warm start differs from where it began
         shipped = load_model("tiny").model.state_dict()
         assert any(not torch.equal(v, shipped[k]) for k, v in a.state_dict().items())
+
+
+def test_device_choice_falls_back_to_the_cpu_and_names_a_missing_gpu(monkeypatch):
+    from vivace.rl.sft_train import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu") and pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        pick_device("cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device("auto") == torch.device("cuda")
