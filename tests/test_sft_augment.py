@@ -149,7 +149,40 @@ def test_retry_cut_inserts_an_untrained_near_miss_read_and_its_real_error():
         pkg = r["package"]
         text = chat.decode(r["ids"])
         wrong = text.split('"path": "')[1].split("/")[0]  # the first read names the near miss
-        assert wrong != pkg and f"Error: {wrong}/core.py does not exist" in text
+        # The error is the tool's, hint included: the file the episode shows with that name.
+        assert wrong != pkg and f"Error: {wrong}/core.py does not exist. Did you mean {pkg}/core.py?" in text
         said = chat.decode([i for i, m in zip(r["ids"], r["loss_mask"], strict=True) if m])
         assert said.count('"path"') == 1 and f'"path": "{pkg}/core.py"' in said  # only the right read is trained
         assert wrong + "/" not in said and "edit_file" not in said
+
+
+def test_retry_edit_cut_inserts_an_untrained_near_miss_edit_and_the_tools_error():
+    chat = ChatFormat(load_tokenizer("tiny"))
+    tools = [tool_schema(t) for t in default_tools()]
+    rows = [{"task_id": "t1", "messages": _episode()}]
+    out = list(augment_episodes(iter(rows), chat, tools, variants=6, seed=4, cuts=("retry_edit",)))
+    assert out
+    for r in out:
+        text = chat.decode(r["ids"])
+        pkg = r["package"]
+        # The near miss's error is the real tool's, with the closest line of the file as read.
+        assert f"old_string was not found in {pkg}/core.py" in text
+        assert (f"The closest text in {pkg}/core.py is at line 2:\n     2\t    tota = 0" in text
+                or f"The closest text in {pkg}/core.py is at line 3:\n     3\t    return total" in text)  # fmt: skip
+        said = chat.decode([i for i, m in zip(r["ids"], r["loss_mask"], strict=True) if m])
+        assert said.count("edit_file") == 1 and '"old_string": "tota "' in said  # only the right edit trained
+        assert text.count("edit_file") >= 2 + 1  # the schema, the near miss and the right call
+
+
+def test_near_miss_is_a_one_letter_typo_and_files_read_back():
+    import random
+
+    from vivace.rl.sft_augment import file_as_read, near_miss
+
+    rng = random.Random(0)
+    for _ in range(50):
+        bad = near_miss("count_over", rng)
+        assert bad != "count_over" and abs(len(bad) - len("count_over")) <= 1
+    messages = [Message.from_openai(m) for m in _episode()]
+    assert file_as_read(messages, "acme/core.py") == "def total(xs):\n    tota = 0\n    return total\n"
+    assert file_as_read(messages, "acme/other.py") is None

@@ -145,7 +145,7 @@ async def test_edit_create_missing_and_binary(pctx):
     await ok(pctx, "edit_file", path="blank.txt", old_string="", new_string="hello\n")
     assert await ws.read_text("blank.txt") == "hello\n"
     msg = await err(pctx, "edit_file", path="missing.py", old_string="a", new_string="b")
-    assert "missing.py does not exist; to create it use write_file" in msg
+    assert msg == "Error: missing.py does not exist. To create it, use write_file or edit_file with an empty old_string."
     assert "binary file" in await err(pctx, "edit_file", path="data/blob.bin", old_string="bin", new_string="x")
 
 
@@ -508,3 +508,35 @@ async def test_hostile_arguments_give_short_errors(pctx):
     ]:
         result = await call(pctx, name, **args)
         assert result.is_error and result.text.startswith("Error: ") and len(result.text) < 1_200, (name, result.text)
+
+
+async def test_missing_paths_name_the_files_they_probably_meant(ctx):
+    # A near miss in the directory or the file name: the error names the existing file.
+    assert await err(ctx, "read_file", path="pkq/calc.py") == "Error: pkq/calc.py does not exist. Did you mean pkg/calc.py?"
+    assert await err(ctx, "read_file", path="calc.py") == "Error: calc.py does not exist. Did you mean pkg/calc.py?"
+    assert "Did you mean pkg/calc.py? To create it" in await err(
+        ctx, "edit_file", path="pgk/calc.py", old_string="a", new_string="b"
+    )
+    assert await err(ctx, "delete_file", path="pkg/calcs.py") == "Error: pkg/calcs.py does not exist. Did you mean pkg/calc.py?"
+    # Nothing close: the old advice, no invented suggestion.
+    assert await err(ctx, "read_file", path="zzz/qqq.rs") == (
+        "Error: zzz/qqq.rs does not exist; use list_dir or glob_file_search to find it."
+    )
+    # Hidden directories are never offered; escapes stay escapes.
+    await ctx.workspace.write_text(".secret/calc.py", "x = 1\n")
+    assert ".secret" not in await err(ctx, "read_file", path="src/calc.py")
+    assert "outside the workspace" in await err(ctx, "read_file", path="../calc.py")
+
+
+async def test_old_string_not_found_shows_the_closest_line(pctx):
+    text = await err(pctx, "edit_file", path="pkg/calc.py", old_string="retrun a - b", new_string="return b - a")
+    assert text == (
+        "Error: old_string was not found in pkg/calc.py; read the file and copy the text exactly, including "
+        "indentation.\nThe closest text in pkg/calc.py is at line 6:\n     6\t    return a - b"
+    )
+    # As many lines as old_string has, from the line its first line is most like.
+    text = await err(pctx, "edit_file", path="pkg/calc.py", old_string="def sbu(a, b):\n    return a-b", new_string="")
+    assert text.endswith("at line 5:\n     5\tdef sub(a, b):\n     6\t    return a - b")
+    # Nothing like it: no suggestion.
+    text = await err(pctx, "edit_file", path="pkg/calc.py", old_string="zzzzqqqq", new_string="y")
+    assert "closest" not in text

@@ -95,7 +95,9 @@ def sft_augment(
     model: Annotated[str, typer.Option(help="Whose tokenizer renders the tokens: tiny or a checkpoint.")] = "tiny",
     cut: Annotated[
         list[str] | None,
-        typer.Option(help="Where a copy may end, drawn per copy: first_file, first_edit, whole or retry (repeat)."),
+        typer.Option(
+            help="Where a copy may end, drawn per copy: first_file, first_edit, whole, retry (a failed read first) or retry_edit (a failed edit first) (repeat)."
+        ),
     ] = None,
     theme_names: Annotated[
         bool,
@@ -115,8 +117,10 @@ def sft_augment(
     from vivace.rl.sft_augment import CUTS, augment_episodes
 
     cuts = tuple(cut or CUTS)
-    if bad := [c for c in cuts if c not in (*CUTS, "whole", "retry")]:
-        err.print(f"[red]error:[/] unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry")
+    if bad := [c for c in cuts if c not in (*CUTS, "whole", "retry", "retry_edit")]:
+        err.print(
+            f"[red]error:[/] unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit"
+        )
         raise typer.Exit(2)
     if not data.is_file():
         err.print(f"[red]error:[/] {data}: no such file (write one with `vivace sft data --out {data}`)")

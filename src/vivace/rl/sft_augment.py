@@ -37,10 +37,12 @@ from typing import Any
 
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policy import render_conversation
+from vivace.harness.tools.base import ToolResult
+from vivace.harness.tools.suggest import path_hint
 from vivace.rl.packing import common_prefix
 from vivace.tasks.projects import THEMES, _invent, _theme_words, split_of_theme, theme_spec
 
-CUTS = ("first_file", "first_edit")  # and "whole": the episode uncut; "retry": see with_failed_read
+CUTS = ("first_file", "first_edit")  # and "whole" (uncut), "retry" (with_failed_read), "retry_edit" (with_failed_edit)
 
 
 def held_out_words() -> set[str]:
@@ -184,10 +186,86 @@ def with_failed_read(messages: list[Message], package: str, rng: random.Random) 
         i = rng.randrange(1, len(package))
         wrong = package[:i] + rng.choice([c for c in "aeioulnrst" if c != package[i]]) + package[i + 1 :]
     bad = path.replace(f"{package}/", f"{wrong}/", 1)
-    text = error(f"{bad} does not exist; use list_dir or glob_file_search to find it.").text
+    hint = path_hint(bad, sorted(paths_named(messages)))
+    text = error(
+        f"{bad} does not exist.{hint}"
+        if hint
+        else f"{bad} does not exist; use list_dir or glob_file_search to find it."
+    ).text
     call = Message("assistant", kept[-1].content, (ToolCall("call_0", "read_file", {"path": bad}),))
     failed = Message("tool", text, tool_call_id="call_0", name="read_file")
     return [*kept[:-1], call, failed, kept[-1]], len(kept) - 1
+
+
+def paths_named(messages: list[Message]) -> set[str]:
+    """The project's files an episode shows: every `dir/…/name.ext` in its request, tool results and
+    calls (the files a suggestion can name; the real tool lists the workspace, which for these
+    generated projects holds the same package and test files)."""
+    found: set[str] = set()
+    for m in messages[1:]:
+        found |= set(_PATH.findall(m.content or ""))
+        for c in m.tool_calls:
+            found |= set(_PATH.findall(json.dumps(c.arguments)))
+    return found
+
+
+_PATH = re.compile(r"(?<![\w./])(?:[A-Za-z_][\w]*/)+[A-Za-z_][\w]*\.(?:py|toml|txt|md|json)\b")
+
+
+def with_failed_edit(messages: list[Message], rng: random.Random) -> tuple[list[Message], int] | None:
+    """The messages up to the first edit_file turn, with a failed edit inserted before it: the same
+    call with a near-miss old_string (a letter dropped, doubled or changed) and the error the tool
+    gives, which shows the closest line of the file (read back from the episode's read_file result).
+    Returns (messages, index of the inserted, untrained turn); None when the episode has no edit, or
+    no read of the edited file before it, or the near miss happens to occur in the file."""
+    from vivace.harness.tools.files import replace_text
+
+    kept = next((messages[: i + 1] for i, m in enumerate(messages) if m.role == "assistant" and any(
+        c.name == "edit_file" for c in m.tool_calls)), None)  # fmt: skip
+    if kept is None:
+        return None
+    call = next(c for c in kept[-1].tool_calls if c.name == "edit_file")
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    path, old = args.get("path"), args.get("old_string")
+    text = file_as_read(kept, path) if isinstance(path, str) else None
+    if text is None or not isinstance(old, str) or len(old.strip()) < 2:
+        return None
+    bad = near_miss(old, rng)
+    result = replace_text(text, bad, str(args.get("new_string", "")), False, path)
+    if not isinstance(result, ToolResult) or not result.is_error:
+        return None  # the near miss matched something: not a failed edit
+    wrong = Message("assistant", kept[-1].content, (ToolCall("call_0", "edit_file", {**args, "old_string": bad}),))
+    failed = Message("tool", result.text, tool_call_id="call_0", name="edit_file")
+    return [*kept[:-1], wrong, failed, kept[-1]], len(kept) - 1
+
+
+def near_miss(s: str, rng: random.Random) -> str:
+    """`s` with one letter dropped, doubled or changed (a typo of the kind a copy gets wrong)."""
+    letters = [i for i, ch in enumerate(s) if ch.isalnum()]
+    if not letters:
+        return s + s[-1]
+    i = rng.choice(letters)
+    how = rng.choice(("drop", "double", "change"))
+    if how == "drop" and len(s) > 2:
+        return s[:i] + s[i + 1 :]
+    if how == "double":
+        return s[:i] + s[i] + s[i:]
+    return s[:i] + rng.choice([c for c in "aeioulnrst" if c != s[i]]) + s[i + 1 :]
+
+
+def file_as_read(messages: list[Message], path: str) -> str | None:
+    """The text of `path` as the episode's last whole read_file of it showed (line numbers removed)."""
+    ids = {c.id for m in messages for c in m.tool_calls if c.name == "read_file" and isinstance(c.arguments, dict)
+           and c.arguments.get("path") == path and "offset" not in c.arguments and "limit" not in c.arguments}  # fmt: skip
+    shown = [
+        m.content for m in messages if m.role == "tool" and m.tool_call_id in ids and not m.content.startswith("Error")
+    ]
+    if not shown:
+        return None
+    lines = shown[-1].rstrip("\n").split("\n")
+    if not all(re.match(r" *\d+\t", line) for line in lines):
+        return None  # truncated or not a plain listing
+    return "\n".join(line.split("\t", 1)[1] for line in lines) + "\n"
 
 
 def augment_episodes(
@@ -226,8 +304,8 @@ def augment_episodes(
                 mapping = {old: new}
             cut = rng.choice(cuts)
             renamed, untrained = rename_words(messages, mapping), None
-            if cut == "retry":
-                found = with_failed_read(renamed, new, rng)
+            if cut in ("retry", "retry_edit"):
+                found = with_failed_read(renamed, new, rng) if cut == "retry" else with_failed_edit(renamed, rng)
                 kept, untrained = found if found else (None, None)
             else:
                 kept = cut_after(renamed, cut, new)

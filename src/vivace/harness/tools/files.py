@@ -18,6 +18,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from vivace.harness.tools.base import Access, ToolArgs, ToolContext, ToolResult, norm_path, truncate
+from vivace.harness.tools.suggest import closest_lines, path_hint, workspace_files
 from vivace.sandbox.base import NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
 
 MAX_LINE_CHARS = 2_000  # per displayed line; minified files would otherwise fill the budget with one line
@@ -126,7 +127,7 @@ class ReadFile:
                 return error(f"{path} is a directory; use list_dir to see what it contains.")
             return fs_error(e, path)
         except EXPECTED as e:
-            return fs_error(e, path, missing=f"{path} does not exist; use list_dir or glob_file_search to find it.")
+            return await file_error(ctx, e, path)
         if is_binary(data):
             return error(f"{path} is a binary file ({len(data)} bytes) and cannot be shown as text.")
         if not data:
@@ -140,6 +141,16 @@ class ReadFile:
         if args.offset > 1 or end < total:
             out.append(f"[showing lines {args.offset}-{end} of {total}; use offset and limit to see more]")
         return ToolResult(truncate("\n".join(out) + "\n", hint="use offset and limit to read a range").rstrip("\n"))
+
+
+async def file_error(
+    ctx: ToolContext, e: Exception, path: str, then: str = "use list_dir or glob_file_search to find it"
+) -> ToolResult:
+    """fs_error, where a missing file's text names the existing files it most likely meant."""
+    if not isinstance(e, WorkspaceFileNotFound | FileNotFoundError):
+        return fs_error(e, path)
+    hint = path_hint(path, await workspace_files(ctx.workspace))
+    return error(f"{path} does not exist.{hint}" if hint else f"{path} does not exist; {then}.")
 
 
 async def _is_dir(ctx: ToolContext, path: str) -> bool:
@@ -194,8 +205,11 @@ class EditFile:
         if old == "":
             return await self._create(ctx, path, before, new)
         if before is None:
-            return error(f"{path} does not exist; to create it use write_file, or edit_file with an empty old_string.")
-        edit = _replace(before, old, new, args.replace_all, path)
+            hint = path_hint(path, await workspace_files(ctx.workspace))
+            return error(
+                f"{path} does not exist.{hint} To create it, use write_file or edit_file with an empty old_string."
+            )
+        edit = replace_text(before, old, new, args.replace_all, path)
         if isinstance(edit, ToolResult):
             return edit
         after, spans, fuzzy = edit
@@ -220,7 +234,9 @@ class EditFile:
 Span = tuple[int, int]  # character offsets [start, end) of replaced text in the new file
 
 
-def _replace(text: str, old: str, new: str, replace_all: bool, path: str) -> tuple[str, list[Span], bool] | ToolResult:
+def replace_text(
+    text: str, old: str, new: str, replace_all: bool, path: str
+) -> tuple[str, list[Span], bool] | ToolResult:
     """The edited text, where the replacements landed, and whether the whitespace fallback matched."""
     if "\r\n" in text and "\r" not in old:  # a CRLF file edited with \n text: keep its line endings
         old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
@@ -256,7 +272,7 @@ def _fuzzy_replace(text: str, old: str, new: str, path: str) -> tuple[str, list[
     """Match old_string line by line with each line's surrounding whitespace stripped; replace
     the whole matched lines with new_string re-indented to where the match is."""
     advice = "read the file and copy the text exactly, including indentation"
-    not_found = error(f"old_string was not found in {path}; {advice}.")
+    not_found = error(f"old_string was not found in {path}; {advice}.{closest_text(text, old, path)}")
     want = old.split("\n")
     while want and not want[0].strip():
         want.pop(0)
@@ -282,6 +298,17 @@ def _fuzzy_replace(text: str, old: str, new: str, path: str) -> tuple[str, list[
     replaced = "\n".join(body)
     out = lines[:i] + body + lines[i + len(key) :]
     return "\n".join(out), [(start, start + len(replaced))], True
+
+
+def closest_text(text: str, old: str, path: str) -> str:
+    """'\nThe closest text in PATH is at line N:' and those lines numbered as read_file shows them
+    (the retry copies from there); '' when no line is close."""
+    found = closest_lines(text, old)
+    if found is None:
+        return ""
+    first, lines = found
+    shown = "\n".join(numbered(first + k, line) for k, line in enumerate(lines))
+    return f"\nThe closest text in {path} is at line {first}:\n{shown}"
 
 
 def _indent(line: str) -> str:
@@ -374,7 +401,7 @@ class DeleteFile:
                 return error(f"{path} is a directory; delete_file removes files only (use run_terminal_cmd rm -r).")
             await ctx.workspace.remove(path)
         except EXPECTED as e:
-            return fs_error(e, path)
+            return await file_error(ctx, e, path, then="nothing was deleted")
         return ToolResult(f"Deleted {'symlink ' if st.kind == 'symlink' else ''}{path}")
 
 
