@@ -186,3 +186,23 @@ def test_near_miss_is_a_one_letter_typo_and_files_read_back():
     messages = [Message.from_openai(m) for m in _episode()]
     assert file_as_read(messages, "acme/core.py") == "def total(xs):\n    tota = 0\n    return total\n"
     assert file_as_read(messages, "acme/other.py") is None
+
+
+def test_cli_augments_every_data_file_and_refuses_a_missing_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps({"task_id": "t1", "messages": _episode()}) + "\n")
+    b.write_text(json.dumps({"task_id": "t2", "messages": _episode()}) + "\n\n")
+    out = tmp_path / "out.jsonl"
+    args = ["sft", "augment", "--data", str(a), "--data", str(b), "--out", str(out), "--variants", "2", "--json"]
+    result = CliRunner().invoke(app, [*args, "--cut", "first_edit"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == ["t1", "t1", "t2", "t2"]  # both files, not only the last
+    missing = CliRunner().invoke(app, ["sft", "augment", "--data", str(a), "--data", str(tmp_path / "no.jsonl")])
+    assert missing.exit_code == 2 and "no.jsonl: no such file" in missing.output
+    bad = CliRunner().invoke(app, ["sft", "augment", "--data", str(a), "--cut", "sideways"])
+    assert bad.exit_code == 2 and "unknown --cut sideways" in bad.output

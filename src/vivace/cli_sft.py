@@ -86,9 +86,9 @@ def sft_data(
 
 @sft_app.command("augment")
 def sft_augment(
-    data: Annotated[Path, typer.Option("--data", help="Expert episodes from `vivace sft data`.")] = Path(
-        "runs/sft/expert.jsonl"
-    ),
+    data: Annotated[
+        list[Path] | None, typer.Option("--data", help="Expert episodes from `vivace sft data` (repeat for several).")
+    ] = None,
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/augmented.jsonl"),
     variants: Annotated[int, typer.Option(help="Renamed, cut-short copies per episode.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the new names and cuts.")] = 0,
@@ -122,21 +122,27 @@ def sft_augment(
             f"[red]error:[/] unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit"
         )
         raise typer.Exit(2)
-    if not data.is_file():
-        err.print(f"[red]error:[/] {data}: no such file (write one with `vivace sft data --out {data}`)")
-        raise typer.Exit(2)
+    files = data or [Path("runs/sft/expert.jsonl")]
+    for path in files:
+        if not path.is_file():
+            err.print(f"[red]error:[/] {path}: no such file (write one with `vivace sft data --out {path}`)")
+            raise typer.Exit(2)
     chat = ChatFormat(load_tokenizer(model))
     tools = [tool_schema(t) for t in default_tools()]
-    with data.open() as f:
-        total = sum(1 for line in f if line.strip())
+    total = sum(1 for path in files for line in path.open() if line.strip())
+
+    def rows():
+        for path in files:
+            with path.open() as f:
+                yield from (json.loads(line) for line in f if line.strip())
+
     counts = {"episodes": total, "written": 0, "tokens": 0, "trained_tokens": 0}
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with Progress(TextColumn("augmenting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
         job = bar.add_task("episodes", total=total)
-        with data.open() as f, out_file.open("w") as w:
-            rows = (json.loads(line) for line in f if line.strip())
+        with out_file.open("w") as w:
             for row in augment_episodes(
-                rows,
+                rows(),
                 chat,
                 tools,
                 variants,

@@ -166,8 +166,8 @@ def cut_after(messages: list[Message], cut: str, package: str) -> list[Message] 
 
 def with_failed_read(messages: list[Message], package: str, rng: random.Random) -> tuple[list[Message], int] | None:
     """The messages up to the first assistant turn naming a file of `package`, with a failed read
-    inserted before it: a read_file of a near-miss path (the package cut short by 1-3 letters, or a
-    letter changed) and the error the tool gives for it. Returns (messages, index of the inserted,
+    inserted before it: a read_file of a wrong path (the package cut short by 1-3 letters, a letter
+    changed, or a short other name) and the error the tool gives for it, hint included. Returns (messages, index of the inserted,
     untrained turn); None when no turn names a package file. What the expert never shows otherwise:
     after "does not exist", copy the path again from the context instead of repeating the call."""
     from vivace.harness.tools.files import error
@@ -180,7 +180,10 @@ def with_failed_read(messages: list[Message], package: str, rng: random.Random) 
          if isinstance(a.get(k), str) and a[k].startswith(f"{package}/")),
         f"{package}/core.py",
     )  # fmt: skip
-    if rng.random() < 0.6:
+    draw = rng.random()
+    if draw < 0.3:  # a whole other name, as a policy that recalls a training package writes
+        wrong = next(w for w in iter(lambda: _invent(rng)[: rng.randint(2, 5)], None) if w != package)
+    elif draw < 0.65:
         wrong = package[: -rng.randint(1, min(3, len(package) - 2))]
     else:
         i = rng.randrange(1, len(package))
