@@ -139,8 +139,9 @@ def test_bench_summary_breaks_success_down_by_family():
 
 
 def test_minimal_edits_make_exactly_the_reference_fix_on_every_task():
-    """The oracle's minimal old_string/new_string pairs (cut inside lines to the changed words)
-    turn each buggy file into exactly the fixed one, every old_string unique when applied."""
+    """The oracle's minimal old_string/new_string pairs (cut inside lines to the changed words, a
+    word with the space before it) turn each buggy file into exactly the fixed one, every
+    old_string unique when applied."""
     from vivace.bench.baselines import _edits, _hunks
     from vivace.bench.patch import parse_patch
     from vivace.tasks.suites import load_suite
@@ -157,6 +158,9 @@ def test_minimal_edits_make_exactly_the_reference_fix_on_every_task():
             cut = buggy
             for _, args in _edits(change, buggy):
                 assert cut.count(args["old_string"]) == 1, (task.id, args)
+                at = cut.find(args["old_string"])
+                if args["old_string"][:1].isalnum():  # a word after a space keeps it (same tokens as the file)
+                    assert cut[at - 1] != " ", (task.id, args)
                 cut = cut.replace(args["old_string"], args["new_string"])
                 shorter += not args["old_string"].endswith("\n")  # cut inside a line
             assert cut == whole, task.id

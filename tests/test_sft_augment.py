@@ -150,7 +150,7 @@ def test_retry_cut_inserts_an_untrained_near_miss_read_and_its_real_error():
         text = chat.decode(r["ids"])
         wrong = text.split('"path": "')[1].split("/")[0]  # the first read names the near miss
         # The error is the tool's, hint included: the file the episode shows with that name.
-        assert wrong != pkg and f"Error: {wrong}/core.py does not exist. Did you mean {pkg}/core.py?" in text
+        assert wrong != pkg and f'Error: {wrong}/core.py does not exist. Did you mean "{pkg}/core.py"?' in text
         said = chat.decode([i for i, m in zip(r["ids"], r["loss_mask"], strict=True) if m])
         assert said.count('"path"') == 1 and f'"path": "{pkg}/core.py"' in said  # only the right read is trained
         assert wrong + "/" not in said and "edit_file" not in said

@@ -18,7 +18,7 @@ def test_same_file_name_first_then_close_paths():
     two = ["a/util.py", "b/util.py", "c/util.py", "d/util.py"]
     assert similar_paths("b/utl.py", two)[0] == "b/util.py"  # by overall likeness once no name matches
     assert similar_paths("e/util.py", two) == two[:3]  # at most three
-    assert path_hint("e/util.py", two) == " Did you mean one of a/util.py, b/util.py, c/util.py?"
+    assert path_hint("e/util.py", two) == ' Did you mean one of "a/util.py", "b/util.py", "c/util.py"?'
     assert path_hint("x/nothing.c", two) == ""
 
 

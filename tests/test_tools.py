@@ -145,7 +145,9 @@ async def test_edit_create_missing_and_binary(pctx):
     await ok(pctx, "edit_file", path="blank.txt", old_string="", new_string="hello\n")
     assert await ws.read_text("blank.txt") == "hello\n"
     msg = await err(pctx, "edit_file", path="missing.py", old_string="a", new_string="b")
-    assert msg == "Error: missing.py does not exist. To create it, use write_file or edit_file with an empty old_string."
+    assert (
+        msg == "Error: missing.py does not exist. To create it, use write_file or edit_file with an empty old_string."
+    )
     assert "binary file" in await err(pctx, "edit_file", path="data/blob.bin", old_string="bin", new_string="x")
 
 
@@ -512,12 +514,18 @@ async def test_hostile_arguments_give_short_errors(pctx):
 
 async def test_missing_paths_name_the_files_they_probably_meant(ctx):
     # A near miss in the directory or the file name: the error names the existing file.
-    assert await err(ctx, "read_file", path="pkq/calc.py") == "Error: pkq/calc.py does not exist. Did you mean pkg/calc.py?"
-    assert await err(ctx, "read_file", path="calc.py") == "Error: calc.py does not exist. Did you mean pkg/calc.py?"
-    assert "Did you mean pkg/calc.py? To create it" in await err(
+    assert (
+        await err(ctx, "read_file", path="pkq/calc.py")
+        == 'Error: pkq/calc.py does not exist. Did you mean "pkg/calc.py"?'
+    )
+    assert await err(ctx, "read_file", path="calc.py") == 'Error: calc.py does not exist. Did you mean "pkg/calc.py"?'
+    assert 'Did you mean "pkg/calc.py"? To create it' in await err(
         ctx, "edit_file", path="pgk/calc.py", old_string="a", new_string="b"
     )
-    assert await err(ctx, "delete_file", path="pkg/calcs.py") == "Error: pkg/calcs.py does not exist. Did you mean pkg/calc.py?"
+    assert (
+        await err(ctx, "delete_file", path="pkg/calcs.py")
+        == 'Error: pkg/calcs.py does not exist. Did you mean "pkg/calc.py"?'
+    )
     # Nothing close: the old advice, no invented suggestion.
     assert await err(ctx, "read_file", path="zzz/qqq.rs") == (
         "Error: zzz/qqq.rs does not exist; use list_dir or glob_file_search to find it."

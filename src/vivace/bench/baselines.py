@@ -139,15 +139,22 @@ def _edits(change: FileChange, content: str | None = None) -> list[tuple[str, di
 
 def _minimal(old: str, new: str, content: str) -> tuple[str, str]:
     """The hunk cut to its changed lines, widened with its own context until unique in `content`,
-    then cut inside those lines to the changed words the same way (`bounnd` -> `bound` rather than
-    the whole line: less to copy exactly)."""
+    then cut inside those lines to the changed words the same way (` bounnd` -> ` bound` rather than
+    the whole line: less to copy exactly; a word keeps the space before it)."""
     o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
     found = _unique(o, n, *_changed(o, n), content)
     if not found:
         return old, new
     words_old, words_new = _WORD.findall(found[0]), _WORD.findall(found[1])
     cut = _unique(words_old, words_new, *_changed(words_old, words_new), content)
-    return cut if cut and cut[0].strip() else found
+    if not cut or not cut[0].strip():
+        return found
+    at = found[0].find(cut[0])
+    if at > 0 and found[0][at - 1] == " " and cut[0][0] != " " and found[1][at - 1 : at] == " ":
+        # Keep the word's leading space: a BPE tokenizer marks a word start with it, so ` bacth`
+        # is the same tokens in the call as in the file the model copies it from (`bacth` is not).
+        return " " + cut[0], " " + cut[1]
+    return cut
 
 
 _WORD = re.compile(r"\w+|\s+|[^\w\s]")

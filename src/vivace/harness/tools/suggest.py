@@ -73,13 +73,13 @@ def similar_paths(wanted: str, files: list[str], n: int = MAX_SUGGESTIONS) -> li
 
 
 def path_hint(wanted: str, files: list[str]) -> str:
-    """' Did you mean X?' (or 'one of X, Y?') for a missing path; '' when nothing is close."""
+    """' Did you mean "X"?' (or 'one of "X", "Y"?') for a missing path; '' when nothing is close.
+    Quoted, as a path argument is: the text after the quote tokenizes as it does in the call."""
     found = similar_paths(wanted, files)
     if not found:
         return ""
-    if len(found) == 1:
-        return f" Did you mean {found[0]}?"
-    return f" Did you mean one of {', '.join(found)}?"
+    quoted = ", ".join(f'"{p}"' for p in found)
+    return f" Did you mean {quoted}?" if len(found) == 1 else f" Did you mean one of {quoted}?"
 
 
 def closest_lines(text: str, old: str) -> tuple[int, list[str]] | None:
