@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from vivace.cli import app
 from vivace.config import load_preset
-from vivace.rl.evaluate import evaluate_run, family_of, held_out_tasks, stratified, trained_policy
+from vivace.rl.evaluate import evaluate_run, held_out_tasks, stratified, trained_policy
 from vivace.tasks.families import generate_families
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 
@@ -46,7 +46,7 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     rows = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * len(tasks)  # random-edit and oracle, each once though named twice
     assert seen[-1][:2] == (len(rows), len(rows)) and seen[-1][2] == sum(r["resolved"] for r in rows)
-    family = {t.id: family_of(t) for t in tasks}
+    family = {t.id: t.family for t in tasks}
     for label, spec in [("before", BEFORE), ("after", AFTER), (BEFORE, BEFORE), (AFTER, AFTER)]:
         p = report["policies"][label]
         mine = [r for r in rows if r["model"] == spec]
@@ -83,7 +83,7 @@ def test_held_out_tasks_cover_every_family_first():
     tasks = [_task(i, f) for i, f in enumerate(["a"] * 5 + ["b"] * 2 + ["c"] + [None])]
     for seed in range(5):
         picked = stratified(tasks, 4, seed)
-        assert sorted(family_of(t) for t in picked) == ["a", "b", "bug", "c"]  # no family -> its kind
+        assert sorted(t.family for t in picked) == ["a", "b", "bug", "c"]  # no family -> its kind
         assert [t.id for t in stratified(list(reversed(tasks)), 4, seed)] == [t.id for t in picked]
     assert len(stratified(tasks, None, 0)) == 4 and len(stratified(tasks, 50, 0)) == len(tasks)
 

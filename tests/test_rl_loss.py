@@ -88,3 +88,45 @@ def test_kl_to_reference_is_k3_and_off_by_default():
     )
     d = math.log(0.25 / 0.5)  # k3 = e^d - d - 1 on token 0, 0 on token 1
     assert on.item() == pytest.approx(0.1 * (math.exp(d) - d - 1) / 2)
+
+
+def _rollout(reward: float, resolved: bool):
+    from vivace.harness.trajectory import Tokens, Trajectory
+    from vivace.rl.rollout import Rollout
+
+    tokens = Tokens(ids=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.5], versions=[-1, 0, 0])
+    traj = Trajectory(
+        request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="done", tokens=tokens
+    )
+    return Rollout("t", traj, reward, resolved=resolved)
+
+
+def test_group_filter_correctness_keeps_only_groups_that_split_on_success():
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples
+
+    cfg = load_preset("default")
+    penalties = [_rollout(0.0, False), _rollout(-0.05, False)]  # both failed; one was penalised a little
+    mixed = [_rollout(1.2, True), _rollout(-0.05, False)]
+    samples, counts = to_samples([penalties, mixed], cfg, version=0)
+    assert len(samples) == 4 and counts["groups_same_correctness"] == 0  # default: any reward difference trains
+    cfg.train.group_filter = "correctness"
+    samples, counts = to_samples([penalties, mixed], cfg, version=0)
+    assert [round(s.advantage, 3) for s in samples] == [0.625, -0.625] and counts["groups_same_correctness"] == 1
+    all_solved = [_rollout(1.2, True), _rollout(1.0, True)]
+    assert to_samples([all_solved], cfg, version=0)[1]["groups_same_correctness"] == 1
+
+
+def test_training_tasks_by_family():
+    from vivace.config import load_preset
+    from vivace.rl.controller import training_tasks
+
+    cfg = load_preset("tiny")
+    every = training_tasks(cfg)
+    cfg.train.families = ["wrong_keyword", "misspelled_method"]
+    some = training_tasks(cfg)
+    assert {t.family for t in some} == {"wrong_keyword", "misspelled_method"} and len(some) == 200 < len(every)
+    assert all(t.split == "train" for t in some)
+    cfg.train.families = ["wrong_keyword", "nope"]
+    with pytest.raises(ValueError, match="train.families: nope not in suite 'families'.*misspelled_method"):
+        training_tasks(cfg)

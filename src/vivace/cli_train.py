@@ -65,7 +65,7 @@ def train_command(
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
     if ctx.invoked_subcommand is not None:
         return
-    from vivace.rl.controller import TrainerFailed, new_run_dir, train
+    from vivace.rl.controller import TrainerFailed, new_run_dir, train, training_tasks
     from vivace.rl.evaluate import held_out_tasks
     from vivace.rl.workers import LocalWorkers, RayWorkers
 
@@ -83,7 +83,8 @@ def train_command(
             cfg.sandbox.backend = backend  # type: ignore[assignment]
         if state_dir is not None:
             cfg.sandbox.state_dir = state_dir
-        # Chosen before training: a bad split or suite must not surface only after the whole run.
+        # Chosen before training: a bad split, suite or family list must not surface only after the run.
+        tasks = training_tasks(cfg)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
             run_dir = new_run_dir(cfg, name)
@@ -109,7 +110,7 @@ def train_command(
 
     def run() -> dict:
         if as_json:
-            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers,
+            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
                                      on_step=lambda r: print(json.dumps(r), flush=True)))  # fmt: skip
         with Live(render(), console=err, refresh_per_second=2) as live:
 
@@ -117,7 +118,9 @@ def train_command(
                 table_rows.append(row)
                 live.update(render())
 
-            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, on_step=on_step))
+            return asyncio.run(
+                train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks, on_step=on_step)
+            )
 
     try:
         summary = run()

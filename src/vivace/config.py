@@ -179,6 +179,17 @@ class TrainConfig(_Strict):
     mask_truncated: bool = Field(
         False, description="Episodes cut off by a limit count in their group's baseline but get no loss."
     )
+    group_filter: Literal["reward", "correctness"] = Field(
+        "reward",
+        description="Which groups train: reward: any whose rewards differ; correctness: only those where some "
+        "rollouts solved the task and some did not. When success is rare, the small penalty differences "
+        "between failed rollouts otherwise teach the policy to stop acting (do nothing, be penalised for nothing).",
+    )
+    families: list[str] | None = Field(
+        None,
+        description="Train only on tasks of these families (task metadata `family`, else `kind`); None: all. "
+        "The held-out evaluation still covers every family.",
+    )
     max_staleness: int = Field(
         0, ge=0, description="Oldest policy version (behind the trainer's) a token may come from; 0: on-policy."
     )
@@ -246,18 +257,28 @@ PRESETS: dict[str, dict] = {
         # Rollouts sample at 0.7: the small warm start's calls break more often at 1.0.
         "engine": {"max_batch": 16, "temperature": 0.7},
         # `make train`: the shipped warm start trained with RL on the learnable task families for
-        # about 12 minutes (2 tasks x 4 rollouts per step), then the before/after report on 28
-        # held-out tasks (4 per family) beside the baselines, greedy so the two policies differ
-        # by their weights only.
+        # about 12 minutes (4 tasks x 4 rollouts per step; only groups split on success train: with
+        # rare successes, penalties alone taught it to stop acting — docs/benchmarks.md), then the
+        # before/after report on 56 held-out tasks (8 per family) beside the baselines, greedy so
+        # the two policies differ by their weights only.
         "train": {
             "suite": "families",
-            "tasks_per_step": 2,
+            "families": [
+                "misspelled_name",
+                "misspelled_method",
+                "self_comparison",
+                "unused_loop_variable",
+                "wrong_keyword",
+                "misspelled_import",
+            ],
+            "tasks_per_step": 4,
             "group_size": 4,
+            "group_filter": "correctness",
             "steps": 40,
             "max_minutes": 12.0,
             "rollout_concurrency": 8,
             "lr": 2e-4,
-            "eval_tasks": 28,
+            "eval_tasks": 56,
             "eval_temperature": 0.0,
         },
     },

@@ -47,6 +47,21 @@ from vivace.tasks.format import Task
 from vivace.tasks.suites import load_suite
 
 
+def training_tasks(cfg: VivaceConfig) -> list[Task]:
+    """The tasks a run trains on: the suite at cfg.train.split, only cfg.train.families when set."""
+    tc = cfg.train
+    tasks = load_suite(tc.suite, split=tc.split)
+    if tc.families is not None:
+        known = sorted({t.family for t in tasks})
+        if unknown := sorted(set(tc.families) - set(known)):
+            raise ValueError(
+                f"train.families: {', '.join(unknown)} not in suite {tc.suite!r} (split {tc.split}); "
+                f"its families: {', '.join(known)}"
+            )
+        tasks = [t for t in tasks if t.family in tc.families]
+    return tasks
+
+
 class TaskOrder:
     """An endless, seeded order over the tasks: a fresh permutation every epoch; `position`
     (tasks handed out so far) is all a checkpoint needs to continue it."""
@@ -103,7 +118,7 @@ async def train(
     `workers` is where the work runs (default: Ray actors, see rl/workers.py)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
-    tasks = tasks if tasks is not None else load_suite(tc.suite, split=tc.split)
+    tasks = tasks if tasks is not None else training_tasks(cfg)
     order = TaskOrder(tasks, tc.seed)
     start, ckpt, pending = 0, None, []
     if resume:

@@ -71,10 +71,6 @@ MAX_CURVE_ROWS = 20
 # ---- choosing what to evaluate ------------------------------------------------------------------
 
 
-def family_of(task: Task) -> str:
-    return str(task.metadata.get("family") or task.metadata.get("kind") or "other")
-
-
 def held_out_tasks(cfg: VivaceConfig, n: int | None = None, split: str | None = None) -> list[Task]:
     """`n` tasks (default: one per family) of the training suite at `split` (default
     cfg.train.eval_split), round-robin over families in an order seeded by cfg.train.seed."""
@@ -88,7 +84,7 @@ def held_out_tasks(cfg: VivaceConfig, n: int | None = None, split: str | None = 
 def stratified(tasks: list[Task], n: int | None, seed: int) -> list[Task]:
     by_family: dict[str, list[Task]] = {}
     for t in sorted(tasks, key=lambda t: t.id):  # the suite's file order must not change the draw
-        by_family.setdefault(family_of(t), []).append(t)
+        by_family.setdefault(t.family, []).append(t)
     rng = random.Random(seed)
     families = sorted(by_family)
     rng.shuffle(families)
@@ -181,7 +177,7 @@ def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: 
 def _families(tasks: list[Task]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for t in tasks:
-        f = out.setdefault(family_of(t), {"tasks": 0, "learnable": True})
+        f = out.setdefault(t.family, {"tasks": 0, "learnable": True})
         f["tasks"] += 1
         f["learnable"] = f["learnable"] and t.metadata.get("learnable") is not False
     return dict(sorted(out.items()))
@@ -193,7 +189,7 @@ def policy_stats(rows: list[dict[str, Any]], by_id: dict[str, Task], harder: set
     solved = [r for r in scored if r["resolved"]]
     d = [r["details"] for r in scored]
     moves = [behaviour(Trajectory.load(out_dir / r["trajectory"])) for r in scored]
-    fam = {r["task_id"]: family_of(by_id[r["task_id"]]) for r in rows}
+    fam = {r["task_id"]: by_id[r["task_id"]].family for r in rows}
     per_family: dict[str, dict[str, Any]] = {}
     for r in rows:
         e = per_family.setdefault(fam[r["task_id"]], {"episodes": 0, "solved": 0})

@@ -81,7 +81,8 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
     """Samples with advantages from scored groups, and counts of what was left out and why."""
     tc = cfg.train
     samples: list[Sample] = []
-    counts = {"groups": len(groups), "groups_zero_variance": 0, "rollouts_failed": 0, "samples_masked_truncated": 0,
+    counts = {"groups": len(groups), "groups_zero_variance": 0, "groups_same_correctness": 0, "rollouts_failed": 0,
+              "samples_masked_truncated": 0,
               "samples_too_stale": 0, "samples_without_tokens": 0}  # fmt: skip
     advantages: list[float] = []
     staleness: list[int] = []
@@ -92,6 +93,9 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
             counts["groups_zero_variance"] += 1
             continue
         adv = group_advantages([r.reward for r in ok], tc.advantage, [r.truncated for r in ok], tc.mask_truncated)
+        if adv is not None and tc.group_filter == "correctness" and len({r.resolved for r in ok}) < 2:
+            counts["groups_same_correctness"] += 1
+            continue
         if adv is None:
             counts["groups_zero_variance"] += 1
             continue

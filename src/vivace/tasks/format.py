@@ -116,6 +116,11 @@ class Task(_Strict):
     def split(self) -> str | None:
         return self.metadata.get("split")
 
+    @property
+    def family(self) -> str:
+        """The task's family (metadata `family`, else `kind`, else "other"): how reports group tasks."""
+        return str(self.metadata.get("family") or self.metadata.get("kind") or "other")
+
 
 def _patched_tree(base: SnapshotSource, patch: str, cache_dir: Path) -> Path:
     """The base tree with `patch` applied, built once per content (the base snapshot's key is
