@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The tiny policy's supervised warm start, end to end: the recipe of issue 9, as the shipped
-# checkpoint was made (attempts 5 and 6 in docs/benchmarks.md, "Supervised warm start: what was
-# tried", with each stage's numbers; every stage's sft_summary.json records its data files' sha256).
+# The tiny policy's supervised warm start, its CPU stages (attempts 5 and 6 in docs/benchmarks.md,
+# "Supervised warm start: what was tried", with each stage's numbers; every stage's
+# sft_summary.json records its data files' sha256). The shipped checkpoint goes on from `final`:
+# scripts/warm_start_gpu.sh (attempt 7, on a GPU), then scripts/warm_start_retries.sh (attempt 8).
 # About 4 hours on 2 CPU cores, most of it in the expert data and the copy stages.
 #
 # Reproducibility: the data are seeded (same seeds, same files). Each training stage runs a fixed
