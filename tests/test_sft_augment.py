@@ -174,18 +174,18 @@ def test_retry_edit_cut_inserts_an_untrained_near_miss_edit_and_the_tools_error(
         assert text.count("edit_file") >= 2 + 1  # the schema, the near miss and the right call
 
 
-def test_near_miss_is_a_one_letter_typo_and_files_read_back():
+def test_near_miss_is_a_one_letter_typo_and_files_are_read_back():
     import random
 
-    from vivace.rl.sft_augment import file_as_read, near_miss
+    from vivace.bench.baselines import files_read
+    from vivace.rl.sft_augment import near_miss
 
     rng = random.Random(0)
     for _ in range(50):
         bad = near_miss("count_over", rng)
         assert bad != "count_over" and abs(len(bad) - len("count_over")) <= 1
     messages = [Message.from_openai(m) for m in _episode()]
-    assert file_as_read(messages, "acme/core.py") == "def total(xs):\n    tota = 0\n    return total\n"
-    assert file_as_read(messages, "acme/other.py") is None
+    assert files_read(messages) == {"acme/core.py": "def total(xs):\n    tota = 0\n    return total\n"}
 
 
 def test_cli_augments_every_data_file_and_refuses_a_missing_one(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 
 from vivace.bench.patch import FileChange, is_test_path, parse_patch
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
@@ -109,7 +110,7 @@ class _Oracle:
         return plan
 
     def _edit_calls(self, conversation: Conversation) -> list[tuple[str, dict]]:
-        files = _files_read(conversation) if self.minimal else {}
+        files = files_read(conversation.messages) if self.minimal else {}
         return [call for c in self.changes for call in _edits(c, files.get(c.path))]
 
     def _answer(self, conversation: Conversation) -> str:
@@ -192,10 +193,10 @@ def _unique(old: list[str], new: list[str], lo: int, hi: int, content: str) -> t
     return "".join(old[lo:hi]), "".join(new[lo : len(new) - (len(old) - hi)])
 
 
-def _files_read(conversation: Conversation) -> dict[str, str]:
-    """path -> content of every file read_file showed whole in the conversation (line numbers removed)."""
+def files_read(messages: Sequence[Message]) -> dict[str, str]:
+    """path -> content of every file read_file showed whole in the messages (line numbers removed)."""
     files, paths = {}, {}
-    for m in conversation.messages:  # call ids repeat across turns: pair results with the last turn's calls
+    for m in messages:  # call ids repeat across turns: pair results with the last turn's calls
         if m.role == "assistant":
             paths = {c.id: c.arguments.get("path") for c in m.tool_calls
                      if c.name == "read_file" and isinstance(c.arguments, dict) and "offset" not in c.arguments}  # fmt: skip

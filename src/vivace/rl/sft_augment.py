@@ -221,6 +221,7 @@ def with_failed_edit(messages: list[Message], rng: random.Random) -> tuple[list[
     gives, which shows the closest line of the file (read back from the episode's read_file result).
     Returns (messages, index of the inserted, untrained turn); None when the episode has no edit, or
     no read of the edited file before it, or the near miss happens to occur in the file."""
+    from vivace.bench.baselines import files_read
     from vivace.harness.tools.files import replace_text
 
     kept = next((messages[: i + 1] for i, m in enumerate(messages) if m.role == "assistant" and any(
@@ -230,7 +231,7 @@ def with_failed_edit(messages: list[Message], rng: random.Random) -> tuple[list[
     call = next(c for c in kept[-1].tool_calls if c.name == "edit_file")
     args = call.arguments if isinstance(call.arguments, dict) else {}
     path, old = args.get("path"), args.get("old_string")
-    text = file_as_read(kept, path) if isinstance(path, str) else None
+    text = files_read(kept).get(path) if isinstance(path, str) else None
     if text is None or not isinstance(old, str) or len(old.strip()) < 2:
         return None
     bad = near_miss(old, rng)
@@ -254,21 +255,6 @@ def near_miss(s: str, rng: random.Random) -> str:
     if how == "double":
         return s[:i] + s[i] + s[i:]
     return s[:i] + rng.choice([c for c in "aeioulnrst" if c != s[i]]) + s[i + 1 :]
-
-
-def file_as_read(messages: list[Message], path: str) -> str | None:
-    """The text of `path` as the episode's last whole read_file of it showed (line numbers removed)."""
-    ids = {c.id for m in messages for c in m.tool_calls if c.name == "read_file" and isinstance(c.arguments, dict)
-           and c.arguments.get("path") == path and "offset" not in c.arguments and "limit" not in c.arguments}  # fmt: skip
-    shown = [
-        m.content for m in messages if m.role == "tool" and m.tool_call_id in ids and not m.content.startswith("Error")
-    ]
-    if not shown:
-        return None
-    lines = shown[-1].rstrip("\n").split("\n")
-    if not all(re.match(r" *\d+\t", line) for line in lines):
-        return None  # truncated or not a plain listing
-    return "\n".join(line.split("\t", 1)[1] for line in lines) + "\n"
 
 
 def augment_episodes(
