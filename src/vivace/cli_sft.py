@@ -129,12 +129,14 @@ def sft_augment(
             raise typer.Exit(2)
     chat = ChatFormat(load_tokenizer(model))
     tools = [tool_schema(t) for t in default_tools()]
-    total = sum(1 for path in files for line in path.open() if line.strip())
 
-    def rows():
+    def lines():
         for path in files:
             with path.open() as f:
-                yield from (json.loads(line) for line in f if line.strip())
+                yield from (line for line in f if line.strip())
+
+    total = sum(1 for _ in lines())
+    rows = (json.loads(line) for line in lines())
 
     counts = {"episodes": total, "written": 0, "tokens": 0, "trained_tokens": 0}
     out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +144,7 @@ def sft_augment(
         job = bar.add_task("episodes", total=total)
         with out_file.open("w") as w:
             for row in augment_episodes(
-                rows(),
+                rows,
                 chat,
                 tools,
                 variants,

@@ -151,7 +151,7 @@ def _minimal(old: str, new: str, content: str) -> tuple[str, str]:
     if not cut or not cut[0].strip():
         return found
     at = found[0].find(cut[0])
-    if at > 0 and found[0][at - 1] == " " and cut[0][0] != " " and found[1][at - 1 : at] == " ":
+    if at > 0 and found[0][at - 1] == " " and cut[0][0] != " ":  # (the new side has the same prefix)
         # Keep the word's leading space: a BPE tokenizer marks a word start with it, so ` bacth`
         # is the same tokens in the call as in the file the model copies it from (`bacth` is not).
         return " " + cut[0], " " + cut[1]

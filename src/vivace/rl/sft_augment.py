@@ -38,7 +38,6 @@ from typing import Any
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policy import render_conversation
 from vivace.harness.tools.base import ToolResult
-from vivace.harness.tools.suggest import path_hint
 from vivace.rl.packing import common_prefix
 from vivace.tasks.projects import THEMES, _invent, _theme_words, split_of_theme, theme_spec
 
@@ -167,10 +166,10 @@ def cut_after(messages: list[Message], cut: str, package: str) -> list[Message] 
 def with_failed_read(messages: list[Message], package: str, rng: random.Random) -> tuple[list[Message], int] | None:
     """The messages up to the first assistant turn naming a file of `package`, with a failed read
     inserted before it: a read_file of a wrong path (the package cut short by 1-3 letters, a letter
-    changed, or a short other name) and the error the tool gives for it, hint included. Returns (messages, index of the inserted,
-    untrained turn); None when no turn names a package file. What the expert never shows otherwise:
+    changed, or a short other name) and the error the tool gives for it, hint included. Returns
+    (messages, index of the inserted, untrained turn); None when no turn names a package file. What the expert never shows otherwise:
     after "does not exist", copy the path again from the context instead of repeating the call."""
-    from vivace.harness.tools.files import error
+    from vivace.harness.tools.files import missing_file
 
     kept = cut_after(messages, "first_file", package)
     if kept is None or len(package) < 3:
@@ -189,12 +188,7 @@ def with_failed_read(messages: list[Message], package: str, rng: random.Random) 
         i = rng.randrange(1, len(package))
         wrong = package[:i] + rng.choice([c for c in "aeioulnrst" if c != package[i]]) + package[i + 1 :]
     bad = path.replace(f"{package}/", f"{wrong}/", 1)
-    hint = path_hint(bad, sorted(paths_named(messages)))
-    text = error(
-        f"{bad} does not exist.{hint}"
-        if hint
-        else f"{bad} does not exist; use list_dir or glob_file_search to find it."
-    ).text
+    text = missing_file(bad, sorted(paths_named(messages))).text
     call = Message("assistant", kept[-1].content, (ToolCall("call_0", "read_file", {"path": bad}),))
     failed = Message("tool", text, tool_call_id="call_0", name="read_file")
     return [*kept[:-1], call, failed, kept[-1]], len(kept) - 1

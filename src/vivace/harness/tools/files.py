@@ -143,14 +143,20 @@ class ReadFile:
         return ToolResult(truncate("\n".join(out) + "\n", hint="use offset and limit to read a range").rstrip("\n"))
 
 
-async def file_error(
-    ctx: ToolContext, e: Exception, path: str, then: str = "use list_dir or glob_file_search to find it"
-) -> ToolResult:
+FIND_IT = "use list_dir or glob_file_search to find it"
+
+
+def missing_file(path: str, files: list[str], then: str = FIND_IT) -> ToolResult:
+    """The error for a file that does not exist: the existing `files` it most likely meant, else `then`."""
+    hint = path_hint(path, files)
+    return error(f"{path} does not exist.{hint}" if hint else f"{path} does not exist; {then}.")
+
+
+async def file_error(ctx: ToolContext, e: Exception, path: str, then: str = FIND_IT) -> ToolResult:
     """fs_error, where a missing file's text names the existing files it most likely meant."""
     if not isinstance(e, WorkspaceFileNotFound | FileNotFoundError):
         return fs_error(e, path)
-    hint = path_hint(path, await workspace_files(ctx.workspace))
-    return error(f"{path} does not exist.{hint}" if hint else f"{path} does not exist; {then}.")
+    return missing_file(path, await workspace_files(ctx.workspace), then)
 
 
 async def _is_dir(ctx: ToolContext, path: str) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import posixpath
+from collections import deque
 
 from vivace.sandbox.base import SandboxError
 
@@ -38,9 +39,9 @@ async def workspace_files(ws, limit: int = MAX_LISTED) -> list[str]:
     """Regular files under the workspace root, breadth first, skipping hidden and build directories;
     at most `limit` directory entries are visited (the rest of a very large tree is not offered)."""
     found: list[str] = []
-    queue, seen = ["."], 0
+    queue, seen = deque(["."]), 0
     while queue and seen < limit:
-        top = queue.pop(0)
+        top = queue.popleft()
         try:
             entries = await ws.list(top)
         except (SandboxError, OSError):
