@@ -117,6 +117,21 @@ def test_group_filter_correctness_keeps_only_groups_that_split_on_success():
     assert to_samples([all_solved], cfg, version=0)[1]["groups_same_correctness"] == 1
 
 
+def test_negative_scale_shrinks_only_negative_advantages():
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples
+
+    cfg = load_preset("default")
+    group = [_rollout(1.0, True), _rollout(0.0, False), _rollout(0.0, False), _rollout(0.0, False)]
+    plain = [s.advantage for s in to_samples([group], cfg, version=0)[0]]
+    assert plain == [0.75, -0.25, -0.25, -0.25]
+    cfg.train.negative_scale = 0.2
+    assert [round(s.advantage, 3) for s in to_samples([group], cfg, version=0)[0]] == [0.75, -0.05, -0.05, -0.05]
+    cfg.train.negative_scale = 0.0  # positive-only: the failures stay in the batch with no weight
+    samples, counts = to_samples([group], cfg, version=0)
+    assert [s.advantage for s in samples] == [0.75, 0.0, 0.0, 0.0] and counts["adv_min"] == 0.0
+
+
 def test_training_tasks_by_family():
     from vivace.config import load_preset
     from vivace.rl.controller import training_tasks

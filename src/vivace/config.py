@@ -185,6 +185,14 @@ class TrainConfig(_Strict):
         "rollouts solved the task and some did not. When success is rare, the small penalty differences "
         "between failed rollouts otherwise teach the policy to stop acting (do nothing, be penalised for nothing).",
     )
+    negative_scale: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Weight of negative advantages (1: plain policy gradient; 0: learn only from rollouts better "
+        "than their group, as in filtered imitation). Below 1 the update leans on the rare successes instead "
+        "of pushing down the many failures' tokens, which flattens a small policy's distribution.",
+    )
     families: list[str] | None = Field(
         None,
         description="Train only on tasks of these families (task metadata `family`, else `kind`); None: all. "

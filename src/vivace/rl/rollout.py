@@ -110,6 +110,7 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
             ):
                 counts["samples_too_stale"] += 1
             else:
+                a = a * tc.negative_scale if a < 0 else a
                 samples.append(Sample(tokens.ids, tokens.loss_mask, tokens.logprobs, tokens.versions, a))
                 advantages.append(a)
                 staleness.append(version - oldest)
