@@ -167,8 +167,9 @@ def with_failed_read(messages: list[Message], package: str, rng: random.Random) 
     """The messages up to the first assistant turn naming a file of `package`, with a failed read
     inserted before it: a read_file of a wrong path (the package cut short by 1-3 letters, a letter
     changed, or a short other name) and the error the tool gives for it, hint included. Returns
-    (messages, index of the inserted, untrained turn); None when no turn names a package file. What the expert never shows otherwise:
-    after "does not exist", copy the path again from the context instead of repeating the call."""
+    (messages, index of the inserted, untrained turn); None when no turn names a package file.
+    What the expert never shows otherwise: after "does not exist", copy the path again from the
+    context instead of repeating the call."""
     from vivace.harness.tools.files import missing_file
 
     kept = cut_after(messages, "first_file", package)
