@@ -11,7 +11,8 @@
 #   PHASE=train INIT=runs/warm_start/gpu STAGE_OUT=runs/warm_start/gpu2 scripts/warm_start_gpu.sh
 #
 # BASES (default: train_a train_b, and train_c if present) names the expert files in $D; FF, FE,
-# WH, RT are the variants per episode of each cut (first_file, first_edit, whole, retry).
+# WH, RT, RE are the variants per episode of each cut (first_file, first_edit, whole, retry,
+# retry_edit); BATCH_TOKENS the tokens per optimizer step (rows of 16k tokens accumulate).
 #
 # Reproducibility: the variants are seeded, but their fresh names come from the identifiers in
 # the running Python's standard library (sft_augment.name_pool), so another Python version draws
@@ -25,12 +26,13 @@ OUT=${STAGE_OUT:-$D/gpu}
 MINUTES=${MINUTES:-6}
 SEED=${SEED:-100}
 PHASE=${PHASE:-all}
-LR=${LR:-0.0006} FF=${FF:-12} FE=${FE:-12} WH=${WH:-4} RT=${RT:-3}
+LR=${LR:-0.0006} FF=${FF:-12} FE=${FE:-12} WH=${WH:-4} RT=${RT:-3} RE=${RE:-0}
+BATCH_TOKENS=${BATCH_TOKENS:-65536}
 JOBS=${JOBS:-$(nproc)}
 A=$D/gpu_data
 mkdir -p "$A"
 
-# 1. Variants: every base file split in shards, each shard renamed and cut four ways.
+# 1. Variants: every base file split in shards, each shard renamed and cut four or five ways.
 bases=()
 for b in ${BASES:-train_a train_b $( [ -f "$D/train_c.jsonl" ] && echo train_c )}; do bases+=("$D/$b.jsonl"); done
 if [ "$PHASE" != train ]; then
@@ -47,6 +49,9 @@ for s in "$A"/shard_*; do
   jobs+=("--cut first_edit --theme-names --variants $FE --data $s --out $A/var_fe_$k.jsonl")
   jobs+=("--cut whole --theme-names --variants $WH --data $s --out $A/var_wh_$k.jsonl")
   jobs+=("--cut retry --theme-names --variants $RT --data $s --out $A/var_rt_$k.jsonl")
+  if [ "$RE" -gt 0 ]; then
+    jobs+=("--cut retry_edit --theme-names --variants $RE --data $s --out $A/var_re_$k.jsonl")
+  fi
 done
 i=0
 for j in "${jobs[@]}"; do
@@ -66,5 +71,5 @@ fi
 data=()
 for f in "${bases[@]}" "$A"/var_*.jsonl; do data+=(--data "$f"); done
 $V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$INIT" --out "$OUT" --seq-len 16384 \
-  --batch-tokens 65536 --lr "$LR" --min-lr-ratio 0.1 --minutes "$MINUTES" --eval-every 100 \
+  --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MINUTES" --eval-every 100 \
   --save-every 500 --seed "$SEED" --device auto
