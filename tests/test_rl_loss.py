@@ -132,6 +132,58 @@ def test_negative_scale_shrinks_only_negative_advantages():
     assert [s.advantage for s in samples] == [0.75, 0.0, 0.0, 0.0] and counts["adv_min"] == 0.0
 
 
+def _three_turn_rollout(reward: float, resolved: bool):
+    """Turn 1 a good read, turn 2 a malformed call, turn 3 cut off at the turn's token limit."""
+    from vivace.harness.trajectory import ToolRecord, Tokens, Trajectory, Turn
+    from vivace.rl.rollout import Rollout
+
+    mask = [0, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
+    tokens = Tokens(ids=list(range(len(mask))), loss_mask=mask, logprobs=[-0.5 * m for m in mask],
+                    versions=[0 if m else -1 for m in mask])  # fmt: skip
+    turns = [
+        Turn(content="", tool_calls=[ToolRecord(id="1", name="read_file", arguments={"path": "a.py"}, result="ok")]),
+        Turn(content="", tool_calls=[ToolRecord(id="2", name="edit_file", arguments="{bad", result="Error: bad JSON",
+                                                is_error=True, format_error=True)]),  # fmt: skip
+        Turn(content='<tool_call>{"name": "edit_file", "arguments": {"old_str', finish_reason="length"),
+    ]
+    traj = Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="max_tokens",
+                      tokens=tokens, turns=turns)  # fmt: skip
+    return Rollout("t", traj, reward, resolved=resolved)
+
+
+def test_successes_are_not_trained_on_their_malformed_turns():
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples, without_malformed_turns
+
+    cfg = load_preset("default")
+    win, loss = _three_turn_rollout(1.0, True), _three_turn_rollout(0.0, False)
+    assert without_malformed_turns(win.trajectory) == ([0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0], 2)
+    samples, counts = to_samples([[win, loss]], cfg, version=0)
+    assert samples[0].advantage > 0 and samples[0].mask == [0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert samples[1].advantage < 0 and samples[1].mask == loss.trajectory.tokens.loss_mask  # still pushed down
+    assert counts["turns_masked_malformed"] == 2
+    cfg.train.mask_malformed = False
+    assert to_samples([[win, loss]], cfg, version=0)[0][0].mask == win.trajectory.tokens.loss_mask
+
+
+def test_malformed_masking_leaves_a_mask_it_cannot_align():
+    from vivace.rl.rollout import without_malformed_turns
+
+    r = _three_turn_rollout(1.0, True)
+    r.trajectory.turns.pop()  # three sampled runs, two recorded turns: which run is which is unknown
+    assert without_malformed_turns(r.trajectory) == (r.trajectory.tokens.loss_mask, 0)
+
+
+def test_a_success_made_only_of_malformed_turns_is_dropped():
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples
+
+    win, loss = _three_turn_rollout(1.0, True), _three_turn_rollout(0.0, False)
+    win.trajectory.turns[0].tool_calls[0].format_error = True
+    samples, counts = to_samples([[win, loss]], load_preset("default"), version=0)
+    assert [s.advantage < 0 for s in samples] == [True] and counts["samples_without_tokens"] == 1
+
+
 def test_training_tasks_by_family():
     from vivace.config import load_preset
     from vivace.rl.controller import training_tasks

@@ -185,6 +185,12 @@ class TrainConfig(_Strict):
         "rollouts solved the task and some did not. When success is rare, the small penalty differences "
         "between failed rollouts otherwise teach the policy to stop acting (do nothing, be penalised for nothing).",
     )
+    mask_malformed: bool = Field(
+        True,
+        description="A rollout with a positive advantage is not trained on its turns with a malformed tool call "
+        "or cut off at the turn's token limit: a success must not teach the broken call it recovered from. "
+        "Negative advantages still push those turns down.",
+    )
     negative_scale: float = Field(
         1.0,
         ge=0,

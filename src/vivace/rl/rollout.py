@@ -82,7 +82,7 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
     tc = cfg.train
     samples: list[Sample] = []
     counts = {"groups": len(groups), "groups_zero_variance": 0, "groups_same_correctness": 0, "rollouts_failed": 0,
-              "samples_masked_truncated": 0,
+              "samples_masked_truncated": 0, "turns_masked_malformed": 0,
               "samples_too_stale": 0, "samples_without_tokens": 0}  # fmt: skip
     advantages: list[float] = []
     staleness: list[int] = []
@@ -111,7 +111,14 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
                 counts["samples_too_stale"] += 1
             else:
                 a = a * tc.negative_scale if a < 0 else a
-                samples.append(Sample(tokens.ids, tokens.loss_mask, tokens.logprobs, tokens.versions, a))
+                mask = tokens.loss_mask
+                if a > 0 and tc.mask_malformed:
+                    mask, masked = without_malformed_turns(r.trajectory)
+                    counts["turns_masked_malformed"] += masked
+                if not any(mask):
+                    counts["samples_without_tokens"] += 1
+                    continue
+                samples.append(Sample(tokens.ids, mask, tokens.logprobs, tokens.versions, a))
                 advantages.append(a)
                 staleness.append(version - oldest)
     counts["samples"] = len(samples)
@@ -122,3 +129,32 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
         counts.update(adv_mean=mean, adv_abs_mean=sum(map(abs, advantages)) / len(advantages),
                       adv_min=min(advantages), adv_max=max(advantages))  # fmt: skip
     return samples, counts
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s: a token-level episode's sampled turns, in order."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def without_malformed_turns(traj: Trajectory) -> tuple[list[int], int]:
+    """The episode's loss mask with the turns that made a malformed tool call, or that were cut
+    off at the turn's token limit, set to 0, and how many turns that was. The k-th run of 1s in
+    the mask is the k-th turn's sampled tokens; when the runs do not line up one-to-one with the
+    recorded turns, the mask is returned as it was."""
+    mask = list(traj.tokens.loss_mask) if traj.tokens else []
+    runs = _runs(mask)
+    if len(runs) != len(traj.turns):
+        return mask, 0
+    masked = 0
+    for (start, end), turn in zip(runs, traj.turns, strict=True):
+        if turn.finish_reason == "length" or any(c.format_error for c in turn.tool_calls):
+            mask[start:end] = [0] * (end - start)
+            masked += 1
+    return mask, masked
