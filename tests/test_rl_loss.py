@@ -134,7 +134,7 @@ def test_negative_scale_shrinks_only_negative_advantages():
 
 def _three_turn_rollout(reward: float, resolved: bool):
     """Turn 1 a good read, turn 2 a malformed call, turn 3 cut off at the turn's token limit."""
-    from vivace.harness.trajectory import ToolRecord, Tokens, Trajectory, Turn
+    from vivace.harness.trajectory import Tokens, ToolRecord, Trajectory, Turn
     from vivace.rl.rollout import Rollout
 
     mask = [0, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
@@ -142,8 +142,19 @@ def _three_turn_rollout(reward: float, resolved: bool):
                     versions=[0 if m else -1 for m in mask])  # fmt: skip
     turns = [
         Turn(content="", tool_calls=[ToolRecord(id="1", name="read_file", arguments={"path": "a.py"}, result="ok")]),
-        Turn(content="", tool_calls=[ToolRecord(id="2", name="edit_file", arguments="{bad", result="Error: bad JSON",
-                                                is_error=True, format_error=True)]),  # fmt: skip
+        Turn(
+            content="",
+            tool_calls=[
+                ToolRecord(
+                    id="2",
+                    name="edit_file",
+                    arguments="{bad",
+                    result="Error: bad JSON",
+                    is_error=True,
+                    format_error=True,
+                )
+            ],
+        ),  # fmt: skip
         Turn(content='<tool_call>{"name": "edit_file", "arguments": {"old_str', finish_reason="length"),
     ]
     traj = Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="max_tokens",
