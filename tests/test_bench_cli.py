@@ -39,14 +39,15 @@ def test_bench_two_models(repo, tmp_path, state_dir):
     out = tmp_path / "run"
     args = ["bench", "--model", "scripted:oracle", "--model", "scripted:null", "--tasks", str(tasks_file)]
     args += ["--out", str(out), "--json", "--backend", BACKEND, "--state-dir", str(state_dir), "--concurrency", "2"]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, [*args, "--samples", "2"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)["summary"]
     assert summary["scripted:oracle"]["success"] == 1.0 and summary["scripted:null"]["success"] == 0.0
     assert summary["scripted:oracle"]["adherence_solved"] >= 0.95
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 4 and all("error" not in r for r in rows)
-    assert all((out / r["trajectory"]).is_file() for r in rows)
+    assert len(rows) == 8 and all("error" not in r for r in rows)  # 2 models x 2 tasks x 2 samples
+    assert sorted(r["sample"] for r in rows) == [0] * 4 + [1] * 4
+    assert len({r["trajectory"] for r in rows}) == 8 and all((out / r["trajectory"]).is_file() for r in rows)
     page = (out / "report.html").read_text()
     assert page.startswith("<!doctype html>") and "<svg" in page and "scripted:oracle" in page
     assert "| scripted:null |" in (out / "report.md").read_text()
@@ -64,3 +65,5 @@ def test_bench_bad_inputs(tmp_path):
     assert result.exit_code == 2 and "--suite" in result.output
     result = runner.invoke(app, ["bench", "--model", "scripted:null", "--suite", "everything"])
     assert result.exit_code == 2 and "unknown suite" in result.output
+    result = runner.invoke(app, ["bench", "--model", "scripted:null", "--suite", "bundled", "--samples", "0"])
+    assert result.exit_code == 2 and "--samples" in result.output

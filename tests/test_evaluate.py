@@ -73,6 +73,23 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     assert "**all learnable**" in md and "| **all** | 3 |" in md and "at temperature 0" in md
 
 
+async def test_several_episodes_per_task(tasks, tmp_path, state_dir):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _metrics(run_dir)
+    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)}, train={"eval_samples": 2})
+    report = await evaluate_run(cfg, run_dir, BEFORE, AFTER, tasks[:2], baselines=(), concurrency=3)
+    rows = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["model"], r["task_id"], r["sample"]) for r in rows) == sorted(
+        (m, t.id, k) for m in (BEFORE, AFTER) for t in tasks[:2] for k in (0, 1)
+    )
+    paths = {r["trajectory"] for r in rows}
+    assert len(paths) == len(rows) and all((run_dir / "eval" / p).is_file() for p in paths)  # none overwritten
+    assert report["samples"] == 2 and report["policies"]["after"]["episodes"] == 4
+    assert report["policies"]["after"]["success"] == 1.0
+    assert "2 tasks × 2 episodes each" in (run_dir / "report.md").read_text()
+
+
 def _task(i: int, family: str | None, kind: str = "bug") -> Task:
     meta = {"kind": kind, "split": "test", **({"family": family} if family else {})}
     return Task(id=f"t{i}", repo=RepoSpec(bundled="_blank"), request="fix it",

@@ -129,6 +129,7 @@ def bench(
     temperature: Annotated[
         float | None, typer.Option(help="Sampling temperature of model policies (default: the preset's engine).")
     ] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Episodes per task and model (sampled policies vary).")] = 1,
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
@@ -161,7 +162,7 @@ def bench(
         raise typer.Exit(2)
     out_dir = out_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     progress = _progress()
-    bar = progress.add_task("episodes", total=len(tasks) * len(model))
+    bar = progress.add_task("episodes", total=len(tasks) * len(model) * samples)
     solved = [0]
 
     def done(row: dict) -> None:
@@ -170,10 +171,10 @@ def bench(
 
     t0 = time.monotonic()
     with progress:
-        rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done))
+        rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done, samples))
     seconds = time.monotonic() - t0
     summary = summarize(rows)
-    title = f"vivace bench: {suite or tasks_path} ({len(tasks)} tasks)"
+    title = f"vivace bench: {suite or tasks_path} ({len(tasks)} tasks{f' x {samples} samples' if samples > 1 else ''})"
     (out_dir / "report.md").write_text(markdown(summary, title))
     (out_dir / "report.html").write_text(html_report(summary, title))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))

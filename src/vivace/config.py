@@ -241,6 +241,12 @@ class TrainConfig(_Strict):
         description="Policies benchmarked beside the starting and the trained policy (floor and ceiling).",
     )
     eval_concurrency: int = Field(4, ge=1, description="Evaluation episodes running at once.")
+    eval_samples: int = Field(
+        1,
+        ge=1,
+        description="Episodes per held-out task and policy: at a sampling temperature, several make "
+        "the success rate less noisy (and measure what RL optimises: success under sampling).",
+    )
     eval_temperature: float | None = Field(
         None,
         ge=0,

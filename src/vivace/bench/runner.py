@@ -46,8 +46,13 @@ async def run_benchmark(
     out_dir: Path,
     concurrency: int = 4,
     on_done: Callable[[dict[str, Any]], None] | None = None,
+    samples: int = 1,
 ) -> list[dict[str, Any]]:
-    """Runs every model on every task; returns the result rows (also in out_dir/results.jsonl)."""
+    """Runs every model on every task, `samples` episodes each (rows carry `sample`: 0, 1, …; a
+    sampling policy's success rate over several is less noisy than one episode's); returns the
+    result rows (also in out_dir/results.jsonl)."""
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, not {samples}")
     out_dir.mkdir(parents=True, exist_ok=True)
     policies = {m: load_policy(m, cfg.engine) for m in models}  # fail on a bad spec before any work
     reference_chat_format()  # likewise a missing reference tokenizer, and its loading is not paid mid-run
@@ -56,9 +61,9 @@ async def run_benchmark(
     results_file = (out_dir / "results.jsonl").open("a")
     rows: list[dict[str, Any]] = []
 
-    async def one(model: str, task: Task) -> None:
+    async def one(model: str, task: Task, sample: int) -> None:
         async with sem:
-            row = await _episode(model, policies[model], task, cfg, backend, out_dir)
+            row = await _episode(model, policies[model], task, cfg, backend, out_dir, sample)
         rows.append(row)
         results_file.write(json.dumps(row) + "\n")
         results_file.flush()
@@ -66,12 +71,12 @@ async def run_benchmark(
             on_done(row)
 
     try:
-        await asyncio.gather(*(one(m, t) for m in models for t in tasks))
+        await asyncio.gather(*(one(m, t, k) for m in models for t in tasks for k in range(samples)))
     finally:
         results_file.close()
         await backend.aclose()
     order = {(m, t.id): i for i, (m, t) in enumerate((m, t) for m in models for t in tasks)}
-    return sorted(rows, key=lambda r: order[(r["model"], r["task_id"])])
+    return sorted(rows, key=lambda r: (order[(r["model"], r["task_id"])], r["sample"]))
 
 
 async def run_task(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> tuple[Trajectory, Any]:
@@ -92,16 +97,19 @@ async def run_task(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> 
         await ws.close()
 
 
-async def _episode(model: str, policy: Any, task: Task, cfg: VivaceConfig, backend: Any, out_dir: Path) -> dict:
-    row: dict[str, Any] = {"model": model, "task_id": task.id, "split": task.split, "kind": task.metadata.get("kind"),
-                           "family": task.metadata.get("family")}  # fmt: skip
+async def _episode(
+    model: str, policy: Any, task: Task, cfg: VivaceConfig, backend: Any, out_dir: Path, sample: int = 0
+) -> dict:
+    row: dict[str, Any] = {"model": model, "task_id": task.id, "sample": sample, "split": task.split,
+                           "kind": task.metadata.get("kind"), "family": task.metadata.get("family")}  # fmt: skip
     t0 = time.monotonic()
     try:
         traj, result = await run_task(policy, task, cfg, backend)
     except Exception as e:  # one broken task or environment must not end the whole run
         row.update(error=f"{type(e).__name__}: {e}", resolved=False, total=0.0, seconds=time.monotonic() - t0)
         return row
-    path = out_dir / "trajectories" / slug(model) / f"{task.id}.json"
+    name = f"{task.id}.json" if sample == 0 else f"{task.id}.s{sample}.json"
+    path = out_dir / "trajectories" / slug(model) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     traj.save(path)
     row.update(result.model_dump(), trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)

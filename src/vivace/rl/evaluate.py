@@ -129,7 +129,8 @@ async def evaluate_run(
     specs = list(dict.fromkeys(roles.values()))  # a policy named twice runs once
     out_dir = run_dir / "eval"
     shutil.rmtree(out_dir, ignore_errors=True)  # results.jsonl is appended to: a rerun starts clean
-    total, done, solved = len(specs) * len(tasks), [0], [0]
+    samples = cfg.train.eval_samples
+    total, done, solved = len(specs) * len(tasks) * samples, [0], [0]
 
     def on_done(row: dict[str, Any]) -> None:
         done[0] += 1
@@ -138,9 +139,10 @@ async def evaluate_run(
             progress(done[0], total, solved[0])
 
     t0 = time.monotonic()
-    rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done)
+    rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done, samples)
     report = build_report(run_dir, roles, tasks, rows, out_dir, time.monotonic() - t0)
     report["temperature"] = cfg.engine.temperature
+    report["samples"] = samples
     write_report(run_dir, report)
     return report
 
@@ -331,7 +333,9 @@ def _intro(report: dict[str, Any]) -> list[str]:
     return [
         f"- before: `{p['before']['spec']}`; after: `{p['after']['spec']}`",
         f"- baselines: {', '.join(f'`{k}`' for k in p if k not in ('before', 'after')) or 'none'}",
-        f"- held-out: {len(report['tasks'])} tasks (split {', '.join(report['task_splits'])}) over "
+        f"- held-out: {len(report['tasks'])} tasks"
+        + (f" × {report['samples']} episodes each" if report.get("samples", 1) > 1 else "")
+        + f" (split {', '.join(report['task_splits'])}) over "
         f"{len(fams)} families: {', '.join(fams)}" + (f" (harder: {', '.join(harder)})" if harder else ""),
         f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s"
         + (f" at temperature {report['temperature']:g}" if report.get("temperature") is not None else ""),
