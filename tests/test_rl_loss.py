@@ -162,6 +162,23 @@ def _three_turn_rollout(reward: float, resolved: bool):
     return Rollout("t", traj, reward, resolved=resolved)
 
 
+def test_mask_truncated_solved_spares_the_failures():
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples
+
+    cfg = load_preset("default")
+    solved_loop, solved, failed_loop = _rollout(1.4, True), _rollout(1.5, True), _rollout(0.0, False)
+    for r in (solved_loop, failed_loop):
+        r.trajectory.stop_reason = "max_turns"
+    group = [solved_loop, solved, failed_loop]
+    cfg.train.mask_truncated = True  # every rollout cut off by a limit: only the clean solve trains
+    samples, counts = to_samples([group], cfg, version=0)
+    assert [round(s.advantage, 3) for s in samples] == [0.533] and counts["samples_masked_truncated"] == 2
+    cfg.train.mask_truncated = "solved"  # the looping solve sits out; the looping failure is pushed down
+    samples, counts = to_samples([group], cfg, version=0)
+    assert [round(s.advantage, 3) for s in samples] == [0.533, -0.967] and counts["samples_masked_truncated"] == 1
+
+
 def test_successes_are_not_trained_on_their_malformed_turns():
     from vivace.config import load_preset
     from vivace.rl.rollout import to_samples, without_malformed_turns

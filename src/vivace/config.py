@@ -176,8 +176,11 @@ class TrainConfig(_Strict):
     advantage: Literal["mean", "std", "loo"] = Field(
         "mean", description="Group baseline: mean-centred, std-normalised, or leave-one-out."
     )
-    mask_truncated: bool = Field(
-        False, description="Episodes cut off by a limit count in their group's baseline but get no loss."
+    mask_truncated: bool | Literal["solved"] = Field(
+        False,
+        description="Episodes cut off by a limit count in their group's baseline but get no loss. `solved`: only "
+        "those that solved the task (a fix followed by looping until max_turns is not reinforced), while "
+        "failures cut off by a limit are still pushed down.",
     )
     group_filter: Literal["reward", "correctness"] = Field(
         "reward",

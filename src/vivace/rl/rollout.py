@@ -92,7 +92,8 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
         if len(ok) < 2:
             counts["groups_zero_variance"] += 1
             continue
-        adv = group_advantages([r.reward for r in ok], tc.advantage, [r.truncated for r in ok], tc.mask_truncated)
+        cut = [r.truncated and (tc.mask_truncated is True or r.resolved) for r in ok]
+        adv = group_advantages([r.reward for r in ok], tc.advantage, cut, bool(tc.mask_truncated))
         if adv is not None and tc.group_filter == "correctness" and len({r.resolved for r in ok}) < 2:
             counts["groups_same_correctness"] += 1
             continue
