@@ -225,3 +225,25 @@ def test_training_tasks_by_family():
     cfg.train.families = ["wrong_keyword", "nope"]
     with pytest.raises(ValueError, match="train.families: nope not in suite 'families'.*misspelled_method"):
         training_tasks(cfg)
+
+
+def test_adam_eps_keeps_tiny_gradient_parameters_still():
+    """Adam's first steps move every parameter with a gradient by about lr; an epsilon above the
+    typical per-parameter gradient (train.adam_eps) leaves those with tiny gradients where they were."""
+    from vivace.config import load_preset
+    from vivace.rl.trainer import Sample, Trainer
+
+    ids = list(range(40, 80))
+    mask = [0] * 20 + [1] * 20
+    sample = Sample(ids, mask, [-1.0 * m for m in mask], [0 if m else -1 for m in mask], advantage=1.0)
+    moved = {}
+    for eps in (1e-8, 1.0):
+        cfg = load_preset("tiny").train
+        cfg.lr, cfg.adam_eps = 1e-3, eps
+        trainer = Trainer("tiny-init", cfg)
+        assert all(g["eps"] == eps for g in trainer.optimizer.param_groups)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.train_step([sample])
+        changed = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(trainer.model.parameters(), before)])
+        moved[eps] = float((changed > cfg.lr / 2).float().mean())
+    assert moved[1e-8] > 0.3 and moved[1.0] < 0.001

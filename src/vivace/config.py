@@ -212,6 +212,13 @@ class TrainConfig(_Strict):
     )
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_eps: float = Field(
+        1e-8,
+        gt=0,
+        description="AdamW's epsilon. In a short run Adam is in its sign regime (every parameter with any "
+        "gradient moves by about lr per step); an epsilon near the typical per-parameter gradient keeps the "
+        "many parameters with tiny, noisy gradients nearly still, so the update goes where the samples point.",
+    )
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
     clip_low: float = Field(0.2, ge=0, description="PPO clip range below 1.")
     clip_high: float = Field(0.28, ge=0, description="PPO clip range above 1 (clip-higher).")

@@ -107,7 +107,9 @@ class Trainer:
         for layer in self.model.model.layers:
             fully_shard(layer)
         fully_shard(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps
+        )
         self.loss_cfg = LossConfig(cfg.clip_low, cfg.clip_high, cfg.is_cap, cfg.kl_coef)
         self.reference = None
         if cfg.kl_coef > 0:  # a frozen copy of the starting policy
