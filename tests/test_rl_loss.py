@@ -244,6 +244,7 @@ def test_adam_eps_keeps_tiny_gradient_parameters_still():
         assert all(g["eps"] == eps for g in trainer.optimizer.param_groups)
         before = [p.detach().clone() for p in trainer.model.parameters()]
         trainer.train_step([sample])
-        changed = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(trainer.model.parameters(), before)])
+        after = trainer.model.parameters()
+        changed = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(after, before, strict=True)])
         moved[eps] = float((changed > cfg.lr / 2).float().mean())
     assert moved[1e-8] > 0.3 and moved[1.0] < 0.001
