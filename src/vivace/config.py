@@ -311,8 +311,8 @@ PRESETS: dict[str, dict] = {
             # one); a failure cut off by the limit is still pushed down.
             "mask_truncated": "solved",
             # 2e-4 wrecked the warm start within ~10 trained groups (held-out 5/56 -> 1/56); 6e-5 moved
-            # it by noise (5 -> 4); 2e-5 leaves it as it was (5 -> 5). Higher rates with the masks
-            # and Adam's epsilon raised lowered it or left it. docs/benchmarks.md.
+            # it by noise (5 -> 4); 2e-5 leaves it as it was (5 -> 5). Higher rates, with the masks or a
+            # larger Adam epsilon, lowered it or left it where it was. docs/benchmarks.md.
             "lr": 2e-5,
             "eval_tasks": 56,
             "eval_samples": 2,
