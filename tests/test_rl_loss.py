@@ -140,22 +140,15 @@ def _three_turn_rollout(reward: float, resolved: bool):
     mask = [0, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
     tokens = Tokens(ids=list(range(len(mask))), loss_mask=mask, logprobs=[-0.5 * m for m in mask],
                     versions=[0 if m else -1 for m in mask])  # fmt: skip
+    read = ToolRecord(id="1", name="read_file", arguments={"path": "a.py"}, result="ok")
+    bad = ToolRecord(
+        id="2", name="edit_file", arguments="{bad", result="Error: bad JSON", is_error=True, format_error=True
+    )
+    cut = '<tool_call>{"name": "edit_file", "arguments": {"old_str'
     turns = [
-        Turn(content="", tool_calls=[ToolRecord(id="1", name="read_file", arguments={"path": "a.py"}, result="ok")]),
-        Turn(
-            content="",
-            tool_calls=[
-                ToolRecord(
-                    id="2",
-                    name="edit_file",
-                    arguments="{bad",
-                    result="Error: bad JSON",
-                    is_error=True,
-                    format_error=True,
-                )
-            ],
-        ),  # fmt: skip
-        Turn(content='<tool_call>{"name": "edit_file", "arguments": {"old_str', finish_reason="length"),
+        Turn(content="", tool_calls=[read]),
+        Turn(content="", tool_calls=[bad]),
+        Turn(content=cut, finish_reason="length"),
     ]
     traj = Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="max_tokens",
                       tokens=tokens, turns=turns)  # fmt: skip
