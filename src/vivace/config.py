@@ -184,9 +184,23 @@ class TrainConfig(_Strict):
     )
     group_filter: Literal["reward", "correctness"] = Field(
         "reward",
-        description="Which groups train: reward: any whose rewards differ; correctness: only those where some "
-        "rollouts solved the task and some did not. When success is rare, the small penalty differences "
+        description="Which groups train: reward: any whose rewards differ; correctness: only those whose "
+        "rollouts differ in outcome: some solved the task and some did not, or (with milestone rewards on) "
+        "some reached a milestone and some did not. When success is rare, the small penalty differences "
         "between failed rollouts otherwise teach the policy to stop acting (do nothing, be penalised for nothing).",
+    )
+    milestone_read: float = Field(
+        0.0,
+        ge=0,
+        description="Training-only reward for a rollout that read a non-test file (read_file succeeded: the path "
+        "was copied right). Added to the benchmark score for the advantage, never to the benchmark itself; "
+        "unsolved rollouts differ in it, so groups that all failed still teach the steps towards a fix.",
+    )
+    milestone_edit: float = Field(
+        0.0,
+        ge=0,
+        description="Training-only reward for a rollout whose edit of a non-test file applied (edit_file found "
+        "its old_string: the text was copied right), solved or not.",
     )
     mask_malformed: bool = Field(
         True,

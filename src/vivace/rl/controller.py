@@ -205,6 +205,7 @@ def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, s
         "success_rate": mean([1.0 if r.resolved else 0.0 for r in flat]),
         # solved, yet cut off by a limit: the fix landed but the agent never stopped (loops after it)
         "solved_truncated": mean([1.0 if r.truncated else 0.0 for r in flat if r.resolved]),
+        **{f"milestone_{k}": mean([1.0 if r.milestones.get(k) else 0.0 for r in ok]) for k in ("read", "edit")},
         **{f"reward_{k}": mean([r.components.get(k, 0.0) for r in ok]) for k in ("correctness", "adherence", "efficiency", "claims", "format")},
         **counts,
         **train_stats,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from vivace.bench.patch import is_test_path
 from vivace.harness.trajectory import Trajectory
 
 READS = {"read_file", "grep", "glob_file_search", "codebase_search", "list_dir"}
@@ -26,6 +27,21 @@ def behaviour(traj: Trajectory) -> dict[str, float]:
         "lint_calls": sum(1 for c in calls if c.name == "read_lints"),
         "format_errors": sum(1 for c in calls if c.format_error),
     }
+
+
+def milestones(traj: Trajectory) -> dict[str, bool]:
+    """Verifiable steps towards a fix that an unsolved episode can reach too: `read`, a non-test
+    file read (read_file succeeded, so the path was copied right); `edit`, an edit of a non-test
+    file that applied (edit_file found its old_string, so the text was copied right)."""
+
+    def done(name: str) -> bool:
+        return any(
+            c.name == name and not c.is_error and isinstance(c.arguments, dict)
+            and not is_test_path(str(c.arguments.get("path", "")))
+            for t in traj.turns for c in t.tool_calls
+        )  # fmt: skip
+
+    return {"read": done("read_file"), "edit": done("edit_file")}
 
 
 def mean(xs: Sequence[float]) -> float:

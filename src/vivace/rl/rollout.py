@@ -2,9 +2,12 @@
 trainer samples with group-relative advantages.
 
 Each rollout is `bench.runner.run_task` — the same sandboxed workspace, agent loop, tools and
-scorer as `vivace bench` and `vivace agent` — so the reward is exactly the benchmark's total
-score. A group is kept only when its rewards differ; a sample is kept only when its tokens are
-at most `max_staleness` policy versions behind the trainer. What was dropped is counted.
+scorer as `vivace bench` and `vivace agent` — so the reward is the benchmark's total score, plus
+the training-only milestone rewards when configured (`train.milestone_read/_edit`: a non-test
+file read, an edit that applied; rl.metrics.milestones). A group is kept only when its rewards
+differ (with `group_filter = "correctness"`, only when its outcomes do); a sample is kept only
+when its tokens are at most `max_staleness` policy versions behind the trainer. What was
+dropped is counted.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from vivace.harness.policy import TokenPolicy
 from vivace.harness.trajectory import Trajectory
 from vivace.inference.samplers import StickyRouter
 from vivace.rl.advantages import group_advantages
+from vivace.rl.metrics import milestones
 from vivace.rl.trainer import Sample
 from vivace.tasks.format import Task
 
@@ -33,6 +37,7 @@ class Rollout:
     resolved: bool = False
     details: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    milestones: dict[str, bool] = field(default_factory=dict)  # rl.metrics.milestones of the trajectory
 
     @property
     def truncated(self) -> bool:
@@ -73,7 +78,11 @@ async def run_attempt(
         return EpisodeResult("sampler_lost", sampler=router.lost, error=traj.error,
                              dead_samplers=sorted(router.seen_dead | {router.lost}))  # fmt: skip
     components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}
-    rollout = Rollout(task.id, traj, score.total, components, score.resolved, score.details)
+    reached = milestones(traj)
+    # Training-only milestone rewards on top of the benchmark score (0 unless configured).
+    bonus = cfg.train.milestone_read * reached["read"] + cfg.train.milestone_edit * reached["edit"]
+    rollout = Rollout(task.id, traj, score.total + bonus, components, score.resolved, score.details,
+                      milestones=reached)  # fmt: skip
     return EpisodeResult("ok", rollout, sampler=router.chosen, dead_samplers=sorted(router.seen_dead))
 
 
@@ -94,7 +103,7 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
             continue
         cut = [r.truncated and (tc.mask_truncated is True or r.resolved) for r in ok]
         adv = group_advantages([r.reward for r in ok], tc.advantage, cut, bool(tc.mask_truncated))
-        if adv is not None and tc.group_filter == "correctness" and len({r.resolved for r in ok}) < 2:
+        if adv is not None and tc.group_filter == "correctness" and len({_outcome(r, tc) for r in ok}) < 2:
             counts["groups_same_correctness"] += 1
             continue
         if adv is None:
@@ -130,6 +139,12 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
         counts.update(adv_mean=mean, adv_abs_mean=sum(map(abs, advantages)) / len(advantages),
                       adv_min=min(advantages), adv_max=max(advantages))  # fmt: skip
     return samples, counts
+
+
+def _outcome(r: Rollout, tc: Any) -> tuple[bool, ...]:
+    """What the correctness filter compares: solved or not, and each milestone that earns a reward."""
+    rewarded = [k for k, w in (("read", tc.milestone_read), ("edit", tc.milestone_edit)) if w > 0]
+    return (r.resolved, *(r.milestones.get(k, False) for k in rewarded))
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:
