@@ -238,9 +238,11 @@ class ScriptedSampler:
     def __init__(self, chat, messages: list[Message], version: int = 3):
         self.chat, self.messages, self.version = chat, messages, version
         self.prompts: list[list[int]] = []
+        self.params: list[SamplingParams] = []
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         self.prompts.append(list(prompt_ids))
+        self.params.append(params)
         ids = self.chat.assistant_ids(self.messages[len(self.prompts) - 1])
         finish = "stop"
         if len(ids) > params.max_tokens:
@@ -284,6 +286,26 @@ async def test_token_policy_episode_is_token_exact(ws, chat_format):
     assert {v for v, m in zip(t.versions, t.loss_mask, strict=True) if m} == {3}
     assert [turn.policy_version for turn in traj.turns] == [3, 3, 3]
     assert traj.turns[1].prompt_tokens == len(sampler.prompts[1])
+
+
+async def test_episode_seed_seeds_every_turn_apart_and_the_same_for_every_policy(ws, chat_format):
+    from vivace.harness.policy import derive_seed
+
+    def scripted(policy_seed=None):
+        sampler = ScriptedSampler(chat_format, TOKEN_SCRIPT)
+        return sampler, TokenPolicy(sampler, chat_format, "t", SamplingParams(seed=policy_seed))
+
+    sampler, policy = scripted()
+    await run_episode(policy, ws, "fix sub", seed=7)
+    first = [p.seed for p in sampler.params]
+    assert first == [derive_seed(7, k) for k in range(3)] and len(set(first)) == 3  # one per turn
+    sampler, policy = scripted()
+    await run_episode(policy, ws, "fix sub", seed=7)
+    assert [p.seed for p in sampler.params] == first  # another policy, the same episode seed: same draws
+    assert derive_seed(8, 0) != first[0] and derive_seed("a", 1) == derive_seed("a", 1)
+    sampler, policy = scripted(policy_seed=3)
+    await run_episode(policy, ws, "fix sub")  # no episode seed: the policy's own (here fixed) seed
+    assert [p.seed for p in sampler.params] == [3, 3, 3]
 
 
 async def test_token_policy_truncated_turn_is_closed_and_the_episode_goes_on(ws, chat_format):

@@ -64,6 +64,10 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
         b, a = report["policies"]["before"][key], after[key]
         assert change == {"before": b, "after": a, "delta": None if b is None or a is None else pytest.approx(a - b)}
     assert [c["step"] for c in report["curves"]] == [1, 2, 3] and report["curves"][-1]["success_rate"] == 0.75
+    pair = report["paired"]
+    solved = {spec: {r["task_id"] for r in rows if r["model"] == spec and r["resolved"]} for spec in (BEFORE, AFTER)}
+    assert pair == {"episodes": len(tasks), "both": len(solved[BEFORE] & solved[AFTER]),
+                    "before_only": len(solved[BEFORE] - solved[AFTER]), "after_only": len(solved[AFTER] - solved[BEFORE])}  # fmt: skip
 
     md = (run_dir / "report.md").read_text()
     for name in [*report["families"], BEFORE, AFTER, "before", "after", "Harder families", "→"]:
@@ -71,6 +75,21 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     harder_section = md.split("### Harder families")[1].split("##")[0]
     assert "arithmetic" in harder_section and "misspelled_name" not in harder_section
     assert "**all learnable**" in md and "| **all** | 3 |" in md and "at temperature 0" in md
+    assert f"{pair['after_only']} solved only after" in md
+
+
+def test_paired_outcomes_match_episodes_by_task_and_sample():
+    from vivace.rl.evaluate import paired
+
+    rows = [{"model": m, "task_id": t, "sample": k, "resolved": ok} for m, t, k, ok in [
+        ("b", "t1", 0, True), ("a", "t1", 0, False),  # lost
+        ("b", "t1", 1, False), ("a", "t1", 1, True),  # gained
+        ("b", "t2", 0, True), ("a", "t2", 0, True),  # kept
+        ("b", "t3", 0, False), ("x", "t3", 0, True),  # after never ran it: not a pair
+    ]]  # fmt: skip
+    rows.append({"model": "a", "task_id": "t2", "sample": 1, "error": "boom"})  # failed to run: unsolved
+    rows.append({"model": "b", "task_id": "t2", "sample": 1, "resolved": True})
+    assert paired(rows, "b", "a") == {"episodes": 4, "both": 1, "before_only": 2, "after_only": 1}
 
 
 async def test_several_episodes_per_task(tasks, tmp_path, state_dir):

@@ -117,6 +117,71 @@ def test_group_filter_correctness_keeps_only_groups_that_split_on_success():
     assert to_samples([all_solved], cfg, version=0)[1]["groups_same_correctness"] == 1
 
 
+def _calls_trajectory(*calls):
+    from vivace.harness.trajectory import ToolRecord, Trajectory, Turn
+
+    records = [ToolRecord(id=str(i), name=n, arguments=a, result="", is_error=e) for i, (n, a, e) in enumerate(calls)]
+    return Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="done",
+                      turns=[Turn(content="", tool_calls=[r]) for r in records])  # fmt: skip
+
+
+def test_milestones_count_only_successful_calls_on_code():
+    from vivace.rl.metrics import milestones
+
+    none = _calls_trajectory(
+        ("read_file", {"path": "tests/test_core.py"}, False),  # a test file: the traceback already shows it
+        ("read_file", {"path": "pkg/cor.py"}, True),  # a misspelled path: the tool said no such file
+        ("edit_file", {"path": "pkg/core.py", "old_string": "x", "new_string": "y"}, True),  # not found
+        ("edit_file", {"path": "tests/test_core.py", "old_string": "1", "new_string": "2"}, False),
+        ("edit_file", '{"path": "pkg/core.py", "old_str', False),  # malformed arguments
+        ("run_terminal_cmd", {"command": "cat pkg/core.py"}, False),
+    )
+    assert milestones(none) == {"read": False, "edit": False}
+    both = _calls_trajectory(("read_file", {"path": "pkg/core.py"}, False),
+                             ("edit_file", {"path": "pkg/core.py", "old_string": "x", "new_string": "y"}, False))  # fmt: skip
+    assert milestones(both) == {"read": True, "edit": True}
+    assert milestones(_calls_trajectory()) == {"read": False, "edit": False}
+
+
+def test_milestones_reward_and_split_groups_only_when_configured():
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples
+
+    cfg = load_preset("default")
+    cfg.train.group_filter = "correctness"
+    read, blind = _rollout(0.0, False), _rollout(0.0, False)  # both failed, same score
+    read.milestones, blind.milestones = {"read": True, "edit": False}, {"read": False, "edit": False}
+    assert to_samples([[read, blind]], cfg, version=0)[1]["groups_zero_variance"] == 1
+    cfg.train.milestone_read = 0.1  # now the read is an outcome, and run_attempt adds its reward
+    read.reward = 0.1
+    samples, counts = to_samples([[read, blind]], cfg, version=0)
+    assert [round(s.advantage, 3) for s in samples] == [0.05, -0.05] and counts["groups_same_correctness"] == 0
+    penalised = _rollout(-0.05, False)  # same outcomes as `blind`, a little penalty: still filtered out
+    penalised.milestones = dict(blind.milestones)
+    assert to_samples([[blind, penalised]], cfg, version=0)[1]["groups_same_correctness"] == 1
+
+
+async def test_run_attempt_adds_milestone_rewards_to_the_benchmark_score():
+    from vivace.bench.score import Score
+    from vivace.config import load_preset
+    from vivace.rl.rollout import run_attempt
+
+    traj = _calls_trajectory(("read_file", {"path": "pkg/core.py"}, False),
+                             ("edit_file", {"path": "pkg/core.py", "old_string": "a", "new_string": "b"}, True))  # fmt: skip
+
+    async def episode(policy, task, cfg, backend):
+        return traj, Score(task_id="t", total=-0.05, correctness=0, adherence=0, efficiency=0, claims=1, format=0.5,
+                           resolved=False)  # fmt: skip
+
+    cfg = load_preset("default")
+    cfg.train.milestone_read, cfg.train.milestone_edit = 0.1, 0.2
+    task = type("T", (), {"id": "t"})()
+    result = await run_attempt([object()], None, None, "p", task, cfg, None, episode=episode)
+    assert result.rollout.reward == pytest.approx(0.05)  # the read earns 0.1; the edit did not apply
+    assert result.rollout.milestones == {"read": True, "edit": False}
+    assert result.rollout.components["format"] == 0.5  # the benchmark's own components are untouched
+
+
 def test_negative_scale_shrinks_only_negative_advantages():
     from vivace.config import load_preset
     from vivace.rl.rollout import to_samples

@@ -29,6 +29,7 @@ from vivace.config import VivaceConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policies import load_policy
+from vivace.harness.policy import derive_seed
 from vivace.harness.trajectory import Trajectory
 from vivace.model.tokenizer import count_assistant_tokens, reference_chat_format
 from vivace.sandbox import open_backend
@@ -79,9 +80,12 @@ async def run_benchmark(
     return sorted(rows, key=lambda r: (order[(r["model"], r["task_id"])], r["sample"]))
 
 
-async def run_task(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> tuple[Trajectory, Any]:
+async def run_task(
+    policy: Any, task: Task, cfg: VivaceConfig, backend: Any, seed: int | None = None
+) -> tuple[Trajectory, Any]:
     """One episode of `task` in a fresh workspace, scored: (trajectory, Score). The benchmark and
-    RL rollouts both go through here, so a rollout is exactly a benchmark episode."""
+    RL rollouts both go through here, so a rollout is exactly a benchmark episode. `seed`: the
+    episode's sampling seed (None, as in RL rollouts: the sampler's own randomness)."""
     # Building the task's starting tree and snapshot is file copying: off the event loop.
     snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
     ws = await backend.create(snapshot)
@@ -91,7 +95,7 @@ async def run_task(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> 
             if res.exit_code != 0:
                 raise RuntimeError(f"setup command {command!r} failed ({res.exit_code}): {res.stderr[-500:]}")
         bound = policy.for_task(task) if hasattr(policy, "for_task") else policy
-        traj = await run_episode(bound, ws, task.request, cfg.agent, task_id=task.id)
+        traj = await run_episode(bound, ws, task.request, cfg.agent, task_id=task.id, seed=seed)
         return traj, await score(task, traj, ws, cfg.score)
     finally:
         await ws.close()
@@ -104,7 +108,9 @@ async def _episode(
                            "kind": task.metadata.get("kind"), "family": task.metadata.get("family")}  # fmt: skip
     t0 = time.monotonic()
     try:
-        traj, result = await run_task(policy, task, cfg, backend)
+        # Every policy gets the same seed for the same (task, sample): sampled policies compared on
+        # one benchmark draw the same random numbers, so their difference is their weights', not luck.
+        traj, result = await run_task(policy, task, cfg, backend, seed=derive_seed(cfg.engine.seed, task.id, sample))
     except Exception as e:  # one broken task or environment must not end the whole run
         row.update(error=f"{type(e).__name__}: {e}", resolved=False, total=0.0, seconds=time.monotonic() - t0)
         return row

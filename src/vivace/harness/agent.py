@@ -50,8 +50,10 @@ async def run_episode(
     task_id: str | None = None,
     observer: Observer | None = None,
     system_prompt: str = SYSTEM_PROMPT,
+    seed: int | None = None,
 ) -> Trajectory:
-    """Run one episode and return its Trajectory; never raises for policy or tool failures."""
+    """Run one episode and return its Trajectory; never raises for policy or tool failures.
+    `seed`: the episode's sampling seed (Conversation.seed); None: the sampler's own randomness."""
     limits = limits or AgentConfig()
     tools = list(tools) if tools is not None else default_tools()
     by_name = tools_by_name(tools)
@@ -59,6 +61,7 @@ async def run_episode(
         messages=[Message("system", system_prompt), Message("user", request)],
         tools=[tool_schema(t) for t in tools],
         max_turn_tokens=limits.max_turn_tokens,
+        seed=seed,
     )
     ctx = ToolContext(workspace=workspace, command_timeout_s=limits.command_timeout_s)
     notify = observer or (lambda kind, payload: None)

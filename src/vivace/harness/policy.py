@@ -14,6 +14,7 @@ Not covered: choosing a policy from a spec string (policies.py) and the loop (ag
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -54,6 +55,9 @@ class Conversation:
     tools: list[dict[str, Any]]  # OpenAI-style function schemas
     max_turn_tokens: int = 4096  # cap on one generation
     tokens: TokenLog | None = None  # set by token-level policies on their first turn
+    # The episode's sampling seed: a token-level policy seeds each turn from it and the turn's
+    # index, so two policies given the same seed draw the same random numbers (paired comparisons).
+    seed: int | None = None
 
 
 @runtime_checkable
@@ -98,6 +102,17 @@ class Sampler(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
 
 
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any parts (a base seed, a task id, an index): the same on every
+    machine and run, unlike hash()."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _turn(conversation: Conversation) -> int:
+    return sum(1 for m in conversation.messages if m.role == "assistant")
+
+
 def _with_new_messages(conversation: Conversation, chat: Any) -> TokenLog:
     """The episode's token log, extended with the messages added since the last turn (the whole
     prompt on the first turn) and the generation prompt: the past is never re-tokenized."""
@@ -126,7 +141,7 @@ class TokenPolicy:
             top_p=self.params.top_p,
             top_k=self.params.top_k,
             stop_token_ids=stops,
-            seed=self.params.seed,
+            seed=self.params.seed if conversation.seed is None else derive_seed(conversation.seed, _turn(conversation)),
         )
         prompt_len = len(log.ids)
         out = await self.sampler.generate(list(log.ids), params)

@@ -15,7 +15,11 @@ self-contained RUN/report.html (tables, SVG curves, bench's success-vs-tokens pl
   episode, reads/searches before the first edit (rl.metrics.behaviour on the saved
   trajectories; an episode that never edits counts all its reads), unsupported-claim rate,
   format errors;
-- a "before -> after" line with the delta for each of those.
+- a "before -> after" line with the delta for each of those, and the paired count: episodes
+  only the trained policy solved, only the starting one, or both. The benchmark seeds each
+  (task, sample) episode the same for every policy (common random numbers), so where the
+  weights barely differ the two sample the same tokens, and the pair shows what training
+  changed with far less sampling noise than two independent success rates.
 
 Held-out tasks are drawn round-robin over families in a seeded order (`held_out_tasks`), so a
 small evaluation still covers every family.
@@ -23,8 +27,8 @@ small evaluation still covers every family.
 Policies are loaded as `vivace bench` loads them (`load_policy(spec)`: the engine's default
 sampling settings), so the numbers compare with any other benchmark run.
 
-Not covered: significance. With a handful of tasks per family a difference of one task is
-noise; the report gives counts beside rates so the reader can judge.
+Not covered: significance tests. With a handful of tasks per family a difference of one task
+is noise; the report gives counts beside rates, and the paired count, so the reader can judge.
 """
 
 from __future__ import annotations
@@ -170,6 +174,7 @@ def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: 
         "families": families,
         "policies": policies,
         "before_after": {k: _change(policies["before"].get(k), policies["after"].get(k)) for k, _, _ in METRICS},
+        "paired": paired(rows, roles["before"], roles["after"]),
         "curves": curves,
         "training": {"steps": len(curves), "first": curves[0] if curves else None, "last": curves[-1] if curves else None},
         "eval_seconds": seconds,
@@ -220,6 +225,23 @@ def policy_stats(rows: list[dict[str, Any]], by_id: dict[str, Task], harder: set
     }
 
 
+def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, int]:
+    """Episode by episode, before against after: the benchmark gives both policies the same seed
+    for the same (task, sample), so where their weights agree they sample the same tokens, and
+    the episodes only one of them solved are what training changed."""
+    outcome: dict[tuple[str, int], dict[str, bool]] = {}
+    for r in rows:
+        if r["model"] in (before, after):
+            outcome.setdefault((r["task_id"], r.get("sample", 0)), {})[r["model"]] = bool(r.get("resolved"))
+    both = [o for o in outcome.values() if before in o and after in o]
+    return {
+        "episodes": len(both),
+        "both": sum(o[before] and o[after] for o in both),
+        "before_only": sum(o[before] and not o[after] for o in both),
+        "after_only": sum(o[after] and not o[before] for o in both),
+    }
+
+
 def training_curves(metrics_file: Path) -> list[dict[str, Any]]:
     if not metrics_file.is_file():
         return []
@@ -267,6 +289,9 @@ def change_lines(report: dict[str, Any]) -> list[str]:
     for key, label, fmt in METRICS:
         c = report["before_after"][key]
         out.append(f"{label}: {_fmt(c['before'], fmt)} → {_fmt(c['after'], fmt)} ({_fmt_delta(c['delta'], fmt)})")
+    if (p := report.get("paired")) and p["episodes"]:
+        out.append(f"paired episodes (same task, same seed): {p['after_only']} solved only after, {p['before_only']} "
+                   f"only before, {p['both']} by both, of {p['episodes']}")  # fmt: skip
     return out
 
 
