@@ -182,44 +182,6 @@ async def test_run_attempt_adds_milestone_rewards_to_the_benchmark_score():
     assert result.rollout.components["format"] == 0.5  # the benchmark's own components are untouched
 
 
-def _credit_rollout(reward: float, resolved: bool, read_ok: bool):
-    """Turn 1 reads a source file (found or not), turn 2 reads the test file, turn 3 answers."""
-    from vivace.harness.trajectory import Tokens, ToolRecord, Trajectory, Turn
-    from vivace.rl.rollout import Rollout
-
-    mask = [0, 1, 1, 0, 1, 0, 1, 1]
-    tokens = Tokens(ids=list(range(len(mask))), loss_mask=mask, logprobs=[-0.5 * m for m in mask],
-                    versions=[0 if m else -1 for m in mask])  # fmt: skip
-    read = ToolRecord(id="1", name="read_file", arguments={"path": "pkg/core.py"}, result="", is_error=not read_ok)
-    test = ToolRecord(id="2", name="read_file", arguments={"path": "tests/test_core.py"}, result="")
-    turns = [Turn(content="", tool_calls=[read]), Turn(content="", tool_calls=[test]), Turn(content="done")]
-    traj = Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="done",
-                      tokens=tokens, turns=turns)  # fmt: skip
-    return Rollout("t", traj, reward, resolved=resolved)
-
-
-def test_call_credit_lands_on_the_turn_that_made_the_call():
-    from vivace.config import load_preset
-    from vivace.rl.rollout import to_samples
-
-    cfg = load_preset("default")
-    cfg.train.group_filter = "correctness"
-    failed = [_credit_rollout(0.0, False, read_ok=True), _credit_rollout(0.0, False, read_ok=False)]
-    assert to_samples([failed], cfg, version=0)[0] == []  # no episode-level signal, no credit: nothing
-    cfg.train.call_credit = 0.5
-    mixed = [_credit_rollout(1.0, True, read_ok=True), _credit_rollout(0.0, False, read_ok=True)]
-    samples, counts = to_samples([failed, mixed], cfg, version=0)
-    assert counts["call_success_read_file"] == 0.75 and counts["turns_credited"] == 4  # test-file reads earn none
-    found, missed, win, loss = samples
-    # A group that all failed trains only the credited turn: +w(1-p) for the found file, -wp for the miss.
-    assert found.mask == [0, 1, 1, 0, 0, 0, 0, 0] and found.token_advantages[1:3] == [0.125, 0.125]
-    assert missed.mask == [0, 1, 1, 0, 0, 0, 0, 0] and missed.token_advantages[1:3] == [-0.375, -0.375]
-    # A group split on success keeps every turn: the episode's advantage, plus the credit on the read.
-    assert win.mask == mixed[0].trajectory.tokens.loss_mask and win.advantage == 0.5
-    assert win.token_advantages == [0.5, 0.625, 0.625, 0.5, 0.5, 0.5, 0.5, 0.5]
-    assert loss.token_advantages[4:] == [-0.5] * 4 and loss.token_advantages[1] == -0.375
-
-
 def test_negative_scale_shrinks_only_negative_advantages():
     from vivace.config import load_preset
     from vivace.rl.rollout import to_samples

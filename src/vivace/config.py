@@ -196,16 +196,6 @@ class TrainConfig(_Strict):
         "was copied right). Added to the benchmark score for the advantage, never to the benchmark itself; "
         "unsolved rollouts differ in it, so groups that all failed still teach the steps towards a fix.",
     )
-    call_credit: float = Field(
-        0.0,
-        ge=0,
-        description="Per-turn credit for the outcome of each read_file/edit_file call on a non-test file, on "
-        "top of the rollout's advantage: the turn's tokens get +w(1-p) when the call succeeded (the file was "
-        "found, the old_string was found) and -wp when it failed, p being that tool's success rate over the "
-        "step's rollouts. The outcome is caused by that turn's own tokens (the copied path or text), so the "
-        "signal lands on them instead of being spread over the episode; rollouts of groups that carry no "
-        "episode-level signal still train on their credited turns.",
-    )
     milestone_edit: float = Field(
         0.0,
         ge=0,

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from vivace.bench.patch import is_test_path
-from vivace.harness.trajectory import Trajectory, Turn
+from vivace.harness.trajectory import Trajectory
 
 READS = {"read_file", "grep", "glob_file_search", "codebase_search", "list_dir"}
 EDITS = {"edit_file", "write_file", "delete_file"}
@@ -29,25 +29,19 @@ def behaviour(traj: Trajectory) -> dict[str, float]:
     }
 
 
-CREDITED = ("read_file", "edit_file")  # calls whose outcome shows whether a path or text was copied right
-
-
-def code_calls(turn: Turn) -> list[tuple[str, bool]]:
-    """(tool, succeeded) for each well-formed read_file or edit_file call of the turn on a non-test
-    file: a read that found its file (the path was copied right), an edit that found its
-    old_string (the text was copied right)."""
-    return [
-        (c.name, not c.is_error) for c in turn.tool_calls
-        if c.name in CREDITED and not c.format_error and isinstance(c.arguments, dict)
-        and not is_test_path(str(c.arguments.get("path", "")))
-    ]  # fmt: skip
-
-
 def milestones(traj: Trajectory) -> dict[str, bool]:
     """Verifiable steps towards a fix that an unsolved episode can reach too: `read`, a non-test
-    file read; `edit`, an edit of a non-test file that applied (see code_calls)."""
-    done = {name for t in traj.turns for name, ok in code_calls(t) if ok}
-    return {"read": "read_file" in done, "edit": "edit_file" in done}
+    file read (read_file succeeded, so the path was copied right); `edit`, an edit of a non-test
+    file that applied (edit_file found its old_string, so the text was copied right)."""
+
+    def done(name: str) -> bool:
+        return any(
+            c.name == name and not c.is_error and isinstance(c.arguments, dict)
+            and not is_test_path(str(c.arguments.get("path", "")))
+            for t in traj.turns for c in t.tool_calls
+        )  # fmt: skip
+
+    return {"read": done("read_file"), "edit": done("edit_file")}
 
 
 def mean(xs: Sequence[float]) -> float:

@@ -21,7 +21,7 @@ from vivace.harness.policy import TokenPolicy
 from vivace.harness.trajectory import Trajectory
 from vivace.inference.samplers import StickyRouter
 from vivace.rl.advantages import group_advantages
-from vivace.rl.metrics import code_calls, milestones
+from vivace.rl.metrics import milestones
 from vivace.rl.trainer import Sample
 from vivace.tasks.format import Task
 
@@ -91,9 +91,8 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
     tc = cfg.train
     samples: list[Sample] = []
     counts = {"groups": len(groups), "groups_zero_variance": 0, "groups_same_correctness": 0, "rollouts_failed": 0,
-              "samples_masked_truncated": 0, "turns_masked_malformed": 0, "turns_credited": 0,
+              "samples_masked_truncated": 0, "turns_masked_malformed": 0,
               "samples_too_stale": 0, "samples_without_tokens": 0}  # fmt: skip
-    rates = call_success_rates([r for g in groups for r in g if r.error is None]) if tc.call_credit > 0 else None
     advantages: list[float] = []
     staleness: list[int] = []
     for group in groups:
@@ -106,41 +105,32 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
         adv = group_advantages([r.reward for r in ok], tc.advantage, cut, bool(tc.mask_truncated))
         if adv is not None and tc.group_filter == "correctness" and len({_outcome(r, tc) for r in ok}) < 2:
             counts["groups_same_correctness"] += 1
-            adv = None
-        elif adv is None:
-            counts["groups_zero_variance"] += 1
-        if adv is None and rates is None:
             continue
-        for i, r in enumerate(ok):
-            a = adv[i] if adv is not None else None
-            if adv is not None and a is None:
-                counts["samples_masked_truncated"] += 1
-                if rates is None:
-                    continue
+        if adv is None:
+            counts["groups_zero_variance"] += 1
+            continue
+        for r, a in zip(ok, adv, strict=True):
             tokens = r.trajectory.tokens if r.trajectory else None
-            if tokens is None or not any(tokens.loss_mask):
+            if a is None:
+                counts["samples_masked_truncated"] += 1
+            elif tokens is None or not any(tokens.loss_mask):
                 counts["samples_without_tokens"] += 1
-                continue
-            oldest = min(v for v, m in zip(tokens.versions, tokens.loss_mask, strict=True) if m)
-            if oldest < version - tc.max_staleness:
+            elif (oldest := min(v for v, m in zip(tokens.versions, tokens.loss_mask, strict=True) if m)) < (
+                version - tc.max_staleness
+            ):
                 counts["samples_too_stale"] += 1
-                continue
-            mask, token_adv = tokens.loss_mask, None
-            if a is not None:
+            else:
                 a = a * tc.negative_scale if a < 0 else a
+                mask = tokens.loss_mask
                 if a > 0 and tc.mask_malformed:
                     mask, masked = without_malformed_turns(r.trajectory)
                     counts["turns_masked_malformed"] += masked
-            if rates is not None:  # the episode's advantage (0 without one) plus each credited turn's own
-                mask, token_adv, credited = with_call_credit(r.trajectory, mask, a or 0.0, rates, tc.call_credit,
-                                                             keep_all=a is not None)  # fmt: skip
-                counts["turns_credited"] += credited
-            if not any(mask):
-                counts["samples_without_tokens"] += 1
-                continue
-            samples.append(Sample(tokens.ids, mask, tokens.logprobs, tokens.versions, a or 0.0, token_adv))
-            advantages.append(a or 0.0)
-            staleness.append(version - oldest)
+                if not any(mask):
+                    counts["samples_without_tokens"] += 1
+                    continue
+                samples.append(Sample(tokens.ids, mask, tokens.logprobs, tokens.versions, a))
+                advantages.append(a)
+                staleness.append(version - oldest)
     counts["samples"] = len(samples)
     if staleness:  # versions behind the trainer of each kept sample's oldest token
         counts.update(staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness))
@@ -148,44 +138,7 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
         mean = sum(advantages) / len(advantages)
         counts.update(adv_mean=mean, adv_abs_mean=sum(map(abs, advantages)) / len(advantages),
                       adv_min=min(advantages), adv_max=max(advantages))  # fmt: skip
-    if rates is not None:
-        counts.update({f"call_success_{name}": rate for name, rate in rates.items()})
     return samples, counts
-
-
-def call_success_rates(rollouts: list[Rollout]) -> dict[str, float]:
-    """Per credited tool, the share of its calls (rl.metrics.code_calls) that succeeded: the
-    baseline each call's own credit is measured against."""
-    outcomes: dict[str, list[bool]] = {}
-    for r in rollouts:
-        for turn in r.trajectory.turns if r.trajectory else []:
-            for name, ok in code_calls(turn):
-                outcomes.setdefault(name, []).append(ok)
-    return {name: sum(oks) / len(oks) for name, oks in sorted(outcomes.items())}
-
-
-def with_call_credit(
-    traj: Trajectory, mask: list[int], advantage: float, rates: dict[str, float], weight: float, keep_all: bool
-) -> tuple[list[int], list[float], int]:
-    """(mask, per-position advantages, turns credited). Each turn's advantage is the episode's plus
-    weight * (succeeded - rate) summed over its credited calls. keep_all: the mask stays as it
-    was; else only the credited turns keep theirs (an episode with no advantage of its own). The
-    k-th run of sampled tokens is the k-th turn; when they do not line up, nothing is credited."""
-    runs = _runs(traj.tokens.loss_mask) if traj.tokens else []
-    token_adv = [advantage] * len(mask)
-    out = list(mask) if keep_all else [0] * len(mask)
-    if len(runs) != len(traj.turns):
-        return out, token_adv, 0
-    credited = 0
-    for (start, end), turn in zip(runs, traj.turns, strict=True):
-        calls = code_calls(turn)
-        if not calls:
-            continue
-        credit = weight * sum((1.0 if ok else 0.0) - rates[name] for name, ok in calls)
-        token_adv[start:end] = [advantage + credit] * (end - start)
-        out[start:end] = mask[start:end]
-        credited += any(mask[start:end])
-    return out, token_adv, credited
 
 
 def _outcome(r: Rollout, tc: Any) -> tuple[bool, ...]:

@@ -54,7 +54,6 @@ class Sample:
     logprobs: list[float]  # sampler logprobs (0 where mask is 0)
     versions: list[int]  # policy version per token (-1 where mask is 0)
     advantage: float
-    token_advantages: list[float] | None = None  # per position, when turns carry credit of their own
 
     @property
     def n_generated(self) -> int:
@@ -194,9 +193,8 @@ class Trainer:
             [s.logprobs[j] for s, js in zip(micro, generated, strict=True) for j in js], dtype=torch.float32
         )
         adv = torch.tensor(
-            [s.advantage if s.token_advantages is None else s.token_advantages[j]
-             for s, js in zip(micro, generated, strict=True) for j in js], dtype=torch.float32
-        )  # fmt: skip
+            [s.advantage for s, js in zip(micro, generated, strict=True) for _ in js], dtype=torch.float32
+        )
         return logp, entropy, torch.ones_like(logp), behav.to(self.device), adv.to(self.device)
 
     @torch.no_grad()
