@@ -35,7 +35,11 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     _metrics(run_dir)
-    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)}, train={"eval_temperature": 0, "eval_samples": 1})
+    cfg = load_preset(
+        "tiny",
+        sandbox={"backend": "plain", "state_dir": str(state_dir)},
+        train={"eval_temperature": 0, "eval_samples": 1},
+    )
     seen: list[tuple[int, int, int]] = []
     report = await evaluate_run(cfg, run_dir, BEFORE, AFTER, tasks, concurrency=3, progress=lambda *a: seen.append(a))
     assert report["temperature"] == 0 and cfg.engine.temperature > 0  # greedy for the report only, not rollouts
