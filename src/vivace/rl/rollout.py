@@ -80,7 +80,7 @@ async def run_attempt(
     components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}
     reached = milestones(traj)
     # Training-only milestone rewards on top of the benchmark score (0 unless configured).
-    bonus = cfg.train.milestone_read * reached["read"] + cfg.train.milestone_edit * reached["edit"]
+    bonus = sum(w for k, w in _milestone_rewards(cfg.train).items() if reached[k])
     rollout = Rollout(task.id, traj, score.total + bonus, components, score.resolved, score.details,
                       milestones=reached)  # fmt: skip
     return EpisodeResult("ok", rollout, sampler=router.chosen, dead_samplers=sorted(router.seen_dead))
@@ -141,9 +141,14 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
     return samples, counts
 
 
+def _milestone_rewards(tc: Any) -> dict[str, float]:
+    """The training-only reward of each milestone of rl.metrics.milestones (0: off)."""
+    return {"read": tc.milestone_read, "edit": tc.milestone_edit}
+
+
 def _outcome(r: Rollout, tc: Any) -> tuple[bool, ...]:
     """What the correctness filter compares: solved or not, and each milestone that earns a reward."""
-    rewarded = [k for k, w in (("read", tc.milestone_read), ("edit", tc.milestone_edit)) if w > 0]
+    rewarded = [k for k, w in _milestone_rewards(tc).items() if w > 0]
     return (r.resolved, *(r.milestones.get(k, False) for k in rewarded))
 
 
