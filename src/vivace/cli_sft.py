@@ -307,15 +307,28 @@ def sft_train(
         str,
         typer.Option(help="assistant: the assistant tokens (RL's mask); dialogue: every token after the system turn."),
     ] = "assistant",
+    arch: Annotated[
+        str | None,
+        typer.Option(
+            help="A fresh model of another size (with --init tiny-init): the tiny preset's config with these "
+            "fields changed, e.g. hidden_size=384,num_hidden_layers=6,num_attention_heads=6,head_dim=64."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train the policy on expert episodes: cross-entropy on the assistant tokens (loss_mask 1),
     packed rows, AdamW with warmup and cosine decay; writes a standard checkpoint to --out."""
     from rich.markup import escape
 
+    from vivace.model.checkpoint import parse_arch
     from vivace.rl.sft_train import train_sft
 
     files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
+    try:
+        overrides = parse_arch(arch) if arch else None
+    except ValueError as e:
+        err.print(f"[red]error:[/] --arch: {escape(str(e))}")
+        raise typer.Exit(2) from e
     columns = (TextColumn("sft step"), MofNCompleteColumn(), BarColumn(),
                TextColumn("loss {task.fields[loss]}  {task.fields[tok_s]} tok/s  {task.fields[eval]}"), TimeElapsedColumn())  # fmt: skip
     try:
@@ -335,7 +348,7 @@ def sft_train(
                                batch_tokens=batch_tokens, lr=lr, min_lr_ratio=min_lr_ratio, max_steps=steps, epochs=epochs,
                                time_budget_s=minutes * 60 if minutes is not None else None, eval_every=eval_every,
                                save_every=save_every, seed=seed, threads=threads, device=device,
-                               objective=objective, progress=show)  # fmt: skip
+                               objective=objective, config_overrides=overrides, progress=show)  # fmt: skip
     except ValueError as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e

@@ -54,6 +54,27 @@ def tiny_config(vocab_size: int, **overrides) -> Qwen3MoeConfig:
     return Qwen3MoeConfig(**fields)
 
 
+def parse_arch(text: str) -> dict:
+    """`key=value,...` -> tiny_config overrides, each key a field of the tiny preset's config and each
+    value of that field's type (a larger policy: `hidden_size=384,num_hidden_layers=6`)."""
+    base = tiny_config(1)
+    overrides = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not key=value")
+        current = getattr(base, key, None)  # attribute names too (num_experts is num_local_experts)
+        if key == "vocab_size" or not isinstance(current, (int, float, bool)):
+            raise ValueError(f"{key!r} is not a numeric field of the tiny config (e.g. hidden_size, num_hidden_layers)")
+        kind = type(current)
+        try:
+            overrides[key] = value.strip().lower() in ("1", "true") if kind is bool else kind(value)
+        except ValueError:
+            raise ValueError(f"{key}={value!r}: expected {kind.__name__}") from None
+    return overrides
+
+
 @dataclass
 class LoadedModel:
     model: PreTrainedModel

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The warm start from an untrained model on one GPU (attempt 10 in docs/benchmarks.md): the stages
+# of scripts/warm_start.sh folded into three runs, over many more fresh variants than 2 CPU cores
+# can make. ARCH sets the size (`sft train --arch`; empty: the tiny preset).
+#
+# Needs the expert data of scripts/warm_start.sh step 1 (train_a, train_b, val) in $D.
+#
+#   PHASE=data scripts/warm_start_scratch_gpu.sh                     # copies and variants, once
+#   PHASE=train ARCH=hidden_size=384,... STAGE_OUT=$D/b scripts/warm_start_scratch_gpu.sh
+#   scripts/warm_start_scratch_gpu.sh                                # both, tiny preset
+#
+# Stages, each a `vivace sft train` run from the last:
+#   copies   narrow-vocabulary copies (induction heads form), constant rate, C1_MIN minutes;
+#   copies2  whole-vocabulary and long-range copies, behind the system turn too, C2_MIN minutes;
+#   episodes the expert episodes as recorded, renamed variants cut at each decision (first file,
+#            first edit, whole, whole with every token trained, a failed read or edit first) and
+#            some copy rows; cosine from LR, MIX_MIN minutes.
+# DEADLINE (seconds since the epoch) instead sizes the episode stage to end 30 s before it.
+# Time budgets make the step counts depend on the GPU (each stage's train_log.jsonl has them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=${VIVACE:-.venv/bin/vivace}
+D=${WARM_START_DIR:-runs/warm_start}
+OUT=${STAGE_OUT:-$D/scratch}
+ARCH=${ARCH:-}
+PHASE=${PHASE:-all}
+SEED=${SEED:-300}
+C1_MIN=${C1_MIN:-1.2} C2_MIN=${C2_MIN:-1.5} MIX_MIN=${MIX_MIN:-5}
+LR=${LR:-0.0006}
+FF=${FF:-3} FE=${FE:-3} WH=${WH:-2} LM=${LM:-1} RT=${RT:-3} RE=${RE:-2}
+N_NARROW=${N_NARROW:-20000} N_WIDE=${N_WIDE:-30000} N_LOOKBACK=${N_LOOKBACK:-3000} N_PIECES=${N_PIECES:-3000}
+JOBS=${JOBS:-$(nproc)}
+A=$D/scratch_data
+mkdir -p "$A"
+
+if [ "$PHASE" != train ]; then
+  rm -f "$A"/*.done
+  # Copies first (seconds), so the copy stages can start while the variants are made.
+  $V sft copies --out "$A/narrow.jsonl" --n "$N_NARROW" --vocab 300:800 --seed "$SEED" &
+  $V sft copies --out "$A/narrow_val.jsonl" --n 200 --vocab 300:800 --seed $((SEED + 1)) &
+  $V sft copies --out "$A/wide.jsonl" --n "$N_WIDE" --vocab 300:4000 --seed $((SEED + 2)) &
+  $V sft copies --out "$A/wide_val.jsonl" --n 200 --vocab 300:4000 --seed $((SEED + 3)) &
+  $V sft copies --out "$A/lookback.jsonl" --n "$N_LOOKBACK" --vocab 300:4000 --lookback 768 --seed $((SEED + 4)) &
+  $V sft copies --out "$A/lookback_sys.jsonl" --n "$N_LOOKBACK" --vocab 300:4000 --lookback 768 --behind-system \
+    --seed $((SEED + 5)) &
+  $V sft copies --out "$A/pieces_sys.jsonl" --n "$N_PIECES" --vocab pieces --lookback 768 --behind-system \
+    --seed $((SEED + 6)) &
+  wait
+  touch "$A/copies.done"
+  # Variants: each base file in shards, each shard renamed and cut every way, one process per core.
+  rm -f "$A"/shard_* "$A"/var_*.jsonl
+  for b in train_a train_b; do split -n l/8 -d "$D/$b.jsonl" "$A/shard_${b}_"; done
+  jobs=()
+  for s in "$A"/shard_*; do
+    k=$(basename "$s")
+    jobs+=("--cut first_file --theme-names --variants $FF --data $s --out $A/var_ff_$k.jsonl")
+    jobs+=("--cut first_edit --theme-names --variants $FE --data $s --out $A/var_fe_$k.jsonl")
+    jobs+=("--cut whole --theme-names --variants $WH --data $s --out $A/var_wh_$k.jsonl")
+    jobs+=("--cut whole --theme-names --train-context --variants $LM --data $s --out $A/var_lm_$k.jsonl")
+    jobs+=("--cut retry --theme-names --variants $RT --data $s --out $A/var_rt_$k.jsonl")
+    jobs+=("--cut retry_edit --theme-names --variants $RE --data $s --out $A/var_re_$k.jsonl")
+  done
+  i=0
+  for j in "${jobs[@]}"; do
+    echo "$j --seed $((SEED + 100 + i))"
+    i=$((i + 1))
+  done | xargs -P "$JOBS" -I{} sh -c "$V sft augment {} --json >/dev/null 2>&1 || echo 'failed: {}' >&2"
+  echo "$(date +%T) variants: $(cat "$A"/var_*.jsonl | wc -l) episodes"
+  touch "$A/variants.done"
+fi
+[ "$PHASE" = data ] && exit 0
+
+arch=()
+[ -n "$ARCH" ] && arch=(--arch "$ARCH")
+mkdir -p "$OUT"
+while [ ! -f "$A/copies.done" ]; do sleep 2; done
+$V sft train --data "$A/narrow.jsonl" --eval "$A/narrow_val.jsonl" --init tiny-init "${arch[@]}" --out "$OUT/copies" \
+  --seq-len 8192 --batch-tokens 8192 --lr 0.001 --min-lr-ratio 1 --minutes "$C1_MIN" --eval-every 100 \
+  --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies.json"
+$V sft train --data "$A/wide.jsonl" --data "$A/lookback.jsonl" --data "$A/lookback_sys.jsonl" \
+  --data "$A/pieces_sys.jsonl" --eval "$A/wide_val.jsonl" --init "$OUT/copies" --out "$OUT/copies2" \
+  --seq-len 16384 --batch-tokens 16384 --lr 0.001 --min-lr-ratio 1 --minutes "$C2_MIN" --eval-every 100 \
+  --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
+while [ ! -f "$A/variants.done" ]; do sleep 2; done
+head -n 1200 "$A/pieces_sys.jsonl" > "$OUT/pieces_keep.jsonl"
+head -n 700 "$A/lookback_sys.jsonl" > "$OUT/lookback_keep.jsonl"
+if [ -n "${DEADLINE:-}" ]; then
+  MIX_MIN=$(python3 -c "import time; print(max(0.5, ($DEADLINE - time.time() - 30) / 60))")
+fi
+data=(--data "$D/train_a.jsonl" --data "$D/train_b.jsonl" --data "$OUT/pieces_keep.jsonl" --data "$OUT/lookback_keep.jsonl")
+for f in "$A"/var_*.jsonl; do [ -s "$f" ] && data+=(--data "$f"); done  # a shard with no edit has no first_edit cut
+$V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$OUT/copies2" --out "$OUT/episodes" --seq-len 16384 \
+  --batch-tokens 65536 --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every 100 --save-every 200 \
+  --seed "$SEED" --device auto --json > "$OUT/episodes.json"
+echo "$(date +%T) done: $OUT/episodes"
