@@ -15,6 +15,9 @@
 #   episodes the expert episodes as recorded, renamed variants cut at each decision (first file,
 #            first edit, whole, whole with every token trained, a failed read or edit first) and
 #            some copy rows; cosine from LR, MIX_MIN minutes.
+# Rows are long (COPY_ROW, ROW tokens; episodes keep their own positions): a GPU forward of this
+# model is bound by kernel launches, so tokens per forward is throughput. The trainer is one
+# CPU-bound process: leave it cores (JOBS below nproc) when it runs beside the data phase.
 # DEADLINE (seconds since the epoch) instead sizes the episode stage to end 30 s before it.
 # Time budgets make the step counts depend on the GPU (each stage's train_log.jsonl has them).
 set -euo pipefail
@@ -27,6 +30,7 @@ PHASE=${PHASE:-all}
 SEED=${SEED:-300}
 C1_MIN=${C1_MIN:-1.2} C2_MIN=${C2_MIN:-1.5} MIX_MIN=${MIX_MIN:-5}
 LR=${LR:-0.0006}
+COPY_ROW=${COPY_ROW:-32768} ROW=${ROW:-65536} BATCH_TOKENS=${BATCH_TOKENS:-131072}
 FF=${FF:-3} FE=${FE:-3} WH=${WH:-2} LM=${LM:-1} RT=${RT:-3} RE=${RE:-2}
 N_NARROW=${N_NARROW:-20000} N_WIDE=${N_WIDE:-30000} N_LOOKBACK=${N_LOOKBACK:-3000} N_PIECES=${N_PIECES:-3000}
 JOBS=${JOBS:-$(nproc)}
@@ -75,11 +79,11 @@ arch=()
 mkdir -p "$OUT"
 while [ ! -f "$A/copies.done" ]; do sleep 2; done
 $V sft train --data "$A/narrow.jsonl" --eval "$A/narrow_val.jsonl" --init tiny-init "${arch[@]}" --out "$OUT/copies" \
-  --seq-len 8192 --batch-tokens 8192 --lr 0.001 --min-lr-ratio 1 --minutes "$C1_MIN" --eval-every 100 \
+  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --minutes "$C1_MIN" --eval-every 100 \
   --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies.json"
 $V sft train --data "$A/wide.jsonl" --data "$A/lookback.jsonl" --data "$A/lookback_sys.jsonl" \
   --data "$A/pieces_sys.jsonl" --eval "$A/wide_val.jsonl" --init "$OUT/copies" --out "$OUT/copies2" \
-  --seq-len 16384 --batch-tokens 16384 --lr 0.001 --min-lr-ratio 1 --minutes "$C2_MIN" --eval-every 100 \
+  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --minutes "$C2_MIN" --eval-every 100 \
   --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
 while [ ! -f "$A/variants.done" ]; do sleep 2; done
 head -n 1200 "$A/pieces_sys.jsonl" > "$OUT/pieces_keep.jsonl"
@@ -89,7 +93,7 @@ if [ -n "${DEADLINE:-}" ]; then
 fi
 data=(--data "$D/train_a.jsonl" --data "$D/train_b.jsonl" --data "$OUT/pieces_keep.jsonl" --data "$OUT/lookback_keep.jsonl")
 for f in "$A"/var_*.jsonl; do [ -s "$f" ] && data+=(--data "$f"); done  # a shard with no edit has no first_edit cut
-$V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$OUT/copies2" --out "$OUT/episodes" --seq-len 16384 \
-  --batch-tokens 65536 --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every 100 --save-every 200 \
+$V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$OUT/copies2" --out "$OUT/episodes" --seq-len "$ROW" \
+  --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every 100 --save-every 200 \
   --seed "$SEED" --device auto --json > "$OUT/episodes.json"
 echo "$(date +%T) done: $OUT/episodes"

@@ -27,8 +27,9 @@ and epoch budgets are deterministic for a seed). The run stops at whichever budg
 is not saved), several devices, several rows per forward.
 
 Device: `device="auto"` trains on the GPU when torch sees one (fp32 weights and AdamW state, bf16
-autocast for the forward; rows stay one per forward, so a step's batch is its rows accumulated),
-else on the CPU in fp32.
+autocast for the forward; rows stay one per forward, so a step's batch is its rows accumulated;
+use long rows there, e.g. `--seq-len 131072`: episodes keep their own positions, so a row may be
+longer than the context), else on the CPU in fp32.
 """
 
 from __future__ import annotations
