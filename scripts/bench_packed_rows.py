@@ -9,6 +9,7 @@ docs/benchmarks.md (attempt 10) has the H200 numbers."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import time
@@ -28,7 +29,7 @@ def per_episode(module, query, key, value, attention_mask, scaling=None, cu_seq_
     key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     bounds = cu_seq_lens_q.tolist()
     parts = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
-                                            scale=scaling) for a, b in zip(bounds, bounds[1:])]  # fmt: skip
+                                            scale=scaling) for a, b in itertools.pairwise(bounds)]  # fmt: skip
     return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
 
 

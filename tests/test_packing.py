@@ -102,7 +102,7 @@ def test_pack_episodes_shares_the_opening_per_group_and_packs_the_rest_plainly()
 def _reference_attention(q, k, v, bounds, prefix):
     """Per segment, causal softmax attention written out (segments after a prefix also see all of it)."""
     out = torch.zeros_like(q)
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         keys = list(range(prefix)) if prefix and a >= prefix else []
         for i in range(a, b):
             cols = keys + list(range(a, i + 1))
@@ -129,5 +129,5 @@ def test_packed_attention_padded_buckets_match_a_written_out_reference_and_its_g
         weights = torch.randn_like(want)
         g_got = torch.autograd.grad((got * weights).sum(), (q, k, v))
         g_want = torch.autograd.grad((want * weights).sum(), (q, k, v))
-        for a, b in zip(g_got, g_want):
+        for a, b in zip(g_got, g_want, strict=True):
             assert torch.allclose(a, b, atol=1e-10)

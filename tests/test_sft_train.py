@@ -107,7 +107,7 @@ def test_pack_fits_rows_and_is_seeded():
 def test_overfits_and_saves_a_loadable_checkpoint(tmp_path):
     data = _write(tmp_path / "train.jsonl", _episodes(6))
     kw = dict(seq_len=128, batch_tokens=256, lr=1e-2, warmup_steps=2, max_steps=30, eval_every=15, seed=3,
-              config_overrides=SMALL, threads=2)  # fmt: skip
+              init="tiny-init", config_overrides=SMALL, threads=2)  # fmt: skip
     summary = train_sft([data], tmp_path / "m", eval_data=data, **kw)
     log = [json.loads(x) for x in (tmp_path / "m" / "train_log.jsonl").open()]
     steps = [x for x in log if "loss" in x]
@@ -134,7 +134,7 @@ def test_overfits_and_saves_a_loadable_checkpoint(tmp_path):
 
 def test_budgets_and_schedule(tmp_path):
     data = _write(tmp_path / "train.jsonl", _episodes(4) + [{"ids": list(range(200))}, {"ids": [1], "loss_mask": [1]}])
-    kw = dict(seq_len=128, batch_tokens=128, warmup_steps=1, config_overrides=SMALL, save_every=1)
+    kw = dict(seq_len=128, batch_tokens=128, warmup_steps=1, init="tiny-init", config_overrides=SMALL, save_every=1)
     by_epochs = train_sft([data], tmp_path / "e", epochs=2, **kw)
     counts = by_epochs["counts"]  # 200 ids are too long for 128; a lone id has no target
     assert counts["too_long"] == 1 and counts["untrained"] == 1 and counts["kept"] == 4
@@ -196,6 +196,26 @@ def test_cli_trains_the_tiny_model(tmp_path):
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["step"] == 2 and summary["counts"]["episodes"] == 3 and len(summary["data"]) == 2
     assert load_tokenizer(str(tmp_path / "m")) is not None
+
+
+def test_cli_arch_trains_a_fresh_model_of_that_size_and_refuses_bad_fields(tmp_path):
+    data = _write(tmp_path / "a.jsonl", _episodes(2, lo=40, hi=80))
+    base = ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--seq-len", "256", "--steps", "1",
+            "--threads", "2", "--json"]  # fmt: skip
+    arch = "hidden_size=96,num_hidden_layers=3,num_attention_heads=6,head_dim=16,num_experts=4"
+    result = CliRunner().invoke(app, [*base, "--init", "tiny-init", "--arch", arch])
+    assert result.exit_code == 0, result.output
+    cfg = load_model(str(tmp_path / "m")).model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim, cfg.num_experts) == (
+        96, 3, 6, 16, 4)  # fmt: skip
+    for bad, says in (("hidden_size=big", "expected int"), ("colour=3", "not a numeric field"),
+                      ("hidden_size", "not key=value"), ("vocab_size=9", "not a numeric field"),
+                      ("num_attention_heads=3", "multiple of num_key_value_heads")):  # fmt: skip
+        result = CliRunner().invoke(app, [*base, "--init", "tiny-init", "--arch", bad])
+        assert result.exit_code == 2 and says in result.output, result.output
+    # --arch makes a fresh model, so with the shipped weights as --init it would silently drop them.
+    result = CliRunner().invoke(app, [*base, "--init", "tiny", "--arch", arch])
+    assert result.exit_code == 2 and "tiny-init" in result.output, result.output
 
 
 class _Predicts(torch.nn.Module):

@@ -72,6 +72,12 @@ def parse_arch(text: str) -> dict:
             overrides[key] = value.strip().lower() in ("1", "true") if kind is bool else kind(value)
         except ValueError:
             raise ValueError(f"{key}={value!r}: expected {kind.__name__}") from None
+    cfg = tiny_config(1, **overrides)
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ValueError(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
+                         f"num_key_value_heads ({cfg.num_key_value_heads})")  # fmt: skip
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise ValueError(f"num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds num_experts ({cfg.num_experts})")
     return overrides
 
 

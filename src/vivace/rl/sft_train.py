@@ -199,13 +199,13 @@ def _sha256(path: Path) -> str:
 
 
 def _init_model(init: str, overrides: dict | None, seed: int):
-    from vivace.model.checkpoint import TINY_NAMES, load_model, load_tokenizer, tiny_config
+    from vivace.model.checkpoint import TINY_INIT, load_model, load_tokenizer, tiny_config
 
     if not overrides:
         loaded = load_model(init)
         return loaded.model, loaded.tokenizer
-    if init not in TINY_NAMES:
-        raise ValueError("config overrides apply to a freshly initialised tiny model only")
+    if init != TINY_INIT:  # silently dropping `init`'s weights for a fresh model would lose a run
+        raise ValueError(f"config overrides (--arch) make a fresh model: use them with init {TINY_INIT}, not {init!r}")
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer("tiny")
