@@ -10,8 +10,9 @@
 #   scripts/warm_start_scratch_gpu.sh                                # both, tiny preset
 #
 # Stages, each a `vivace sft train` run from the last:
-#   copies   narrow-vocabulary copies (induction heads form), constant rate, C1_MIN minutes;
-#   copies2  whole-vocabulary and long-range copies, behind the system turn too, C2_MIN minutes;
+#   copies   narrow-vocabulary copies (induction heads form), constant rate, C1_STEPS steps (on 2 CPU
+#            cores the jump came at ~600 steps; attempt 10's 173 were too few);
+#   copies2  whole-vocabulary and long-range copies, behind the system turn too, C2_STEPS steps;
 #   episodes the expert episodes as recorded, renamed variants cut at each decision (first file,
 #            first edit, whole, whole with every token trained, a failed read or edit first) and
 #            some copy rows; cosine from LR, MIX_MIN minutes.
@@ -28,7 +29,7 @@ OUT=${STAGE_OUT:-$D/scratch}
 ARCH=${ARCH:-}
 PHASE=${PHASE:-all}
 SEED=${SEED:-300}
-C1_MIN=${C1_MIN:-1.2} C2_MIN=${C2_MIN:-1.5} MIX_MIN=${MIX_MIN:-5}
+C1_STEPS=${C1_STEPS:-800} C2_STEPS=${C2_STEPS:-600} MIX_MIN=${MIX_MIN:-5}
 LR=${LR:-0.0006}
 COPY_ROW=${COPY_ROW:-32768} ROW=${ROW:-65536} BATCH_TOKENS=${BATCH_TOKENS:-131072}
 FF=${FF:-3} FE=${FE:-3} WH=${WH:-2} LM=${LM:-1} RT=${RT:-3} RE=${RE:-2}
@@ -79,11 +80,11 @@ arch=()
 mkdir -p "$OUT"
 while [ ! -f "$A/copies.done" ]; do sleep 2; done
 $V sft train --data "$A/narrow.jsonl" --eval "$A/narrow_val.jsonl" --init tiny-init "${arch[@]}" --out "$OUT/copies" \
-  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --minutes "$C1_MIN" --eval-every 100 \
+  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --steps "$C1_STEPS" --eval-every 50 \
   --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies.json"
 $V sft train --data "$A/wide.jsonl" --data "$A/lookback.jsonl" --data "$A/lookback_sys.jsonl" \
   --data "$A/pieces_sys.jsonl" --eval "$A/wide_val.jsonl" --init "$OUT/copies" --out "$OUT/copies2" \
-  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --minutes "$C2_MIN" --eval-every 100 \
+  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --steps "$C2_STEPS" --eval-every 50 \
   --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
 while [ ! -f "$A/variants.done" ]; do sleep 2; done
 head -n 1200 "$A/pieces_sys.jsonl" > "$OUT/pieces_keep.jsonl"
