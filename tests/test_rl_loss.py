@@ -83,11 +83,14 @@ def test_kl_to_reference_is_k3_and_off_by_default():
     zero_adv = torch.zeros(2)
     off, _ = policy_loss(logp, logp.detach(), logp.detach(), zero_adv, torch.ones(2), LossConfig(), logp_ref=ref)
     assert off.item() == 0.0
-    on, _ = policy_loss(
+    on, stats = policy_loss(
         logp, logp.detach(), logp.detach(), zero_adv, torch.ones(2), LossConfig(kl_coef=0.1), logp_ref=ref
     )
     d = math.log(0.25 / 0.5)  # k3 = e^d - d - 1 on token 0, 0 on token 1
     assert on.item() == pytest.approx(0.1 * (math.exp(d) - d - 1) / 2)
+    assert stats["kl_reference_k3"] == pytest.approx((math.exp(d) - d - 1) / 2)  # reported, so a run shows its drift
+    _, without = policy_loss(logp, logp.detach(), logp.detach(), zero_adv, torch.ones(2), LossConfig())
+    assert "kl_reference_k3" not in without
 
 
 def _rollout(reward: float, resolved: bool):
@@ -306,3 +309,23 @@ def test_adam_eps_keeps_tiny_gradient_parameters_still():
         changed = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(after, before, strict=True)])
         moved[eps] = float((changed > cfg.lr / 2).float().mean())
     assert moved[1e-8] > 0.3 and moved[1.0] < 0.001
+
+
+def test_trainer_reports_the_kl_to_its_starting_policy_when_anchored():
+    """With train.kl_coef the trainer keeps a frozen copy of the starting policy and reports the k3 KL
+    to it: 0 on the first step (nothing has moved yet), above 0 once an update has moved the policy."""
+    from vivace.config import load_preset
+    from vivace.rl.trainer import Sample, Trainer
+
+    ids = list(range(40, 80))
+    mask = [0] * 20 + [1] * 20
+    sample = Sample(ids, mask, [-1.0 * m for m in mask], [0 if m else -1 for m in mask], advantage=1.0)
+    cfg = load_preset("tiny").train
+    cfg.lr, cfg.kl_coef = 1e-3, 0.1
+    trainer = Trainer("tiny-init", cfg)
+    first = trainer.train_step([sample])
+    second = trainer.train_step([sample])
+    assert first["kl_reference_k3"] == pytest.approx(0.0, abs=1e-9)
+    assert second["kl_reference_k3"] > 1e-6
+    cfg.kl_coef = 0.0
+    assert "kl_reference_k3" not in Trainer("tiny-init", cfg).train_step([sample])

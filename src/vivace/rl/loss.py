@@ -72,4 +72,7 @@ def policy_loss(
             "kl_sampler_trainer_k1": float(gap.mean()) if m.any() else 0.0,
             "kl_sampler_trainer_k3": float((torch.exp(-gap) - 1 + gap).mean()) if m.any() else 0.0,
         }
+        if logp_ref is not None:  # how far training has moved from the reference (the KL penalty's k3)
+            ref_gap = (logp_ref - logp)[m]
+            stats["kl_reference_k3"] = float((torch.exp(ref_gap) - ref_gap - 1).mean()) if m.any() else 0.0
     return loss, stats
