@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -111,16 +112,22 @@ def _reference_attention(q, k, v, bounds, prefix):
     return out.transpose(1, 2)
 
 
-def test_packed_attention_padded_buckets_match_a_written_out_reference_and_its_gradient():
+@pytest.mark.parametrize("mask_budget", [1 << 26, 300])  # the default; so small that every bucket splits
+def test_packed_attention_padded_buckets_match_a_written_out_reference_and_its_gradient(monkeypatch, mask_budget):
     """Many short segments of mixed lengths (copy rows) attend in a few padded calls: outputs and
     gradients equal attention computed segment by segment, with and without a shared prefix."""
-    from vivace.rl.packing import packed_attention
+    from vivace.rl import packing
+    from vivace.rl.packing import _buckets, packed_attention
 
+    monkeypatch.setattr(packing, "MASK_BUDGET", mask_budget)
     rng = random.Random(3)
     for prefix in (0, 7):
         sizes = ([prefix] if prefix else []) + [rng.choice((1, 2, 5, 9, 10, 11, 30)) for _ in range(23)]
         bounds = [0, *itertools.accumulate(sizes)]
         n = bounds[-1]
+        buckets = _buckets(list(itertools.pairwise(bounds))[1 if prefix else 0 :], prefix)
+        assert sorted(s for b in buckets for s in b) == list(itertools.pairwise(bounds))[1 if prefix else 0 :]
+        assert (len(buckets) < 10) == (mask_budget > 300)  # few calls for 23 segments, unless the budget splits them
         q, k, v = (torch.randn(1, 2, n, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
         got, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=torch.tensor(bounds), shared_prefix=prefix)
         want = _reference_attention(q, k, v, bounds, prefix)

@@ -53,6 +53,7 @@ def make_episode(ids: list[int], mask: list[int] | None = None) -> Episode:
 
 
 PAD_SLACK = 1.25  # segments attend in one call when the longest is at most this times the shortest
+MASK_BUDGET = 1 << 26  # mask elements per padded call (64M: 256 MB once SDPA makes it a float bias)
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, cu_seq_lens_q=None, shared_prefix=0,
@@ -74,16 +75,27 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, cu
         parts.append(F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
                                                     is_causal=True, scale=scaling)[0].transpose(0, 1))  # fmt: skip
         order.append(torch.arange(a, b))
-    segments.sort(key=lambda s: s[1] - s[0])
-    while segments:
-        shortest = segments[0][1] - segments[0][0]
-        n = next((i for i, (a, b) in enumerate(segments) if b - a > PAD_SLACK * shortest), len(segments))
-        bucket, segments = segments[:n], segments[n:]
+    for bucket in _buckets(segments, shared_prefix):
         parts.append(_attend_padded(query, key, value, bucket, shared_prefix, scaling))
         order += [torch.arange(a, b) for a, b in bucket]
     out = torch.cat(parts)  # (length, heads, dim) in bucket order
     where = torch.cat(order).to(out.device)
     return out[torch.argsort(where)][None].contiguous(), None
+
+
+def _buckets(segments: list[tuple[int, int]], prefix: int) -> list[list[tuple[int, int]]]:
+    """Segments sorted by length and grouped while the longest is within PAD_SLACK of the shortest
+    and the group's attention mask (segments x longest x (prefix + longest)) stays within MASK_BUDGET."""
+    buckets: list[list[tuple[int, int]]] = []
+    for a, b in sorted((s for s in segments if s[1] > s[0]), key=lambda s: s[1] - s[0]):
+        n = b - a
+        last = buckets[-1] if buckets else None
+        if (last and n <= PAD_SLACK * (last[0][1] - last[0][0])
+                and (len(last) + 1) * n * (prefix + n) <= MASK_BUDGET):  # fmt: skip
+            last.append((a, b))
+        else:
+            buckets.append([(a, b)])
+    return buckets
 
 
 def _attend_padded(query, key, value, segments: list[tuple[int, int]], prefix: int, scaling):
