@@ -36,28 +36,7 @@ mkdir -p "$A"
 bases=()
 for b in ${BASES:-train_a train_b $( [ -f "$D/train_c.jsonl" ] && echo train_c )}; do bases+=("$D/$b.jsonl"); done
 if [ "$PHASE" != train ]; then
-rm -f "$A"/shard_* "$A"/var_*.jsonl
-n=0
-for f in "${bases[@]}"; do
-  split -n l/8 -d "$f" "$A/shard_${n}_"
-  n=$((n + 1))
-done
-jobs=()
-for s in "$A"/shard_*; do
-  k=$(basename "$s")
-  jobs+=("--cut first_file --theme-names --variants $FF --data $s --out $A/var_ff_$k.jsonl")
-  jobs+=("--cut first_edit --theme-names --variants $FE --data $s --out $A/var_fe_$k.jsonl")
-  jobs+=("--cut whole --theme-names --variants $WH --data $s --out $A/var_wh_$k.jsonl")
-  jobs+=("--cut retry --theme-names --variants $RT --data $s --out $A/var_rt_$k.jsonl")
-  if [ "$RE" -gt 0 ]; then
-    jobs+=("--cut retry_edit --theme-names --variants $RE --data $s --out $A/var_re_$k.jsonl")
-  fi
-done
-i=0
-for j in "${jobs[@]}"; do
-  echo "$j --seed $((SEED + i))"
-  i=$((i + 1))
-done | xargs -P "$JOBS" -I{} sh -c "$V sft augment {} --json >/dev/null 2>&1 || echo 'failed: {}' >&2" &
+FF=$FF FE=$FE WH=$WH RT=$RT RE=$RE JOBS=$JOBS VIVACE=$V scripts/make_variants.sh "$A" "$SEED" "${bases[@]}" &
 for i in 0 1 2 3; do  # piece copies (sft copies --vocab pieces), beside the variants
   $V sft copies --out "$A/var_pieces_$i.jsonl" --n 1000 --vocab pieces --lookback 768 --behind-system \
     --seed $((SEED + 1000 + i)) >/dev/null &

@@ -52,24 +52,9 @@ if [ "$PHASE" != train ]; then
     --seed $((SEED + 6)) &
   wait
   touch "$A/copies.done"
-  # Variants: each base file in shards, each shard renamed and cut every way, one process per core.
-  rm -f "$A"/shard_* "$A"/var_*.jsonl
-  for b in train_a train_b; do split -n l/8 -d "$D/$b.jsonl" "$A/shard_${b}_"; done
-  jobs=()
-  for s in "$A"/shard_*; do
-    k=$(basename "$s")
-    jobs+=("--cut first_file --theme-names --variants $FF --data $s --out $A/var_ff_$k.jsonl")
-    jobs+=("--cut first_edit --theme-names --variants $FE --data $s --out $A/var_fe_$k.jsonl")
-    jobs+=("--cut whole --theme-names --variants $WH --data $s --out $A/var_wh_$k.jsonl")
-    jobs+=("--cut whole --theme-names --train-context --variants $LM --data $s --out $A/var_lm_$k.jsonl")
-    jobs+=("--cut retry --theme-names --variants $RT --data $s --out $A/var_rt_$k.jsonl")
-    jobs+=("--cut retry_edit --theme-names --variants $RE --data $s --out $A/var_re_$k.jsonl")
-  done
-  i=0
-  for j in "${jobs[@]}"; do
-    echo "$j --seed $((SEED + 100 + i))"
-    i=$((i + 1))
-  done | xargs -P "$JOBS" -I{} sh -c "$V sft augment {} --json >/dev/null 2>&1 || echo 'failed: {}' >&2"
+  # Variants: every kind of renamed cut, one process per core.
+  FF=$FF FE=$FE WH=$WH LM=$LM RT=$RT RE=$RE JOBS=$JOBS VIVACE=$V scripts/make_variants.sh "$A" $((SEED + 100)) \
+    "$D/train_a.jsonl" "$D/train_b.jsonl"
   echo "$(date +%T) variants: $(cat "$A"/var_*.jsonl | wc -l) episodes"
   touch "$A/variants.done"
 fi
