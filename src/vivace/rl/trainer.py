@@ -161,10 +161,9 @@ class Trainer:
             weight_sum += w
             entropy_sum += float((entropy * mask).sum())
             stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach())
-            for k in ("clip_fraction", "is_weight_mean", "is_truncated_fraction", "kl_sampler_trainer_k1",
-                      "kl_sampler_trainer_k3", "kl_reference_k3"):  # fmt: skip
-                if k in stats:
-                    stats_sum[k] = stats_sum.get(k, 0.0) + stats[k] * w
+            for k, v in stats.items():  # per-token means, weighted by each micro-batch's tokens
+                if k != "tokens":
+                    stats_sum[k] = stats_sum.get(k, 0.0) + v * w
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         out = {k: (v if k == "loss" else v / max(weight_sum, 1.0)) for k, v in stats_sum.items()}
