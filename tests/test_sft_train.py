@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from vivace.cli import app
-from vivace.model.checkpoint import load_model, load_tokenizer, tiny_config
+from vivace.model.checkpoint import deepen, load_model, load_tokenizer, save_checkpoint, tiny_config
 from vivace.rl.sft_train import (
     IGNORE,
     PACKED,
@@ -216,6 +216,43 @@ def test_cli_arch_trains_a_fresh_model_of_that_size_and_refuses_bad_fields(tmp_p
     # --arch makes a fresh model, so with the shipped weights as --init it would silently drop them.
     result = CliRunner().invoke(app, [*base, "--init", "tiny", "--arch", arch])
     assert result.exit_code == 2 and "tiny-init" in result.output, result.output
+
+
+def test_deepen_adds_identity_layers_that_then_train():
+    model = _small_model()
+    deeper = deepen(model, 5)  # 2 -> 5: new layers after old layer 0 (two) and after old layer 1
+    assert deeper.config.num_hidden_layers == 5 and model.config.num_hidden_layers == 2
+    ids = torch.randint(0, VOCAB, (1, 50))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, deeper(ids).logits)  # exactly the same function
+    old = dict(model.named_parameters())
+    new = dict(deeper.named_parameters())
+    for name, p in new.items():  # old layers at positions 0 and 3; 1, 2 and 4 are new
+        if name.startswith("model.layers.0.") or name.startswith("model.layers.3."):
+            src = name.replace("layers.3.", "layers.1.")
+            assert torch.equal(p, old[src]), name
+        elif "o_proj" in name or "down_proj" in name:
+            assert not p.any(), name
+    # The zeroed projections get gradients, so the new layers leave the identity at the first step.
+    deeper.train()
+    deeper(ids, labels=ids).loss.backward()
+    assert new["model.layers.1.self_attn.o_proj.weight"].grad.abs().sum() > 0
+    assert new["model.layers.4.mlp.experts.down_proj"].grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="only be deepened"):
+        deepen(model, 2)
+
+
+def test_cli_arch_deepens_a_checkpoint_and_refuses_other_fields(tmp_path):
+    data = _write(tmp_path / "a.jsonl", _episodes(2, lo=40, hi=80))
+    save_checkpoint(_small_model(), load_tokenizer("tiny-init"), tmp_path / "start")
+    base = ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--seq-len", "256", "--steps", "1",
+            "--threads", "2", "--init", str(tmp_path / "start"), "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, [*base, "--arch", "num_hidden_layers=3"])
+    assert result.exit_code == 0, result.output
+    assert load_model(str(tmp_path / "m")).model.config.num_hidden_layers == 3
+    for arch, says in (("num_hidden_layers=3,hidden_size=96", "tiny-init"), ("num_hidden_layers=1", "deepened")):
+        result = CliRunner().invoke(app, [*base, "--arch", arch])
+        assert result.exit_code != 0 and says in result.output, result.output
 
 
 class _Predicts(torch.nn.Module):

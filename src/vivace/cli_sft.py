@@ -311,7 +311,8 @@ def sft_train(
         str | None,
         typer.Option(
             help="A fresh model of another size (with --init tiny-init): the tiny preset's config with these "
-            "fields changed, e.g. hidden_size=384,num_hidden_layers=6,num_attention_heads=6,head_dim=64."
+            "fields changed, e.g. hidden_size=384,num_hidden_layers=6,num_attention_heads=6,head_dim=64. With a "
+            "checkpoint as --init, only num_hidden_layers=N: the checkpoint deepened by identity layers."
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,

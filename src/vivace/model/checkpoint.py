@@ -17,6 +17,7 @@ time) and sharded loading across devices (the trainer does that).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,42 @@ def parse_arch(text: str) -> dict:
     if cfg.num_experts_per_tok > cfg.num_experts:
         raise ValueError(f"num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds num_experts ({cfg.num_experts})")
     return overrides
+
+
+def deepen(model: PreTrainedModel, num_layers: int, seed: int = 0) -> PreTrainedModel:
+    """The same model with more decoder layers, each new one starting as the identity (block
+    expansion, as in LLaMA Pro): its attention output projection and its experts' down projections
+    are zero, so it adds nothing to the residual stream and the deeper model computes exactly what
+    `model` did. Training then grows them, keeping what the old layers know (a model trained from
+    scratch at the larger size would first have to relearn copying). The new layers are spread
+    evenly: 4 -> 6 puts one after old layers 1 and 3."""
+    old = model.config.num_hidden_layers
+    if num_layers <= old:
+        raise ValueError(f"num_hidden_layers={num_layers}: a checkpoint can only be deepened (it has {old} layers)")
+    extra = num_layers - old
+    after = [max((j + 1) * old // extra - 1, 0) for j in range(extra)]  # the old layer each new one follows
+    source: list[int | None] = []  # per new position: the old layer it copies, or None (a new identity layer)
+    for i in range(old):
+        source += [i] + [None] * after.count(i)
+    cfg = copy.deepcopy(model.config)
+    cfg.num_hidden_layers = num_layers
+    torch.manual_seed(seed)
+    deeper = AutoModelForCausalLM.from_config(cfg, dtype=next(model.parameters()).dtype)
+    state = model.state_dict()
+    target = deeper.state_dict()
+    prefix = "model.layers."
+    for key in target:
+        if not key.startswith(prefix):
+            target[key] = state[key]
+            continue
+        index, rest = key[len(prefix) :].split(".", 1)
+        src = source[int(index)]
+        if src is not None:
+            target[key] = state[f"{prefix}{src}.{rest}"]
+        elif rest in ("self_attn.o_proj.weight", "mlp.experts.down_proj", "mlp.down_proj.weight"):
+            target[key] = torch.zeros_like(target[key])
+    deeper.load_state_dict(target)
+    return deeper
 
 
 @dataclass

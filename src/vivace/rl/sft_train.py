@@ -199,13 +199,19 @@ def _sha256(path: Path) -> str:
 
 
 def _init_model(init: str, overrides: dict | None, seed: int):
-    from vivace.model.checkpoint import TINY_INIT, load_model, load_tokenizer, tiny_config
+    from vivace.model.checkpoint import TINY_INIT, deepen, load_model, load_tokenizer, tiny_config
 
     if not overrides:
         loaded = load_model(init)
         return loaded.model, loaded.tokenizer
-    if init != TINY_INIT:  # silently dropping `init`'s weights for a fresh model would lose a run
-        raise ValueError(f"config overrides (--arch) make a fresh model: use them with init {TINY_INIT}, not {init!r}")
+    if init != TINY_INIT:
+        # Only depth can grow from trained weights (new identity layers); any other change would
+        # silently drop `init`'s weights for a fresh model and lose a run.
+        if set(overrides) != {"num_hidden_layers"}:
+            raise ValueError(f"config overrides (--arch) other than num_hidden_layers make a fresh model: use them "
+                             f"with init {TINY_INIT}, not {init!r}")  # fmt: skip
+        loaded = load_model(init)
+        return deepen(loaded.model, overrides["num_hidden_layers"], seed), loaded.tokenizer
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer("tiny")
