@@ -12,7 +12,8 @@
 #
 # BASES (default: train_a train_b, and train_c if present) names the expert files in $D; FF, FE,
 # WH, RT, RE are the variants per episode of each cut (first_file, first_edit, whole, retry,
-# retry_edit); BATCH_TOKENS the tokens per optimizer step (rows of 16k tokens accumulate).
+# retry_edit); BATCH_TOKENS the tokens per optimizer step (rows of 16k tokens accumulate); ARCH, e.g.
+# num_hidden_layers=8, deepens INIT by identity layers before training (sft train --arch).
 #
 # Reproducibility: the variants are seeded, but their fresh names come from the identifiers in
 # the running Python's standard library (sft_augment.name_pool), so another Python version draws
@@ -51,4 +52,4 @@ data=()
 for f in "${bases[@]}" "$A"/var_*.jsonl; do data+=(--data "$f"); done
 $V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$INIT" --out "$OUT" --seq-len 16384 \
   --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MINUTES" --eval-every 100 \
-  --save-every 500 --seed "$SEED" --device auto
+  --save-every 500 --seed "$SEED" --device auto ${ARCH:+--arch "$ARCH"}
