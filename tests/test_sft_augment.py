@@ -206,3 +206,34 @@ def test_cli_augments_every_data_file_and_refuses_a_missing_one(tmp_path):
     assert missing.exit_code == 2 and "no.jsonl: no such file" in missing.output
     bad = CliRunner().invoke(app, ["sft", "augment", "--data", str(a), "--cut", "sideways"])
     assert bad.exit_code == 2 and "unknown --cut sideways" in bad.output
+
+
+def test_random_letter_names_and_fixed_packages():
+    import random
+    import re
+
+    from vivace.rl.sft_augment import fresh_word, random_letters
+
+    rng = random.Random(0)
+    names = [random_letters(rng) for _ in range(300)]
+    assert all(4 <= len(n) <= 10 and n.isalpha() and n.islower() for n in names)
+    assert len(set(names)) > 290  # no small set a model could memorise
+    # Letters follow English frequencies: `e` far more often than `z` or `q`.
+    text = "".join(names)
+    assert text.count("e") > 10 * (text.count("z") + text.count("q"))
+    syllables = re.compile(r"^(?:(?:b|d|f|g|k|l|m|n|p|r|s|t|v|z|br|dr|gr|kl|pl|st|tr)[aeiou][nrl]?){2,3}$")
+    assert all(syllables.match(fresh_word(rng, 0.0)) for _ in range(50))  # _invent's pattern
+
+    chat = ChatFormat(load_tokenizer("tiny"))
+    tools = [tool_schema(t) for t in default_tools()]
+    rows = [{"task_id": "t1", "messages": _episode()}]
+    out = list(augment_episodes(iter(rows), chat, tools, variants=8, seed=5, cuts=("whole",),
+                                packages=["lighthouse", "tavern"]))  # fmt: skip
+    assert {r["package"] for r in out} == {"lighthouse", "tavern"}
+    for r in out:
+        assert f"{r['package']}/core.py:4: in total" in chat.decode(r["ids"])
+    lettered = list(augment_episodes(iter(rows), chat, tools, variants=20, seed=6, cuts=("whole",), invented_share=1.0,
+                                     letters_share=1.0))  # fmt: skip
+    # Every package is random letters now: (nearly) none fits _invent's consonant-vowel syllables.
+    syllables = re.compile(r"^(?:(?:b|d|f|g|k|l|m|n|p|r|s|t|v|z|br|dr|gr|kl|pl|st|tr)[aeiou][nrl]?){2,3}$")
+    assert sum(bool(syllables.match(r["package"])) for r in lettered) <= 1

@@ -106,6 +106,14 @@ def sft_augment(
     train_context: Annotated[
         bool, typer.Option("--train-context", help="Train every token after the system turn, not only the assistant's.")
     ] = False,
+    letters_share: Annotated[
+        float,
+        typer.Option(help="Share of the fresh names that are random letters (no syllable pattern to predict)."),
+    ] = 0.0,
+    package: Annotated[
+        list[str] | None,
+        typer.Option(help="Rename the package to one of these words instead (repeat; e.g. for a held-out probe)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Copies of expert episodes with the package renamed (fresh names a model can only copy) and cut
@@ -117,6 +125,9 @@ def sft_augment(
     from vivace.rl.sft_augment import CUTS, augment_episodes
 
     cuts = tuple(cut or CUTS)
+    if not 0.0 <= letters_share <= 1.0:
+        err.print(f"[red]error:[/] --letters-share {letters_share}: give a share between 0 and 1")
+        raise typer.Exit(2)
     if bad := [c for c in cuts if c not in (*CUTS, "whole", "retry", "retry_edit")]:
         err.print(
             f"[red]error:[/] unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit"
@@ -153,6 +164,8 @@ def sft_augment(
                 cuts=cuts,
                 theme_names=theme_names,
                 train_context=train_context,
+                letters_share=letters_share,
+                packages=package,
             ):
                 w.write(json.dumps(row) + "\n")
                 counts["written"] += 1

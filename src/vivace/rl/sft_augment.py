@@ -88,13 +88,36 @@ def theme_of(task_id: str | None) -> str | None:
     return theme if theme.startswith("gen-") or theme in THEMES else None
 
 
+# English letter frequencies (per mille, a-z): random names in the shapes real text tokenizes into.
+_LETTER_WEIGHTS = (82, 15, 28, 43, 127, 22, 20, 61, 70, 2, 8, 40, 24, 67, 75, 19, 1, 60, 63, 91, 28, 10, 24, 2, 20, 1)
+
+
+def random_letters(rng: random.Random) -> str:
+    """A name of 4-10 letters drawn one by one with their English frequencies ("tnoedh", "awrsileu"):
+    no pattern a model could learn to predict, so the only way to write it again is to copy it. The
+    invented words of `_invent` follow a syllable pattern, and a policy trained on them continues a
+    held-out name's first piece with invented syllables (`kit` → `kitingen` for `kitchen`)."""
+    return "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", _LETTER_WEIGHTS, k=rng.randint(4, 10)))
+
+
+def fresh_word(rng: random.Random, letters_share: float = 0.0) -> str:
+    """An invented word (`_invent`), or random letters with probability `letters_share`."""
+    return random_letters(rng) if letters_share and rng.random() < letters_share else _invent(rng)
+
+
 def theme_renames(
-    theme: str, messages: list[Message], rng: random.Random, pool: list[str] | None = None, invented_share: float = 0.5
+    theme: str,
+    messages: list[Message],
+    rng: random.Random,
+    pool: list[str] | None = None,
+    invented_share: float = 0.5,
+    letters_share: float = 0.0,
 ) -> dict[str, str]:
     """Fresh invented words for the theme's package, record nouns and numeric fields; the package is
     a word of `pool` instead with probability 1 - `invented_share` (held-out packages are real words
-    like `museum`). A word the expert's fix writes (in an edit's new_string but not its old_string:
-    the typo's correct form) keeps its name, since its misspelt form in the code is not renamed with it."""
+    like `museum`). Each invented word is random letters instead with probability `letters_share`.
+    A word the expert's fix writes (in an edit's new_string but not its old_string: the typo's
+    correct form) keeps its name, since its misspelt form in the code is not renamed with it."""
     pkg, item, items, (field, other), *_ = theme_spec(theme)
     fixed = set()
     for m in messages:
@@ -105,7 +128,7 @@ def theme_renames(
                     w for w in (pkg, item, items, field, other) if _word(w).search(new) and not _word(w).search(old)
                 }
     held_out = held_out_words()
-    fresh = iter(w for w in iter(lambda: _invent(rng), None) if w not in held_out)
+    fresh = iter(w for w in iter(lambda: fresh_word(rng, letters_share), None) if w not in held_out)
     new_item = next(fresh)
     package = rng.choice(pool) if pool and rng.random() >= invented_share else next(fresh)
     mapping = {pkg: package, item: new_item, items: new_item + "s", field: next(fresh), other: next(fresh)}
@@ -263,13 +286,18 @@ def augment_episodes(
     cuts: tuple[str, ...] = CUTS,
     theme_names: bool = False,
     train_context: bool = False,
+    letters_share: float = 0.0,
+    packages: list[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """`variants` renamed, cut-short copies of each expert episode row, as {"task_id", "cut",
     "package", "ids", "loss_mask"} rows. Rows without messages or without a package are skipped.
     `theme_names`: the theme's record nouns and fields get fresh invented names too (rows of other
     tasks keep the package-only rename). `train_context`: the loss mask covers every token after
     the system turn (the request and tool results too), not only the assistant's: a language-model
-    objective in which a fresh name's every later mention is a copy of an earlier one."""
+    objective in which a fresh name's every later mention is a copy of an earlier one.
+    `letters_share`: the share of invented names that are random letters (`random_letters`).
+    `packages`: the package's new name is one of these words (e.g. a probe of how well a model copies
+    names of a kind it never trained on); the other renamed words are drawn as usual."""
     rng = random.Random(seed)
     pool = name_pool()
     for n, row in enumerate(rows, 1):
@@ -281,11 +309,12 @@ def augment_episodes(
         theme = theme_of(row.get("task_id")) if theme_names else None
         for _ in range(variants):
             if theme is not None:
-                mapping = theme_renames(theme, messages, rng, pool, invented_share)
-                new = mapping.get(old, old)
+                mapping = theme_renames(theme, messages, rng, pool, invented_share, letters_share)
             else:
-                new = _invent(rng) if rng.random() < invented_share else rng.choice(pool)
-                mapping = {old: new}
+                mapping = {old: fresh_word(rng, letters_share) if rng.random() < invented_share else rng.choice(pool)}
+            if packages and old in mapping:  # (not when the fix writes the package's name)
+                mapping[old] = rng.choice(packages)
+            new = mapping.get(old, old)
             cut = rng.choice(cuts)
             renamed, untrained = rename_words(messages, mapping), None
             if cut in ("retry", "retry_edit"):
