@@ -338,3 +338,22 @@ def test_device_choice_falls_back_to_the_cpu_and_names_a_missing_gpu(monkeypatch
         pick_device("cuda:0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pick_device("auto") == torch.device("cuda")
+
+
+def test_cli_eval_compares_checkpoints_on_held_out_episodes(tmp_path):
+    data = _write(tmp_path / "a.jsonl", _episodes(4, lo=40, hi=80))
+    save_checkpoint(_small_model(), load_tokenizer("tiny-init"), tmp_path / "start")
+    train = ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--seq-len", "256", "--steps", "8",
+             "--batch-tokens", "256", "--threads", "2", "--init", str(tmp_path / "start"), "--json"]  # fmt: skip
+    assert CliRunner().invoke(app, train).exit_code == 0
+    args = ["sft", "eval", "--data", str(data), "--model", str(tmp_path / "start"), "--model", str(tmp_path / "m"),
+            "--seq-len", "256", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    before, after = (json.loads(line) for line in result.stdout.strip().splitlines())
+    assert before["episodes"] == after["episodes"] == 4 and before["model"].endswith("start")
+    assert after["eval_loss"] < before["eval_loss"]  # the trained checkpoint fits its data better
+    missing = CliRunner().invoke(app, ["sft", "eval", "--data", str(tmp_path / "no.jsonl"), "--model", "tiny"])
+    assert missing.exit_code == 2 and "no such file" in missing.output
+    not_a_model = CliRunner().invoke(app, ["sft", "eval", "--data", str(data), "--model", str(tmp_path)])
+    assert not_a_model.exit_code == 2 and "is not a model" in not_a_model.output

@@ -266,6 +266,41 @@ def sft_drills(
     out.print(f"wrote {n} drills to {out_file}")
 
 
+@sft_app.command("eval")
+def sft_eval(
+    data: Annotated[list[Path], typer.Option("--data", help="Held-out episodes (JSONL; repeat for several).")],
+    model: Annotated[list[str], typer.Option("--model", help="tiny or a checkpoint directory (repeat for several).")],
+    seq_len: Annotated[int, typer.Option(help="Tokens per packed row.")] = 16384,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per (model, file).")] = False,
+) -> None:
+    """Teacher-forced numbers of saved policies on held-out episodes, without training: loss, token
+    accuracy, and per tool argument (path, old_string, new_string) how often its first token and its
+    whole value are the greedy choice — the numbers `sft train --eval` logs."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from vivace.rl.sft_train import evaluate_checkpoint
+
+    table = Table("model", "data", "episodes", "loss", "token acc", "path", "old_string", "new_string")
+    for m in model:
+        for d in data:
+            try:
+                r = evaluate_checkpoint(m, d, seq_len, threads)
+            except (ValueError, FileNotFoundError) as e:
+                err.print(f"[red]error:[/] {escape(str(e))}")
+                raise typer.Exit(2) from e
+            if as_json:
+                print(json.dumps(r), flush=True)
+                continue
+            probes = [f"{r[f'eval_first_{a}']:.2f} / {r[f'eval_exact_{a}']:.2f}" if f"eval_first_{a}" in r else "-"
+                      for a in ("path", "old_string", "new_string")]  # fmt: skip
+            table.add_row(m, str(d), str(r["episodes"]), f"{r['eval_loss']:.3f}", f"{r['eval_token_acc']:.3f}", *probes)
+    if not as_json:
+        out.print(table)
+        out.print("argument columns: first token right / whole value right (teacher-forced, greedy)")
+
+
 @sft_app.command("ship")
 def sft_ship(
     checkpoint: Annotated[

@@ -50,7 +50,8 @@ import torch.nn.functional as F
 
 from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, pack_episodes, row_tokens
 
-__all__ = ["IGNORE", "PACKED", "SftDataError", "forward_row", "make_episode", "pack", "read_episodes", "train_sft"]
+__all__ = ["IGNORE", "PACKED", "SftDataError", "evaluate_checkpoint", "forward_row", "make_episode", "pack", "read_episodes",
+           "train_sft"]
 GRAD_CLIP = 1.0
 
 
@@ -165,6 +166,26 @@ def evaluate(model, episodes: list[Episode], seq_len: int, spans: list[list[tupl
     model.train(was_training)
     probes = {f"eval_{k}": round(sum(v) / len(v), 4) for k, v in hits.items() if v}
     return {"eval_loss": loss / max(n, 1.0), "eval_token_acc": correct / max(n, 1.0), "eval_tokens": int(n), **probes}
+
+
+def evaluate_checkpoint(model_name: str, data: Path, seq_len: int = 16384, threads: int | None = None
+                        ) -> dict[str, Any]:  # fmt: skip
+    """`evaluate` of a saved policy (tiny or a checkpoint directory) on a held-out episode file: the
+    numbers `train_sft`'s eval lines show, for comparing checkpoints on a probe without training."""
+    from vivace.model.checkpoint import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model_name)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    model.set_attn_implementation(PACKED)
+    longest = min(seq_len, model.config.max_position_embeddings)
+    episodes = read_episodes(Path(data), min(len(tokenizer), model.config.vocab_size))
+    kept = [e for e in episodes if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
+    if not kept:
+        raise SftDataError(f"{data}: no episode fits {longest} tokens with a trained token")
+    result = evaluate(model, kept, seq_len, argument_spans(kept, tokenizer.decode))
+    return {"model": model_name, "data": str(data), "episodes": len(kept), **result}
 
 
 def lr_at(step: int, progress: float, lr: float, warmup: int, min_lr_ratio: float) -> float:
