@@ -6,7 +6,8 @@
 #   FF=3 FE=3 scripts/make_variants.sh OUT_DIR SEED train_a.jsonl train_b.jsonl
 #
 # Variants per episode of each cut: FF first_file, FE first_edit, WH whole, LM whole with every
-# token after the system turn trained (--train-context), RT retry, RE retry_edit.
+# token after the system turn trained (--train-context), RT retry, RE retry_edit. LETTERS (a share,
+# e.g. 0.7) makes that share of the invented names random letters (sft augment --letters-share).
 set -euo pipefail
 V=${VIVACE:-.venv/bin/vivace}
 A=$1 SEED=$2
@@ -28,6 +29,7 @@ for s in "$A"/shard_*; do
     [ "$count" -gt 0 ] || continue
     extra=""
     [ "$tag" = lm ] && extra=" --train-context"
+    [ -n "${LETTERS:-}" ] && extra="$extra --letters-share $LETTERS"
     jobs+=("--cut $name --theme-names$extra --variants $count --data $s --out $A/var_${tag}_$k.jsonl")
   done
 done
