@@ -106,9 +106,12 @@ def sft_augment(
     train_context: Annotated[
         bool, typer.Option("--train-context", help="Train every token after the system turn, not only the assistant's.")
     ] = False,
+    invented_share: Annotated[
+        float, typer.Option(help="Share of the packages given a made-up name (the rest: a word of the name pool).")
+    ] = 0.5,
     letters_share: Annotated[
         float,
-        typer.Option(help="Share of the fresh names that are random letters (no syllable pattern to predict)."),
+        typer.Option(help="Share of the made-up names that are random letters (no syllable pattern to predict)."),
     ] = 0.0,
     package: Annotated[
         list[str] | None,
@@ -125,9 +128,10 @@ def sft_augment(
     from vivace.rl.sft_augment import CUTS, augment_episodes
 
     cuts = tuple(cut or CUTS)
-    if not 0.0 <= letters_share <= 1.0:
-        err.print(f"[red]error:[/] --letters-share {letters_share}: give a share between 0 and 1")
-        raise typer.Exit(2)
+    for name, share in (("--invented-share", invented_share), ("--letters-share", letters_share)):
+        if not 0.0 <= share <= 1.0:
+            err.print(f"[red]error:[/] {name} {share}: give a share between 0 and 1")
+            raise typer.Exit(2)
     if bad := [c for c in cuts if c not in (*CUTS, "whole", "retry", "retry_edit")]:
         err.print(
             f"[red]error:[/] unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit"
@@ -160,6 +164,7 @@ def sft_augment(
                 tools,
                 variants,
                 seed,
+                invented_share=invented_share,
                 progress=lambda n: bar.update(job, completed=n),
                 cuts=cuts,
                 theme_names=theme_names,
