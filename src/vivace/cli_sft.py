@@ -287,8 +287,17 @@ def sft_eval(
 
     from vivace.rl.sft_train import evaluate_checkpoint
 
-    table = Table("model", "data", "episodes", "loss", "token acc", "path", "old_string", "new_string",
-                  title="first token right / whole value right (teacher-forced, greedy)")
+    table = Table(
+        "model",
+        "data",
+        "episodes",
+        "loss",
+        "token acc",
+        "path",
+        "old_string",
+        "new_string",
+        title="first token right / whole value right (teacher-forced, greedy)",
+    )
     for m in model:
         for d in data:
             try:
@@ -301,7 +310,9 @@ def sft_eval(
                 continue
             probes = [f"{r[f'eval_first_{a}']:.2f} / {r[f'eval_exact_{a}']:.2f}" if f"eval_first_{a}" in r else "-"
                       for a in ("path", "old_string", "new_string")]  # fmt: skip
-            table.add_row(Path(m).name, d.name, str(r["episodes"]), f"{r['eval_loss']:.3f}", f"{r['eval_token_acc']:.3f}", *probes)
+            table.add_row(
+                Path(m).name, d.name, str(r["episodes"]), f"{r['eval_loss']:.3f}", f"{r['eval_token_acc']:.3f}", *probes
+            )
     if not as_json:
         out.print(table)
 

@@ -50,8 +50,17 @@ import torch.nn.functional as F
 
 from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, pack_episodes, row_tokens
 
-__all__ = ["IGNORE", "PACKED", "SftDataError", "evaluate_checkpoint", "forward_row", "make_episode", "pack", "read_episodes",
-           "train_sft"]
+__all__ = [
+    "IGNORE",
+    "PACKED",
+    "SftDataError",
+    "evaluate_checkpoint",
+    "forward_row",
+    "make_episode",
+    "pack",
+    "read_episodes",
+    "train_sft",
+]
 GRAD_CLIP = 1.0
 
 
