@@ -235,5 +235,4 @@ def test_random_letter_names_and_fixed_packages():
     lettered = list(augment_episodes(iter(rows), chat, tools, variants=20, seed=6, cuts=("whole",), invented_share=1.0,
                                      letters_share=1.0))  # fmt: skip
     # Every package is random letters now: (nearly) none fits _invent's consonant-vowel syllables.
-    syllables = re.compile(r"^(?:(?:b|d|f|g|k|l|m|n|p|r|s|t|v|z|br|dr|gr|kl|pl|st|tr)[aeiou][nrl]?){2,3}$")
     assert sum(bool(syllables.match(r["package"])) for r in lettered) <= 1

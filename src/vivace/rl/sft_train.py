@@ -143,6 +143,11 @@ def argument_spans(episodes: list[Episode], decode: Callable[[list[int]], str]) 
     return spans
 
 
+def usable(episodes: list[Episode], longest: int) -> list[Episode]:
+    """The episodes that fit `longest` tokens (a row and the context) and train at least one token."""
+    return [e for e in episodes if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
+
+
 @torch.no_grad()
 def evaluate(model, episodes: list[Episode], seq_len: int, spans: list[list[tuple[str, int, int]]] | None = None
              ) -> dict[str, float]:  # fmt: skip
@@ -190,7 +195,7 @@ def evaluate_checkpoint(model_name: str, data: Path, seq_len: int = 16384, threa
     model.set_attn_implementation(PACKED)
     longest = min(seq_len, model.config.max_position_embeddings)
     episodes = read_episodes(Path(data), min(len(tokenizer), model.config.vocab_size))
-    kept = [e for e in episodes if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
+    kept = usable(episodes, longest)
     if not kept:
         raise SftDataError(f"{data}: no episode fits {longest} tokens with a trained token")
     result = evaluate(model, kept, seq_len, argument_spans(kept, tokenizer.decode))
@@ -336,7 +341,7 @@ def train_sft(
         eps = read_episodes(p, vocab, turn_start)
         files.append({"path": str(p), "sha256": _sha256(p), "episodes": len(eps)})
         episodes += eps
-    kept = [e for e in episodes if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
+    kept = usable(episodes, longest)
     too_long = sum(len(e.ids) > longest for e in episodes)
     counts = {"episodes": len(episodes), "kept": len(kept), "too_long": too_long,
               "untrained": len(episodes) - len(kept) - too_long}  # fmt: skip
@@ -348,7 +353,7 @@ def train_sft(
     eval_info = None
     if eval_data:
         eval_info = {"path": str(eval_data), "sha256": _sha256(Path(eval_data)), "episodes": len(evals)}
-        evals = [e for e in evals if len(e.ids) <= longest and any(t != IGNORE for t in e.labels)]
+        evals = usable(evals, longest)
         eval_info["kept"] = len(evals)
     eval_spans = argument_spans(evals, tokenizer.decode) if evals else None
 
