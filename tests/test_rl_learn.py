@@ -14,7 +14,7 @@ import pytest
 
 from vivace.config import load_preset
 from vivace.rl.controller import new_run_dir, train
-from vivace.rl.synthetic import synthetic_episode
+from vivace.rl.synthetic import second_turn_episode, synthetic_episode
 from vivace.rl.workers import LocalWorkers
 from vivace.sandbox import open_backend
 from vivace.tasks.format import RepoSpec, Task, TestSpec
@@ -32,19 +32,22 @@ def synthetic_tasks(repo) -> list[Task]:
     ]  # fmt: skip
 
 
-async def learn(tmp_path, sign: float, steps: int, temperature: float = 1.0) -> list[dict]:
-    repo = tmp_path / f"repo{sign}"
+async def learn(tmp_path, sign: float, steps: int, temperature: float = 1.0, turn: int = 1) -> list[dict]:
+    """`turn` 1: reward for a tool call in the first turn; 2: in the second (the first one's imposed)."""
+    repo = tmp_path / f"repo{sign}-{turn}"
     repo.mkdir()
     (repo / "main.py").write_text("def helper():\n    return 42\n")
-    cfg = load_preset("smoke", agent={"max_turns": 1, "max_turn_tokens": 24},
+    cfg = load_preset("smoke", agent={"max_turns": turn, "max_turn_tokens": 24},
                       train={"model": "tiny-init", "tasks_per_step": 2, "group_size": 8, "steps": steps, "lr": 3e-3,
-                             "checkpoint_every": steps, "runs_dir": str(tmp_path / "runs"), "rollout_concurrency": 16},
+                             "checkpoint_every": steps, "runs_dir": str(tmp_path / "runs"), "rollout_concurrency": 16,
+                             # the rewarded call is the untrained model's (cut off at 24 tokens): keep its tokens
+                             "mask_malformed": False},
                       engine={"temperature": temperature},
                       sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
     snapshot = open_backend(cfg.sandbox).snapshot(str(repo))
     rows: list[dict] = []
-    run_dir = new_run_dir(cfg, f"learn{sign}")
-    episode = synthetic_episode(snapshot, sign=sign)
+    run_dir = new_run_dir(cfg, f"learn{sign}-{turn}")
+    episode = synthetic_episode(snapshot, sign=sign) if turn == 1 else second_turn_episode(snapshot, sign=sign)
     await train(cfg, run_dir, tasks=synthetic_tasks(repo), episode=episode, on_step=rows.append,
                 workers=LocalWorkers(cfg, episode))  # fmt: skip
     return rows
@@ -68,6 +71,28 @@ async def test_policy_learns_and_flipped_sign_does_not(tmp_path):
     assert rate(up, "last") >= rate(up, "first") + 0.3
     assert rate(down, "last") <= rate(down, "first")
     assert all(abs(r.get("kl_sampler_trainer_k1", 0.0)) < 1e-3 for r in up)  # sampler and trainer agree on CPU
+
+
+@pytest.mark.slow
+async def test_policy_learns_a_later_turn(tmp_path):
+    """Credit for the second turn must reach the second turn's tokens, behind the first turn and a
+    tool result (the shape of every agent episode); the flipped sign is the control."""
+    steps = 25
+    up = await learn(tmp_path, 1.0, steps, turn=2)
+    down = await learn(tmp_path, -1.0, steps, turn=2)
+
+    def rate(rows, part):
+        chunk = rows[:5] if part == "first" else rows[-5:]
+        return sum(r["reward_correctness"] for r in chunk) / len(chunk)
+
+    print(
+        json.dumps(
+            {"learn": [rate(up, "first"), rate(up, "last")], "flipped": [rate(down, "first"), rate(down, "last")]}
+        )
+    )
+    assert rate(up, "last") >= rate(up, "first") + 0.3
+    assert rate(down, "last") <= rate(down, "first")
+    assert all(abs(r.get("kl_sampler_trainer_k1", 0.0)) < 1e-3 for r in up)  # turn 2 scored in its real context
 
 
 async def test_trainer_scores_tokens_at_the_sampling_temperature(tmp_path):

@@ -3,6 +3,11 @@
 `synthetic_episode`: checks that RL learns at all — a request, and a reward any policy can earn
 by chance.
 
+`second_turn_episode`: the same check one turn later, where an agent's credit usually lands — the
+first turn's tool call is imposed (its tokens stay as sampled), and the reward is 1 when the
+*second* turn calls a tool. It fails if the trainer's loss misses or misplaces the tokens of later
+turns (a tool result sits between the turns, untrained), which the first-turn check cannot see.
+
 The reward is 1 when the policy's first turn contains a tool call block (a `<tool_call>` it
 opened, well formed or not) and 0 otherwise: an untrained tiny model does this now and then, so a
 group of rollouts has mixed rewards and the policy gradient has something to push on. Used by the
@@ -42,6 +47,10 @@ def called_a_tool(traj: Trajectory) -> float:
     return 1.0 if traj.turns and traj.turns[0].tool_calls else 0.0
 
 
+def called_a_tool_second(traj: Trajectory) -> float:
+    return 1.0 if len(traj.turns) > 1 and traj.turns[1].tool_calls else 0.0
+
+
 def synthetic_episode(repo_snapshot: Any, reward=called_a_tool, sign: float = 1.0):
     """An `episode` function for the rollout workers (rl/rollout.py `run_attempt`): the task's request in a workspace of
     `repo_snapshot`, rewarded by `reward(trajectory)` (times `sign`, -1 to flip the objective)."""
@@ -53,6 +62,26 @@ def synthetic_episode(repo_snapshot: Any, reward=called_a_tool, sign: float = 1.
         finally:
             await ws.close()
         r = reward(traj)
+        score = Score(task_id=task.id, total=sign * r, correctness=r, adherence=0.0, efficiency=0.0, claims=1.0,
+                      format=1.0, resolved=r >= 1.0)  # fmt: skip
+        return traj, score
+
+    return episode
+
+
+def second_turn_episode(repo_snapshot: Any, sign: float = 1.0, path: str = "main.py"):
+    """An `episode` function like `synthetic_episode`'s, two turns long: turn 1 is sampled and given a
+    `read_file(path)` call whatever it wrote; the reward is 1 when turn 2 calls a tool itself."""
+
+    async def episode(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> tuple[Trajectory, Score]:
+        ws = await backend.create(repo_snapshot)
+        try:
+            limits = cfg.agent.model_copy(update={"max_turns": 2})
+            imposed = _ImposedCalls(policy, 2, call=ToolCall("call_1", "read_file", {"path": path}), last=False)
+            traj = await run_episode(imposed, ws, task.request, limits, task_id=task.id)
+        finally:
+            await ws.close()
+        r = called_a_tool_second(traj)
         score = Score(task_id=task.id, total=sign * r, correctness=r, adherence=0.0, efficiency=0.0, claims=1.0,
                       format=1.0, resolved=r >= 1.0)  # fmt: skip
         return traj, score
@@ -84,16 +113,23 @@ class EnvStep:
 
 
 class _ImposedCalls:
-    """Wraps a policy: its turns are sampled as usual, then every turn but the last gets one
-    `env_step` call and the last none (the tokens stay exactly what was sampled)."""
+    """Wraps a policy: its turns are sampled as usual, then every turn but the last gets `call`
+    (default: one `env_step` call) and the last none, or (`last=False`) the calls it made itself.
+    The tokens stay exactly what was sampled."""
 
-    def __init__(self, inner: Any, turns: int):
+    def __init__(self, inner: Any, turns: int, call: ToolCall | None = None, last: bool = True):
         self.inner, self.turns, self.name, self.done = inner, turns, inner.name, 0
+        self.call, self.last = call, last
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
         reply = await self.inner.act(conversation)
         self.done += 1
-        calls = (ToolCall(f"call_{self.done}", "env_step", {}),) if self.done < self.turns else ()
+        if self.done < self.turns:
+            calls = (self.call or ToolCall(f"call_{self.done}", "env_step", {}),)
+        elif self.last:
+            calls = ()
+        else:
+            return reply
         reply.message = dataclasses.replace(reply.message, tool_calls=calls)
         return reply
 
