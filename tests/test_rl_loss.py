@@ -93,11 +93,13 @@ def test_kl_to_reference_is_k3_and_off_by_default():
     assert "kl_reference_k3" not in without
 
 
-def _rollout(reward: float, resolved: bool):
+def _rollout(reward: float, resolved: bool, generated: int = 2):
     from vivace.harness.trajectory import Tokens, Trajectory
     from vivace.rl.rollout import Rollout
 
-    tokens = Tokens(ids=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.5], versions=[-1, 0, 0])
+    n = generated + 1
+    tokens = Tokens(ids=list(range(1, n + 1)), loss_mask=[0] + [1] * generated, logprobs=[0.0] + [-0.5] * generated,
+                    versions=[-1] + [0] * generated)  # fmt: skip
     traj = Trajectory(
         request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="done", tokens=tokens
     )
@@ -329,3 +331,23 @@ def test_trainer_reports_the_kl_to_its_starting_policy_when_anchored():
     assert second["kl_reference_k3"] > 1e-6
     cfg.kl_coef = 0.0
     assert "kl_reference_k3" not in Trainer("tiny-init", cfg).train_step([sample])
+
+
+def test_sequence_aggregation_weighs_each_rollout_alike():
+    """A short success and long failures: with token weighting the failures' shared tokens outweigh the
+    success's (the group's advantages sum to 0 but its token-weighted advantages do not)."""
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples
+
+    cfg = load_preset("default")
+    group = [_rollout(1.0, True, generated=10), _rollout(0.0, False, generated=30), _rollout(0.0, False, generated=20)]
+
+    def push(samples):  # the summed advantage over all trained tokens: what a token every rollout writes gets
+        return sum(s.advantage * sum(s.mask) for s in samples)
+
+    token = to_samples([group], cfg, version=0)[0]
+    assert push(token) == pytest.approx(10 * 2 / 3 - 50 / 3)  # net push down
+    cfg.train.loss_aggregation = "sequence"
+    seq = to_samples([group], cfg, version=0)[0]
+    assert push(seq) == pytest.approx(0.0)
+    assert [round(s.advantage * sum(s.mask), 6) for s in seq] == [round(a * 20, 6) for a in (2 / 3, -1 / 3, -1 / 3)]

@@ -208,6 +208,13 @@ class TrainConfig(_Strict):
         "or cut off at the turn's token limit: a success must not teach the broken call it recovered from. "
         "Negative advantages still push those turns down.",
     )
+    loss_aggregation: Literal["token", "sequence"] = Field(
+        "token",
+        description="How a step's rollouts weigh in the loss. token: every generated token alike, so a rollout "
+        "weighs by its length; sequence: every rollout alike (its tokens share its advantage). With token "
+        "weighting, failed rollouts that run to max_turns are longer than the successes, so on the tokens every "
+        "rollout writes (the call format) the group's advantages no longer cancel and the failures push them down.",
+    )
     negative_scale: float = Field(
         1.0,
         ge=0,
