@@ -54,12 +54,15 @@ async def learn(tmp_path, sign: float, steps: int, temperature: float = 1.0, tur
 
 
 @pytest.mark.slow
-async def test_policy_learns_and_flipped_sign_does_not(tmp_path):
+@pytest.mark.parametrize("turn", [1, 2], ids=["first_turn", "later_turn"])
+async def test_policy_learns_and_flipped_sign_does_not(tmp_path, turn):
+    """The reward is for a tool call in the first turn, or in the second behind an imposed call and its
+    tool result (the shape of every agent episode: credit must reach a later turn's tokens)."""
     steps = 25
-    up = await learn(tmp_path, 1.0, steps)
-    down = await learn(tmp_path, -1.0, steps)
+    up = await learn(tmp_path, 1.0, steps, turn=turn)
+    down = await learn(tmp_path, -1.0, steps, turn=turn)
 
-    def rate(rows, part):  # how often the first turn called a tool (correctness = the unsigned reward)
+    def rate(rows, part):  # how often the rewarded turn called a tool (correctness = the unsigned reward)
         chunk = rows[:5] if part == "first" else rows[-5:]
         return sum(r["reward_correctness"] for r in chunk) / len(chunk)
 
@@ -71,28 +74,6 @@ async def test_policy_learns_and_flipped_sign_does_not(tmp_path):
     assert rate(up, "last") >= rate(up, "first") + 0.3
     assert rate(down, "last") <= rate(down, "first")
     assert all(abs(r.get("kl_sampler_trainer_k1", 0.0)) < 1e-3 for r in up)  # sampler and trainer agree on CPU
-
-
-@pytest.mark.slow
-async def test_policy_learns_a_later_turn(tmp_path):
-    """Credit for the second turn must reach the second turn's tokens, behind the first turn and a
-    tool result (the shape of every agent episode); the flipped sign is the control."""
-    steps = 25
-    up = await learn(tmp_path, 1.0, steps, turn=2)
-    down = await learn(tmp_path, -1.0, steps, turn=2)
-
-    def rate(rows, part):
-        chunk = rows[:5] if part == "first" else rows[-5:]
-        return sum(r["reward_correctness"] for r in chunk) / len(chunk)
-
-    print(
-        json.dumps(
-            {"learn": [rate(up, "first"), rate(up, "last")], "flipped": [rate(down, "first"), rate(down, "last")]}
-        )
-    )
-    assert rate(up, "last") >= rate(up, "first") + 0.3
-    assert rate(down, "last") <= rate(down, "first")
-    assert all(abs(r.get("kl_sampler_trainer_k1", 0.0)) < 1e-3 for r in up)  # turn 2 scored in its real context
 
 
 async def test_trainer_scores_tokens_at_the_sampling_temperature(tmp_path):

@@ -51,14 +51,19 @@ def called_a_tool_second(traj: Trajectory) -> float:
     return 1.0 if len(traj.turns) > 1 and traj.turns[1].tool_calls else 0.0
 
 
-def synthetic_episode(repo_snapshot: Any, reward=called_a_tool, sign: float = 1.0):
+def synthetic_episode(repo_snapshot: Any, reward=called_a_tool, sign: float = 1.0, first_call: ToolCall | None = None):
     """An `episode` function for the rollout workers (rl/rollout.py `run_attempt`): the task's request in a workspace of
-    `repo_snapshot`, rewarded by `reward(trajectory)` (times `sign`, -1 to flip the objective)."""
+    `repo_snapshot`, rewarded by `reward(trajectory)` (times `sign`, -1 to flip the objective). With `first_call`
+    the episode is two turns long and the first turn gets that call whatever it wrote."""
 
     async def episode(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> tuple[Trajectory, Score]:
+        limits = cfg.agent
+        if first_call is not None:
+            limits = limits.model_copy(update={"max_turns": 2})
+            policy = _ImposedCalls(policy, 2, call=first_call, last=False)
         ws = await backend.create(repo_snapshot)
         try:
-            traj = await run_episode(policy, ws, task.request, cfg.agent, task_id=task.id)
+            traj = await run_episode(policy, ws, task.request, limits, task_id=task.id)
         finally:
             await ws.close()
         r = reward(traj)
@@ -70,23 +75,10 @@ def synthetic_episode(repo_snapshot: Any, reward=called_a_tool, sign: float = 1.
 
 
 def second_turn_episode(repo_snapshot: Any, sign: float = 1.0, path: str = "main.py"):
-    """An `episode` function like `synthetic_episode`'s, two turns long: turn 1 is sampled and given a
-    `read_file(path)` call whatever it wrote; the reward is 1 when turn 2 calls a tool itself."""
-
-    async def episode(policy: Any, task: Task, cfg: VivaceConfig, backend: Any) -> tuple[Trajectory, Score]:
-        ws = await backend.create(repo_snapshot)
-        try:
-            limits = cfg.agent.model_copy(update={"max_turns": 2})
-            imposed = _ImposedCalls(policy, 2, call=ToolCall("call_1", "read_file", {"path": path}), last=False)
-            traj = await run_episode(imposed, ws, task.request, limits, task_id=task.id)
-        finally:
-            await ws.close()
-        r = called_a_tool_second(traj)
-        score = Score(task_id=task.id, total=sign * r, correctness=r, adherence=0.0, efficiency=0.0, claims=1.0,
-                      format=1.0, resolved=r >= 1.0)  # fmt: skip
-        return traj, score
-
-    return episode
+    """`synthetic_episode` one turn later: turn 1 is sampled and given a `read_file(path)` call whatever it
+    wrote; the reward is 1 when turn 2 calls a tool itself."""
+    read = ToolCall("call_1", "read_file", {"path": path})
+    return synthetic_episode(repo_snapshot, called_a_tool_second, sign, first_call=read)
 
 
 class EnvStepArgs(ToolArgs):
