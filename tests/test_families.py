@@ -165,3 +165,26 @@ def test_minimal_edits_make_exactly_the_reference_fix_on_every_task():
                 shorter += not args["old_string"].endswith("\n")  # cut inside a line
             assert cut == whole, task.id
     assert shorter > len(tasks) * 3 // 4  # most fixes are cut inside a line
+
+
+def test_a_hunk_changing_two_lines_becomes_two_short_edits_applied_in_order():
+    """Two changed lines in one hunk: one short edit per line (no newline, indentation or quotes to
+    escape in a JSON string), the second cut against the file as the first left it."""
+    from vivace.bench.baselines import _edits
+    from vivace.bench.patch import FileChange
+
+    buggy = 'def find(items, name):\n    for item in items:\n        if items[0]["name"] == name:\n            return items[0]\n'
+    diff = ("@@ -1,4 +1,4 @@\n def find(items, name):\n     for item in items:\n"
+            '-        if items[0]["name"] == name:\n-            return items[0]\n'
+            '+        if item["name"] == name:\n+            return item\n')  # fmt: skip
+    change = FileChange(path="m.py", text=diff)
+    calls = [args for _, args in _edits(change, buggy)]
+    assert [(a["old_string"], a["new_string"]) for a in calls] == [(" items[0][", " item["), (" items[0]", " item")]
+    fixed = buggy
+    for a in calls:
+        assert fixed.count(a["old_string"]) == 1
+        fixed = fixed.replace(a["old_string"], a["new_string"])
+    assert fixed == buggy.replace('items[0]["name"]', 'item["name"]').replace("return items[0]", "return item")
+    # A hunk that adds a line is not one-for-one: it stays one edit.
+    grow = "@@ -1,2 +1,3 @@\n def f():\n-    return 1\n+    x = 1\n+    return x\n"
+    assert len(_edits(FileChange(path="m.py", text=grow), "def f():\n    return 1\n")) == 1

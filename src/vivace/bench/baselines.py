@@ -134,8 +134,28 @@ def _edits(change: FileChange, content: str | None = None) -> list[tuple[str, di
     if change.new_file:
         return [("write_file", {"path": change.path, "content": "".join(new for _, new in hunks)})]
     if content is not None:
-        hunks = [_minimal(old, new, content) for old, new in hunks]
+        cut = []
+        for old, new in hunks:  # each pair is cut against the file as the edits before it left it
+            for pair in _per_line(old, new):
+                cut.append(_minimal(*pair, content))
+                content = content.replace(cut[-1][0], cut[-1][1], 1)
+        hunks = cut
     return [("edit_file", {"path": change.path, "old_string": old, "new_string": new}) for old, new in hunks]
+
+
+def _per_line(old: str, new: str) -> list[tuple[str, str]]:
+    """A hunk that substitutes several lines one for one, as one hunk per changed line (the other
+    lines as they were before it, then as they are after it), applied in order; any other hunk as it is.
+
+    Why: one old_string spanning two changed lines holds a newline, the indentation and every quote
+    between them, all escaped inside a JSON string (measured: the tiny policy wrote none of the
+    unused_loop_variable family's two-line old_strings right, teacher-forced); two short fragments
+    ask for much less exact copying."""
+    o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    changed = [i for i in range(len(o)) if len(o) == len(n) and o[i] != n[i]]
+    if len(changed) < 2:
+        return [(old, new)]
+    return [("".join(n[:i] + o[i:]), "".join(n[: i + 1] + o[i + 1 :])) for i in changed]
 
 
 def _minimal(old: str, new: str, content: str) -> tuple[str, str]:
