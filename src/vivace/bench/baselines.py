@@ -152,7 +152,7 @@ def _per_line(old: str, new: str) -> list[tuple[str, str]]:
     unused_loop_variable family's two-line old_strings right, teacher-forced); two short fragments
     ask for much less exact copying."""
     o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    changed = [i for i in range(len(o)) if len(o) == len(n) and o[i] != n[i]]
+    changed = [i for i in range(len(o)) if o[i] != n[i]] if len(o) == len(n) else []
     if len(changed) < 2:
         return [(old, new)]
     return [("".join(n[:i] + o[i:]), "".join(n[: i + 1] + o[i + 1 :])) for i in changed]

@@ -134,10 +134,9 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
     if tc.loss_aggregation == "sequence" and samples:
         # The trainer divides by the step's token count; scaling by mean length / own length makes each
         # rollout's tokens sum to its advantage times the mean length, whatever its own length.
-        lengths = [sum(s.mask) for s in samples]
-        mean = sum(lengths) / len(lengths)
-        for s, n in zip(samples, lengths, strict=True):
-            s.advantage *= mean / n
+        mean = sum(s.n_generated for s in samples) / len(samples)
+        for s in samples:
+            s.advantage *= mean / s.n_generated
     counts["samples"] = len(samples)
     if staleness:  # versions behind the trainer of each kept sample's oldest token
         counts.update(staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness))

@@ -43,12 +43,9 @@ from vivace.harness.trajectory import Trajectory
 from vivace.tasks.format import Task
 
 
-def called_a_tool(traj: Trajectory) -> float:
-    return 1.0 if traj.turns and traj.turns[0].tool_calls else 0.0
-
-
-def called_a_tool_second(traj: Trajectory) -> float:
-    return 1.0 if len(traj.turns) > 1 and traj.turns[1].tool_calls else 0.0
+def called_a_tool(traj: Trajectory, turn: int = 0) -> float:
+    """1 when turn `turn` (0: the first) made a tool call, well formed or not."""
+    return 1.0 if len(traj.turns) > turn and traj.turns[turn].tool_calls else 0.0
 
 
 def synthetic_episode(repo_snapshot: Any, reward=called_a_tool, sign: float = 1.0, first_call: ToolCall | None = None):
@@ -78,7 +75,7 @@ def second_turn_episode(repo_snapshot: Any, sign: float = 1.0, path: str = "main
     """`synthetic_episode` one turn later: turn 1 is sampled and given a `read_file(path)` call whatever it
     wrote; the reward is 1 when turn 2 calls a tool itself."""
     read = ToolCall("call_1", "read_file", {"path": path})
-    return synthetic_episode(repo_snapshot, called_a_tool_second, sign, first_call=read)
+    return synthetic_episode(repo_snapshot, lambda traj: called_a_tool(traj, turn=1), sign, first_call=read)
 
 
 class EnvStepArgs(ToolArgs):
