@@ -188,3 +188,18 @@ def test_a_hunk_changing_two_lines_becomes_two_short_edits_applied_in_order():
     # A hunk that adds a line is not one-for-one: it stays one edit.
     grow = "@@ -1,2 +1,3 @@\n def f():\n-    return 1\n+    x = 1\n+    return x\n"
     assert len(_edits(FileChange(path="m.py", text=grow), "def f():\n    return 1\n")) == 1
+
+
+def test_a_suite_can_be_a_tasks_file(tmp_path):
+    """`train.suite` may name a user's tasks file: its tasks load, `split` filters them by their
+    metadata, and a name that is neither a suite nor a path says what it accepts."""
+    from vivace.tasks.suites import load_suite
+
+    tasks = load_suite("families")
+    picked = [t for t in tasks if t.split == "train"][:3] + [t for t in tasks if t.split == "test"][:2]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(t.model_dump_json() + "\n" for t in picked))
+    assert [t.id for t in load_suite(str(path))] == [t.id for t in picked]
+    assert [t.id for t in load_suite(str(path), split="test")] == [t.id for t in picked[3:]]
+    with pytest.raises(ValueError, match="or a path to a tasks file"):
+        load_suite(str(tmp_path / "missing.jsonl"))

@@ -147,7 +147,9 @@ class TrainConfig(_Strict):
     """RL training (`vivace train`): what is rolled out, how it is judged, how the policy is updated."""
 
     model: str = Field("tiny", description="The policy to train: tiny or a checkpoint directory.")
-    suite: str = Field("bundled", description="Task suite the rollouts are drawn from (vivace.tasks.suites).")
+    suite: str = Field(
+        "bundled", description="Task suite the rollouts are drawn from (vivace.tasks.suites), or a tasks file/directory."
+    )
     split: Literal["train", "validation", "test"] | None = Field(
         "train", description="Split of the suite to train on (by repository); None: all."
     )

@@ -9,6 +9,9 @@
   start and `make train` use it).
 
 Feature tasks come first, so `--n N` always includes them. `split` keeps one split (train / validation / test), which is decided by repository.
+
+A name that is no suite but an existing path loads tasks from there (a .jsonl file, a task directory or a
+directory of them: `format.load_tasks`), so `vivace train` can run on a user's own tasks.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ SUITES = ("bundled", "bugs", "features", "families")
 
 def load_suite(name: str, split: str | None = None) -> list[Task]:
     if name not in SUITES:
-        raise ValueError(f"unknown suite {name!r}; suites: {', '.join(SUITES)}")
+        if not Path(name).exists():
+            raise ValueError(f"unknown suite {name!r}; suites: {', '.join(SUITES)}, or a path to a tasks file or directory")
+        tasks = load_tasks(name)
+        for task in tasks:
+            task.metadata.setdefault("split", split_of(task.metadata.get("repo") or task.repo.bundled or ""))
+        return [t for t in tasks if split is None or t.split == split]
     tasks: list[Task] = []
     if name in ("bundled", "features") and FEATURES_DIR.is_dir() and any(FEATURES_DIR.iterdir()):
         for task in load_tasks(FEATURES_DIR):
