@@ -136,6 +136,19 @@ def test_missing_checkpoint_and_empty_split_are_refused(tmp_path, monkeypatch):
         held_out_tasks(load_preset("tiny"), 3, "validation")
 
 
+def test_held_out_tasks_come_from_eval_suite_when_set(monkeypatch):
+    """Training on a user's tasks file, the held-out benchmark can still be a named suite."""
+    asked = []
+    monkeypatch.setattr(
+        "vivace.rl.evaluate.load_suite", lambda name, split=None: asked.append((name, split)) or [_task(0, "a")]
+    )
+    cfg = load_preset("tiny", train={"suite": "mine.jsonl"})
+    held_out_tasks(cfg, 1)
+    cfg.train.eval_suite = "families"
+    held_out_tasks(cfg, 1, "validation")
+    assert asked == [("mine.jsonl", "test"), ("families", "validation")]
+
+
 def test_report_command_refuses_what_it_cannot_evaluate(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["train", "report", str(tmp_path)])

@@ -266,6 +266,9 @@ class TrainConfig(_Strict):
     eval_tasks: int = Field(
         0, ge=0, description="Held-out tasks in the before/after benchmark that ends the run (0: no evaluation)."
     )
+    eval_suite: str | None = Field(
+        None, description="Suite (or tasks file) of the held-out benchmark; None: the training suite."
+    )
     eval_split: Literal["train", "validation", "test"] = Field(
         "test", description="Split of the suite the held-out tasks come from (spread over task families)."
     )

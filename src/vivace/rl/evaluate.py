@@ -76,12 +76,14 @@ MAX_CURVE_ROWS = 20
 
 
 def held_out_tasks(cfg: VivaceConfig, n: int | None = None, split: str | None = None) -> list[Task]:
-    """`n` tasks (default: one per family) of the training suite at `split` (default
-    cfg.train.eval_split), round-robin over families in an order seeded by cfg.train.seed."""
+    """`n` tasks (default: one per family) of the evaluation suite (cfg.train.eval_suite, else the
+    training suite) at `split` (default cfg.train.eval_split), round-robin over families in an
+    order seeded by cfg.train.seed."""
     split = split or cfg.train.eval_split
-    tasks = load_suite(cfg.train.suite, split=split)
+    suite = cfg.train.eval_suite or cfg.train.suite
+    tasks = load_suite(suite, split=split)
     if not tasks:
-        raise ValueError(f"suite {cfg.train.suite!r} has no tasks in split {split!r}; choose another split or suite")
+        raise ValueError(f"suite {suite!r} has no tasks in split {split!r}; choose another split or train.eval_suite")
     return stratified(tasks, n, cfg.train.seed)
 
 
