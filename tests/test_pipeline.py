@@ -260,3 +260,32 @@ async def test_time_budget_stops_after_a_step_with_a_checkpoint(tmp_path):
     assert (tmp_path / "runs" / "budget" / "checkpoints" / "step_1" / "state.json").is_file()
     summary, rows = await run(tmp_path, ScriptedWorkers(seed=8), "no-budget", steps=2)
     assert summary["stopped_by"] == "steps" and len(rows) == 2
+
+
+def test_replay_brings_back_split_tasks_and_resumes_the_same():
+    """train.replay: a task whose group split on success comes back (oldest first) at about the
+    replay share of positions, one that all failed or all solved does not, fresh tasks keep their
+    seeded order, and a TaskOrder rebuilt from its state hands out what the original would."""
+    from vivace.rl.controller import TaskOrder
+
+    pool = tasks(40)
+    assert [TaskOrder(pool, 3).at(p).id for p in range(40)] == [TaskOrder(pool, 3, replay=0.0).at(p).id for p in range(40)]
+
+    order = TaskOrder(pool, 3, replay=0.5)
+    replayed, fresh = [], []
+    for p in range(36):  # fewer fresh tasks than the pool: no task comes back by a new epoch
+        task = order.at(p)
+        split = int(task.id[1:]) % 3 == 0  # these tasks split every time; the others never do
+        (replayed if order.report(p, [True, False] if split else [False, False]) else fresh).append(task.id)
+    assert replayed and all(int(t[1:]) % 3 == 0 for t in replayed)
+    assert len(set(fresh)) == len(fresh) and 10 <= len(replayed) <= 24  # about half, once the queue fills
+    assert [t.id for t in (TaskOrder(pool, 3)._fresh(i) for i in range(len(fresh)))] == fresh
+
+    # Resume: positions handed out but not reported, the queue and the fresh count survive.
+    a = TaskOrder(pool, 5, replay=0.5)
+    for p in range(20):
+        a.at(p)
+        if p < 15:
+            a.report(p, [True, False])
+    b = TaskOrder(pool, 5, 20, 0.5, json.loads(json.dumps(a.state())))
+    assert [b.at(p).id for p in range(15, 30)] == [a.at(p).id for p in range(15, 30)]

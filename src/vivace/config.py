@@ -225,6 +225,14 @@ class TrainConfig(_Strict):
         "than their group, as in filtered imitation). Below 1 the update leans on the rare successes instead "
         "of pushing down the many failures' tokens, which flattens a small policy's distribution.",
     )
+    replay: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of the groups that replay a task whose last group split on success (some rollouts "
+        "solved it, some not), oldest first, instead of a fresh task. When success is rare, only such groups "
+        "train; replaying them gives the update more of them and lets the policy improve where it can.",
+    )
     families: list[str] | None = Field(
         None,
         description="Train only on tasks of these families (task metadata `family`, else `kind`); None: all. "

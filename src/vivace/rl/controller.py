@@ -64,12 +64,25 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
 
 class TaskOrder:
     """An endless, seeded order over the tasks: a fresh permutation every epoch; `position`
-    (tasks handed out so far) is all a checkpoint needs to continue it."""
+    (tasks handed out so far) is all a checkpoint needs to continue it.
 
-    def __init__(self, tasks: list[Task], seed: int, position: int = 0):
+    With `replay` > 0, that share of the positions (a seeded draw per position) goes instead to a
+    task whose last group split on success, oldest first: only such groups train under the
+    correctness filter, and a task the policy solves sometimes is where it learns (prioritised
+    level replay, Jiang et al. 2021). A replayed task re-enters the queue only if it splits again.
+    The replay state (queue, fresh tasks handed out, positions not yet reported) goes into the
+    checkpoint (`state`)."""
+
+    def __init__(self, tasks: list[Task], seed: int, position: int = 0, replay: float = 0.0, state: dict | None = None):
         if not tasks:
             raise ValueError("no tasks to train on: check --suite and the split")
-        self.tasks, self.seed, self.position = tasks, seed, position
+        self.tasks, self.seed, self.position, self.replay = tasks, seed, position, replay
+        self.by_id = {t.id: t for t in tasks}
+        state = state or {}
+        self.fresh: int = state.get("fresh", position)
+        self.queue: list[str] = list(state.get("queue", []))
+        self.handed: dict[int, str] = {int(p): i for p, i in state.get("handed", {}).items()}
+        self.replayed: set[int] = set()  # positions handed out as replays (for the step's metrics)
 
     def take(self, n: int) -> list[Task]:
         out = [self.at(p) for p in range(self.position, self.position + n)]
@@ -77,7 +90,32 @@ class TaskOrder:
         return out
 
     def at(self, position: int) -> Task:
-        epoch, i = divmod(position, len(self.tasks))
+        if not self.replay:
+            return self._fresh(position)
+        if position not in self.handed:
+            if self.queue and random.Random(f"{self.seed}:replay:{position}").random() < self.replay:
+                self.handed[position] = self.queue.pop(0)
+                self.replayed.add(position)
+            else:
+                self.handed[position] = self._fresh(self.fresh).id
+                self.fresh += 1
+        return self.by_id[self.handed[position]]
+
+    def report(self, position: int, resolved: list[bool]) -> bool:
+        """The outcome of the group at `position`: a split group queues its task for replay.
+        Returns whether the group was a replay."""
+        task_id = self.handed.pop(position, None)
+        was_replay = position in self.replayed
+        self.replayed.discard(position)
+        if self.replay and task_id is not None and any(resolved) and not all(resolved):
+            self.queue.append(task_id)
+        return was_replay
+
+    def state(self) -> dict:
+        return {"fresh": self.fresh, "queue": self.queue, "handed": {str(p): i for p, i in self.handed.items()}}
+
+    def _fresh(self, index: int) -> Task:
+        epoch, i = divmod(index, len(self.tasks))
         perm = list(range(len(self.tasks)))
         random.Random(f"{self.seed}:{epoch}").shuffle(perm)
         return self.tasks[perm[i]]
@@ -119,13 +157,14 @@ async def train(
     tc = cfg.train
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else training_tasks(cfg)
-    order = TaskOrder(tasks, tc.seed)
+    order = TaskOrder(tasks, tc.seed, replay=tc.replay)
     start, ckpt, pending = 0, None, []
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
             state = json.loads((ckpt / "state.json").read_text())
-            order.position, start, pending = state["data_position"], state["step"], state.get("pending", [])
+            order = TaskOrder(tasks, tc.seed, state["data_position"], tc.replay, state.get("order"))
+            start, pending = state["step"], state.get("pending", [])
             torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False)["torch"])
         _truncate_metrics(run_dir, start)
     workers = workers or RayWorkers(cfg, episode)
@@ -138,7 +177,7 @@ async def train(
         pipeline.start()
         t_start, stopped_by = time.monotonic(), "steps"
         for step in range(start, tc.steps):
-            row = await _step(step, pipeline, workers, cfg, run_dir)
+            row = await _step(step, pipeline, workers, cfg, run_dir, order)
             with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             for key, value in row.items():
@@ -153,7 +192,7 @@ async def train(
                 tc.max_minutes is not None and (time.monotonic() - t_start) * (done + 1) / done > tc.max_minutes * 60
             )
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time:
-                await _checkpoint(run_dir, workers, step + 1, pipeline)
+                await _checkpoint(run_dir, workers, step + 1, pipeline, order)
             if out_of_time and step + 1 < tc.steps:
                 stopped_by = "max_minutes"
                 break
@@ -169,11 +208,14 @@ async def train(
     return write_summary(run_dir, final, stopped_by)
 
 
-async def _step(step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, run_dir: Path) -> dict[str, Any]:
+async def _step(
+    step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, run_dir: Path, order: TaskOrder
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     before = await workers.sampler_stats()
     batch = await pipeline.next_batch()
     groups = [g.rollouts() for g in batch]
+    replayed = sum(order.report(g.seq, [r.resolved for r in g.rollouts()]) for g in batch)
     rollout_s = time.perf_counter() - t0
     samples, counts = to_samples(groups, cfg, version=step)
     try:
@@ -191,6 +233,7 @@ async def _step(step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, 
     replicas = cfg.train.sampler_replicas
     row.update(weight_sync_s=sync_s, weight_sync_bytes=sync_bytes,
                sampler_busy=(after["busy_s"] - before["busy_s"]) / (step_s * replicas) if step_s else 0.0,
+               groups_replayed=replayed, replay_queue=len(order.queue),
                **pipeline.snapshot())  # fmt: skip
     return row
 
@@ -233,11 +276,12 @@ def _save_rollouts(run_dir: Path, step: int, rollouts: list[tuple[int, int, Roll
                                 "trajectory": r.trajectory.model_dump() if r.trajectory else None}) + "\n")  # fmt: skip
 
 
-async def _checkpoint(run_dir: Path, workers: Any, step: int, pipeline: Pipeline) -> None:
+async def _checkpoint(run_dir: Path, workers: Any, step: int, pipeline: Pipeline, order: TaskOrder) -> None:
     path = run_dir / "checkpoints" / f"step_{step}"
     await workers.save(path)
     torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
-    state = {"step": step, "data_position": pipeline.position, "pending": pipeline.pending_positions()}
+    state = {"step": step, "data_position": pipeline.position, "pending": pipeline.pending_positions(),
+             "order": order.state()}  # fmt: skip
     (path / "state.json").write_text(json.dumps(state))  # written last: complete
 
 
