@@ -269,7 +269,9 @@ def test_replay_brings_back_split_tasks_and_resumes_the_same():
     from vivace.rl.controller import TaskOrder
 
     pool = tasks(40)
-    assert [TaskOrder(pool, 3).at(p).id for p in range(40)] == [TaskOrder(pool, 3, replay=0.0).at(p).id for p in range(40)]
+    assert [TaskOrder(pool, 3).at(p).id for p in range(40)] == [
+        TaskOrder(pool, 3, replay=0.0).at(p).id for p in range(40)
+    ]
 
     order = TaskOrder(pool, 3, replay=0.5)
     replayed, fresh = [], []

@@ -148,7 +148,8 @@ class TrainConfig(_Strict):
 
     model: str = Field("tiny", description="The policy to train: tiny or a checkpoint directory.")
     suite: str = Field(
-        "bundled", description="Task suite the rollouts are drawn from (vivace.tasks.suites), or a tasks file/directory."
+        "bundled",
+        description="Task suite the rollouts are drawn from (vivace.tasks.suites), or a tasks file/directory.",
     )
     split: Literal["train", "validation", "test"] | None = Field(
         "train", description="Split of the suite to train on (by repository); None: all."

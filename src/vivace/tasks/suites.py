@@ -31,7 +31,9 @@ SUITES = ("bundled", "bugs", "features", "families")
 def load_suite(name: str, split: str | None = None) -> list[Task]:
     if name not in SUITES:
         if not Path(name).exists():
-            raise ValueError(f"unknown suite {name!r}; suites: {', '.join(SUITES)}, or a path to a tasks file or directory")
+            raise ValueError(
+                f"unknown suite {name!r}; suites: {', '.join(SUITES)}, or a path to a tasks file or directory"
+            )
         tasks = load_tasks(name)
         for task in tasks:
             task.metadata.setdefault("split", split_of(task.metadata.get("repo") or task.repo.bundled or ""))
