@@ -9,7 +9,8 @@
 #
 #   INIT=runs/warm_start/gpu scripts/warm_start_retries.sh     # writes $D/retries
 #
-# Then ship: `vivace sft ship runs/ws2/retries`.
+# Then ship: `vivace sft ship runs/ws2/retries`. Attempt 14 (continuing the shipped h2 on fresh expert data):
+#   INIT=tiny WARM_START_DIR=runs/ws4 STAGE_OUT=runs/ws4/P LR=0.0003 STEPS=250 SEED=9 scripts/warm_start_retries.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${VIVACE:-.venv/bin/vivace}
@@ -37,5 +38,5 @@ $V sft augment "${B[@]}" --variants 1 --seed 84 --cut whole --out "$D/h_wh.jsonl
 # 3. Training (the run that was shipped: runs/ws2/h2, from the GPU stage's checkpoint).
 $V sft train --data "$D/train_a.jsonl" --data "$D/train_b.jsonl" --data "$D/h_rt.jsonl" --data "$D/h_re.jsonl" \
   --data "$D/h_ff.jsonl" --data "$D/h_fe.jsonl" --data "$D/h_wh.jsonl" --eval "$D/val.jsonl" --init "$INIT" \
-  --out "$OUT" --seq-len 16384 --batch-tokens 16384 --lr 0.0004 --min-lr-ratio 0.3 --steps 150 --eval-every 50 \
-  --save-every 50 --threads 2 --seed 8
+  --out "$OUT" --seq-len 16384 --batch-tokens 16384 --lr "${LR:-0.0004}" --min-lr-ratio 0.3 --steps "${STEPS:-150}" \
+  --eval-every 50 --save-every 50 --threads 2 --seed "${SEED:-8}"
