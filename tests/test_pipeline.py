@@ -280,7 +280,8 @@ def test_replay_brings_back_split_tasks_and_resumes_the_same():
         split = int(task.id[1:]) % 3 == 0  # these tasks split every time; the others never do
         (replayed if order.report(p, [True, False] if split else [False, False]) else fresh).append(task.id)
     assert replayed and all(int(t[1:]) % 3 == 0 for t in replayed)
-    assert len(set(fresh)) == len(fresh) and 10 <= len(replayed) <= 24  # about half, once the queue fills
+    assert max(replayed.count(t) for t in replayed) <= 3  # replay_limit
+    assert len(set(fresh)) == len(fresh) and 8 <= len(replayed) <= 24  # about half, once the queue fills
     assert [t.id for t in (TaskOrder(pool, 3)._fresh(i) for i in range(len(fresh)))] == fresh
 
     # Resume: positions handed out but not reported, the queue and the fresh count survive.

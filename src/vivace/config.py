@@ -234,6 +234,11 @@ class TrainConfig(_Strict):
         "solved it, some not), oldest first, instead of a fresh task. When success is rare, only such groups "
         "train; replaying them gives the update more of them and lets the policy improve where it can.",
     )
+    replay_limit: int = Field(
+        3,
+        ge=1,
+        description="Most replays of one task: a short queue otherwise hands back the same task again and again.",
+    )
     families: list[str] | None = Field(
         None,
         description="Train only on tasks of these families (task metadata `family`, else `kind`); None: all. "

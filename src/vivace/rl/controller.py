@@ -70,18 +70,28 @@ class TaskOrder:
     task whose last group split on success, oldest first: only such groups train under the
     correctness filter, and a task the policy solves sometimes is where it learns (prioritised
     level replay, Jiang et al. 2021). A replayed task re-enters the queue only if it splits again.
-    The replay state (queue, fresh tasks handed out, positions not yet reported) goes into the
-    checkpoint (`state`)."""
+    A task is replayed at most `replay_limit` times, so a short queue does not keep handing back the
+    same one. The replay state (queue, replays per task, fresh tasks handed out, positions not yet
+    reported) goes into the checkpoint (`state`)."""
 
-    def __init__(self, tasks: list[Task], seed: int, position: int = 0, replay: float = 0.0, state: dict | None = None):
+    def __init__(
+        self,
+        tasks: list[Task],
+        seed: int,
+        position: int = 0,
+        replay: float = 0.0,
+        state: dict | None = None,
+        replay_limit: int = 3,
+    ):
         if not tasks:
             raise ValueError("no tasks to train on: check --suite and the split")
-        self.tasks, self.seed, self.position, self.replay = tasks, seed, position, replay
+        self.tasks, self.seed, self.position, self.replay, self.limit = tasks, seed, position, replay, replay_limit
         self.by_id = {t.id: t for t in tasks}
         state = state or {}
         self.fresh: int = state.get("fresh", position)
         self.queue: list[str] = list(state.get("queue", []))
         self.handed: dict[int, str] = {int(p): i for p, i in state.get("handed", {}).items()}
+        self.replays: dict[str, int] = dict(state.get("replays", {}))  # times each task was replayed
         self.replayed: set[int] = set()  # positions handed out as replays (for the step's metrics)
 
     def take(self, n: int) -> list[Task]:
@@ -95,6 +105,7 @@ class TaskOrder:
         if position not in self.handed:
             if self.queue and random.Random(f"{self.seed}:replay:{position}").random() < self.replay:
                 self.handed[position] = self.queue.pop(0)
+                self.replays[self.handed[position]] = self.replays.get(self.handed[position], 0) + 1
                 self.replayed.add(position)
             else:
                 self.handed[position] = self._fresh(self.fresh).id
@@ -107,12 +118,14 @@ class TaskOrder:
         task_id = self.handed.pop(position, None)
         was_replay = position in self.replayed
         self.replayed.discard(position)
-        if self.replay and task_id is not None and any(resolved) and not all(resolved):
+        split = any(resolved) and not all(resolved)
+        if self.replay and task_id is not None and split and self.replays.get(task_id, 0) < self.limit:
             self.queue.append(task_id)
         return was_replay
 
     def state(self) -> dict:
-        return {"fresh": self.fresh, "queue": self.queue, "handed": {str(p): i for p, i in self.handed.items()}}
+        handed = {str(p): i for p, i in self.handed.items()}
+        return {"fresh": self.fresh, "queue": self.queue, "handed": handed, "replays": self.replays}
 
     def _fresh(self, index: int) -> Task:
         epoch, i = divmod(index, len(self.tasks))
@@ -157,13 +170,13 @@ async def train(
     tc = cfg.train
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else training_tasks(cfg)
-    order = TaskOrder(tasks, tc.seed, replay=tc.replay)
+    order = TaskOrder(tasks, tc.seed, replay=tc.replay, replay_limit=tc.replay_limit)
     start, ckpt, pending = 0, None, []
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
             state = json.loads((ckpt / "state.json").read_text())
-            order = TaskOrder(tasks, tc.seed, state["data_position"], tc.replay, state.get("order"))
+            order = TaskOrder(tasks, tc.seed, state["data_position"], tc.replay, state.get("order"), tc.replay_limit)
             start, pending = state["step"], state.get("pending", [])
             torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False)["torch"])
         _truncate_metrics(run_dir, start)
