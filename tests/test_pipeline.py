@@ -290,5 +290,5 @@ def test_replay_brings_back_split_tasks_and_resumes_the_same():
         a.at(p)
         if p < 15:
             a.report(p, [True, False])
-    b = TaskOrder(pool, 5, 20, 0.5, json.loads(json.dumps(a.state())))
+    b = TaskOrder(pool, 5, replay=0.5, state=json.loads(json.dumps(a.state())))
     assert [b.at(p).id for p in range(15, 30)] == [a.at(p).id for p in range(15, 30)]

@@ -63,49 +63,38 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
 
 
 class TaskOrder:
-    """An endless, seeded order over the tasks: a fresh permutation every epoch; `position`
-    (tasks handed out so far) is all a checkpoint needs to continue it.
+    """An endless, seeded order over the tasks: a fresh permutation every epoch, so a task-order
+    position (the pipeline's; a checkpoint's `data_position`) is all it takes to continue it.
 
     With `replay` > 0, that share of the positions (a seeded draw per position) goes instead to a
     task whose last group split on success, oldest first: only such groups train under the
     correctness filter, and a task the policy solves sometimes is where it learns (prioritised
-    level replay, Jiang et al. 2021). A replayed task re-enters the queue only if it splits again.
-    A task is replayed at most `replay_limit` times, so a short queue does not keep handing back the
-    same one. The replay state (queue, replays per task, fresh tasks handed out, positions not yet
-    reported) goes into the checkpoint (`state`)."""
+    level replay, Jiang et al. 2021). A replayed task re-enters the queue only if it splits again,
+    and at most `replay_limit` times, so a short queue does not keep handing back the same one. The
+    replay state (queue, replays per task, fresh tasks handed out, positions not yet reported) goes
+    into the checkpoint (`state`)."""
 
     def __init__(
-        self,
-        tasks: list[Task],
-        seed: int,
-        position: int = 0,
-        replay: float = 0.0,
-        state: dict | None = None,
-        replay_limit: int = 3,
+        self, tasks: list[Task], seed: int, replay: float = 0.0, replay_limit: int = 3, state: dict | None = None
     ):
         if not tasks:
             raise ValueError("no tasks to train on: check --suite and the split")
-        self.tasks, self.seed, self.position, self.replay, self.limit = tasks, seed, position, replay, replay_limit
+        self.tasks, self.seed, self.replay, self.limit = tasks, seed, replay, replay_limit
         self.by_id = {t.id: t for t in tasks}
         state = state or {}
-        self.fresh: int = state.get("fresh", position)
+        self.fresh: int = state.get("fresh", 0)
         self.queue: list[str] = list(state.get("queue", []))
         self.handed: dict[int, str] = {int(p): i for p, i in state.get("handed", {}).items()}
         self.replays: dict[str, int] = dict(state.get("replays", {}))  # times each task was replayed
         self.replayed: set[int] = set()  # positions handed out as replays (for the step's metrics)
-
-    def take(self, n: int) -> list[Task]:
-        out = [self.at(p) for p in range(self.position, self.position + n)]
-        self.position += n
-        return out
 
     def at(self, position: int) -> Task:
         if not self.replay:
             return self._fresh(position)
         if position not in self.handed:
             if self.queue and random.Random(f"{self.seed}:replay:{position}").random() < self.replay:
-                self.handed[position] = self.queue.pop(0)
-                self.replays[self.handed[position]] = self.replays.get(self.handed[position], 0) + 1
+                task_id = self.handed[position] = self.queue.pop(0)
+                self.replays[task_id] = self.replays.get(task_id, 0) + 1
                 self.replayed.add(position)
             else:
                 self.handed[position] = self._fresh(self.fresh).id
@@ -119,7 +108,7 @@ class TaskOrder:
         was_replay = position in self.replayed
         self.replayed.discard(position)
         split = any(resolved) and not all(resolved)
-        if self.replay and task_id is not None and split and self.replays.get(task_id, 0) < self.limit:
+        if task_id is not None and split and self.replays.get(task_id, 0) < self.limit:
             self.queue.append(task_id)
         return was_replay
 
@@ -170,22 +159,23 @@ async def train(
     tc = cfg.train
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else training_tasks(cfg)
-    order = TaskOrder(tasks, tc.seed, replay=tc.replay, replay_limit=tc.replay_limit)
-    start, ckpt, pending = 0, None, []
+    start, ckpt, pending, state = 0, None, [], {}
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
             state = json.loads((ckpt / "state.json").read_text())
-            order = TaskOrder(tasks, tc.seed, state["data_position"], tc.replay, state.get("order"), tc.replay_limit)
             start, pending = state["step"], state.get("pending", [])
             torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False)["torch"])
         _truncate_metrics(run_dir, start)
+    position = state.get("data_position", 0)
+    # A checkpoint from before replay existed has no order state: its fresh tasks end at its position.
+    order = TaskOrder(tasks, tc.seed, tc.replay, tc.replay_limit, state.get("order") or {"fresh": position})
     workers = workers or RayWorkers(cfg, episode)
     board = SummaryWriter(str(run_dir / "tensorboard"))
     pipeline = None
     try:
         await workers.start(start, ckpt)
-        pipeline = Pipeline(cfg, workers, order.at, version=start, position=order.position, pending=pending,
+        pipeline = Pipeline(cfg, workers, order.at, version=start, position=position, pending=pending,
                             timeline=run_dir / "timeline.jsonl")  # fmt: skip
         pipeline.start()
         t_start, stopped_by = time.monotonic(), "steps"

@@ -28,21 +28,23 @@ FEATURES_DIR = HERE / "features"
 SUITES = ("bundled", "bugs", "features", "families")
 
 
+def _with_split(tasks: list[Task]) -> list[Task]:
+    """Tasks whose metadata names no split get their repository's."""
+    for task in tasks:
+        task.metadata.setdefault("split", split_of(task.metadata.get("repo") or task.repo.bundled or ""))
+    return tasks
+
+
 def load_suite(name: str, split: str | None = None) -> list[Task]:
+    tasks: list[Task] = []
     if name not in SUITES:
         if not Path(name).exists():
             raise ValueError(
                 f"unknown suite {name!r}; suites: {', '.join(SUITES)}, or a path to a tasks file or directory"
             )
-        tasks = load_tasks(name)
-        for task in tasks:
-            task.metadata.setdefault("split", split_of(task.metadata.get("repo") or task.repo.bundled or ""))
-        return [t for t in tasks if split is None or t.split == split]
-    tasks: list[Task] = []
+        tasks = _with_split(load_tasks(name))
     if name in ("bundled", "features") and FEATURES_DIR.is_dir() and any(FEATURES_DIR.iterdir()):
-        for task in load_tasks(FEATURES_DIR):
-            task.metadata.setdefault("split", split_of(task.metadata.get("repo") or task.repo.bundled or ""))
-            tasks.append(task)
+        tasks += _with_split(load_tasks(FEATURES_DIR))
     if name in ("bundled", "bugs"):
         if not BUGS_FILE.is_file():
             raise ValueError(f"{BUGS_FILE} is missing; make it with `vivace tasks generate --out DIR` (see above)")
