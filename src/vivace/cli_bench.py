@@ -116,6 +116,71 @@ def tasks_families(
     out.print_json(json.dumps(dict(sorted(counts.items()))))
 
 
+@tasks_app.command("select")
+def tasks_select(
+    results: Annotated[
+        list[Path], typer.Option("--results", help="results.jsonl of `vivace bench` runs; repeat to pool several.")
+    ],
+    out_file: Annotated[Path, typer.Option("--out", help="Tasks file to write (a train.suite).")],
+    suite: Annotated[str, typer.Option(help="Suite name or tasks path the results were measured on.")] = "families",
+    split: Annotated[str | None, typer.Option(help="Only this split (train, validation, test).")] = "train",
+    model: Annotated[str | None, typer.Option(help="Only rows of this policy spec (needed if results mix).")] = None,
+    min_solved: Annotated[int, typer.Option(min=0, help="Keep tasks solved at least this often.")] = 1,
+    max_rate: Annotated[float, typer.Option(min=0, max=1, help="Keep tasks solved at most this share.")] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts per family as JSON.")] = False,
+) -> None:
+    """Keep the tasks a policy solves sometimes (pass-rate filtering), measured by `vivace bench
+    --samples K`: RL learns only from groups whose rollouts differ in outcome."""
+    from vivace.tasks.format import TaskFormatError, save_jsonl
+    from vivace.tasks.select import read_pass_rates, select_tasks
+    from vivace.tasks.suites import load_suite
+
+    try:
+        tasks = load_suite(suite, split)
+        rates = read_pass_rates(results, model)
+    except (ValueError, TaskFormatError) as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    if not rates:
+        err.print(f"[red]error:[/red] no result rows{f' for model {model!r}' if model else ''} in {results}")
+        raise typer.Exit(2)
+    chosen = select_tasks(tasks, rates, min_solved, max_rate)
+    known = {t.id for t in tasks}
+    counts: dict[str, dict[str, int]] = {}
+    for t in tasks:
+        c = counts.setdefault(t.family, {"tasks": 0, "measured": 0, "solved_sometimes": 0, "kept": 0})
+        c["tasks"] += 1
+        if (r := rates.get(t.id)) is not None:
+            c["measured"] += 1
+            c["solved_sometimes"] += 0 < r.solved < r.episodes
+    for t in chosen:
+        counts[t.family]["kept"] += 1
+    report = {
+        "kept": len(chosen),
+        "tasks": len(tasks),
+        "measured": sum(c["measured"] for c in counts.values()),
+        "episodes": sum(r.episodes for r in rates.values()),
+        "results_not_in_suite": len(set(rates) - known),
+        "families": dict(sorted(counts.items())),
+        "out": str(out_file),
+    }
+    if not chosen:
+        err.print("[red]error:[/red] no task meets the bounds; nothing written (lower --min-solved or measure more)")
+        raise typer.Exit(1)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    save_jsonl(chosen, out_file)
+    if as_json:
+        out.print_json(json.dumps(report))
+        return
+    for family, c in report["families"].items():
+        out.print(f"{family:>24}: kept {c['kept']:>3} of {c['measured']:>3} measured ({c['tasks']} in the suite)")
+    if report["results_not_in_suite"]:
+        err.print(
+            f"[yellow]{report['results_not_in_suite']} measured tasks are not in {suite} ({split or 'all'})[/yellow]"
+        )
+    out.print(f"wrote {len(chosen)} tasks to {out_file}")
+
+
 @app.command("bench")
 def bench(
     model: Annotated[list[str], typer.Option("--model", help="Policy spec; repeat to compare several.")],

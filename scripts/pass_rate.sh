@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The warm start's pass rate on every training task, sampled as RL samples (docs/benchmarks.md,
+# "pass-rate filter"): one `vivace bench` per shard in .shards/shard*.jsonl, all at once, on the
+# CPU cores (2 threads each) and, where torch sees one, the GPU for shard 0. Results and the
+# trajectories land in $OUT_DIR (results.jsonl, and traj_sN.tgz per shard).
+#
+#   SAMPLES=4 LIMIT_S=450 OUT_DIR=runs/pass_rate scripts/pass_rate.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT_DIR=${OUT_DIR:-runs/pass_rate}
+SAMPLES=${SAMPLES:-4}
+LIMIT_S=${LIMIT_S:-450}
+MODEL=${MODEL:-tiny}
+W=${WORK_DIR:-/tmp/pass_rate}
+mkdir -p "$OUT_DIR" "$W"
+gpu=$($PY -c 'import torch; print(int(torch.cuda.is_available()))')
+i=0
+for s in .shards/shard*.jsonl; do
+  if { [ "$i" = 0 ] || [ -n "${ALL_GPU:-}" ]; } && [ "$gpu" = 1 ]; then env_vars=(); conc=16; else env_vars=(CUDA_VISIBLE_DEVICES=); conc=8; fi
+  env "${env_vars[@]}" OMP_NUM_THREADS=2 timeout "$LIMIT_S" $PY -c "from vivace.cli import main; main()" bench --model "$MODEL" --tasks "$s" \
+    --samples "$SAMPLES" --preset tiny --temperature 0.7 --concurrency $conc --backend plain \
+    ${N:+--n "$N"} --out "$W/s$i" >"$W/s$i.log" 2>&1 &
+  i=$((i + 1))
+done
+wait
+for d in "$W"/s*/; do echo "$d $(wc -l <"$d/results.jsonl") episodes"; done
+cat "$W"/s*/results.jsonl >"$OUT_DIR/results.jsonl"
+for d in "$W"/s*/; do s=$(basename "$d"); tar czf "$OUT_DIR/traj_$s.tgz" -C "$W" "$s/trajectories"; done
+$PY - "$OUT_DIR/results.jsonl" <<'PY'
+import collections, json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+per_task = collections.defaultdict(list)
+for r in rows:
+    per_task[(r["family"], r["task_id"])].append(bool(r["resolved"]))
+hist = collections.Counter((fam, sum(v), len(v)) for (fam, _), v in per_task.items())
+print(len(rows), "episodes,", len(per_task), "tasks,", sum(r["resolved"] for r in rows), "solved")
+for key in sorted(hist):
+    print(*key, hist[key])
+PY

@@ -1,0 +1,65 @@
+"""Pick training tasks by how often a policy solves them (pass-rate filtering).
+
+With group-relative advantages and the correctness filter, only groups whose rollouts differ in
+outcome train. A warm start that solves 7% of the training tasks leaves most groups all-failed, so
+a short run trains on a handful of samples. Measuring the policy's pass rate per task once
+(`vivace bench --samples K` at the rollout temperature) and keeping the tasks it solves sometimes
+gives every step groups that can train (`train.suite` = the file `vivace tasks select` writes).
+The rates belong to the policy measured: a new checkpoint needs a new measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from vivace.tasks.format import Task, TaskFormatError
+
+
+@dataclass(frozen=True)
+class PassRate:
+    solved: int
+    episodes: int
+
+    @property
+    def rate(self) -> float:
+        return self.solved / self.episodes
+
+
+def read_pass_rates(paths: list[Path], model: str | None = None) -> dict[str, PassRate]:
+    """Per task id, solved and total episodes over benchmark results files (results.jsonl rows)."""
+    counts: dict[str, list[int]] = {}
+    models: set[str] = set()
+    for path in paths:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (FileNotFoundError, UnicodeDecodeError) as e:
+            raise TaskFormatError(f"{path}: cannot read benchmark results ({e})") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                task_id, resolved, row_model = row["task_id"], row["resolved"], row.get("model", "")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise TaskFormatError(
+                    f"{path}:{n}: not a benchmark result row (want JSON with task_id and resolved: {e})"
+                ) from None
+            models.add(row_model)
+            if model is not None and row_model != model:
+                continue
+            c = counts.setdefault(task_id, [0, 0])
+            c[0] += bool(resolved)
+            c[1] += 1
+    if model is None and len(models) > 1:
+        raise TaskFormatError(f"results mix several models ({', '.join(sorted(models))}); pick one with --model")
+    return {task_id: PassRate(solved, total) for task_id, (solved, total) in counts.items()}
+
+
+def select_tasks(
+    tasks: list[Task], rates: dict[str, PassRate], min_solved: int = 1, max_rate: float = 1.0
+) -> list[Task]:
+    """Tasks measured at least `min_solved` times solved and at most `max_rate` of the time, in suite order.
+    Unmeasured tasks are left out: nothing says the policy can learn from them."""
+    return [t for t in tasks if (r := rates.get(t.id)) is not None and r.solved >= min_solved and r.rate <= max_rate]
