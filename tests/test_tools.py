@@ -471,6 +471,32 @@ async def test_run_terminal_cmd_reports_sandbox_drops(pctx):
     assert "--- stdout (the sandbox dropped " in text and "bytes in the middle) ---" in text
 
 
+async def test_run_terminal_cmd_reproducible_output(pctx):
+    cmd = "echo '=== 1 failed, 4 passed in 0.16s ==='; echo 'Ran 3 tests in 0.002s' >&2; echo 'took 2.5s'"
+    assert "in 0.16s" in await ok(pctx, "run_terminal_cmd", command=cmd)  # off: output as it is
+    pctx.reproducible_output = True
+    text = await ok(pctx, "run_terminal_cmd", command=cmd)
+    assert text == (
+        "Exit code: 0\n--- stdout ---\n=== 1 failed, 4 passed in 0.10s ===\ntook 2.5s\n"
+        "--- stderr ---\nRan 3 tests in 0.100s"
+    )
+    # A real pytest run twice gives the same text (its duration differs from run to run).
+    test = "printf 'import time\\ndef test_a():\\n    time.sleep(0.01)\\n' > t_x.py; python -m pytest -q -p no:cacheprovider t_x.py"
+    first, second = [await ok(pctx, "run_terminal_cmd", command=test) for _ in range(2)]
+    assert first == second and "1 passed in 0.10s" in first
+    # Set order (pytest's assertion diffs print it) no longer depends on the process's hash seed.
+    order = """python -c 'print(list({"pie", "salad", "soup", "stew", "tart"}))'"""
+    assert len({await ok(pctx, "run_terminal_cmd", command=order) for _ in range(4)}) == 1
+
+
+def test_fix_timings_leaves_other_numbers():
+    from vivace.harness.tools.shell import fix_timings
+
+    assert fix_timings("2 passed in 61.02s (0:01:01)") == "2 passed in 0.10s"
+    for text in ("within 3.5s", "plugin 0.16s", "in 12s", "join 0.5s", "x = 1.5  # in 2.0 seconds"):
+        assert fix_timings(text) == text
+
+
 # -- todo_write --------------------------------------------------------------------------------------
 
 

@@ -63,7 +63,9 @@ async def run_episode(
         max_turn_tokens=limits.max_turn_tokens,
         seed=seed,
     )
-    ctx = ToolContext(workspace=workspace, command_timeout_s=limits.command_timeout_s)
+    ctx = ToolContext(
+        workspace=workspace, command_timeout_s=limits.command_timeout_s, reproducible_output=limits.reproducible_output
+    )
     notify = observer or (lambda kind, payload: None)
     turns: list[Turn] = []
     final = ""

@@ -78,6 +78,7 @@ class ToolContext:
     todos: list[dict[str, str]] = field(default_factory=list)  # todo_write's list
     search: Any = None  # the codebase_search backend (see search.py); None: built on first use
     command_timeout_s: float = 120.0  # default for run_terminal_cmd
+    reproducible_output: bool = False  # AgentConfig.reproducible_output, for run_terminal_cmd
 
 
 @runtime_checkable

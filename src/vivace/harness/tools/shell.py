@@ -12,6 +12,7 @@ process a command starts ends with it, in the isolated backend).
 from __future__ import annotations
 
 import json
+import re
 from typing import ClassVar
 
 from pydantic import Field
@@ -173,7 +174,8 @@ class RunTerminalCmd:
             return error("command is empty; give a bash command line.")
         timeout = args.timeout_s or ctx.command_timeout_s
         try:
-            res = await ctx.workspace.exec(args.command, timeout=timeout)
+            env = {"PYTHONHASHSEED": "0"} if ctx.reproducible_output else None
+            res = await ctx.workspace.exec(args.command, timeout=timeout, env=env)
         except EXPECTED as e:
             return error(f"the command could not be run: {e}")
         head = f"Exit code: {res.exit_code}"
@@ -182,10 +184,21 @@ class RunTerminalCmd:
         if res.oom_killed:
             head += " (killed: out of memory)"
         streams = [("stdout", res.stdout, res.stdout_dropped), ("stderr", res.stderr, res.stderr_dropped)]
+        if ctx.reproducible_output:
+            streams = [(name, fix_timings(text), dropped) for name, text, dropped in streams]
         streams = [st for st in streams if st[1] or st[2]]
         parts = [head] + [_section(*st, share=max(1, len(streams))) for st in streams]
         meta = {"exit_code": res.exit_code, "timed_out": res.timed_out, "duration_s": res.duration_s}
         return ToolResult("\n".join(parts), meta=meta)
+
+
+# "in 0.16s" (pytest), "in 0.002s" (unittest), "in 61.02s (0:01:01)" (pytest, a minute or more).
+_DURATION = re.compile(r"\bin (\d+)\.(\d+)s\b(?: \(\d+:\d\d:\d\d\))?")
+
+
+def fix_timings(text: str) -> str:
+    """Durations written as `in 0.10s` (as many decimals as the original): the rest of the text unchanged."""
+    return _DURATION.sub(lambda m: "in 0." + "1".ljust(len(m.group(2)), "0") + "s", text)
 
 
 def _section(name: str, text: str, dropped: int, share: int) -> str:
