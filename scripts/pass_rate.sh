@@ -13,6 +13,7 @@ SAMPLES=${SAMPLES:-4}
 LIMIT_S=${LIMIT_S:-450}
 MODEL=${MODEL:-tiny}
 W=${WORK_DIR:-/tmp/pass_rate}
+rm -rf "$W"  # `vivace bench` appends to an existing results.jsonl: start clean
 mkdir -p "$OUT_DIR" "$W"
 gpu=$($PY -c 'import torch; print(int(torch.cuda.is_available()))')
 i=0
