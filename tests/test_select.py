@@ -57,9 +57,14 @@ def test_malformed_rows_name_file_and_line(tmp_path, line):
         read_pass_rates([path])
 
 
-def test_missing_results_file_is_an_error(tmp_path):
+def test_unreadable_results_file_is_an_error(tmp_path):
     with pytest.raises(TaskFormatError, match="cannot read"):
         read_pass_rates([tmp_path / "nope.jsonl"])
+    with pytest.raises(TaskFormatError, match="cannot read"):
+        read_pass_rates([tmp_path])  # a directory
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TaskFormatError, match="cannot read"):
+        read_pass_rates([tmp_path / "bin.jsonl"])
 
 
 def test_cli_writes_a_train_suite(tmp_path):

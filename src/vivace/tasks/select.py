@@ -34,7 +34,7 @@ def read_pass_rates(paths: list[Path], model: str | None = None) -> dict[str, Pa
     for path in paths:
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
-        except (FileNotFoundError, UnicodeDecodeError) as e:
+        except (OSError, UnicodeDecodeError) as e:  # missing, a directory, unreadable, not text
             raise TaskFormatError(f"{path}: cannot read benchmark results ({e})") from None
         for n, line in enumerate(lines, 1):
             if not line.strip():
