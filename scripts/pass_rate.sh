@@ -5,6 +5,10 @@
 # trajectories land in $OUT_DIR (results.jsonl, and traj_sN.tgz per shard).
 #
 #   SAMPLES=4 LIMIT_S=450 OUT_DIR=runs/pass_rate scripts/pass_rate.sh
+#
+# Without .shards/, it first splits the learnable families' training tasks into SHARDS files
+# (round-robin, so each shard holds every family). Then `vivace tasks select --results
+# $OUT_DIR/results.jsonl --out pool.jsonl` keeps the tasks solved sometimes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -15,6 +19,21 @@ MODEL=${MODEL:-tiny}
 W=${WORK_DIR:-/tmp/pass_rate}
 rm -rf "$W"  # `vivace bench` appends to an existing results.jsonl: start clean
 mkdir -p "$OUT_DIR" "$W"
+if ! ls .shards/shard*.jsonl >/dev/null 2>&1; then
+  mkdir -p .shards
+  $PY - "${SHARDS:-7}" <<'PY'
+import sys
+from vivace.config import load_preset
+from vivace.tasks.format import save_jsonl
+from vivace.tasks.suites import load_suite
+families = set(load_preset("tiny").train.families)
+tasks = [t for t in load_suite("families", "train") if t.family in families]
+n = int(sys.argv[1])
+for i in range(n):
+    save_jsonl(tasks[i::n], f".shards/shard{i}.jsonl")
+print(f"{len(tasks)} tasks in {n} shards")
+PY
+fi
 gpu=$($PY -c 'import torch; print(int(torch.cuda.is_available()))')
 i=0
 for s in .shards/shard*.jsonl; do
