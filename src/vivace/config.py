@@ -338,7 +338,7 @@ PRESETS: dict[str, dict] = {
         # Rollouts sample at 0.7: the small warm start's calls break more often at 1.0.
         "engine": {"max_batch": 16, "temperature": 0.7},
         # `make train`: the shipped warm start trained with RL on the learnable task families for
-        # about 12 minutes (4 tasks x 4 rollouts per step; only groups split on success train: with
+        # about 10 minutes (4 tasks x 4 rollouts per step; only groups split on success train: with
         # rare successes, penalties alone taught it to stop acting — docs/benchmarks.md), then the
         # before/after report on 56 held-out tasks (8 per family) beside the baselines, two episodes
         # each at the rollout temperature: success under sampling is what RL optimises.
@@ -356,7 +356,7 @@ PRESETS: dict[str, dict] = {
             "group_size": 4,
             "group_filter": "correctness",
             "steps": 40,
-            "max_minutes": 12.0,
+            "max_minutes": 10.0,
             "rollout_concurrency": 8,
             # A solve that then loops until max_turns is not reinforced (it scores almost like a clean
             # one); a failure cut off by the limit is still pushed down.
