@@ -8,7 +8,7 @@
 #
 # Without .shards/, it first splits the learnable families' training tasks into SHARDS files
 # (round-robin, so each shard holds every family). Then `vivace tasks select --results
-# $OUT_DIR/results.jsonl --out pool.jsonl` keeps the tasks solved sometimes.
+# $OUT_DIR/results.jsonl` (run at the end) keeps the tasks solved sometimes in $OUT_DIR/pool.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -34,11 +34,12 @@ for i in range(n):
 print(f"{len(tasks)} tasks in {n} shards")
 PY
 fi
+VIVACE=("$PY" -c "from vivace.cli import main; main()")  # the CLI from this interpreter (PYTHONPATH=src works)
 gpu=$($PY -c 'import torch; print(int(torch.cuda.is_available()))')
 i=0
 for s in .shards/shard*.jsonl; do
   if { [ "$i" = 0 ] || [ -n "${ALL_GPU:-}" ]; } && [ "$gpu" = 1 ]; then env_vars=(); conc=16; else env_vars=(CUDA_VISIBLE_DEVICES=); conc=8; fi
-  env "${env_vars[@]}" OMP_NUM_THREADS=2 timeout "$LIMIT_S" $PY -c "from vivace.cli import main; main()" bench --model "$MODEL" --tasks "$s" \
+  env "${env_vars[@]}" OMP_NUM_THREADS=2 timeout "$LIMIT_S" "${VIVACE[@]}" bench --model "$MODEL" --tasks "$s" \
     --samples "$SAMPLES" --preset tiny --temperature 0.7 --concurrency $conc --backend plain \
     ${N:+--n "$N"} --out "$W/s$i" >"$W/s$i.log" 2>&1 &
   i=$((i + 1))
@@ -47,14 +48,5 @@ wait
 for d in "$W"/s*/; do echo "$d $(wc -l <"$d/results.jsonl") episodes"; done
 cat "$W"/s*/results.jsonl >"$OUT_DIR/results.jsonl"
 for d in "$W"/s*/; do s=$(basename "$d"); tar czf "$OUT_DIR/traj_$s.tgz" -C "$W" "$s/trajectories"; done
-$PY - "$OUT_DIR/results.jsonl" <<'PY'
-import collections, json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-per_task = collections.defaultdict(list)
-for r in rows:
-    per_task[(r["family"], r["task_id"])].append(bool(r["resolved"]))
-hist = collections.Counter((fam, sum(v), len(v)) for (fam, _), v in per_task.items())
-print(len(rows), "episodes,", len(per_task), "tasks,", sum(r["resolved"] for r in rows), "solved")
-for key in sorted(hist):
-    print(*key, hist[key])
-PY
+# Per family, the tasks solved sometimes; they go to $OUT_DIR/pool.jsonl (a train.suite).
+"${VIVACE[@]}" tasks select --results "$OUT_DIR/results.jsonl" --out "$OUT_DIR/pool.jsonl" --model "$MODEL"
