@@ -177,3 +177,6 @@ def test_report_command_runs_the_evaluation(tasks, tmp_path, state_dir, monkeypa
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().splitlines()[-1] == f"report: {tmp_path / 'report.md'}"
+    # Not a terminal (a log, a pipe): progress comes as plain lines while it runs, ending at the total.
+    shown = [line for line in result.stderr.splitlines() if line.startswith("held-out episodes: ")]
+    assert shown and shown[-1].startswith("held-out episodes: 8/8")

@@ -112,6 +112,9 @@ def train_command(
         if as_json:
             return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
                                      on_step=lambda r: print(json.dumps(r), flush=True)))  # fmt: skip
+        if not err.is_terminal:  # a log file or a pipe: rich's live table would only show at the end
+            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
+                                     on_step=lambda r: err.print(_step_line(r, cfg.train.steps))))  # fmt: skip
         with Live(render(), console=err, refresh_per_second=2) as live:
 
             def on_step(row: dict) -> None:
@@ -150,18 +153,31 @@ def _shown(path: Path) -> Path:
         return path
 
 
+def _step_line(row: dict, steps: int) -> str:
+    """One RL step as a plain line, for output that is not a terminal."""
+    return (f"step {row['step']}/{steps}: reward {row['reward_mean']:.3f}, success {row['success_rate']:.0%}, "
+            f"{row['agent_turns']:.1f} turns, {row['agent_tool_calls_per_turn']:.2f} calls/turn, "
+            f"{row['step_s']:.0f} s")  # fmt: skip
+
+
 def _evaluate(cfg: VivaceConfig, run_dir: Path, tasks: list) -> tuple[dict, Path]:
-    """The before/after benchmark of a run, with a progress bar on stderr: (report, report.md)."""
+    """The before/after benchmark of a run, with a progress bar on stderr (a line per tenth of the episodes
+    when stderr is not a terminal): (report, report.md)."""
     from vivace.rl.evaluate import evaluate_run, trained_policy
 
     after = trained_policy(run_dir)
     specs = {cfg.train.model, after, *cfg.train.eval_baselines}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err)  # fmt: skip
+                        console=err, disable=not err.is_terminal)  # fmt: skip
     bar = progress.add_task("held-out episodes", total=len(specs) * len(tasks))
+    shown_tenth = [0]
 
     def show(done: int, total: int, solved: int) -> None:
         progress.update(bar, completed=done, total=total, description=f"held-out episodes ({solved} solved)")
+        tenth = done * 10 // max(total, 1)
+        if not err.is_terminal and tenth > shown_tenth[0]:
+            shown_tenth[0] = tenth
+            err.print(f"held-out episodes: {done}/{total} ({solved} solved)")
 
     err.print(f"evaluating {cfg.train.model} (before) and {_shown(Path(after))} (after) beside "
               f"{', '.join(cfg.train.eval_baselines) or 'no baselines'} on {len(tasks)} held-out tasks")  # fmt: skip
