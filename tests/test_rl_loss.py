@@ -279,7 +279,7 @@ def test_training_tasks_by_family():
     from vivace.config import load_preset
     from vivace.rl.controller import training_tasks
 
-    cfg = load_preset("tiny")
+    cfg = load_preset("tiny", train={"task_ids": None})
     every = training_tasks(cfg)
     cfg.train.families = ["wrong_keyword", "misspelled_method"]
     some = training_tasks(cfg)
@@ -288,6 +288,24 @@ def test_training_tasks_by_family():
     cfg.train.families = ["wrong_keyword", "nope"]
     with pytest.raises(ValueError, match="train.families: nope not in suite 'families'.*misspelled_method"):
         training_tasks(cfg)
+
+
+def test_training_tasks_by_id():
+    from vivace.config import load_preset
+    from vivace.rl.controller import training_tasks
+    from vivace.tasks.suites import load_suite
+
+    cfg = load_preset("tiny", train={"families": None})
+    every = training_tasks(cfg)
+    picked = [every[5].id, every[0].id, every[5].id]
+    cfg.train.task_ids = picked
+    assert [t.id for t in training_tasks(cfg)] == picked[:2]  # in the order given, each once
+    validation = next(t for t in load_suite("families", split="validation"))
+    cfg.train.task_ids = [every[0].id, validation.id]  # another split's task is not a training task
+    with pytest.raises(ValueError, match=f"train.task_ids: {validation.id} not among"):
+        training_tasks(cfg)
+    # The preset's own pool is in the suite's training split, within its families.
+    assert len(training_tasks(load_preset("tiny"))) == len(load_preset("tiny").train.task_ids) == 8
 
 
 def test_adam_eps_keeps_tiny_gradient_parameters_still():

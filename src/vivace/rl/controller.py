@@ -48,7 +48,8 @@ from vivace.tasks.suites import load_suite
 
 
 def training_tasks(cfg: VivaceConfig) -> list[Task]:
-    """The tasks a run trains on: the suite at cfg.train.split, only cfg.train.families when set."""
+    """The tasks a run trains on: the suite at cfg.train.split, only cfg.train.families and then only
+    cfg.train.task_ids (in that order) when set."""
     tc = cfg.train
     tasks = load_suite(tc.suite, split=tc.split)
     if tc.families is not None:
@@ -59,6 +60,14 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
                 f"its families: {', '.join(known)}"
             )
         tasks = [t for t in tasks if t.family in tc.families]
+    if tc.task_ids is not None:
+        by_id = {t.id: t for t in tasks}
+        if missing := [i for i in tc.task_ids if i not in by_id]:
+            raise ValueError(
+                f"train.task_ids: {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''} not among the "
+                f"{len(tasks)} tasks of suite {tc.suite!r} (split {tc.split}, families {tc.families or 'all'})"
+            )
+        tasks = [by_id[i] for i in dict.fromkeys(tc.task_ids)]
     return tasks
 
 
