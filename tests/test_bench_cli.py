@@ -67,3 +67,19 @@ def test_bench_bad_inputs(tmp_path):
     assert result.exit_code == 2 and "unknown suite" in result.output
     result = runner.invoke(app, ["bench", "--model", "scripted:null", "--suite", "bundled", "--samples", "0"])
     assert result.exit_code == 2 and "--samples" in result.output
+
+
+def test_progress_shows_as_plain_lines_when_stderr_is_not_a_terminal(capsys):
+    """Where rich would draw nothing until the end (a log, a pipe, CI), the bar becomes a line per tenth."""
+    from vivace.cli import LoggedProgress
+
+    with LoggedProgress() as progress:
+        job = progress.add_task("episodes", total=20)
+        for _ in range(20):
+            progress.advance(job)
+        other = progress.add_task("files", total=None)  # no total: nothing to count tenths of
+        progress.update(other, completed=5)
+    assert capsys.readouterr().err.splitlines() == [f"episodes: {k}/20" for k in range(2, 21, 2)]
+    with LoggedProgress(quiet=True) as progress:
+        progress.update(progress.add_task("episodes", total=2), completed=2)
+    assert capsys.readouterr().err == ""

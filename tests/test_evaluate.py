@@ -178,5 +178,5 @@ def test_report_command_runs_the_evaluation(tasks, tmp_path, state_dir, monkeypa
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().splitlines()[-1] == f"report: {tmp_path / 'report.md'}"
     # Not a terminal (a log, a pipe): progress comes as plain lines while it runs, ending at the total.
-    shown = [line for line in result.stderr.splitlines() if line.startswith("held-out episodes: ")]
-    assert shown and shown[-1].startswith("held-out episodes: 8/8")
+    shown = [line for line in result.stderr.splitlines() if line.startswith("held-out episodes (")]
+    assert shown and shown[-1].endswith("solved): 8/8")

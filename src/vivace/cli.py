@@ -30,6 +30,35 @@ app.add_typer(tasks_app, name="tasks")
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable)
 out = Console()
 
+
+class LoggedProgress(Progress):
+    """rich's progress bar on stderr (default columns: description, bar, done/total, time). Where stderr is
+    not a terminal (a log file, a pipe, CI) rich draws nothing until the end, so there it prints a plain
+    line instead each time a task passes another tenth of its total."""
+
+    def __init__(self, *columns, quiet: bool = False, **kwargs) -> None:
+        columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._plain = not quiet and not err.is_terminal
+        super().__init__(*columns, console=err, disable=quiet or self._plain, **kwargs)
+        self._tenths: dict = {}
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._line(task_id)
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._line(task_id)
+
+    def _line(self, task_id) -> None:
+        task = self._tasks[task_id]
+        if self._plain and task.total:
+            tenth = int(task.completed * 10 // task.total)
+            if tenth > self._tenths.get(task_id, 0):
+                self._tenths[task_id] = tenth
+                err.print(f"{task.description}: {task.completed:g}/{task.total:g}", markup=False, highlight=False)
+
+
 PresetOpt = Annotated[str, typer.Option("--preset", help=f"Named preset: {', '.join(PRESETS)}.")]
 BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | isolated | plain (plain is NOT isolated).")]
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="Sandbox state directory.")]
@@ -247,8 +276,7 @@ def sandbox_bench(
     if (problem := probe()) is not None:
         err.print(f"[yellow]isolated backend unavailable ({problem}); measuring the plain backend only[/yellow]")
         backends = ("plain",)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err)  # fmt: skip
+    progress = LoggedProgress()
 
     def factory(name: str, total: int):
         task = progress.add_task(f"{name:>8}", total=total)

@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from vivace.cli import BackendOpt, PresetOpt, StateOpt, _config, app, err, out, tasks_app
+from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out, tasks_app
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
-    )
+def _progress() -> LoggedProgress:
+    return LoggedProgress()
 
 
 @tasks_app.command("generate")

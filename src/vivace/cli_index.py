@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vivace.cli import app, err, out
+from vivace.cli import LoggedProgress, app, err, out
 
 index_app = typer.Typer(help="Semantic codebase index: build, search, benchmark, fine-tune the embedder.")
 app.add_typer(index_app, name="index")
@@ -65,8 +64,7 @@ def _open(indexer, repo: Path, quiet: bool):
     last = indexer.store.last_root(repo)
     if last:
         indexer.store.get(last)  # in memory now: a changed tree reuses it with an overlay
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err, disable=quiet, transient=True)  # fmt: skip
+    progress = LoggedProgress(quiet=quiet, transient=True)
     bar = progress.add_task("embedding chunks", total=None)
 
     def step(stage: str, done: int, total: int) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vivace.cli import app, err, out
+from vivace.cli import LoggedProgress, app, err, out
 
 tokenizer_app = typer.Typer(help="The reference tokenizer (byte-level BPE shipped with vivace).", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
@@ -40,14 +40,8 @@ def tokenizer_train(
     out_dir = out_dir or T.REFERENCE_DIR
     files = C.code_files()
     n_conversations = len(bundled_repos()) * C.CONVERSATIONS_PER_REPO
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-    )
+    progress = LoggedProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TimeElapsedColumn())  # fmt: skip
     with progress:
         bar = progress.add_task("corpus: code files", total=len(files))
         code = []

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from vivace.cli import BackendOpt, PresetOpt, StateOpt, _config, app, err, out
+from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out
 
 sft_app = typer.Typer(help="Supervised warm start: expert data, training.", no_args_is_help=True)
 app.add_typer(sft_app, name="sft")
@@ -69,9 +69,8 @@ def sft_data(
                 tiny_config(len(load_tokenizer(model))) if model in TINY_NAMES else AutoConfig.from_pretrained(model)
             )
             max_tokens = config.max_position_embeddings
-        with Progress(TextColumn("expert episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err) as bar:  # fmt: skip
-            job = bar.add_task("episodes", total=len(tasks) * len(wanted))
+        with LoggedProgress() as bar:
+            job = bar.add_task("expert episodes", total=len(tasks) * len(wanted))
             result = asyncio.run(expert_data(cfg, tasks, out_file, model=model, styles=wanted, minimal=minimal,
                                              max_tokens=max_tokens, styles_per_task=styles_per_task, concurrency=concurrency,
                                              progress=lambda done, total: bar.update(job, completed=done, total=total)))  # fmt: skip
@@ -155,8 +154,8 @@ def sft_augment(
 
     counts = {"episodes": total, "written": 0, "tokens": 0, "trained_tokens": 0}
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    with Progress(TextColumn("augmenting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
-        job = bar.add_task("episodes", total=total)
+    with LoggedProgress() as bar:
+        job = bar.add_task("augmenting episodes", total=total)
         with out_file.open("w") as w:
             for row in augment_episodes(
                 rows,
@@ -397,7 +396,7 @@ def sft_train(
     columns = (TextColumn("sft step"), MofNCompleteColumn(), BarColumn(),
                TextColumn("loss {task.fields[loss]}  {task.fields[tok_s]} tok/s  {task.fields[eval]}"), TimeElapsedColumn())  # fmt: skip
     try:
-        with Progress(*columns, console=err) as bar:
+        with LoggedProgress(*columns) as bar:
             job = bar.add_task("sft", total=steps, loss="-", tok_s="-", eval="")
 
             def show(line: dict) -> None:

@@ -16,10 +16,9 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vivace.cli import BackendOpt, PresetOpt, StateOpt, app, err, out
+from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, app, err, out
 from vivace.config import VivaceConfig, load_preset
 
 train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")
@@ -161,23 +160,16 @@ def _step_line(row: dict, steps: int) -> str:
 
 
 def _evaluate(cfg: VivaceConfig, run_dir: Path, tasks: list) -> tuple[dict, Path]:
-    """The before/after benchmark of a run, with a progress bar on stderr (a line per tenth of the episodes
-    when stderr is not a terminal): (report, report.md)."""
+    """The before/after benchmark of a run, with a progress bar on stderr: (report, report.md)."""
     from vivace.rl.evaluate import evaluate_run, trained_policy
 
     after = trained_policy(run_dir)
     specs = {cfg.train.model, after, *cfg.train.eval_baselines}
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err, disable=not err.is_terminal)  # fmt: skip
+    progress = LoggedProgress()
     bar = progress.add_task("held-out episodes", total=len(specs) * len(tasks))
-    shown_tenth = [0]
 
     def show(done: int, total: int, solved: int) -> None:
         progress.update(bar, completed=done, total=total, description=f"held-out episodes ({solved} solved)")
-        tenth = done * 10 // max(total, 1)
-        if not err.is_terminal and tenth > shown_tenth[0]:
-            shown_tenth[0] = tenth
-            err.print(f"held-out episodes: {done}/{total} ({solved} solved)")
 
     err.print(f"evaluating {cfg.train.model} (before) and {_shown(Path(after))} (after) beside "
               f"{', '.join(cfg.train.eval_baselines) or 'no baselines'} on {len(tasks)} held-out tasks")  # fmt: skip
