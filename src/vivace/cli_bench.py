@@ -16,10 +16,6 @@ import typer
 from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out, tasks_app
 
 
-def _progress() -> LoggedProgress:
-    return LoggedProgress()
-
-
 @tasks_app.command("generate")
 def tasks_generate(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for tasks.jsonl and one file per split.")],
@@ -42,7 +38,7 @@ def tasks_generate(
     if unknown:
         err.print(f"[red]error:[/red] unknown repositories {unknown}; bundled: {', '.join(bundled_repos())}")
         raise typer.Exit(2)
-    progress = _progress()
+    progress = LoggedProgress()
     bar = progress.add_task("tasks kept", total=n)
 
     def report(kept: int, tried: int) -> None:
@@ -97,7 +93,7 @@ def tasks_families(
     from vivace.tasks.families import generate_families
     from vivace.tasks.format import save_jsonl
 
-    progress = _progress()
+    progress = LoggedProgress()
     wanted = {"train": train, "validation": validation, "test": test}
     bar = progress.add_task("tasks kept", total=sum(wanted.values()))
     with progress:
@@ -223,7 +219,7 @@ def bench(
         err.print("[red]error:[/red] no tasks selected")
         raise typer.Exit(2)
     out_dir = out_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
-    progress = _progress()
+    progress = LoggedProgress()
     bar = progress.add_task("episodes", total=len(tasks) * len(model) * samples)
     solved = [0]
 

@@ -8,6 +8,7 @@ report's path is the last line printed (with --json: the "report" key of the sum
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import tomllib
@@ -107,19 +108,21 @@ def train_command(
     err.print(f"run directory: {run_dir}  ({cfg.train.steps} steps, {cfg.train.tasks_per_step} tasks x "
               f"{cfg.train.group_size} rollouts per step, model {cfg.train.model})")  # fmt: skip
 
-    def run() -> dict:
+    # A live table on a terminal; a JSON line per step with --json; a plain line per step in a log file or a
+    # pipe, where rich's live table would only show at the end.
+    live = Live(render(), console=err, refresh_per_second=2) if err.is_terminal and not as_json else None
+
+    def on_step(row: dict) -> None:
         if as_json:
-            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
-                                     on_step=lambda r: print(json.dumps(r), flush=True)))  # fmt: skip
-        if not err.is_terminal:  # a log file or a pipe: rich's live table would only show at the end
-            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
-                                     on_step=lambda r: err.print(_step_line(r, cfg.train.steps))))  # fmt: skip
-        with Live(render(), console=err, refresh_per_second=2) as live:
+            print(json.dumps(row), flush=True)
+        elif live is None:
+            err.print(_step_line(row, cfg.train.steps))
+        else:
+            table_rows.append(row)
+            live.update(render())
 
-            def on_step(row: dict) -> None:
-                table_rows.append(row)
-                live.update(render())
-
+    def run() -> dict:
+        with live or contextlib.nullcontext():
             return asyncio.run(
                 train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks, on_step=on_step)
             )
