@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from vivace import __version__
-from vivace.config import PRESETS, ServerConfig, VivaceConfig, load_preset
+from vivace.config import PRESETS, ServerConfig, VivaceConfig, load_config
 
 app = typer.Typer(help="vivace: train fast coding agents with RL in real sandboxed environments.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="Sandboxed workspaces (environment servers).", no_args_is_help=True)
@@ -64,14 +64,21 @@ BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | isolat
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="Sandbox state directory.")]
 
 
-def _config(preset: str, backend: str | None = None, state_dir: Path | None = None) -> VivaceConfig:
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="JSON or TOML file of sections merged over the preset.")
+]
+
+
+def _config(
+    preset: str, backend: str | None = None, state_dir: Path | None = None, config_file: Path | None = None
+) -> VivaceConfig:
     try:
-        cfg = load_preset(preset)
+        cfg = load_config(preset, config_file)
         if backend:
             cfg.sandbox.backend = backend  # type: ignore[assignment]
         if state_dir:
             cfg.sandbox.state_dir = state_dir
-    except ValueError as e:  # pydantic's ValidationError is a ValueError and names the field
+    except (ValueError, OSError) as e:  # pydantic's ValidationError is a ValueError and names the field
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
     return cfg

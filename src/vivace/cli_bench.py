@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out, tasks_app
+from vivace.cli import BackendOpt, ConfigOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out, tasks_app
 
 
 @tasks_app.command("generate")
@@ -189,6 +189,7 @@ def bench(
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Episodes per task and model (sampled policies vary).")] = 1,
     preset: PresetOpt = "default",
+    config_file: ConfigOpt = None,
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
 ) -> None:
@@ -199,7 +200,7 @@ def bench(
     from vivace.tasks.format import TaskFormatError, load_tasks
     from vivace.tasks.suites import load_suite
 
-    cfg = _config(preset, backend, state_dir)
+    cfg = _config(preset, backend, state_dir, config_file)
     if temperature is not None:
         cfg.engine.temperature = temperature
     if (suite is None) == (tasks_path is None):

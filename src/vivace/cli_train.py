@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Annotated
 
@@ -19,31 +18,18 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, app, err, out
-from vivace.config import VivaceConfig, load_preset
+from vivace.cli import BackendOpt, ConfigOpt, LoggedProgress, PresetOpt, StateOpt, app, err, out
+from vivace.config import VivaceConfig, load_config
 
 train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")
 app.add_typer(train_app, name="train")
-
-
-def load_config(preset: str, config_file: Path | None) -> VivaceConfig:
-    """A preset, with a JSON or TOML file's sections merged over it."""
-    overrides: dict = {}
-    if config_file is not None:
-        text = config_file.read_text()
-        overrides = tomllib.loads(text) if config_file.suffix == ".toml" else json.loads(text)
-        if not isinstance(overrides, dict):
-            raise ValueError(f"{config_file}: expected a table of sections (sandbox, agent, engine, train, ...)")
-    return load_preset(preset, **overrides)
 
 
 @train_app.callback(invoke_without_command=True)
 def train_command(
     ctx: typer.Context,
     preset: PresetOpt = "tiny",
-    config_file: Annotated[
-        Path | None, typer.Option("--config", help="JSON or TOML file of sections merged over the preset.")
-    ] = None,
+    config_file: ConfigOpt = None,
     steps: Annotated[int | None, typer.Option(help="Steps in the run (default: the config's).")] = None,
     seed: Annotated[
         int | None, typer.Option(help="Seed of the task order, sampling and held-out draw (default: the config's).")
@@ -228,9 +214,7 @@ def report_command(
 @train_app.command("bench-pipeline")
 def bench_pipeline_command(
     preset: PresetOpt = "tiny",
-    config_file: Annotated[
-        Path | None, typer.Option("--config", help="JSON or TOML file of sections merged over the preset.")
-    ] = None,
+    config_file: ConfigOpt = None,
     modes: Annotated[str, typer.Option(help="Comma-separated: sync, async, async-abort.")] = "sync,async",
     steps: Annotated[
         int, typer.Option(help="Training steps per mode (the first step's cold start is amortized over them).")

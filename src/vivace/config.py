@@ -10,7 +10,9 @@ Later components (model, inference, rl) add their own sections here as they land
 
 from __future__ import annotations
 
+import json
 import os
+import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -109,6 +111,13 @@ class AgentConfig(_Strict):
         "as one fixed value, so the same policy, task and seed give the same episode and paired before/after "
         "comparisons stay paired past the first test run. For benchmarks and training; the product runs commands "
         "and shows their output as they are.",
+    )
+    constrain_arguments: bool = Field(
+        False,
+        description="Token-level policies may only write a read_file path that exists and an edit_file "
+        "old_string that is in the file (as it is now, among the files read in the episode): values that could "
+        "only give an error are masked while sampling (harness/constraints.py). For small models that know "
+        "which file or line they want but miscopy it; needs a local or Ray engine, not an HTTP sampler.",
     )
 
 
@@ -395,3 +404,14 @@ def load_preset(name: str, **overrides: dict) -> VivaceConfig:
     for section, values in overrides.items():
         data.setdefault(section, {}).update(values)
     return VivaceConfig.model_validate(data)
+
+
+def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
+    """A preset, with a JSON or TOML file's sections merged over it."""
+    overrides: dict = {}
+    if config_file is not None:
+        text = config_file.read_text()
+        overrides = tomllib.loads(text) if config_file.suffix == ".toml" else json.loads(text)
+        if not isinstance(overrides, dict):
+            raise ValueError(f"{config_file}: expected a table of sections (sandbox, agent, engine, train, ...)")
+    return load_preset(preset, **overrides)
