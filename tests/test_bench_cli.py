@@ -53,6 +53,30 @@ def test_bench_two_models(repo, tmp_path, state_dir):
     assert "| scripted:null |" in (out / "report.md").read_text()
 
 
+def test_bench_config_file_overrides_the_preset(repo, tmp_path, state_dir):
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo)[:1], tasks_file)
+    config = tmp_path / "one_turn.json"
+    config.write_text(json.dumps({"agent": {"max_turns": 1}}))
+    out = tmp_path / "run"
+    args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks_file), "--out", str(out), "--json"]
+    args += ["--backend", BACKEND, "--state-dir", str(state_dir), "--config", str(config)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert row["details"]["stop_reason"] == "max_turns" and row["details"]["turns"] == 1 and not row["resolved"]
+    # Bad files: a field no section has, a file that is not a table of sections, a file that is not there.
+    for name, text, said in [("typo.json", '{"agent": {"max_turnz": 1}}', "max_turnz"),
+                             ("list.json", "[1, 2]", "table of sections"), ("missing.json", None, "missing.json")]:  # fmt: skip
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        result = CliRunner().invoke(
+            app, ["bench", "--model", "scripted:null", "--suite", "bundled", "--config", str(path)]
+        )
+        assert result.exit_code == 2 and said in result.output, result.output
+
+
 def test_bench_bad_inputs(tmp_path):
     runner = CliRunner()
     bad = tmp_path / "bad.jsonl"

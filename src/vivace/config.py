@@ -112,13 +112,6 @@ class AgentConfig(_Strict):
         "comparisons stay paired past the first test run. For benchmarks and training; the product runs commands "
         "and shows their output as they are.",
     )
-    constrain_arguments: bool = Field(
-        False,
-        description="Token-level policies may only write a read_file path that exists and an edit_file "
-        "old_string that is in the file (as it is now, among the files read in the episode): values that could "
-        "only give an error are masked while sampling (harness/constraints.py). For small models that know "
-        "which file or line they want but miscopy it; needs a local or Ray engine, not an HTTP sampler.",
-    )
 
 
 class ScoreConfig(_Strict):

@@ -21,14 +21,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vivace.config import AgentConfig
-from vivace.harness.constraints import ArgumentValues
 from vivace.harness.executor import ToolOutcome, execute
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
 from vivace.harness.policy import Conversation, Policy, PolicyError
 from vivace.harness.prompts import SYSTEM_PROMPT, SYSTEM_PROMPT_VERSION
 from vivace.harness.tools import default_tools, tools_by_name
 from vivace.harness.tools.base import Tool, ToolContext, ToolResult, tool_schema
-from vivace.harness.tools.suggest import workspace_files
 from vivace.harness.trajectory import StopReason, Tokens, ToolRecord, Trajectory, Turn
 from vivace.sandbox.base import Workspace
 
@@ -77,10 +75,6 @@ async def run_episode(
     try:
         for _ in range(limits.max_turns):
             turn_start = time.monotonic()
-            if limits.constrain_arguments:
-                conv.argument_values = await _within(
-                    deadline, argument_values(workspace, conv.messages), "listing files"
-                )
             reply = await _within(deadline, policy.act(conv), "waiting for the policy")
             notify("assistant", reply)
             message = reply.message
@@ -132,31 +126,6 @@ async def run_episode(
     )
     notify("end", traj)
     return traj
-
-
-MAX_CONSTRAINED_FILE_CHARS = 200_000  # larger files read in an episode are left unconstrained
-
-
-async def argument_values(workspace: Workspace, messages: Sequence[Message]) -> ArgumentValues:
-    """What tool arguments may be now: the workspace's files (read_file paths) and the current text
-    of the files the policy has asked to read (edit_file old_strings)."""
-    paths = await workspace_files(workspace)
-    asked = dict.fromkeys(
-        c.arguments["path"]
-        for m in messages
-        if m.role == "assistant"
-        for c in m.tool_calls or ()
-        if c.name == "read_file" and isinstance(c.arguments, dict) and isinstance(c.arguments.get("path"), str)
-    )
-    contents = {}
-    for path in asked:
-        try:
-            text = await workspace.read_text(path)
-        except Exception:  # gone, a directory, not text: nothing to constrain against
-            continue
-        if len(text) <= MAX_CONSTRAINED_FILE_CHARS:
-            contents[path] = text
-    return ArgumentValues(tuple(paths), contents)
 
 
 async def _within(deadline: float, awaitable: Any, doing: str) -> Any:

@@ -15,11 +15,10 @@ Not covered: choosing a policy from a spec string (policies.py) and the loop (ag
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from vivace.harness.constraints import ArgumentConstraint, ArgumentValues, token_texts
 from vivace.harness.messages import AssistantTurn, Message
 
 
@@ -59,8 +58,6 @@ class Conversation:
     # The episode's sampling seed: a token-level policy seeds each turn from it and the turn's
     # index, so two policies given the same seed draw the same random numbers (paired comparisons).
     seed: int | None = None
-    # What tool arguments may be (agent.constrain_arguments): token-level policies mask the rest.
-    argument_values: ArgumentValues | None = None
 
 
 @runtime_checkable
@@ -87,10 +84,6 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting one of these (kept in the output)
     seed: int | None = None
-    # Tokens allowed next given those generated so far, or None for any (harness/constraints.py). A mask
-    # like top-k's: reported logprobs stay those of the unmasked distribution. Honoured by the engine
-    # (in process or on Ray); an HTTP sampler refuses it.
-    allowed: Callable[[Sequence[int]], Sequence[int] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,12 +131,6 @@ class TokenPolicy:
     def __init__(self, sampler: Sampler, chat_format: Any, name: str, params: SamplingParams | None = None):
         self.sampler, self.chat, self.name = sampler, chat_format, name
         self.params = params or SamplingParams()
-        self._token_texts: list[str | None] | None = None
-
-    def _constraint(self, values: ArgumentValues) -> Callable[[Sequence[int]], Sequence[int] | None]:
-        if self._token_texts is None:
-            self._token_texts = token_texts(self.chat.tokenizer)
-        return ArgumentConstraint(values, self._token_texts).allowed
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
         log = _with_new_messages(conversation, self.chat)
@@ -155,7 +142,6 @@ class TokenPolicy:
             top_k=self.params.top_k,
             stop_token_ids=stops,
             seed=self.params.seed if conversation.seed is None else derive_seed(conversation.seed, _turn(conversation)),
-            allowed=None if conversation.argument_values is None else self._constraint(conversation.argument_values),
         )
         prompt_len = len(log.ids)
         out = await self.sampler.generate(list(log.ids), params)

@@ -209,8 +209,7 @@ class Engine:
             ready = [i for i, (_, samples) in enumerate(rows) if samples]
             if ready:
                 reqs = [rows[i][0] for i in ready]
-                allowed = [r.params.allowed(r.output) if r.params.allowed else None for r in reqs]
-                picked, logps = sample(logits[ready], [r.params for r in reqs], [r.generator for r in reqs], allowed)
+                picked, logps = sample(logits[ready], [r.params for r in reqs], [r.generator for r in reqs])
                 for req, tok, lp in zip(reqs, picked, logps, strict=True):
                     self._append(req, tok, lp)
         done = [r for r in self.running if r.finish_reason]

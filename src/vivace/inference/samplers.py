@@ -83,11 +83,6 @@ class HttpSampler:
         self.version = -1
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        if params.allowed is not None:
-            raise PolicyError(
-                "argument constraints (agent.constrain_arguments) need a local or Ray engine; an HTTP "
-                f"sampler ({self.base_url}) cannot apply them: turn the option off for this policy"
-            )
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt_ids,

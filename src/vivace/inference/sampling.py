@@ -18,25 +18,13 @@ from vivace.harness.policy import SamplingParams
 
 
 def sample(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator],
-    allowed: Sequence[Sequence[int] | None] | None = None,
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
 ) -> tuple[list[int], list[float]]:
-    """logits [B, V] (float32) -> (token per row, its logprob per row). `allowed[i]`: the only token
-    ids row i may pick (None: any); masked like top-k, so the logprob stays the unmasked one."""
+    """logits [B, V] (float32) -> (token per row, its logprob per row)."""
     greedy = torch.tensor([p.temperature <= 0 for p in params], device=logits.device)
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
     scaled = logits / temps[:, None]
     logp = torch.log_softmax(scaled, dim=-1)
-    if allowed is not None and any(a is not None for a in allowed):
-        keep = torch.ones_like(scaled, dtype=torch.bool)
-        for i, ids in enumerate(allowed):
-            if ids is not None:
-                keep[i] = False
-                keep[i, torch.as_tensor(list(ids), dtype=torch.long, device=scaled.device)] = True
-        scaled = scaled.masked_fill(~keep, float("-inf"))
-        logits = logits.masked_fill(~keep, float("-inf"))
     filtered = _truncate(scaled, params)
     # Inverse-CDF sampling: one uniform number per row (cheap to draw from per-request generators).
     cdf = torch.cumsum(torch.softmax(filtered, dim=-1), dim=-1)
