@@ -18,7 +18,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from vivace.cli import BackendOpt, ConfigOpt, LoggedProgress, PresetOpt, StateOpt, app, err, out
+from vivace.cli import BackendOpt, ConfigOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out
 from vivace.config import VivaceConfig, load_config
 
 train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")
@@ -238,19 +238,15 @@ def bench_pipeline_command(
     trajectories per minute, sampler busy fraction, staleness, p50/p99 episode time."""
     from vivace.rl.bench import bench_pipeline
 
+    cfg = _config(preset, backend, state_dir, config_file)
     try:
         lo, _, hi = turns.partition("-")
         turn_range = (int(lo), int(hi or lo))
-        cfg = load_config(preset, config_file)
         cfg.train = cfg.train.model_copy(update={"steps": steps, "tasks_per_step": tasks_per_step,
             "group_size": group_size, "rollout_concurrency": concurrency, "max_staleness": max_staleness,
             "sampler_replicas": replicas, "checkpoint_every": 1_000_000})  # fmt: skip
         cfg.agent = cfg.agent.model_copy(update={"max_turn_tokens": turn_tokens})
         cfg.engine = cfg.engine.model_copy(update={"max_batch": max(cfg.engine.max_batch, concurrency)})
-        if backend is not None:
-            cfg.sandbox.backend = backend  # type: ignore[assignment]
-        if state_dir is not None:
-            cfg.sandbox.state_dir = state_dir
         if not 1 <= turn_range[0] <= turn_range[1]:
             raise ValueError(f"--turns {turns!r}: give MIN-MAX with 1 <= MIN <= MAX")
     except ValueError as e:
