@@ -30,16 +30,20 @@ def tasks(n: int = 6) -> list[Task]:
 
 class ScriptedWorkers:
     """Workers whose episodes are a few 'turns' of random length; each sampled token records the
-    version the 'sampler' holds at that moment, as the engine does. Faults are injected by rate."""
+    version the 'sampler' holds at that moment, as the engine does. Faults are injected by rate, and
+    every kind with a non-zero rate is also forced once among the first attempts, so a test that asks
+    for each kind sees it whatever order the event loop happens to run the episodes in. Each attempt
+    draws from its own generator, so one attempt's luck does not depend on the others' timing."""
 
     def __init__(self, seed: int = 0, worker_lost: float = 0.0, sampler_lost: float = 0.0, env_failed: float = 0.0):
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.rates = {"worker_lost": worker_lost, "sampler_lost": sampler_lost, "env_failed": env_failed}
         self.version = 0
         self.trained: list[tuple[int, list[list[int]]]] = []  # (trainer version, per-sample sampled versions)
         self.attempt_ids: list[str] = []
         self.replaced = {"workers_replaced": 0, "samplers_replaced": 0}
         self._ids = iter(range(1 << 30))
+        self.forced = {1 + 2 * i: kind for i, kind in enumerate(k for k, rate in self.rates.items() if rate > 0)}
 
     async def start(self, version, checkpoint):
         self.version = version
@@ -48,14 +52,15 @@ class ScriptedWorkers:
         return [3, 2]
 
     async def episode(self, worker: int, task: Task) -> EpisodeResult:
-        attempt = f"a{next(self._ids)}"
+        number = next(self._ids)
+        attempt, rng = f"a{number}", random.Random(self.seed * 1_000_003 + number)
         versions = []
-        for _ in range(self.rng.randint(1, 4)):
-            await asyncio.sleep(self.rng.lognormvariate(-5, 1.0))
+        for _ in range(rng.randint(1, 4)):
+            await asyncio.sleep(rng.lognormvariate(-5, 1.0))
             versions += [self.version] * 3
-        fault = self.rng.random()
+        fault = rng.random()
         for kind, rate in self.rates.items():
-            if fault < rate:
+            if self.forced.get(number) == kind or (number not in self.forced and fault < rate):
                 if kind == "worker_lost":
                     raise WorkerLost(f"worker {worker} died (injected)")
                 return EpisodeResult(kind, sampler=0, error=f"{kind} (injected)")
@@ -66,7 +71,7 @@ class ScriptedWorkers:
         traj = Trajectory(task_id=task.id, request=attempt, policy="scripted", system_prompt="", system_prompt_version="t",
                           turns=[], final_message="", diff="",
                           stop_reason="done", wall_s=0.0, tokens=tokens)  # fmt: skip
-        reward = self.rng.random()
+        reward = rng.random()
         score = Score(task_id=task.id, total=reward, correctness=reward, adherence=0, efficiency=0, claims=1,
                       format=1, resolved=False)  # fmt: skip
         return EpisodeResult("ok", Rollout(task.id, traj, score.total, {}, False, {}), sampler=0)
