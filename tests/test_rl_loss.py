@@ -367,3 +367,83 @@ def test_sequence_aggregation_weighs_each_rollout_alike():
     seq = to_samples([group], cfg, version=0)[0]
     assert push(seq) == pytest.approx(0.0)
     assert [round(s.advantage * sum(s.mask), 6) for s in seq] == [round(a * 20, 6) for a in (2 / 3, -1 / 3, -1 / 3)]
+
+
+# system turn [1 2 3 4] | request [10 11 12 13] | sampled: a system phrase, a copy of the request, its own
+# text | a tool result [60 61 62 63] | sampled: its own text again, a copy of the tool result, then a copy
+# too short to count (61 62) and a new token.
+COPY_IDS = [
+    1,
+    2,
+    3,
+    4,
+    10,
+    11,
+    12,
+    13,
+    1,
+    2,
+    3,
+    10,
+    11,
+    12,
+    50,
+    51,
+    52,
+    60,
+    61,
+    62,
+    63,
+    50,
+    51,
+    52,
+    60,
+    61,
+    62,
+    61,
+    62,
+    9,
+]
+COPY_MASK = [0] * 8 + [1] * 9 + [0] * 4 + [1] * 9
+
+
+def test_copied_tokens_are_runs_shown_in_the_request_or_a_tool_result():
+    from vivace.rl.rollout import copied_tokens
+
+    got = copied_tokens(COPY_IDS, COPY_MASK, 3, context_start=4)
+    assert [i for i, c in enumerate(got) if c] == [11, 12, 13, 24, 25, 26]
+    # Counting the system turn as shown would take the phrase the policy learnt from it too.
+    assert [i for i, c in enumerate(copied_tokens(COPY_IDS, COPY_MASK, 3)) if c] == [8, 9, 10, 11, 12, 13, 24, 25, 26]
+    assert not any(copied_tokens(COPY_IDS, COPY_MASK, 5, context_start=4))  # no shown run is that long
+    assert all(c <= m for c, m in zip(got, COPY_MASK, strict=True))  # only sampled tokens are ever marked
+
+
+def test_mask_copies_keeps_copied_tokens_out_of_both_signs_of_the_loss():
+    from vivace.config import load_preset
+    from vivace.harness.trajectory import Tokens, Trajectory
+    from vivace.rl.rollout import Rollout, to_samples
+
+    def rollout(reward):
+        tokens = Tokens(ids=COPY_IDS, loss_mask=COPY_MASK, logprobs=[-0.5 * m for m in COPY_MASK],
+                        versions=[0 if m else -1 for m in COPY_MASK])  # fmt: skip
+        traj = Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="v1", stop_reason="done",
+                          tokens=tokens)  # fmt: skip
+        return Rollout("t", traj, reward, resolved=reward > 0)
+
+    cfg = load_preset("default")
+    cfg.train.mask_copies = 3
+    samples, counts = to_samples([[rollout(1.0), rollout(0.0)]], cfg, version=0, opening=[1, 2, 3, 4, 99])
+    assert [s.advantage > 0 for s in samples] == [True, False]
+    for s in samples:
+        assert [i for i, (m, k) in enumerate(zip(s.mask, COPY_MASK, strict=True)) if k and not m] == [
+            11,
+            12,
+            13,
+            24,
+            25,
+            26,
+        ]
+    assert counts["tokens_masked_copied"] == 12
+    cfg.train.mask_copies = 0
+    samples, counts = to_samples([[rollout(1.0), rollout(0.0)]], cfg, version=0, opening=[1, 2, 3, 4])
+    assert all(s.mask == COPY_MASK for s in samples) and counts["tokens_masked_copied"] == 0
