@@ -221,14 +221,6 @@ class TrainConfig(_Strict):
         "or cut off at the turn's token limit: a success must not teach the broken call it recovered from. "
         "Negative advantages still push those turns down.",
     )
-    mask_copies: int = Field(
-        0,
-        ge=0,
-        description="Tokens the policy copied from what it was shown get no loss: a run of at least this many "
-        "sampled tokens that also occurs, in order, in the request or an earlier tool result (a path, an "
-        "old_string, a name). 0: off. Copying is the warm start's skill; a policy gradient on a training task's "
-        "names moves their probabilities everywhere, on tasks where other names are the right copy.",
-    )
     loss_aggregation: Literal["token", "sequence"] = Field(
         "token",
         description="How a step's rollouts weigh in the loss. token: every generated token alike, so a rollout "

@@ -28,7 +28,6 @@ ranks), or in this process (`LocalWorkers`).
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import time
@@ -230,8 +229,7 @@ async def _step(
     groups = [g.rollouts() for g in batch]
     replayed = sum(order.report(g.seq, [r.resolved for r in g.rollouts()]) for g in batch)
     rollout_s = time.perf_counter() - t0
-    opening = _system_opening(cfg.train.model) if cfg.train.mask_copies else None
-    samples, counts = to_samples(groups, cfg, version=step, opening=opening)
+    samples, counts = to_samples(groups, cfg, version=step)
     try:
         train_stats = await workers.train_step(samples) if samples else {}
     except Exception as e:
@@ -250,14 +248,6 @@ async def _step(
                groups_replayed=replayed, replay_queue=len(order.queue),
                **pipeline.snapshot())  # fmt: skip
     return row
-
-
-@functools.cache
-def _system_opening(model: str) -> list[int]:
-    """The system turn the policy's episodes open with (what `train.mask_copies` does not count as shown)."""
-    from vivace.rl.copying import system_opening
-
-    return system_opening(model)
 
 
 def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, step_s) -> dict:

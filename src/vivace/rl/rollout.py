@@ -22,7 +22,6 @@ from vivace.harness.trajectory import Trajectory
 from vivace.inference.samplers import StickyRouter
 from vivace.rl.advantages import group_advantages
 from vivace.rl.metrics import milestones
-from vivace.rl.packing import common_prefix
 from vivace.rl.trainer import Sample
 from vivace.tasks.format import Task
 
@@ -87,16 +86,12 @@ async def run_attempt(
     return EpisodeResult("ok", rollout, sampler=router.chosen, dead_samplers=sorted(router.seen_dead))
 
 
-def to_samples(
-    groups: list[list[Rollout]], cfg: VivaceConfig, version: int, opening: list[int] | None = None
-) -> tuple[list[Sample], dict[str, float]]:
-    """Samples with advantages from scored groups, and counts of what was left out and why. `opening`
-    is the system turn every episode starts with (rl.copying.system_opening): with `mask_copies` on,
-    copies are looked for only after it, in the episode's own request and tool results."""
+def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> tuple[list[Sample], dict[str, float]]:
+    """Samples with advantages from scored groups, and counts of what was left out and why."""
     tc = cfg.train
     samples: list[Sample] = []
     counts = {"groups": len(groups), "groups_zero_variance": 0, "groups_same_correctness": 0, "rollouts_failed": 0,
-              "samples_masked_truncated": 0, "turns_masked_malformed": 0, "tokens_masked_copied": 0,
+              "samples_masked_truncated": 0, "turns_masked_malformed": 0,
               "samples_too_stale": 0, "samples_without_tokens": 0}  # fmt: skip
     advantages: list[float] = []
     staleness: list[int] = []
@@ -130,10 +125,6 @@ def to_samples(
                 if a > 0 and tc.mask_malformed:
                     mask, masked = without_malformed_turns(r.trajectory)
                     counts["turns_masked_malformed"] += masked
-                if tc.mask_copies:
-                    copied = copied_tokens(tokens.ids, mask, tc.mask_copies, common_prefix([tokens.ids, opening or []]))
-                    counts["tokens_masked_copied"] += sum(copied)
-                    mask = [m and not c for m, c in zip(mask, copied, strict=True)]
                 if not any(mask):
                     counts["samples_without_tokens"] += 1
                     continue
@@ -154,21 +145,6 @@ def to_samples(
         counts.update(adv_mean=mean, adv_abs_mean=sum(map(abs, advantages)) / len(advantages),
                       adv_min=min(advantages), adv_max=max(advantages))  # fmt: skip
     return samples, counts
-
-
-def copied_tokens(ids: list[int], loss_mask: list[int], n: int, context_start: int = 0) -> list[int]:
-    """1 on each sampled token inside a run of `n` sampled tokens that also occurs, in order, among the
-    unsampled tokens from `context_start` on (the request, tool results) before it; 0 elsewhere.
-    Runs that only repeat the policy's own earlier output are not copies of what it was shown."""
-    shown: set[tuple[int, ...]] = set()
-    copied = [0] * len(ids)
-    for end in range(max(n, context_start + n), len(ids) + 1):
-        gram, span = tuple(ids[end - n : end]), loss_mask[end - n : end]
-        if not any(span):
-            shown.add(gram)
-        elif all(span) and gram in shown:
-            copied[end - n : end] = [1] * n
-    return copied
 
 
 def _milestone_rewards(tc: Any) -> dict[str, float]:
