@@ -69,15 +69,20 @@ ConfigOpt = Annotated[
 ]
 
 
+def with_sandbox_options(cfg: VivaceConfig, backend: str | None, state_dir: Path | None) -> VivaceConfig:
+    """`--backend` and `--state-dir` over a config's sandbox section (unset options leave it as it is)."""
+    if backend is not None:
+        cfg.sandbox.backend = backend  # type: ignore[assignment]
+    if state_dir is not None:
+        cfg.sandbox.state_dir = state_dir
+    return cfg
+
+
 def _config(
     preset: str, backend: str | None = None, state_dir: Path | None = None, config_file: Path | None = None
 ) -> VivaceConfig:
     try:
-        cfg = load_config(preset, config_file)
-        if backend:
-            cfg.sandbox.backend = backend  # type: ignore[assignment]
-        if state_dir:
-            cfg.sandbox.state_dir = state_dir
+        cfg = with_sandbox_options(load_config(preset, config_file), backend, state_dir)
     except (ValueError, OSError) as e:  # pydantic's ValidationError is a ValueError and names the field
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

@@ -18,7 +18,18 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from vivace.cli import BackendOpt, ConfigOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out
+from vivace.cli import (
+    BackendOpt,
+    ConfigOpt,
+    LoggedProgress,
+    PresetOpt,
+    StateOpt,
+    _config,
+    app,
+    err,
+    out,
+    with_sandbox_options,
+)
 from vivace.config import VivaceConfig, load_config
 
 train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")
@@ -65,10 +76,7 @@ def train_command(
             cfg.train.steps = steps
         if seed is not None:
             cfg.train.seed = seed
-        if backend is not None:
-            cfg.sandbox.backend = backend  # type: ignore[assignment]
-        if state_dir is not None:
-            cfg.sandbox.state_dir = state_dir
+        cfg = with_sandbox_options(cfg, backend, state_dir)
         # Chosen before training: a bad split, suite or family list must not surface only after the run.
         tasks = training_tasks(cfg)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
@@ -189,11 +197,9 @@ def report_command(
         if not (run_dir / "config.json").is_file():
             raise ValueError(f"{run_dir} is not a run directory (no config.json); give one `vivace train` made, "
                              "e.g. runs/NAME")  # fmt: skip
-        cfg = VivaceConfig.model_validate_json((run_dir / "config.json").read_text())
-        if backend is not None:
-            cfg.sandbox.backend = backend  # type: ignore[assignment]
-        if state_dir is not None:
-            cfg.sandbox.state_dir = state_dir
+        cfg = with_sandbox_options(
+            VivaceConfig.model_validate_json((run_dir / "config.json").read_text()), backend, state_dir
+        )
         if split is not None and split not in ("train", "validation", "test"):
             raise ValueError(f"unknown split {split!r}; use train, validation or test")
         if tasks is not None and tasks < 1:
