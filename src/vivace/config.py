@@ -236,14 +236,6 @@ class TrainConfig(_Strict):
         "than their group, as in filtered imitation). Below 1 the update leans on the rare successes instead "
         "of pushing down the many failures' tokens, which flattens a small policy's distribution.",
     )
-    expert_weight: float = Field(
-        0.0,
-        ge=0,
-        description="Off-policy guidance: each trained task also gets one episode of the scripted oracle, "
-        "trained as a member of its group with advantage expert_weight * (its reward - the group's mean "
-        "reward), so a group the policy failed entirely still teaches the demonstrated fix (rl/expert.py). "
-        "0: off (plain on-policy RL).",
-    )
     replay: float = Field(
         0.0,
         ge=0,

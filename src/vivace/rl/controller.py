@@ -39,7 +39,6 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from vivace.config import VivaceConfig
-from vivace.rl.expert import expert_samples
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
@@ -182,21 +181,15 @@ async def train(
     order = TaskOrder(tasks, tc.seed, tc.replay, tc.replay_limit, state.get("order") or {"fresh": position})
     workers = workers or RayWorkers(cfg, episode)
     board = SummaryWriter(str(run_dir / "tensorboard"))
-    pipeline = expert = None
+    pipeline = None
     try:
-        if tc.expert_weight > 0:
-            if episode is not None:
-                raise ValueError(
-                    "train.expert_weight needs the benchmark's episodes: set it to 0 for a synthetic environment"
-                )
-            expert = _Expert(cfg)
         await workers.start(start, ckpt)
         pipeline = Pipeline(cfg, workers, order.at, version=start, position=position, pending=pending,
                             timeline=run_dir / "timeline.jsonl")  # fmt: skip
         pipeline.start()
         t_start, stopped_by = time.monotonic(), "steps"
         for step in range(start, tc.steps):
-            row = await _step(step, pipeline, workers, cfg, run_dir, order, expert)
+            row = await _step(step, pipeline, workers, cfg, run_dir, order)
             with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             for key, value in row.items():
@@ -222,29 +215,14 @@ async def train(
         raise TrainerFailed(f"{e}. The run stopped: {where}.") from e.__cause__
     finally:
         final = await pipeline.close() if pipeline is not None else {}
-        if expert is not None:
-            await expert.backend.aclose()
         board.close()
         await workers.close()
     return write_summary(run_dir, final, stopped_by)
 
 
-class _Expert:
-    """What the oracle's demonstrations need in the controller: the policy's chat format and a sandbox."""
-
-    def __init__(self, cfg: VivaceConfig):
-        from vivace.harness.chat import ChatFormat
-        from vivace.model.checkpoint import load_tokenizer
-        from vivace.sandbox import open_backend
-
-        self.chat = ChatFormat(load_tokenizer(cfg.train.model))
-        self.backend = open_backend(cfg.sandbox)
-
-
 async def _step(
-    step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, run_dir: Path, order: TaskOrder,
-    expert: _Expert | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    step: int, pipeline: Pipeline, workers: Any, cfg: VivaceConfig, run_dir: Path, order: TaskOrder
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     before = await workers.sampler_stats()
     batch = await pipeline.next_batch()
@@ -252,16 +230,6 @@ async def _step(
     replayed = sum(order.report(g.seq, [r.resolved for r in g.rollouts()]) for g in batch)
     rollout_s = time.perf_counter() - t0
     samples, counts = to_samples(groups, cfg, version=step)
-    if expert is not None:
-        demos, expert_counts = await expert_samples(
-            [(g.task, rollouts) for g, rollouts in zip(batch, groups, strict=True)],
-            cfg,
-            expert.chat,
-            expert.backend,
-            step,
-        )
-        samples += demos
-        counts.update(expert_counts)
     try:
         train_stats = await workers.train_step(samples) if samples else {}
     except Exception as e:

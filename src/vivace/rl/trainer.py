@@ -154,9 +154,6 @@ class Trainer:
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)
             logp, entropy, mask, behav, adv = self._forward(micro)
             logp_old = torch.cat([old[id(s)] for s in micro]) if old is not None else logp.detach()
-            # Tokens nobody sampled (an expert's demonstration, rl/expert.py) carry NaN: the trainer's
-            # own logprob stands in, so their importance weight is 1.
-            behav = torch.where(torch.isnan(behav), logp_old, behav)
             ref = self._reference_logprobs(micro) if self.reference is not None else None
             loss, stats = policy_loss(logp, logp_old, behav, adv, mask, self.loss_cfg, max(n_tokens, 1), ref)
             loss.backward()
@@ -194,11 +191,11 @@ class Trainer:
         generated = [[j for j in range(1, len(s.ids)) if s.mask[j]] for s in micro]
         behav = torch.tensor(
             [s.logprobs[j] for s, js in zip(micro, generated, strict=True) for j in js], dtype=torch.float32
-        ).to(self.device)
+        )
         adv = torch.tensor(
             [s.advantage for s, js in zip(micro, generated, strict=True) for _ in js], dtype=torch.float32
         )
-        return logp, entropy, torch.ones_like(logp), behav, adv.to(self.device)
+        return logp, entropy, torch.ones_like(logp), behav.to(self.device), adv.to(self.device)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
