@@ -114,6 +114,41 @@ def test_prefix_cache_reuses_a_conversation(model):
     assert fresh.token_ids == second.token_ids
 
 
+def test_requests_arriving_together_share_their_common_prefix(model):
+    g = torch.Generator().manual_seed(11)
+    common = torch.randint(0, VOCAB, (200,), generator=g).tolist()
+    tails = [[1 + i] + torch.randint(0, VOCAB, (4 * i,), generator=g).tolist() for i in range(4)]
+    ps = [common + t for t in tails] + [torch.randint(0, VOCAB, (90,), generator=g).tolist()]
+    params = [SamplingParams(max_tokens=12, seed=20 + i) for i in range(len(ps))]
+    # A small step budget: the common prefix takes several steps to prefill, so the others must wait.
+    engine = Engine(model, max_step_tokens=64)
+    outs = engine.run(ps, params)
+    assert engine.stats.prefill_tokens == sum(map(len, ps)) - 3 * len(common)  # computed once, not four times
+    assert engine.stats.reused_tokens == 3 * len(common)
+    for p, o in zip(ps, outs, strict=True):
+        ref = reference_logprobs(model, p, o.token_ids)
+        assert max(abs(a - b) for a, b in zip(ref, o.logprobs, strict=True)) < 1e-4
+    unshared = Engine(model, max_step_tokens=64, prefix_cache_tokens=0)
+    assert [o.token_ids for o in unshared.run(ps, params)] == [o.token_ids for o in outs]
+    assert unshared.stats.reused_tokens == 0  # prefix reuse off means off
+
+
+def test_no_prefix_is_shared_across_a_weight_update(model):
+    engine = Engine(small_model(seed=0), max_step_tokens=64)
+    p = prompts(1, seed=12, lengths=(150,))[0]
+    first = engine.add(p, SamplingParams(max_tokens=4, seed=1))
+    engine.step()  # part of its prompt is computed with the old weights
+    other = small_model(seed=1)
+    engine.update_weights(other.state_dict())
+    second = engine.add(p + [3], SamplingParams(max_tokens=4, seed=2))
+    while engine.has_work:
+        engine.step()
+    assert engine.stats.reused_tokens == 0 and engine.prefix.size == len(p) + 1 + 3  # only the new one is kept
+    ref = reference_logprobs(other, p + [3], second.output)
+    assert max(abs(a - b) for a, b in zip(ref, second.logprobs, strict=True)) < 1e-4
+    assert first.finish_reason == "length"
+
+
 def test_update_weights_swaps_without_restart(model):
     other = small_model(seed=1)
     engine = Engine(small_model(seed=0))

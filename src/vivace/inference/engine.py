@@ -9,7 +9,9 @@ the others' decoding.
 
 A finished sequence's keys/values go to a prefix cache; the next request whose prompt starts
 with the same tokens (the same conversation's next turn, or a group of rollouts from one
-prompt) copies them instead of recomputing. `update_weights` loads new weights between two
+prompt) copies them instead of recomputing. Requests that arrive together with a long common
+prefix (a step's rollouts: one system turn, one request per group) share it too: the first
+prefills it and the others wait for those positions, then copy them. `update_weights` loads new weights between two
 steps (no restart), bumps the policy version and drops the prefix cache (its values came from
 the old weights); running sequences go on with the new weights and every sampled token records
 the version that produced it.
@@ -47,7 +49,9 @@ class Request:
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    reused: int = 0  # prompt tokens taken from the prefix cache
+    reused: int = 0  # prompt tokens copied from another sequence's cache
+    prompt_tensor: torch.Tensor | None = None  # the prompt as a tensor, for prefix matching (lazy)
+    kv_version: int = -1  # weights version at admission: its keys/values are all of it while it stays current
     finish_reason: str | None = None
     cancelled: bool = False
     future: concurrent.futures.Future | None = None
@@ -68,6 +72,13 @@ class Request:
             policy_version=min(self.versions) if self.versions else -1,
             token_versions=tuple(self.versions),
         )
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens two 1-D token tensors share."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if len(differ) else n
 
 
 class PrefixCache:
@@ -95,9 +106,7 @@ class PrefixCache:
         query = torch.tensor(prompt[:-1])
         best, best_key = 0, None
         for key, (tokens, _) in self._entries.items():
-            n = min(len(tokens), len(query))
-            differ = (tokens[:n] != query[:n]).nonzero()
-            common = int(differ[0]) if len(differ) else n
+            common = common_prefix(tokens, query)
             if common > best:
                 best, best_key = common, key
         if best_key is None:
@@ -131,6 +140,7 @@ class Engine:
         max_batch: int = 32,
         max_step_tokens: int = 2048,
         prefix_cache_tokens: int = 65536,
+        min_shared_prefix: int = 64,
         seed: int = 0,
         version: int = 0,
     ):
@@ -140,6 +150,9 @@ class Engine:
         self.max_positions = self.forward.max_positions
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
         self.prefix = PrefixCache(prefix_cache_tokens)
+        # A shorter prefix shared with a running prefill is not worth waiting for (a chat template's
+        # opening is shared by every prompt).
+        self.min_shared_prefix = min_shared_prefix
         self.version = version
         self.generator = torch.Generator().manual_seed(seed)
         self.waiting: deque[Request] = deque()
@@ -215,7 +228,8 @@ class Engine:
         done = [r for r in self.running if r.finish_reason]
         self.running = [r for r in self.running if not r.finish_reason]
         for r in done:
-            self.prefix.put([r.token(i) for i in range(r.cache.length)], r.cache)
+            if r.kv_version == self.version:  # not one whose keys/values span a weight update
+                self.prefix.put([r.token(i) for i in range(r.cache.length)], r.cache)
             r.cache = None
         self.stats.steps += 1
         self.stats.batch_sum += len(rows)
@@ -224,16 +238,46 @@ class Engine:
         return finished + done
 
     def _admit(self) -> None:
+        """Moves waiting requests into the batch, each starting from the longest prefix it can copy:
+        a finished sequence's (the prefix cache) or a running one's. A request that shares a longer
+        prefix with a running sequence still prefilling it waits until those positions are computed,
+        rather than computing them a second time alongside (a group of rollouts, or a batch of
+        episodes with one system turn, arriving at once)."""
+        deferred: deque[Request] = deque()
         while self.waiting and len(self.running) < self.max_batch:
             req = self.waiting.popleft()
-            capacity = min(len(req.prompt) + req.params.max_tokens, self.max_positions)
-            req.cache = self.forward.new_cache(capacity)
             n, cached = self.prefix.match(req.prompt)
+            shared, leader = self._running_prefix(req)
+            if shared >= n + self.min_shared_prefix:
+                if leader.cache.length < shared:
+                    deferred.append(req)
+                    continue
+                n, cached = shared, leader.cache
+            capacity = min(len(req.prompt) + req.params.max_tokens, self.max_positions)
+            req.cache, req.kv_version = self.forward.new_cache(capacity), self.version
             if cached is not None:
                 req.cache.copy_prefix(cached, n)
                 req.reused = n
                 self.stats.reused_tokens += n
             self.running.append(req)
+        self.waiting.extendleft(reversed(deferred))  # in their order, ahead of later arrivals
+
+    def _running_prefix(self, req: Request) -> tuple[int, Request | None]:
+        """The longest prompt prefix `req` shares with a running request (at most all but its last
+        token, which must be computed to sample from), and that request."""
+        if self.prefix.max_tokens <= 0:  # prefix reuse is off
+            return 0, None
+        query = torch.tensor(req.prompt[:-1])
+        best, leader = 0, None
+        for other in self.running:
+            if other.kv_version != self.version:  # computed (in part) by older weights
+                continue
+            if other.prompt_tensor is None:
+                other.prompt_tensor = torch.tensor(other.prompt)
+            common = common_prefix(other.prompt_tensor, query)
+            if common > best:
+                best, leader = common, other
+        return best, leader
 
     def _append(self, req: Request, tok: int, logprob: float) -> None:
         req.output.append(tok)
