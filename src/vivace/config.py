@@ -367,7 +367,9 @@ PRESETS: dict[str, dict] = {
             "group_filter": "correctness",
             "steps": 40,
             "max_minutes": 10.0,
-            "rollout_concurrency": 8,
+            # A step's 16 episodes start together and share their system turn's prefill; 8 at a time
+            # took 8-10% longer per step on 2 cores (docs/benchmarks.md).
+            "rollout_concurrency": 16,
             # A solve that then loops until max_turns is not reinforced (it scores almost like a clean
             # one); a failure cut off by the limit is still pushed down.
             "mask_truncated": "solved",
