@@ -11,10 +11,11 @@ A finished sequence's keys/values go to a prefix cache; the next request whose p
 with the same tokens (the same conversation's next turn, or a group of rollouts from one
 prompt) copies them instead of recomputing. Requests that arrive together with a long common
 prefix (a step's rollouts: one system turn, one request per group) share it too: the first
-prefills it and the others wait for those positions, then copy them. `update_weights` loads new weights between two
-steps (no restart), bumps the policy version and drops the prefix cache (its values came from
-the old weights); running sequences go on with the new weights and every sampled token records
-the version that produced it.
+prefills it and the others wait for those positions, then copy them. `update_weights` loads new
+weights between two steps (no restart), bumps the policy version and drops the prefix cache (its
+values came from the old weights); running sequences go on with the new weights and every
+sampled token records the version that produced it, but their keys and values are neither
+shared nor cached any more.
 
 Not covered: paged KV memory (each sequence preallocates prompt + max_tokens), speculative
 decoding, tensor parallelism (use vLLM/SGLang through the HTTP sampler for those).
