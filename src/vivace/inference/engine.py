@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import threading
 import time
@@ -51,11 +52,15 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     reused: int = 0  # prompt tokens copied from another sequence's cache
-    prompt_tensor: torch.Tensor | None = None  # the prompt as a tensor, for prefix matching (lazy)
     kv_version: int = -1  # weights version at admission: its keys/values are all of it while it stays current
     finish_reason: str | None = None
     cancelled: bool = False
     future: concurrent.futures.Future | None = None
+
+    @functools.cached_property
+    def prompt_tensor(self) -> torch.Tensor:
+        """The prompt as a tensor, for prefix matching (made once per request)."""
+        return torch.tensor(self.prompt)
 
     @property
     def known(self) -> int:
@@ -75,8 +80,9 @@ class Request:
         )
 
 
-def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How many leading tokens two 1-D token tensors share."""
+def _common_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens two 1-D token tensors share (rl.packing.common_prefix does this for
+    lists; here the prompts are thousands of tokens, compared at every admission)."""
     n = min(len(a), len(b))
     differ = (a[:n] != b[:n]).nonzero()
     return int(differ[0]) if len(differ) else n
@@ -100,14 +106,14 @@ class PrefixCache:
             _, (_, old) = self._entries.popitem(last=False)
             self.size -= old.length
 
-    def match(self, prompt: Sequence[int]) -> tuple[int, KVCache | None]:
+    def match(self, prompt: torch.Tensor) -> tuple[int, KVCache | None]:
         """The longest cached prefix of `prompt`, leaving at least its last token to compute."""
         if not self._entries or len(prompt) < 2:
             return 0, None
-        query = torch.tensor(prompt[:-1])
+        query = prompt[:-1]
         best, best_key = 0, None
         for key, (tokens, _) in self._entries.items():
-            common = common_prefix(tokens, query)
+            common = _common_length(tokens, query)
             if common > best:
                 best, best_key = common, key
         if best_key is None:
@@ -247,7 +253,7 @@ class Engine:
         deferred: deque[Request] = deque()
         while self.waiting and len(self.running) < self.max_batch:
             req = self.waiting.popleft()
-            n, cached = self.prefix.match(req.prompt)
+            n, cached = self.prefix.match(req.prompt_tensor)
             shared, leader = self._running_prefix(req)
             if shared >= n + self.min_shared_prefix:
                 if leader.cache.length < shared:
@@ -268,14 +274,12 @@ class Engine:
         token, which must be computed to sample from), and that request."""
         if self.prefix.max_tokens <= 0:  # prefix reuse is off
             return 0, None
-        query = torch.tensor(req.prompt[:-1])
+        query = req.prompt_tensor[:-1]
         best, leader = 0, None
         for other in self.running:
             if other.kv_version != self.version:  # computed (in part) by older weights
                 continue
-            if other.prompt_tensor is None:
-                other.prompt_tensor = torch.tensor(other.prompt)
-            common = common_prefix(other.prompt_tensor, query)
+            common = _common_length(other.prompt_tensor, query)
             if common > best:
                 best, leader = common, other
         return best, leader
