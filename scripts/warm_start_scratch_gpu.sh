@@ -6,6 +6,7 @@
 # Needs the expert data of scripts/warm_start.sh step 1 (train_a, train_b, val) in $D.
 #
 #   PHASE=data scripts/warm_start_scratch_gpu.sh                     # copies and variants, once
+#   PHASE=copies scripts/warm_start_scratch_gpu.sh                   # copies only: variants made elsewhere
 #   PHASE=train ARCH=hidden_size=384,... STAGE_OUT=$D/b scripts/warm_start_scratch_gpu.sh
 #   scripts/warm_start_scratch_gpu.sh                                # both, tiny preset
 #
@@ -19,7 +20,10 @@
 # Rows are long (COPY_ROW, ROW tokens; episodes keep their own positions): a GPU forward of this
 # model is bound by kernel launches, so tokens per forward is throughput. The trainer is one
 # CPU-bound process: leave it cores (JOBS below nproc) when it runs beside the data phase.
+# INIT (a checkpoint, e.g. tiny) starts from a trained policy instead: the narrow stage is skipped.
 # DEADLINE (seconds since the epoch) instead sizes the episode stage to end 30 s before it.
+# PHASE=copies is for variants made ahead on another machine (scripts/make_variants.sh into $A, the
+# same var_*.jsonl names), so the GPU's minutes all go on training.
 # Time budgets make the step counts depend on the GPU (each stage's train_log.jsonl has them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,12 +33,14 @@ OUT=${STAGE_OUT:-$D/scratch}
 ARCH=${ARCH:-}
 PHASE=${PHASE:-all}
 SEED=${SEED:-300}
-C1_STEPS=${C1_STEPS:-800} C2_STEPS=${C2_STEPS:-600} MIX_MIN=${MIX_MIN:-5}
+C1_STEPS=${C1_STEPS:-800} C2_STEPS=${C2_STEPS:-600} C2_LR=${C2_LR:-0.001} MIX_MIN=${MIX_MIN:-5}
+INIT=${INIT:-}
 LR=${LR:-0.0006}
 COPY_ROW=${COPY_ROW:-32768} ROW=${ROW:-65536} BATCH_TOKENS=${BATCH_TOKENS:-131072}
 FF=${FF:-3} FE=${FE:-3} WH=${WH:-2} LM=${LM:-1} RT=${RT:-3} RE=${RE:-2}
 N_NARROW=${N_NARROW:-200000} N_WIDE=${N_WIDE:-100000} N_LOOKBACK=${N_LOOKBACK:-3000} N_PIECES=${N_PIECES:-3000}
 JOBS=${JOBS:-$(nproc)}
+EVAL_EVERY=${EVAL_EVERY:-100} SAVE_EVERY=${SAVE_EVERY:-200}
 A=$D/scratch_data
 mkdir -p "$A"
 
@@ -52,6 +58,7 @@ if [ "$PHASE" != train ]; then
     --seed $((SEED + 6)) &
   wait
   touch "$A/copies.done"
+  if [ "$PHASE" = copies ]; then touch "$A/variants.done"; exit 0; fi
   # Variants: every kind of renamed cut, one process per core.
   FF=$FF FE=$FE WH=$WH LM=$LM RT=$RT RE=$RE JOBS=$JOBS VIVACE=$V scripts/make_variants.sh "$A" $((SEED + 100)) \
     "$D/train_a.jsonl" "$D/train_b.jsonl"
@@ -64,12 +71,17 @@ arch=()
 [ -n "$ARCH" ] && arch=(--arch "$ARCH")
 mkdir -p "$OUT"
 while [ ! -f "$A/copies.done" ]; do sleep 2; done
-$V sft train --data "$A/narrow.jsonl" --eval "$A/narrow_val.jsonl" --init tiny-init "${arch[@]}" --out "$OUT/copies" \
-  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --steps "$C1_STEPS" --eval-every 50 \
-  --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies.json"
+start=$OUT/copies
+if [ -n "$INIT" ]; then
+  start=$INIT  # a trained policy already copies: no narrow stage
+else
+  $V sft train --data "$A/narrow.jsonl" --eval "$A/narrow_val.jsonl" --init tiny-init "${arch[@]}" --out "$OUT/copies" \
+    --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --steps "$C1_STEPS" --eval-every 50 \
+    --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies.json"
+fi
 $V sft train --data "$A/wide.jsonl" --data "$A/lookback.jsonl" --data "$A/lookback_sys.jsonl" \
-  --data "$A/pieces_sys.jsonl" --eval "$A/wide_val.jsonl" --init "$OUT/copies" --out "$OUT/copies2" \
-  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --steps "$C2_STEPS" --eval-every 50 \
+  --data "$A/pieces_sys.jsonl" --eval "$A/wide_val.jsonl" --init "$start" --out "$OUT/copies2" \
+  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr "$C2_LR" --min-lr-ratio 1 --steps "$C2_STEPS" --eval-every 50 \
   --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
 while [ ! -f "$A/variants.done" ]; do sleep 2; done
 head -n 1200 "$A/pieces_sys.jsonl" > "$OUT/pieces_keep.jsonl"
@@ -80,6 +92,6 @@ fi
 data=(--data "$D/train_a.jsonl" --data "$D/train_b.jsonl" --data "$OUT/pieces_keep.jsonl" --data "$OUT/lookback_keep.jsonl")
 for f in "$A"/var_*.jsonl; do [ -s "$f" ] && data+=(--data "$f"); done  # a shard with no edit has no first_edit cut
 $V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$OUT/copies2" --out "$OUT/episodes" --seq-len "$ROW" \
-  --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every 100 --save-every 200 \
-  --seed "$SEED" --device auto --json > "$OUT/episodes.json"
+  --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every "$EVAL_EVERY" \
+  --save-every "$SAVE_EVERY" --seed "$SEED" --device auto --json > "$OUT/episodes.json"
 echo "$(date +%T) done: $OUT/episodes"
