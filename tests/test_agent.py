@@ -16,7 +16,7 @@ from conftest import make_backend
 from vivace.config import AgentConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
-from vivace.harness.policies import NullPolicy, ReplayPolicy, load_policy
+from vivace.harness.policies import NullPolicy, ReplayPolicy, deterministic, load_policy
 from vivace.harness.policy import Completion, Conversation, PolicyError, SamplingParams, TokenPolicy
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
@@ -153,6 +153,14 @@ def test_unknown_spec_lists_the_valid_forms(tmp_path):
         load_policy(f"scripted:replay:{bad}")
     with pytest.raises(ValueError, match="does not exist"):
         load_policy(f"scripted:replay:{tmp_path / 'missing.json'}")
+
+
+def test_only_scripted_policies_count_as_deterministic():
+    for spec in ("scripted:null", "scripted:oracle", "scripted:random-edit", "scripted:replay:turns.json"):
+        assert deterministic(spec), spec
+    for spec in ("tiny", "runs/x/model", "http://127.0.0.1:8000/v1#m", "tokens:http://127.0.0.1:8000/v1#m",
+                 "scripted:nonsense"):  # fmt: skip
+        assert not deterministic(spec), spec
 
 
 # --- the OpenAI-compatible endpoint, through the real client over HTTP -----------------------

@@ -101,16 +101,22 @@ async def test_several_episodes_per_task(tasks, tmp_path, state_dir):
     run_dir.mkdir()
     _metrics(run_dir)
     cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)}, train={"eval_samples": 2})
-    report = await evaluate_run(cfg, run_dir, BEFORE, AFTER, tasks[:2], baselines=(), concurrency=3)
+    seen = []
+    report = await evaluate_run(cfg, run_dir, BEFORE, AFTER, tasks[:2], baselines=("scripted:null",), concurrency=3,
+                                progress=lambda done, total, solved: seen.append((done, total)))  # fmt: skip
     rows = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    # before and after sample twice; the scripted baseline runs once per task (it would repeat itself)
     assert sorted((r["model"], r["task_id"], r["sample"]) for r in rows) == sorted(
-        (m, t.id, k) for m in (BEFORE, AFTER) for t in tasks[:2] for k in (0, 1)
+        [(m, t.id, k) for m in (BEFORE, AFTER) for t in tasks[:2] for k in (0, 1)]
+        + [("scripted:null", t.id, 0) for t in tasks[:2]]
     )
+    assert seen[-1] == (10, 10)
+    assert report["policies"]["scripted:null"]["episodes"] == 2
     paths = {r["trajectory"] for r in rows}
     assert len(paths) == len(rows) and all((run_dir / "eval" / p).is_file() for p in paths)  # none overwritten
     assert report["samples"] == 2 and report["policies"]["after"]["episodes"] == 4
     assert report["policies"]["after"]["success"] == 1.0
-    assert "2 tasks × 2 episodes each" in (run_dir / "report.md").read_text()
+    assert "2 tasks × 2 episodes each (`scripted:null` once" in (run_dir / "report.md").read_text()
 
 
 def _task(i: int, family: str | None, kind: str = "bug") -> Task:

@@ -20,7 +20,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,12 @@ async def run_benchmark(
     concurrency: int = 4,
     on_done: Callable[[dict[str, Any]], None] | None = None,
     samples: int = 1,
+    once: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """Runs every model on every task, `samples` episodes each (rows carry `sample`: 0, 1, …; a
-    sampling policy's success rate over several is less noisy than one episode's); returns the
-    result rows (also in out_dir/results.jsonl)."""
+    sampling policy's success rate over several is less noisy than one episode's), except the
+    models in `once`, which run one episode per task (deterministic baselines: a second would
+    repeat the first); returns the result rows (also in out_dir/results.jsonl)."""
     if samples < 1:
         raise ValueError(f"samples must be at least 1, not {samples}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +74,7 @@ async def run_benchmark(
             on_done(row)
 
     try:
-        await asyncio.gather(*(one(m, t, k) for m in models for t in tasks for k in range(samples)))
+        await asyncio.gather(*(one(m, t, k) for m in models for t in tasks for k in range(1 if m in once else samples)))
     finally:
         results_file.close()
         await backend.aclose()

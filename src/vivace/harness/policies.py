@@ -46,6 +46,12 @@ _LAZY = {
 }
 
 
+def deterministic(spec: str) -> bool:
+    """Whether a spec's policy acts the same in every episode of a task: the scripted ones do (the
+    random ones seed from the task id), so more than one episode of a task repeats the first."""
+    return spec == "scripted:null" or spec.startswith("scripted:replay:") or spec in _LAZY
+
+
 def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     """The policy a spec names; an unknown spec raises ValueError listing the valid forms.
     `engine` sets how a token-level model is run and sampled (temperature...)."""

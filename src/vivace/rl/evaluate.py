@@ -22,7 +22,8 @@ self-contained RUN/report.html (tables, SVG curves, bench's success-vs-tokens pl
   changed with far less sampling noise than two independent success rates.
 
 Held-out tasks are drawn round-robin over families in a seeded order (`held_out_tasks`), so a
-small evaluation still covers every family.
+small evaluation still covers every family. With several episodes per task
+(`train.eval_samples`), a scripted baseline still runs one: it acts the same every time.
 
 Policies are loaded as `vivace bench` loads them (`load_policy(spec)`: the engine's default
 sampling settings), so the numbers compare with any other benchmark run.
@@ -47,6 +48,7 @@ from vivace.bench.report import _plot as success_vs_tokens_plot
 from vivace.bench.report import summarize
 from vivace.bench.runner import run_benchmark
 from vivace.config import VivaceConfig
+from vivace.harness.policies import deterministic
 from vivace.harness.trajectory import Trajectory
 from vivace.rl.controller import latest_checkpoint
 from vivace.rl.metrics import behaviour
@@ -133,10 +135,13 @@ async def evaluate_run(
         cfg.engine.temperature = cfg.train.eval_temperature
     roles = {"before": before, "after": after, **{b: b for b in baselines}}
     specs = list(dict.fromkeys(roles.values()))  # a policy named twice runs once
+    # Scripted baselines act the same in every episode of a task: one each says it all.
+    once = {b for b in baselines if deterministic(b)} - {before, after}
     out_dir = run_dir / "eval"
     shutil.rmtree(out_dir, ignore_errors=True)  # results.jsonl is appended to: a rerun starts clean
     samples = cfg.train.eval_samples
-    total, done, solved = len(specs) * len(tasks) * samples, [0], [0]
+    total = sum(1 if s in once else samples for s in specs) * len(tasks)
+    done, solved = [0], [0]
 
     def on_done(row: dict[str, Any]) -> None:
         done[0] += 1
@@ -145,7 +150,7 @@ async def evaluate_run(
             progress(done[0], total, solved[0])
 
     t0 = time.monotonic()
-    rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done, samples)
+    rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done, samples, once)
     report = build_report(run_dir, roles, tasks, rows, out_dir, time.monotonic() - t0)
     report["temperature"] = cfg.engine.temperature
     report["samples"] = samples
@@ -357,11 +362,14 @@ def _intro(report: dict[str, Any]) -> list[str]:
     p = report["policies"]
     fams = report["families"]
     harder = [f for f, v in fams.items() if not v["learnable"]]
+    once = [k for k, v in p.items() if k not in ("before", "after") and deterministic(v["spec"])]
+    once = once if report.get("samples", 1) > 1 else []
     return [
         f"- before: `{p['before']['spec']}`; after: `{p['after']['spec']}`",
         f"- baselines: {', '.join(f'`{k}`' for k in p if k not in ('before', 'after')) or 'none'}",
         f"- held-out: {len(report['tasks'])} tasks"
         + (f" × {report['samples']} episodes each" if report.get("samples", 1) > 1 else "")
+        + (f" ({', '.join(f'`{k}`' for k in once)} once: it acts the same every time)" if once else "")
         + f" (split {', '.join(report['task_splits'])}) over "
         f"{len(fams)} families: {', '.join(fams)}" + (f" (harder: {', '.join(harder)})" if harder else ""),
         f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s"
