@@ -116,7 +116,7 @@ async def test_several_episodes_per_task(tasks, tmp_path, state_dir):
     assert len(paths) == len(rows) and all((run_dir / "eval" / p).is_file() for p in paths)  # none overwritten
     assert report["samples"] == 2 and report["policies"]["after"]["episodes"] == 4
     assert report["policies"]["after"]["success"] == 1.0
-    assert "2 tasks × 2 episodes each (`scripted:null` once" in (run_dir / "report.md").read_text()
+    assert "2 tasks × 2 episodes each (one for `scripted:null`: scripted" in (run_dir / "report.md").read_text()
 
 
 def _task(i: int, family: str | None, kind: str = "bug") -> Task:

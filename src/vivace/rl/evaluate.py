@@ -369,7 +369,7 @@ def _intro(report: dict[str, Any]) -> list[str]:
         f"- baselines: {', '.join(f'`{k}`' for k in p if k not in ('before', 'after')) or 'none'}",
         f"- held-out: {len(report['tasks'])} tasks"
         + (f" × {report['samples']} episodes each" if report.get("samples", 1) > 1 else "")
-        + (f" ({', '.join(f'`{k}`' for k in once)} once: it acts the same every time)" if once else "")
+        + (f" (one for {', '.join(f'`{k}`' for k in once)}: scripted, the same every time)" if once else "")
         + f" (split {', '.join(report['task_splits'])}) over "
         f"{len(fams)} families: {', '.join(fams)}" + (f" (harder: {', '.join(harder)})" if harder else ""),
         f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s"
