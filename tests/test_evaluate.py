@@ -111,7 +111,7 @@ async def test_several_episodes_per_task(tasks, tmp_path, state_dir):
         + [("scripted:null", t.id, 0) for t in tasks[:2]]
     )
     assert seen[-1] == (10, 10)
-    assert report["policies"]["scripted:null"]["episodes"] == 2
+    assert report["policies"]["scripted:null"]["episodes"] == 2 and report["once"] == ["scripted:null"]
     paths = {r["trajectory"] for r in rows}
     assert len(paths) == len(rows) and all((run_dir / "eval" / p).is_file() for p in paths)  # none overwritten
     assert report["samples"] == 2 and report["policies"]["after"]["episodes"] == 4

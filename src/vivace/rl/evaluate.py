@@ -154,6 +154,7 @@ async def evaluate_run(
     report = build_report(run_dir, roles, tasks, rows, out_dir, time.monotonic() - t0)
     report["temperature"] = cfg.engine.temperature
     report["samples"] = samples
+    report["once"] = sorted(once) if samples > 1 else []  # policies that ran one episode per task
     write_report(run_dir, report)
     return report
 
@@ -362,8 +363,7 @@ def _intro(report: dict[str, Any]) -> list[str]:
     p = report["policies"]
     fams = report["families"]
     harder = [f for f, v in fams.items() if not v["learnable"]]
-    once = [k for k, v in p.items() if k not in ("before", "after") and deterministic(v["spec"])]
-    once = once if report.get("samples", 1) > 1 else []
+    once = report.get("once", [])
     return [
         f"- before: `{p['before']['spec']}`; after: `{p['after']['spec']}`",
         f"- baselines: {', '.join(f'`{k}`' for k in p if k not in ('before', 'after')) or 'none'}",
