@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from vivace.cli import app
 from vivace.config import load_preset
-from vivace.rl.evaluate import evaluate_run, held_out_tasks, stratified, trained_policy
+from vivace.rl.evaluate import evaluate_run, held_out_tasks, sign_test, stratified, trained_policy
 from vivace.tasks.families import generate_families
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 
@@ -70,8 +70,10 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     assert [c["step"] for c in report["curves"]] == [1, 2, 3] and report["curves"][-1]["success_rate"] == 0.75
     pair = report["paired"]
     solved = {spec: {r["task_id"] for r in rows if r["model"] == spec and r["resolved"]} for spec in (BEFORE, AFTER)}
+    up, down = len(solved[AFTER] - solved[BEFORE]), len(solved[BEFORE] - solved[AFTER])  # one episode per task
     assert pair == {"episodes": len(tasks), "both": len(solved[BEFORE] & solved[AFTER]),
-                    "before_only": len(solved[BEFORE] - solved[AFTER]), "after_only": len(solved[AFTER] - solved[BEFORE])}  # fmt: skip
+                    "before_only": down, "after_only": up, "tasks_up": up, "tasks_down": down,
+                    "p_value": pytest.approx(sign_test(up, down))}  # fmt: skip
 
     md = (run_dir / "report.md").read_text()
     for name in [*report["families"], BEFORE, AFTER, "before", "after", "Harder families", "→"]:
@@ -80,6 +82,7 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     assert "arithmetic" in harder_section and "misspelled_name" not in harder_section
     assert "**all learnable**" in md and "| **all** | 3 |" in md and "at temperature 0" in md
     assert f"{pair['after_only']} solved only after" in md
+    assert f"paired tasks: {up} solved more often after, {down} less often (sign test p = " in md
 
 
 def test_paired_outcomes_match_episodes_by_task_and_sample():
@@ -93,7 +96,22 @@ def test_paired_outcomes_match_episodes_by_task_and_sample():
     ]]  # fmt: skip
     rows.append({"model": "a", "task_id": "t2", "sample": 1, "error": "boom"})  # failed to run: unsolved
     rows.append({"model": "b", "task_id": "t2", "sample": 1, "resolved": True})
-    assert paired(rows, "b", "a") == {"episodes": 4, "both": 1, "before_only": 2, "after_only": 1}
+    rows += [{"model": m, "task_id": "t4", "sample": k, "resolved": ok} for m, k, ok in [
+        ("b", 0, False), ("a", 0, True), ("b", 1, False), ("a", 1, True)]]  # gained twice: one task up  # fmt: skip
+    assert paired(rows, "b", "a") == {
+        "episodes": 6, "both": 1, "before_only": 2, "after_only": 3,
+        # t1 one lost, one gained (no change); t2 one lost (down); t4 up
+        "tasks_up": 1, "tasks_down": 1, "p_value": 1.0,
+    }  # fmt: skip
+
+
+def test_sign_test_is_the_exact_two_sided_binomial():
+
+    assert sign_test(0, 0) == 1.0  # nothing changed
+    assert sign_test(4, 0) == sign_test(0, 4) == 2 / 16  # all four one way
+    assert sign_test(4, 1) == pytest.approx(2 * (1 + 5) / 32)
+    assert sign_test(3, 3) == 1.0
+    assert sign_test(10, 0) < 0.01 < sign_test(8, 1) < 0.05 < sign_test(7, 1)  # 0.002, 0.039, 0.070
 
 
 async def test_several_episodes_per_task(tasks, tmp_path, state_dir):
