@@ -89,7 +89,9 @@ def main() -> None:
     if args.tokens:
         candidates = json.load(open(args.tokens))
     else:
-        candidates = [i for i in range(len(tok)) if (s := tok.decode([i])).isalpha() and s.islower() and 2 <= len(s) <= 4]
+        candidates = [
+            i for i in range(len(tok)) if (s := tok.decode([i])).isalpha() and s.islower() and 2 <= len(s) <= 4
+        ]
     sites = name_sites(args.data, tok, args.position, args.episodes)
     if not sites:
         raise SystemExit(f"no episode in {args.data} names a path with more than {args.position} name tokens")
