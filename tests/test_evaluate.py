@@ -106,7 +106,6 @@ def test_paired_outcomes_match_episodes_by_task_and_sample():
 
 
 def test_sign_test_is_the_exact_two_sided_binomial():
-
     assert sign_test(0, 0) == 1.0  # nothing changed
     assert sign_test(4, 0) == sign_test(0, 4) == 2 / 16  # all four one way
     assert sign_test(4, 1) == pytest.approx(2 * (1 + 5) / 32)
