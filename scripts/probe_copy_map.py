@@ -1,7 +1,7 @@
 """Which tokens a policy can copy into a path (docs/benchmarks.md, "Why the held-out count barely moves").
 
-For each expert episode of `--data` (rows of `vivace sft data`: ids and loss_mask) whose first assistant
-turn calls a tool with a `path`, the package name (the path's tokens up to its first `/`) has its
+For each expert episode of `--data` (rows of `vivace sft data`: ids and loss_mask), the package name of
+the path in the assistant's first turn (the path's tokens up to its first `/`) has its
 token at `--position` replaced by a candidate X wherever the name occurs in the context; the score of
 X is the probability the model gives it, teacher-forced, when it writes that token of the path. By
 default the candidates are every lower-case token of 2-4 letters. The probe shows whether the copy
@@ -20,36 +20,27 @@ import time
 import torch
 
 from vivace.model.checkpoint import load_model, load_tokenizer
+from vivace.rl.copying import argument_values
 
 QUANTILES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
 
 
 def name_sites(data: str, tok, position: int, n: int) -> list[tuple[str, list[int], list[int]]]:
-    """(task id, context up to the path's opening quote, the package name's ids) for the first `n`
-    tasks whose first assistant turn names a path with more than `position` name tokens."""
-    quote = tok.convert_tokens_to_ids(tok.tokenize(' "'))
-    slash = tok.convert_tokens_to_ids(tok.tokenize("/"))
-    key = tok.convert_tokens_to_ids(tok.tokenize("path"))
+    """(task id, context up to the path's first token, the package name's ids) for the first `n`
+    tasks whose first assistant turn writes a path with a package of more than `position` tokens."""
     seen, sites = set(), []
     with open(data) as rows:
         for line in rows:
             row = json.loads(line)
+            if row["task_id"] in seen:
+                continue
             ids, mask = row["ids"], row["loss_mask"]
-            if row["task_id"] in seen or 1 not in mask:
-                continue
-            start = mask.index(1)
-            turn = ids[start : start + 48]
-            at = next((k for k in range(2, len(turn)) if turn[k - 2 : k - 1] == key and turn[k : k + 1] == quote), None)
-            if at is None:
-                continue
-            name = []
-            for t in turn[at + 1 :]:
-                if [t] == slash:
-                    break
-                name.append(t)
-            if len(name) > position:
+            first, last = next(((s, e) for _, s, e in argument_values(ids, mask, tok.decode)), (0, -1))
+            cut = next((j for j in range(first, last + 1) if tok.decode([ids[j]]).startswith("/")), None)
+            # the first turn's path: no context token between the turn's start and the value
+            if cut is not None and cut - first > position and 0 not in mask[mask.index(1) : first]:
                 seen.add(row["task_id"])
-                sites.append((row["task_id"], ids[: start + at + 1], name))
+                sites.append((row["task_id"], ids[:first], ids[first:cut]))
             if len(sites) == n:
                 break
     return sites
