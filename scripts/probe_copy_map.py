@@ -7,7 +7,9 @@ X is the probability the model gives it, teacher-forced, when it writes that tok
 default the candidates are every lower-case token of 2-4 letters. The probe shows whether the copy
 depends on the token: on the shipped `tiny` it does, sharply (a fifth of those tokens below 0.1, half
 above 0.9), and the same held-out names (`kitchen`: `ch`; `observatory`: `ob`, `ser`) stay out of reach
-before and after RL.
+before and after RL. The summary's `by_norm` bins the tokens by their embedding row's norm (relative to
+the median row): on tiny the uncopyable ones are the short rows ("Where the uncopyable tokens come from";
+`probe_copy_classes.py` is the quick check of the cause).
 
     .venv/bin/python scripts/probe_copy_map.py --model tiny --model runs/new --data runs/ws4/train_a.jsonl \
         --episodes 2 --out runs/copy_map.json
@@ -23,6 +25,24 @@ from vivace.model.checkpoint import load_model, load_tokenizer
 from vivace.rl.copying import argument_values
 
 QUANTILES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
+# embedding row norm as a share of the vocabulary's median row norm: the bins of the summary's `by_norm`
+NORM_BINS = ((0.0, 0.5), (0.5, 0.65), (0.65, float("inf")))
+
+
+def by_norm(model, per_token: dict[int, list[float]]) -> dict[str, dict[str, float]]:
+    """The candidates binned by their (tied) embedding row's norm relative to the median row: how many,
+    and the share copied with probability below 0.1. On the shipped tiny, every token under half the
+    median norm is uncopyable and almost none above 0.65 of it: rows that training barely reached."""
+    norms = model.get_input_embeddings().weight.detach().float().norm(dim=1)
+    rel = norms / norms.median()
+    out = {}
+    for lo, hi in NORM_BINS:
+        ps = [sum(v) / len(v) for x, v in per_token.items() if lo <= rel[x] < hi]
+        out[f"{lo}-{hi}"] = {
+            "tokens": len(ps),
+            "below_0.1": round(sum(p < 0.1 for p in ps) / len(ps), 3) if ps else None,
+        }
+    return out
 
 
 def name_sites(data: str, tok, position: int, n: int) -> list[tuple[str, list[int], list[int]]]:
@@ -104,6 +124,7 @@ def main() -> None:
             "below_0.01": round(sum(p < 0.01 for p in means) / len(means), 3),
             "below_0.1": round(sum(p < 0.1 for p in means) / len(means), 3),
             "lowest": [tok.decode([x]) for x in sorted(per_token, key=lambda x: sum(per_token[x]))[:30]],
+            "by_norm": by_norm(model, per_token),
         }
         maps[spec] = {f"{tok.decode([x])}#{x}": v for x, v in per_token.items()}
     if args.out:
