@@ -29,6 +29,9 @@ $V sft data --tasks "$D/tasks_extra.jsonl" --split train --styles-per-task 1 --c
 $V sft data --suite families --split validation --styles efficient --concurrency 2 --out "$D/val.jsonl"
 
 # 2. Copy stages (rl/copying.py): induction heads form on a narrow vocabulary, then carry to all of it.
+#    (300:800 is what the shipped warm start used; those are the text's most frequent pieces and stay
+#    poorly copied for good. A new warm start should use a rarely written range such as 3000:3500:
+#    "Where the uncopyable tokens come from" in docs/benchmarks.md.)
 $V sft copies --out "$D/copies_narrow.jsonl" --n 40000 --vocab 300:800 --seed 0
 $V sft copies --out "$D/copies_narrow_val.jsonl" --n 200 --vocab 300:800 --seed 99
 $V sft copies --out "$D/copies_wide.jsonl" --n 60000 --vocab 300:4000 --seed 1
