@@ -31,12 +31,20 @@ def parse_range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def token_counts(path: str) -> Counter:
-    counts: Counter = Counter()
-    with open(path) as rows:
-        for line in rows:
-            counts.update(json.loads(line)["ids"])
-    return counts
+def read_rows(path: str, keys: tuple[str, ...]) -> list[dict]:
+    """JSONL rows that each have `keys`; a bad line stops the probe with its file and line."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                if not all(isinstance(row.get(k), list) for k in keys):
+                    raise ValueError(f"needs list fields {', '.join(keys)}")
+            except ValueError as e:
+                raise SystemExit(f"{path}:{n}: not a row of token ids ({e}); write one with `vivace sft copies` "
+                                 "or `vivace sft data`") from None  # fmt: skip
+            rows.append(row)
+    return rows
 
 
 @torch.no_grad()
@@ -66,9 +74,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    counts = token_counts(args.text)
-    with open(args.copies) as f:
-        rows = [json.loads(line) for line in f]
+    counts = Counter(t for row in read_rows(args.text, ("ids",)) for t in row["ids"])
+    rows = read_rows(args.copies, ("ids", "loss_mask"))
 
     def classify(token: int) -> str:
         where = next((f"{lo}:{hi}" for lo, hi in args.range if lo <= token < hi), "other")

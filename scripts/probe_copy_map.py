@@ -32,7 +32,8 @@ NORM_BINS = ((0.0, 0.5), (0.5, 0.65), (0.65, float("inf")))
 def by_norm(model, per_token: dict[int, list[float]]) -> dict[str, dict[str, float]]:
     """The candidates binned by their (tied) embedding row's norm relative to the median row: how many,
     and the share copied with probability below 0.1. On the shipped tiny, every token under half the
-    median norm is uncopyable and almost none above 0.65 of it: rows that training barely reached."""
+    median norm is uncopyable and almost none above 0.65 of it (they are the narrow copy stage's ids
+    that the text uses often, not untrained ones)."""
     norms = model.get_input_embeddings().weight.detach().float().norm(dim=1)
     rel = norms / norms.median()
     out = {}
