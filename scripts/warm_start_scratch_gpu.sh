@@ -17,6 +17,8 @@
 #   episodes the expert episodes as recorded, renamed variants cut at each decision (first file,
 #            first edit, whole, whole with every token trained, a failed read or edit first) and
 #            some copy rows; cosine from LR, MIX_MIN minutes.
+# The script stops after the narrow stage if its copier has not formed (eval accuracy under MIN_NARROW_ACC),
+# and after copies2 writes copy accuracy by token class to $OUT/copy_classes.json (probe_copy_classes.py).
 # Rows are long (COPY_ROW, ROW tokens; episodes keep their own positions): a GPU forward of this
 # model is bound by kernel launches, so tokens per forward is throughput. The trainer is one
 # CPU-bound process: leave it cores (JOBS below nproc) when it runs beside the data phase.
@@ -28,6 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${VIVACE:-.venv/bin/vivace}
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # one that imports vivace
 D=${WARM_START_DIR:-runs/warm_start}
 OUT=${STAGE_OUT:-$D/scratch}
 ARCH=${ARCH:-}
@@ -43,7 +46,7 @@ FF=${FF:-3} FE=${FE:-3} WH=${WH:-2} LM=${LM:-1} RT=${RT:-3} RE=${RE:-2}
 # tokens, while 300:800, which every warm start up to the shipped one used, holds 35% and left those
 # pieces uncopyable for good ("Where the uncopyable tokens come from" in docs/benchmarks.md). Check the
 # copy stages with scripts/probe_copy_classes.py (seconds) before the episode stage.
-NARROW=${NARROW:-3000:3500}
+NARROW=${NARROW:-3000:3500} MIN_NARROW_ACC=${MIN_NARROW_ACC:-0.9}
 N_NARROW=${N_NARROW:-200000} N_WIDE=${N_WIDE:-100000} N_LOOKBACK=${N_LOOKBACK:-3000} N_PIECES=${N_PIECES:-3000}
 JOBS=${JOBS:-$(nproc)}
 EVAL_EVERY=${EVAL_EVERY:-100} SAVE_EVERY=${SAVE_EVERY:-200}
@@ -84,11 +87,19 @@ else
   $V sft train --data "$A/narrow.jsonl" --eval "$A/narrow_val.jsonl" --init tiny-init "${arch[@]}" --out "$OUT/copies" \
     --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --steps "$C1_STEPS" --eval-every 50 \
     --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies.json"
+  # Without a formed copier every later stage is wasted (on 2 cores a narrow stage over 3596:4096 had not
+  # formed one after 1,660 steps where 300:800 and 3000:3500 had by step 600).
+  python3 -c "import json, sys; a = json.load(open(sys.argv[1])).get('eval_token_acc') or 0
+sys.exit(f'narrow copy stage: eval accuracy {a:.3f} after $C1_STEPS steps, so no copier formed; raise C1_STEPS '
+         'or change SEED or NARROW' if a < $MIN_NARROW_ACC else 0)" "$OUT/copies/sft_summary.json"
 fi
 $V sft train --data "$A/wide.jsonl" --data "$A/lookback.jsonl" --data "$A/lookback_sys.jsonl" \
   --data "$A/pieces_sys.jsonl" --eval "$A/wide_val.jsonl" --init "$start" --out "$OUT/copies2" \
   --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr "$C2_LR" --min-lr-ratio 1 --steps "$C2_STEPS" --eval-every 50 \
   --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
+# Copy accuracy by class (seconds): the narrow range may lag, the text's frequent pieces must not.
+"$PY" scripts/probe_copy_classes.py --model "$OUT/copies2" --copies "$A/wide_val.jsonl" \
+  --text "$D/train_a.jsonl" --range 300:800 --range "$NARROW" --json | tee "$OUT/copy_classes.json"
 while [ ! -f "$A/variants.done" ]; do sleep 2; done
 head -n 1200 "$A/pieces_sys.jsonl" > "$OUT/pieces_keep.jsonl"
 head -n 700 "$A/lookback_sys.jsonl" > "$OUT/lookback_keep.jsonl"
