@@ -18,10 +18,13 @@ about a tenth of the time, every other class almost always. Seconds per model, w
 import argparse
 import json
 from collections import Counter
+from pathlib import Path
 
 import torch
 
-from vivace.model.checkpoint import load_model
+from vivace.model.checkpoint import load_model, load_tokenizer
+from vivace.rl.packing import IGNORE, Episode
+from vivace.rl.sft_train import SftDataError, read_episodes
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -31,35 +34,18 @@ def parse_range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def read_rows(path: str, keys: tuple[str, ...]) -> list[dict]:
-    """JSONL rows that each have `keys`; a bad line stops the probe with its file and line."""
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-                if not all(isinstance(row.get(k), list) for k in keys):
-                    raise ValueError(f"needs list fields {', '.join(keys)}")
-            except ValueError as e:
-                raise SystemExit(f"{path}:{n}: not a row of token ids ({e}); write one with `vivace sft copies` "
-                                 "or `vivace sft data`") from None  # fmt: skip
-            rows.append(row)
-    return rows
-
-
 @torch.no_grad()
-def copy_accuracy(model, rows: list[dict], classify) -> dict[str, dict[str, float]]:
+def copy_accuracy(model, rows: list[Episode], classify) -> dict[str, dict[str, float]]:
     """{class: {"accuracy", "tokens"}} over the trained (repeated) tokens of `rows`."""
     right: Counter = Counter()
     total: Counter = Counter()
     for row in rows:
-        ids = row["ids"]
-        greedy = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
-        for t in range(1, len(ids)):
-            if row["loss_mask"][t]:
-                cls = classify(ids[t])
+        greedy = model(torch.tensor([row.ids])).logits[0].argmax(-1).tolist()
+        for guess, target in zip(greedy, row.labels, strict=True):
+            if target != IGNORE:
+                cls = classify(target)
                 total[cls] += 1
-                right[cls] += greedy[t - 1] == ids[t]
+                right[cls] += guess == target
     return {c: {"accuracy": round(right[c] / total[c], 3), "tokens": total[c]} for c in sorted(total)}
 
 
@@ -74,8 +60,12 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    counts = Counter(t for row in read_rows(args.text, ("ids",)) for t in row["ids"])
-    rows = read_rows(args.copies, ("ids", "loss_mask"))
+    vocab = len(load_tokenizer(args.model[0]))
+    try:  # the training loader's checks: a bad line stops the probe with its file, line and fix
+        counts = Counter(t for row in read_episodes(Path(args.text), vocab) for t in row.ids)
+        rows = read_episodes(Path(args.copies), vocab)
+    except SftDataError as e:
+        raise SystemExit(f"error: {e}") from None
 
     def classify(token: int) -> str:
         where = next((f"{lo}:{hi}" for lo, hi in args.range if lo <= token < hi), "other")

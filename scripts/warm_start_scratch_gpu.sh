@@ -50,6 +50,13 @@ FF=${FF:-3} FE=${FE:-3} WH=${WH:-2} LM=${LM:-1} RT=${RT:-3} RE=${RE:-2}
 # both ranges at equal time when a GPU allows.
 NARROW=${NARROW:-3000:3500} MIN_NARROW_ACC=${MIN_NARROW_ACC:-0.9}
 NF=narrow_${NARROW/:/-}  # per range, so arms with different ranges share one data folder
+# The narrow rows of NARROW, written aside and renamed: arms making the same range at once never read
+# a half-written file.
+narrow_rows() {
+  $V sft copies --out "$A/$NF.jsonl.$$" --n "$N_NARROW" --vocab "$NARROW" --seed "$SEED"
+  $V sft copies --out "$A/${NF}_val.jsonl.$$" --n 200 --vocab "$NARROW" --seed $((SEED + 1))
+  mv "$A/$NF.jsonl.$$" "$A/$NF.jsonl" && mv "$A/${NF}_val.jsonl.$$" "$A/${NF}_val.jsonl"
+}
 N_NARROW=${N_NARROW:-200000} N_WIDE=${N_WIDE:-100000} N_LOOKBACK=${N_LOOKBACK:-3000} N_PIECES=${N_PIECES:-3000}
 JOBS=${JOBS:-$(nproc)}
 EVAL_EVERY=${EVAL_EVERY:-100} SAVE_EVERY=${SAVE_EVERY:-200}
@@ -59,8 +66,7 @@ mkdir -p "$A"
 if [ "$PHASE" != train ]; then
   rm -f "$A"/*.done
   # Copies first (seconds), so the copy stages can start while the variants are made.
-  $V sft copies --out "$A/$NF.jsonl" --n "$N_NARROW" --vocab "$NARROW" --seed "$SEED" &
-  $V sft copies --out "$A/${NF}_val.jsonl" --n 200 --vocab "$NARROW" --seed $((SEED + 1)) &
+  narrow_rows &
   $V sft copies --out "$A/wide.jsonl" --n "$N_WIDE" --vocab 300:4000 --seed $((SEED + 2)) &
   $V sft copies --out "$A/wide_val.jsonl" --n 200 --vocab 300:4000 --seed $((SEED + 3)) &
   $V sft copies --out "$A/lookback.jsonl" --n "$N_LOOKBACK" --vocab 300:4000 --lookback 768 --seed $((SEED + 4)) &
@@ -87,12 +93,7 @@ start=$OUT/copies
 if [ -n "$INIT" ]; then
   start=$INIT  # a trained policy already copies: no narrow stage
 else
-  if [ ! -f "$A/${NF}_val.jsonl" ]; then  # a range the copies phase did not make (an arm's own NARROW)
-    # written aside and renamed, so arms making the same range at once never read a half-written file
-    $V sft copies --out "$A/$NF.jsonl.$$" --n "$N_NARROW" --vocab "$NARROW" --seed "$SEED"
-    $V sft copies --out "$A/${NF}_val.jsonl.$$" --n 200 --vocab "$NARROW" --seed $((SEED + 1))
-    mv "$A/$NF.jsonl.$$" "$A/$NF.jsonl" && mv "$A/${NF}_val.jsonl.$$" "$A/${NF}_val.jsonl"
-  fi
+  [ -f "$A/${NF}_val.jsonl" ] || narrow_rows  # a range the copies phase did not make (an arm's own NARROW)
   $V sft train --data "$A/$NF.jsonl" --eval "$A/${NF}_val.jsonl" --init tiny-init "${arch[@]}" --out "$OUT/copies" \
     --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr 0.001 --min-lr-ratio 1 --steps "$C1_STEPS" --eval-every 50 \
     --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies.json"
