@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One device call: three warm starts side by side on one GPU (attempt 16 in docs/benchmarks.md):
-# A, tiny from an untrained model; B, an 18M model from an untrained model; C, tiny continued from
-# the shipped policy (INIT=tiny, which was h2 then: wide copies, then the episodes). Each arm is
-# scripts/warm_start_scratch_gpu.sh PHASE=train; the copies are made on the device, the variants
+# One device call: several warm starts side by side on one GPU (attempts 16 and 17 in docs/benchmarks.md).
+# Each arm is scripts/warm_start_scratch_gpu.sh PHASE=train with its own settings, given as an argument
+# NAME="VAR=value ..." (NAME in letters and digits); the copies are made on the device, the variants
 # ahead on the CPU machine so the GPU's minutes all go on training. Training ends TRAIN_S seconds
 # after the start, what is left is killed at KILL_S, and each arm's last checkpoint comes back as a
 # bf16 tarball in 15 MB parts ($OUT/ARM.tgz.partNN; `cat` them into `tar xz`), beside logs.tgz.
+# COPIES (an arm's argument too) lists `sft copies` arguments, `;`-separated, made into $W/extra_N.jsonl
+# before the arms start: an arm names them in EXTRA_DATA.
 #
 # Inputs in $G (default .gpu, ignored by git, carried to the device; 34 MB for attempt 16):
 #   whl/          pydantic and its needs as wheels for the device's Python (the device README says how)
@@ -13,7 +14,10 @@
 #   vars.tgz      the variants: FF=3 FE=3 WH=2 LM=1 RT=3 RE=2 LETTERS=0.5 scripts/make_variants.sh DIR 400
 #                 runs/ws4/train_a.jsonl runs/ws4/train_b.jsonl; tar czf vars.tgz -C DIR var_*.jsonl
 #
-#   TRAIN_S=470 KILL_S=535 bash scripts/warm_start_gpu_arms.sh     # on the device, $OUT set
+# Attempt 16 (tiny and 18M from an untrained model, tiny continued):
+#   TRAIN_S=470 KILL_S=535 bash scripts/warm_start_gpu_arms.sh A="SEED=301" \
+#     B="SEED=302 ARCH=hidden_size=384,num_hidden_layers=6,num_attention_heads=6,head_dim=64" \
+#     C="SEED=303 INIT=tiny C2_STEPS=200 C2_LR=0.0004 LR=0.0004"
 #   NO_WHEELS=1 OUT=/tmp/out C1_STEPS=2 C2_STEPS=2 N_NARROW=500 … # a dry run where the packages are
 set -uo pipefail
 T0=$(date +%s)
@@ -37,18 +41,25 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || ec
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 echo "$(( $(date +%s) - T0 )) s: data ready, $(ls $W/scratch_data/var_*.jsonl | wc -l) variant files"
 PHASE=copies scripts/warm_start_scratch_gpu.sh > $W/copies.log 2>&1 &
-PHASE=train STAGE_OUT=$W/A SEED=301 scripts/warm_start_scratch_gpu.sh > $W/A.log 2>&1 &
-PA=$!
-PHASE=train STAGE_OUT=$W/B SEED=302 ARCH=hidden_size=384,num_hidden_layers=6,num_attention_heads=6,head_dim=64 \
-  scripts/warm_start_scratch_gpu.sh > $W/B.log 2>&1 &
-PB=$!
-PHASE=train STAGE_OUT=$W/C SEED=303 INIT=tiny C2_STEPS=200 C2_LR=0.0004 LR=0.0004 scripts/warm_start_scratch_gpu.sh \
-  > $W/C.log 2>&1 &
-PC=$!
-while kill -0 $PA 2>/dev/null || kill -0 $PB 2>/dev/null || kill -0 $PC 2>/dev/null; do
+i=0
+IFS=';' read -ra extra <<< "${COPIES:-}"
+for a in "${extra[@]}"; do
+  [ -n "$a" ] && /tmp/vv sft copies --out $W/extra_$i.jsonl $a > /dev/null && i=$((i + 1))
+done
+arms=() pids=()
+for spec in "$@"; do
+  arm=${spec%%=*}
+  arms+=("$arm")
+  env STAGE_OUT=$W/$arm PHASE=train ${spec#*=} scripts/warm_start_scratch_gpu.sh > $W/$arm.log 2>&1 &
+  pids+=($!)
+done
+while :; do
+  alive=0
+  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+  [ $alive = 1 ] || break
   now=$(( $(date +%s) - T0 ))
   if [ $now -ge "$KILL_S" ]; then echo "$now s: killing what is left"; pkill -f "vivace.cli" ; sleep 3; break; fi
-  for arm in A B C; do
+  for arm in "${arms[@]}"; do
     log=$(ls -t $W/$arm/*/train_log.jsonl 2>/dev/null | head -1)
     [ -n "$log" ] && echo "$now s $arm $(basename "$(dirname "$log")"): $(tail -1 "$log" | cut -c1-230)"
   done
@@ -56,7 +67,7 @@ while kill -0 $PA 2>/dev/null || kill -0 $PB 2>/dev/null || kill -0 $PC 2>/dev/n
 done
 echo "$(( $(date +%s) - T0 )) s: training over"
 mkdir -p /tmp/pkg "$OUT"
-for arm in A B C; do
+for arm in "${arms[@]}"; do
   src=$W/$arm/episodes
   [ -f $src/model.safetensors ] || { echo "$arm: no episode checkpoint"; continue; }
   python3 -c "from pathlib import Path; from vivace.model.checkpoint import ship_checkpoint as s; \
@@ -64,6 +75,7 @@ s('$src', Path('/tmp/pkg/$arm'))" > /dev/null && cp $src/train_log.jsonl $src/sf
   tar czf /tmp/pkg/$arm.tgz -C /tmp/pkg $arm
   split -b 15M -d /tmp/pkg/$arm.tgz "$OUT/$arm.tgz.part"
 done
-tar czf "$OUT/logs.tgz" -C $W --exclude='*.safetensors' --exclude='*_keep.jsonl' A B C copies.log A.log B.log C.log
+(cd $W && tar czf "$OUT/logs.tgz" --exclude='*.safetensors' --exclude='*_keep.jsonl' "${arms[@]}" copies.log \
+  $(printf '%s.log ' "${arms[@]}"))
 ls -la "$OUT"
 echo "$(( $(date +%s) - T0 )) s: done"

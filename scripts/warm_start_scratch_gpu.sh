@@ -13,14 +13,19 @@
 # Stages, each a `vivace sft train` run from the last:
 #   copies   narrow-vocabulary copies (induction heads form), constant rate, C1_STEPS steps (on 2 CPU
 #            cores the jump came at ~600 steps; attempt 10's 173 were too few);
-#   copies2  whole-vocabulary and long-range copies, behind the system turn too, C2_STEPS steps;
+#   copies2  whole-vocabulary and long-range copies, behind the system turn too, C2_STEPS steps (0: none);
+#            with C3_STEPS > 0, whole-vocabulary copies alone (as on 2 cores, where the copier carried to
+#            every id), then copies3: the long-range copies, C3_STEPS steps of C3_ROW tokens;
 #   episodes the expert episodes as recorded, renamed variants cut at each decision (first file,
 #            first edit, whole, whole with every token trained, a failed read or edit first) and
 #            some copy rows; cosine from LR, MIX_MIN minutes.
 # The script stops after the narrow stage if its copier has not formed (eval accuracy under MIN_NARROW_ACC),
 # and after copies2 writes copy accuracy by token class to $OUT/copy_classes.json (probe_copy_classes.py).
 # Rows are long (COPY_ROW, ROW tokens; episodes keep their own positions): a GPU forward of this
-# model is bound by kernel launches, so tokens per forward is throughput. The trainer is one
+# model is bound by kernel launches, so tokens per forward is throughput. The copy stages may need small
+# steps, though: with 32k-token steps the wide stage stayed at 0.09 for 600 steps (attempt 16), where
+# 2,560-token steps reached 0.79 by step 300 on 2 cores; COPY_ROW=2560 runs them that way.
+# EXTRA_DATA (files, comma-separated) joins the episode stage's data, e.g. copy rows. The trainer is one
 # CPU-bound process: leave it cores (JOBS below nproc) when it runs beside the data phase.
 # INIT (a checkpoint, e.g. tiny) starts from a trained policy instead: the narrow stage is skipped.
 # DEADLINE (seconds since the epoch) instead sizes the episode stage to end 30 s before it.
@@ -37,6 +42,7 @@ ARCH=${ARCH:-}
 PHASE=${PHASE:-all}
 SEED=${SEED:-300}
 C1_STEPS=${C1_STEPS:-800} C2_STEPS=${C2_STEPS:-600} C2_LR=${C2_LR:-0.001} MIX_MIN=${MIX_MIN:-5}
+C3_STEPS=${C3_STEPS:-0} C3_ROW=${C3_ROW:-8192} EXTRA_DATA=${EXTRA_DATA:-}
 INIT=${INIT:-}
 LR=${LR:-0.0006}
 COPY_ROW=${COPY_ROW:-32768} ROW=${ROW:-65536} BATCH_TOKENS=${BATCH_TOKENS:-131072}
@@ -103,13 +109,25 @@ else
 sys.exit(f'narrow copy stage: eval accuracy {a:.3f} after $C1_STEPS steps, so no copier formed; raise C1_STEPS '
          'or change SEED or NARROW' if a < $MIN_NARROW_ACC else 0)" "$OUT/copies/sft_summary.json"
 fi
-$V sft train --data "$A/wide.jsonl" --data "$A/lookback.jsonl" --data "$A/lookback_sys.jsonl" \
-  --data "$A/pieces_sys.jsonl" --eval "$A/wide_val.jsonl" --init "$start" --out "$OUT/copies2" \
-  --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr "$C2_LR" --min-lr-ratio 1 --steps "$C2_STEPS" --eval-every 50 \
-  --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
-# Copy accuracy by class (seconds): the narrow range may lag, the text's frequent pieces must not.
-"$PY" scripts/probe_copy_classes.py --model "$OUT/copies2" --copies "$A/wide_val.jsonl" \
-  --text "$D/train_a.jsonl" --range 300:800 --range "$NARROW" --json | tee "$OUT/copy_classes.json"
+long_range=(--data "$A/lookback.jsonl" --data "$A/lookback_sys.jsonl" --data "$A/pieces_sys.jsonl")
+if [ "$C2_STEPS" -gt 0 ]; then
+  c2_data=(--data "$A/wide.jsonl")
+  [ "$C3_STEPS" -gt 0 ] || c2_data+=("${long_range[@]}")
+  $V sft train "${c2_data[@]}" --eval "$A/wide_val.jsonl" --init "$start" --out "$OUT/copies2" \
+    --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr "$C2_LR" --min-lr-ratio 1 --steps "$C2_STEPS" --eval-every 50 \
+    --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
+  # Copy accuracy by class (seconds): the narrow range may lag, the text's frequent pieces must not.
+  "$PY" scripts/probe_copy_classes.py --model "$OUT/copies2" --copies "$A/wide_val.jsonl" \
+    --text "$D/train_a.jsonl" --range 300:800 --range "$NARROW" --json | tee "$OUT/copy_classes.json"
+  start=$OUT/copies2
+fi
+if [ "$C3_STEPS" -gt 0 ]; then
+  head -n 5000 "$A/wide.jsonl" > "$OUT/wide_keep.jsonl"
+  $V sft train "${long_range[@]}" --data "$OUT/wide_keep.jsonl" --eval "$A/wide_val.jsonl" --init "$start" \
+    --out "$OUT/copies3" --seq-len "$C3_ROW" --batch-tokens "$C3_ROW" --lr "$C2_LR" --min-lr-ratio 1 --steps "$C3_STEPS" \
+    --eval-every 50 --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies3.json"
+  start=$OUT/copies3
+fi
 while [ ! -f "$A/variants.done" ]; do sleep 2; done
 head -n 1200 "$A/pieces_sys.jsonl" > "$OUT/pieces_keep.jsonl"
 head -n 700 "$A/lookback_sys.jsonl" > "$OUT/lookback_keep.jsonl"
@@ -117,8 +135,8 @@ if [ -n "${DEADLINE:-}" ]; then
   MIX_MIN=$(python3 -c "import time; print(max(0.5, ($DEADLINE - time.time() - 30) / 60))")
 fi
 data=(--data "$D/train_a.jsonl" --data "$D/train_b.jsonl" --data "$OUT/pieces_keep.jsonl" --data "$OUT/lookback_keep.jsonl")
-for f in "$A"/var_*.jsonl; do [ -s "$f" ] && data+=(--data "$f"); done  # a shard with no edit has no first_edit cut
-$V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$OUT/copies2" --out "$OUT/episodes" --seq-len "$ROW" \
+for f in "$A"/var_*.jsonl ${EXTRA_DATA//,/ }; do [ -s "$f" ] && data+=(--data "$f"); done  # a shard with no edit has no first_edit cut
+$V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$start" --out "$OUT/episodes" --seq-len "$ROW" \
   --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every "$EVAL_EVERY" \
   --save-every "$SAVE_EVERY" --seed "$SEED" --device auto --json > "$OUT/episodes.json"
 echo "$(date +%T) done: $OUT/episodes"
