@@ -5,7 +5,8 @@
 # ahead on the CPU machine so the GPU's minutes all go on training. Training ends TRAIN_S seconds
 # after the start, what is left is killed at KILL_S, and each arm's last checkpoint comes back as a
 # bf16 tarball in 15 MB parts ($OUT/ARM.tgz.partNN; `cat` them into `tar xz`), beside logs.tgz.
-# COPIES (an arm's argument too) lists `sft copies` arguments, `;`-separated, made into $W/extra_N.jsonl
+# RETURN (arm names, space-separated; default all) picks the checkpoints that come back.
+# COPIES lists `sft copies` arguments, `;`-separated, made into $W/extra_N.jsonl
 # before the arms start: an arm names them in EXTRA_DATA.
 #
 # Inputs in $G (default .gpu, ignored by git, carried to the device; 34 MB for attempt 16):
@@ -66,8 +67,15 @@ while :; do
   sleep 30
 done
 echo "$(( $(date +%s) - T0 )) s: training over"
-mkdir -p /tmp/pkg "$OUT"
+# Copy accuracy by token class of every arm's last checkpoint (seconds each), into the logs.
 for arm in "${arms[@]}"; do
+  [ -f $W/$arm/episodes/model.safetensors ] && timeout 120 python3 scripts/probe_copy_classes.py --model $W/$arm/episodes \
+    --copies $W/scratch_data/wide_val.jsonl --text $W/train_a.jsonl --range 300:800 --range 3000:3500 --json \
+    > $W/$arm/final_classes.json 2> /dev/null &
+done
+wait
+mkdir -p /tmp/pkg "$OUT"
+for arm in ${RETURN:-"${arms[@]}"}; do  # the checkpoints that come back: $OUT holds 64 MB, four tiny ones do not fit
   src=$W/$arm/episodes
   [ -f $src/model.safetensors ] || { echo "$arm: no episode checkpoint"; continue; }
   python3 -c "from pathlib import Path; from vivace.model.checkpoint import ship_checkpoint as s; \
