@@ -5,6 +5,8 @@
 # ahead on the CPU machine so the GPU's minutes all go on training. Training ends TRAIN_S seconds
 # after the start, what is left is killed at KILL_S, and each arm's last checkpoint comes back as a
 # bf16 tarball in 15 MB parts ($OUT/ARM.tgz.partNN; `cat` them into `tar xz`), beside logs.tgz.
+# The probes and the packing after KILL_S took ~60 s with four arms (attempt 17): give the device call a
+# timeout of at least KILL_S + 90 seconds, or the checkpoints are lost with the machine.
 # RETURN (arm names, space-separated; default all) picks the checkpoints that come back.
 # COPIES lists `sft copies` arguments, `;`-separated, made into $W/extra_N.jsonl
 # before the arms start: an arm names them in EXTRA_DATA.
@@ -19,6 +21,14 @@
 #   TRAIN_S=470 KILL_S=535 bash scripts/warm_start_gpu_arms.sh A="SEED=301" \
 #     B="SEED=302 ARCH=hidden_size=384,num_hidden_layers=6,num_attention_heads=6,head_dim=64" \
 #     C="SEED=303 INIT=tiny C2_STEPS=200 C2_LR=0.0004 LR=0.0004"
+# Attempt 17 (each narrow range from an untrained model; tiny continued with and without copy rows over
+# ids 300-800):
+#   TRAIN_S=480 KILL_S=530 N_NARROW=40000 N_WIDE=60000 COPIES="--n 60000 --vocab 300:800 --seed 77;\
+#     --n 5000 --vocab 300:800 --lookback 768 --behind-system --seed 78" bash scripts/warm_start_gpu_arms.sh \
+#     A="SEED=301 NARROW=300:800 COPY_ROW=2560 C1_STEPS=900 C2_STEPS=500 C3_STEPS=150" \
+#     C="SEED=301 NARROW=3000:3500 COPY_ROW=2560 C1_STEPS=900 C2_STEPS=500 C3_STEPS=150" \
+#     R="SEED=303 INIT=tiny C2_STEPS=0 LR=0.0004 EXTRA_DATA=/tmp/ws/extra_0.jsonl,/tmp/ws/extra_1.jsonl" \
+#     R0="SEED=303 INIT=tiny C2_STEPS=0 LR=0.0004"
 #   NO_WHEELS=1 OUT=/tmp/out C1_STEPS=2 C2_STEPS=2 N_NARROW=500 … # a dry run where the packages are
 set -uo pipefail
 T0=$(date +%s)
@@ -69,13 +79,13 @@ done
 echo "$(( $(date +%s) - T0 )) s: training over"
 # Copy accuracy by token class of every arm's last checkpoint (seconds each), into the logs.
 for arm in "${arms[@]}"; do
-  [ -f $W/$arm/episodes/model.safetensors ] && timeout 120 python3 scripts/probe_copy_classes.py --model $W/$arm/episodes \
+  [ -f $W/$arm/episodes/model.safetensors ] && timeout 60 python3 scripts/probe_copy_classes.py --model $W/$arm/episodes \
     --copies $W/scratch_data/wide_val.jsonl --text $W/train_a.jsonl --range 300:800 --range 3000:3500 --json \
     > $W/$arm/final_classes.json 2> /dev/null &
 done
 wait
 mkdir -p /tmp/pkg "$OUT"
-for arm in ${RETURN:-"${arms[@]}"}; do  # the checkpoints that come back: $OUT holds 64 MB, four tiny ones do not fit
+for arm in ${RETURN:-"${arms[@]}"}; do  # a tiny one is ~12 MB gzipped; $OUT holds 8 files, 64 MB
   src=$W/$arm/episodes
   [ -f $src/model.safetensors ] || { echo "$arm: no episode checkpoint"; continue; }
   python3 -c "from pathlib import Path; from vivace.model.checkpoint import ship_checkpoint as s; \
