@@ -8,7 +8,7 @@
 # The probes and the packing after KILL_S took ~60 s with four arms (attempt 17): give the device call a
 # timeout of at least KILL_S + 90 seconds, or the checkpoints are lost with the machine.
 # RETURN (arm names, space-separated; default all) picks the checkpoints that come back.
-# COPIES lists `sft copies` arguments, `;`-separated, made into $W/extra_N.jsonl
+# COPIES lists `sft copies` arguments, `;`-separated, made into /tmp/ws/extra_N.jsonl (N from 0)
 # before the arms start: an arm names them in EXTRA_DATA.
 #
 # Inputs in $G (default .gpu, ignored by git, carried to the device; 34 MB for attempt 16):
@@ -55,7 +55,9 @@ PHASE=copies scripts/warm_start_scratch_gpu.sh > $W/copies.log 2>&1 &
 i=0
 IFS=';' read -ra extra <<< "${COPIES:-}"
 for a in "${extra[@]}"; do
-  [ -n "$a" ] && /tmp/vv sft copies --out $W/extra_$i.jsonl $a > /dev/null && i=$((i + 1))
+  [ -n "${a// /}" ] || continue
+  /tmp/vv sft copies --out $W/extra_$i.jsonl $a > /dev/null || { echo "COPIES: \`sft copies $a\` failed"; exit 1; }
+  i=$((i + 1))
 done
 arms=() pids=()
 for spec in "$@"; do

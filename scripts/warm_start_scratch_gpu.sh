@@ -135,7 +135,11 @@ if [ -n "${DEADLINE:-}" ]; then
   MIX_MIN=$(python3 -c "import time; print(max(0.5, ($DEADLINE - time.time() - 30) / 60))")
 fi
 data=(--data "$D/train_a.jsonl" --data "$D/train_b.jsonl" --data "$OUT/pieces_keep.jsonl" --data "$OUT/lookback_keep.jsonl")
-for f in "$A"/var_*.jsonl ${EXTRA_DATA//,/ }; do [ -s "$f" ] && data+=(--data "$f"); done  # a shard with no edit has no first_edit cut
+for f in ${EXTRA_DATA//,/ }; do
+  [ -s "$f" ] || { echo "EXTRA_DATA: $f is missing or empty; give existing JSONL files, comma-separated" >&2; exit 2; }
+  data+=(--data "$f")
+done
+for f in "$A"/var_*.jsonl; do [ -s "$f" ] && data+=(--data "$f"); done  # a shard with no edit has no first_edit cut
 $V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$start" --out "$OUT/episodes" --seq-len "$ROW" \
   --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every "$EVAL_EVERY" \
   --save-every "$SAVE_EVERY" --seed "$SEED" --device auto --json > "$OUT/episodes.json"
