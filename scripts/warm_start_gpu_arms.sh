@@ -5,8 +5,9 @@
 # ahead on the CPU machine so the GPU's minutes all go on training. Training ends TRAIN_S seconds
 # after the start, what is left is killed at KILL_S, and each arm's last checkpoint comes back as a
 # bf16 tarball in 15 MB parts ($OUT/ARM.tgz.partNN; `cat` them into `tar xz`), beside logs.tgz.
-# The probes and the packing after KILL_S took ~60 s with four arms (attempt 17): give the device call a
-# timeout of at least KILL_S + 90 seconds, or the checkpoints are lost with the machine.
+# Each arm probes its last checkpoint (final_classes.json, in the logs). What runs after KILL_S took ~60 s
+# for four arms in attempt 17: give the device call a timeout of at least KILL_S + 90 seconds, or the
+# checkpoints are lost with the machine.
 # RETURN (arm names, space-separated; default all) picks the checkpoints that come back.
 # COPIES lists `sft copies` arguments, `;`-separated, made into /tmp/ws/extra_N.jsonl (N from 0)
 # before the arms start: an arm names them in EXTRA_DATA.
@@ -79,13 +80,6 @@ while :; do
   sleep 30
 done
 echo "$(( $(date +%s) - T0 )) s: training over"
-# Copy accuracy by token class of every arm's last checkpoint (seconds each), into the logs.
-for arm in "${arms[@]}"; do
-  [ -f $W/$arm/episodes/model.safetensors ] && timeout 60 python3 scripts/probe_copy_classes.py --model $W/$arm/episodes \
-    --copies $W/scratch_data/wide_val.jsonl --text $W/train_a.jsonl --range 300:800 --range 3000:3500 --json \
-    > $W/$arm/final_classes.json 2> /dev/null &
-done
-wait
 mkdir -p /tmp/pkg "$OUT"
 for arm in ${RETURN:-"${arms[@]}"}; do  # a tiny one is ~12 MB gzipped; $OUT holds 8 files, 64 MB
   src=$W/$arm/episodes

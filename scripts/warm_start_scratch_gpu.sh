@@ -20,7 +20,8 @@
 #            first edit, whole, whole with every token trained, a failed read or edit first) and
 #            some copy rows; cosine from LR, MIX_MIN minutes.
 # The script stops after the narrow stage if its copier has not formed (eval accuracy under MIN_NARROW_ACC),
-# and after copies2 writes copy accuracy by token class to $OUT/copy_classes.json (probe_copy_classes.py).
+# After copies2 and after the episodes it writes copy accuracy by token class (probe_copy_classes.py) to
+# $OUT/copy_classes.json and $OUT/final_classes.json.
 # Rows are long (COPY_ROW, ROW tokens; episodes keep their own positions): a GPU forward of this
 # model is bound by kernel launches, so tokens per forward is throughput. The copy stages may need small
 # steps, though: with 32k-token steps the wide stage stayed at 0.09 for 600 steps (attempt 16), where
@@ -62,6 +63,12 @@ narrow_rows() {
   $V sft copies --out "$A/$NF.jsonl.$$" --n "$N_NARROW" --vocab "$NARROW" --seed "$SEED"
   $V sft copies --out "$A/${NF}_val.jsonl.$$" --n 200 --vocab "$NARROW" --seed $((SEED + 1))
   mv "$A/$NF.jsonl.$$" "$A/$NF.jsonl" && mv "$A/${NF}_val.jsonl.$$" "$A/${NF}_val.jsonl"
+}
+# Copy accuracy by token class of checkpoint $1 into $2 (seconds): the narrow range may lag, the text's
+# frequent pieces must not.
+copy_classes() {
+  "$PY" scripts/probe_copy_classes.py --model "$1" --copies "$A/wide_val.jsonl" --text "$D/train_a.jsonl" \
+    --range 300:800 --range "$NARROW" --json | tee "$2"
 }
 N_NARROW=${N_NARROW:-200000} N_WIDE=${N_WIDE:-100000} N_LOOKBACK=${N_LOOKBACK:-3000} N_PIECES=${N_PIECES:-3000}
 JOBS=${JOBS:-$(nproc)}
@@ -116,9 +123,7 @@ if [ "$C2_STEPS" -gt 0 ]; then
   $V sft train "${c2_data[@]}" --eval "$A/wide_val.jsonl" --init "$start" --out "$OUT/copies2" \
     --seq-len "$COPY_ROW" --batch-tokens "$COPY_ROW" --lr "$C2_LR" --min-lr-ratio 1 --steps "$C2_STEPS" --eval-every 50 \
     --save-every 0 --seed "$SEED" --device auto --json > "$OUT/copies2.json"
-  # Copy accuracy by class (seconds): the narrow range may lag, the text's frequent pieces must not.
-  "$PY" scripts/probe_copy_classes.py --model "$OUT/copies2" --copies "$A/wide_val.jsonl" \
-    --text "$D/train_a.jsonl" --range 300:800 --range "$NARROW" --json | tee "$OUT/copy_classes.json"
+  copy_classes "$OUT/copies2" "$OUT/copy_classes.json"
   start=$OUT/copies2
 fi
 if [ "$C3_STEPS" -gt 0 ]; then
@@ -143,4 +148,5 @@ for f in "$A"/var_*.jsonl; do [ -s "$f" ] && data+=(--data "$f"); done  # a shar
 $V sft train "${data[@]}" --eval "$D/val.jsonl" --init "$start" --out "$OUT/episodes" --seq-len "$ROW" \
   --batch-tokens "$BATCH_TOKENS" --lr "$LR" --min-lr-ratio 0.1 --minutes "$MIX_MIN" --eval-every "$EVAL_EVERY" \
   --save-every "$SAVE_EVERY" --seed "$SEED" --device auto --json > "$OUT/episodes.json"
+copy_classes "$OUT/episodes" "$OUT/final_classes.json"
 echo "$(date +%T) done: $OUT/episodes"
