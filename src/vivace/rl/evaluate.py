@@ -34,6 +34,10 @@ chance of one at least as uneven if training had changed nothing). Tasks are the
 episodes of one task are not independent: on the tiny preset ~95% of held-out tasks are solved in
 both of their episodes or in neither (docs/benchmarks.md). With a few changed tasks no split is
 significant (4 to 0 gives p = 0.125); the report says so rather than leaving a rate to be over-read.
+
+Last, how far training moved the policy (rl.shift): how many paired episodes are token for token the
+same, where the others part, and KL(before ‖ after) on the starting policy's sampled tokens. A flat
+success count then reads as "the episodes changed but not their outcome" or as "nothing changed".
 """
 
 from __future__ import annotations
@@ -55,8 +59,10 @@ from vivace.bench.runner import run_benchmark
 from vivace.config import VivaceConfig
 from vivace.harness.policies import deterministic
 from vivace.harness.trajectory import Trajectory
+from vivace.inference.samplers import resolve_device
 from vivace.rl.controller import latest_checkpoint
 from vivace.rl.metrics import behaviour
+from vivace.rl.shift import divergence, policy_shift
 from vivace.tasks.format import Task
 from vivace.tasks.suites import load_suite
 
@@ -158,10 +164,27 @@ async def evaluate_run(
     rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done, samples, once)
     report = build_report(run_dir, roles, tasks, rows, out_dir, time.monotonic() - t0)
     report["temperature"] = cfg.engine.temperature
+    report["shift"] = measure_shift(rows, before, after, out_dir, cfg)
     report["samples"] = samples
     report["once"] = sorted(once) if samples > 1 else []  # policies that ran one episode per task
     write_report(run_dir, report)
     return report
+
+
+def measure_shift(
+    rows: list[dict[str, Any]], before: str, after: str, out_dir: Path, cfg: VivaceConfig
+) -> dict[str, Any]:
+    """How far training moved the policy (rl.shift): the paired episodes' divergence, and the KL on the
+    starting policy's first episode of each task (one per task keeps it to about a minute on 2 cores)."""
+    episodes: dict[tuple[str, int], dict[str, Trajectory]] = {}
+    for r in rows:
+        if r["model"] in (before, after) and "error" not in r:
+            key = (r["task_id"], r.get("sample", 0))
+            episodes.setdefault(key, {})[r["model"]] = Trajectory.load(out_dir / r["trajectory"])
+    pairs = [(e[before], e[after]) for e in episodes.values() if before in e and after in e]
+    first = [e[before] for (_, sample), e in episodes.items() if sample == 0 and before in e]
+    device = resolve_device(cfg.engine.device)
+    return {"divergence": divergence(pairs), "kl": policy_shift(before, after, first, cfg.engine.temperature, device)}
 
 
 # ---- the numbers --------------------------------------------------------------------------------
@@ -325,6 +348,15 @@ def change_lines(report: dict[str, Any]) -> list[str]:
         if "tasks_up" in p:  # reports written before the task-level count have none
             out.append(f"paired tasks: {p['tasks_up']} solved more often after, {p['tasks_down']} less often "
                        f"(sign test p = {p['p_value']:.2f}{'' if p['p_value'] < 0.05 else ': not beyond chance'})")  # fmt: skip
+    shift = report.get("shift") or {}
+    if d := shift.get("divergence"):
+        split = d["sampled_before_divergence"]
+        out.append(f"paired episodes token for token the same before and after: {d['identical']} of {d['episodes']}"
+                   + (f"; the others part after a median of {split:g} sampled tokens" if split is not None else ""))  # fmt: skip
+    if k := shift.get("kl"):
+        out.append(f"policy shift on the starting policy's {k['tokens']} sampled tokens of {k['episodes']} episodes "
+                   f"(T {k['temperature']:g}): KL(before ‖ after) {k['kl_mean']:.2g} nats/token, top token changed "
+                   f"at {k['top_changed']:.2%} of them, their log-probability {k['logprob_change']:+.3f}")  # fmt: skip
     return out
 
 

@@ -1,0 +1,104 @@
+"""How far training moved the policy, measured where it acts: on the episodes the starting policy sampled.
+
+Held-out success can stay flat for two different reasons: the update changed the policy where it did
+not matter, or it barely changed the policy at all. Success alone cannot tell them apart, so the RL
+report also carries this measure. Both checkpoints are run teacher-forced over the token sequences of
+the starting policy's held-out episodes, and at every token that policy sampled (loss_mask 1) the two
+next-token distributions are compared, at the temperature the episodes were sampled at:
+
+- `kl_mean`: KL(before ‖ after) in nats per sampled token (0 when nothing moved);
+- `top_changed`: the share of those tokens where the most likely next token differs;
+- `logprob_change`: the mean change in log-probability of the token that was sampled (negative:
+  the trained policy is less likely to say what the starting one said).
+
+Only checkpoints (`tiny` or a checkpoint directory) can be measured; for any other policy, or when no
+episode has tokens, `policy_shift` returns None.
+
+`divergence` needs no model: the benchmark seeds the paired episodes alike, so where the weights agree
+the two policies sample the same tokens, and the first token where a pair differs is where the update
+first changed what the policy did. Paired with the outcome counts it separates "the update changed the
+episodes but not their outcome" from "the update changed nothing".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from vivace.harness.trajectory import Trajectory
+
+
+def divergence(pairs: Iterable[tuple[Trajectory, Trajectory]]) -> dict[str, Any] | None:
+    """Over (before, after) episodes of the same task and seed: how many are token for token the same,
+    and for the others the median number of tokens the starting policy sampled before the first
+    difference. None when no pair has tokens on both sides."""
+    same, before_split = 0, []
+    for b, a in pairs:
+        if b.tokens is None or a.tokens is None:
+            continue
+        first = next((i for i, (x, y) in enumerate(zip(b.tokens.ids, a.tokens.ids, strict=False)) if x != y), None)
+        if first is None and len(b.tokens.ids) == len(a.tokens.ids):
+            same += 1
+        else:
+            first = min(len(b.tokens.ids), len(a.tokens.ids)) if first is None else first
+            before_split.append(sum(b.tokens.loss_mask[:first]))
+    if not same and not before_split:
+        return None
+    return {"episodes": same + len(before_split), "identical": same,
+            "sampled_before_divergence": statistics.median(before_split) if before_split else None}  # fmt: skip
+
+
+def _load(spec: str, device: torch.device):
+    from vivace.model.checkpoint import load_model
+
+    try:
+        return load_model(spec, device=str(device)).model
+    except ValueError:  # not a checkpoint: a scripted or remote policy
+        return None
+
+
+@torch.inference_mode()
+def policy_shift(
+    before: str, after: str, episodes: Iterable[Trajectory], temperature: float | None = None, device: str = "cpu"
+) -> dict[str, Any] | None:
+    """KL(before ‖ after), top-token changes and the sampled tokens' log-probability change, over the
+    sampled tokens of `episodes` (the starting policy's own). None when either policy is not a
+    checkpoint or no episode has tokens."""
+    sequences = [e.tokens for e in episodes if e.tokens is not None and any(e.tokens.loss_mask[1:])]
+    if not sequences:
+        return None
+    dev = torch.device(device)
+    models = [_load(before, dev), _load(after, dev)]
+    if None in models:
+        return None
+    t = temperature if temperature and temperature > 0 else 1.0
+    kl_sum, changed, delta_sum, tokens, kl_max = 0.0, 0, 0.0, 0, 0.0
+    for seq in sequences:
+        ids = torch.tensor(seq.ids, device=dev)
+        # position i's logits predict token i + 1: compare them where token i + 1 was sampled
+        at = torch.tensor(seq.loss_mask[1:], device=dev).bool()
+        logp = [torch.log_softmax(m(input_ids=ids[None, :-1]).logits[0].float()[at] / t, dim=-1) for m in models]
+        if logp[0].shape != logp[1].shape:
+            raise ValueError(
+                f"{before!r} and {after!r} have different vocabularies; the shift compares one policy's checkpoints"
+            )
+        kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)
+        sampled = ids[1:][at]
+        picked = [lp.gather(1, sampled[:, None])[:, 0] for lp in logp]
+        kl_sum += float(kl.sum())
+        kl_max = max(kl_max, float(kl.max()))
+        changed += int((logp[0].argmax(-1) != logp[1].argmax(-1)).sum())
+        delta_sum += float((picked[1] - picked[0]).sum())
+        tokens += int(at.sum())
+    return {
+        "episodes": len(sequences),
+        "tokens": tokens,
+        "temperature": t,
+        "kl_mean": kl_sum / tokens,
+        "kl_max": kl_max,
+        "top_changed": changed / tokens,
+        "logprob_change": delta_sum / tokens,
+    }

@@ -1,0 +1,84 @@
+"""How far training moved the policy (rl.shift): the paired episodes' divergence point, and the KL of
+the trained checkpoint from the starting one on the starting policy's sampled tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from vivace.harness.trajectory import Tokens, Trajectory
+from vivace.model.checkpoint import load_model, save_checkpoint
+from vivace.rl.evaluate import change_lines
+from vivace.rl.shift import divergence, policy_shift
+
+
+def _episode(ids: list[int], mask: list[int] | None = None) -> Trajectory:
+    mask = mask if mask is not None else [0] * 3 + [1] * (len(ids) - 3)  # a 3-token prompt, then sampled
+    tokens = Tokens(ids=ids, loss_mask=mask, logprobs=[0.0] * len(ids), versions=[0] * len(ids))
+    return Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="1", stop_reason="done",
+                      tokens=tokens)  # fmt: skip
+
+
+def test_divergence_counts_identical_pairs_and_where_the_others_part():
+    same = _episode([5, 6, 7, 8, 9, 10])
+    # the first three tokens are the prompt; after them, how many sampled tokens agree
+    parts_after_two = (_episode([5, 6, 7, 8, 9, 10]), _episode([5, 6, 7, 8, 9, 12]))  # 8, 9 alike
+    parts_at_once = (_episode([5, 6, 7, 8]), _episode([5, 6, 7, 9]))  # none alike
+    longer = (_episode([5, 6, 7, 8]), _episode([5, 6, 7, 8, 9]))  # 8 alike; a prefix is not the same episode
+    d = divergence([(same, same), parts_after_two, parts_at_once, longer])
+    assert d == {"episodes": 4, "identical": 1, "sampled_before_divergence": 1}  # the median of 2, 0, 1
+    assert divergence([parts_after_two])["sampled_before_divergence"] == 2
+
+
+def test_divergence_needs_tokens():
+    no_tokens = _episode([1, 2, 3, 4]).model_copy(update={"tokens": None})
+    assert divergence([(no_tokens, no_tokens)]) is None
+    assert divergence([]) is None
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    rng = random.Random(0)
+    vocab = load_model("tiny").model.config.vocab_size
+    return [_episode([rng.randrange(vocab) for _ in range(40)]) for _ in range(3)]
+
+
+def test_a_policy_against_itself_has_not_moved(episodes):
+    s = policy_shift("tiny", "tiny", episodes, temperature=0.7)
+    assert s["episodes"] == 3 and s["tokens"] == 3 * 37  # every sampled token (the prompt before it predicts it)
+    assert s["kl_mean"] == pytest.approx(0.0, abs=1e-6) and s["top_changed"] == 0.0
+    assert s["logprob_change"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_changed_checkpoint_has_moved(episodes, tmp_path):
+    loaded = load_model("tiny")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    save_checkpoint(loaded.model, loaded.tokenizer, tmp_path / "moved")
+    s = policy_shift("tiny", str(tmp_path / "moved"), episodes, temperature=1.0)
+    assert s["kl_mean"] > 0.01 and 0 < s["top_changed"] <= 1 and s["kl_max"] >= s["kl_mean"]
+    # the starting policy's own tokens were chosen by nothing here, so only the KL's sign is certain;
+    # a scripted or remote policy, or episodes without tokens, cannot be measured
+    assert policy_shift("tiny", "scripted:oracle", episodes) is None
+    assert policy_shift("tiny", "tiny", [episodes[0].model_copy(update={"tokens": None})]) is None
+
+
+def test_the_report_shows_the_shift_and_old_reports_still_render():
+    metrics = ("success", "success_learnable", "success_harder", "mean_reward", "tool_calls_per_turn",
+               "turns_per_episode", "turns_per_solved", "tokens_per_episode", "reads_before_first_edit",
+               "unsupported_claim_rate", "format_errors_per_episode")  # fmt: skip
+    report = {"before_after": {k: {"before": 0.1, "after": 0.2, "delta": 0.1} for k in metrics}}
+    old = change_lines(report)
+    report["shift"] = {
+        "divergence": {"episodes": 112, "identical": 7, "sampled_before_divergence": 93},
+        "kl": {"episodes": 56, "tokens": 19000, "temperature": 0.7, "kl_mean": 0.0047, "kl_max": 13.4,
+               "top_changed": 0.0098, "logprob_change": -0.0042},
+    }  # fmt: skip
+    new = change_lines(report)
+    assert new[: len(old)] == old
+    assert "7 of 112" in new[-2] and "median of 93 sampled tokens" in new[-2]
+    assert "KL(before ‖ after) 0.0047 nats/token" in new[-1] and "0.98%" in new[-1] and "-0.004" in new[-1]
