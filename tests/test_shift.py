@@ -52,19 +52,45 @@ def test_a_policy_against_itself_has_not_moved(episodes):
     assert s["logprob_change"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_a_changed_checkpoint_has_moved(episodes, tmp_path):
+@pytest.fixture(scope="module")
+def moved(tmp_path_factory):
     loaded = load_model("tiny")
     torch.manual_seed(0)
     with torch.no_grad():
         for p in loaded.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    save_checkpoint(loaded.model, loaded.tokenizer, tmp_path / "moved")
-    s = policy_shift("tiny", str(tmp_path / "moved"), episodes, temperature=1.0)
+    return str(save_checkpoint(loaded.model, loaded.tokenizer, tmp_path_factory.mktemp("moved") / "moved"))
+
+
+def _plain_kl(before: str, after: str, episodes, t: float) -> float:
+    """The KL without the shared-prefix cache: each episode run whole through each model."""
+    models = [load_model(before).model, load_model(after).model]
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for e in episodes:
+            ids, at = torch.tensor(e.tokens.ids), torch.tensor(e.tokens.loss_mask[1:]).bool()
+            lp = [torch.log_softmax(m(input_ids=ids[None, :-1]).logits[0][at] / t, -1) for m in models]
+            total += float((lp[0].exp() * (lp[0] - lp[1])).sum())
+            n += int(at.sum())
+    return total / n
+
+
+def test_a_changed_checkpoint_has_moved(episodes, moved):
+    s = policy_shift("tiny", moved, episodes, temperature=1.0)
     assert s["kl_mean"] > 0.01 and 0 < s["top_changed"] <= 1 and s["kl_max"] >= s["kl_mean"]
     # the starting policy's own tokens were chosen by nothing here, so only the KL's sign is certain;
     # a scripted or remote policy, or episodes without tokens, cannot be measured
     assert policy_shift("tiny", "scripted:oracle", episodes) is None
     assert policy_shift("tiny", "tiny", [episodes[0].model_copy(update={"tokens": None})]) is None
+
+
+def test_the_shared_prompt_is_run_once_without_changing_the_numbers(moved):
+    rng = random.Random(1)
+    prompt = [rng.randrange(2000) for _ in range(30)]  # the same opening, then each episode its own tokens
+    eps = [_episode(prompt + [rng.randrange(2000) for _ in range(20)], [0] * 35 + [1] * 15) for _ in range(3)]
+    s = policy_shift("tiny", moved, eps, temperature=0.7)
+    assert s["tokens"] == 3 * 15
+    assert s["kl_mean"] == pytest.approx(_plain_kl("tiny", moved, eps, 0.7), rel=1e-4)
 
 
 def test_the_report_shows_the_shift_and_old_reports_still_render():

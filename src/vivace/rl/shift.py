@@ -22,6 +22,8 @@ episodes but not their outcome" from "the update changed nothing".
 
 from __future__ import annotations
 
+import copy
+import os
 import statistics
 from collections.abc import Iterable
 from typing import Any
@@ -75,18 +77,29 @@ def policy_shift(
     if None in models:
         return None
     t = temperature if temperature and temperature > 0 else 1.0
+    # The episodes open with the same system prompt (most of a short episode's tokens): run it once per
+    # model and start every episode from a copy of its cache. It must end before any sampled token's
+    # prediction, so it stops one token short of the earliest sampled token.
+    first_sampled = min(s.loss_mask.index(1) for s in sequences)
+    shared = max(0, min(len(os.path.commonprefix([s.ids for s in sequences])), first_sampled - 1))
+    prefix = torch.tensor(sequences[0].ids[:shared], device=dev)[None]
+    caches = [m(input_ids=prefix, use_cache=True).cache if shared else None for m in models]
     kl_sum, changed, delta_sum, tokens, kl_max = 0.0, 0, 0.0, 0, 0.0
     for seq in sequences:
         ids = torch.tensor(seq.ids, device=dev)
         # position i's logits predict token i + 1: compare them where token i + 1 was sampled
-        at = torch.tensor(seq.loss_mask[1:], device=dev).bool()
-        logp = [torch.log_softmax(m(input_ids=ids[None, :-1]).logits[0].float()[at] / t, dim=-1) for m in models]
+        at = torch.tensor(seq.loss_mask[shared + 1 :], device=dev).bool()
+        logp = []
+        for m, cache in zip(models, caches, strict=True):
+            past = copy.deepcopy(cache) if cache is not None else None  # the forward appends to it
+            logits = m(input_ids=ids[None, shared:-1], cache=past).logits[0].float()
+            logp.append(torch.log_softmax(logits[at] / t, dim=-1))
         if logp[0].shape != logp[1].shape:
             raise ValueError(
                 f"{before!r} and {after!r} have different vocabularies; the shift compares one policy's checkpoints"
             )
         kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)
-        sampled = ids[1:][at]
+        sampled = ids[shared + 1 :][at]
         picked = [lp.gather(1, sampled[:, None])[:, 0] for lp in logp]
         kl_sum += float(kl.sum())
         kl_max = max(kl_max, float(kl.max()))
