@@ -74,6 +74,7 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     assert pair == {"episodes": len(tasks), "both": len(solved[BEFORE] & solved[AFTER]),
                     "before_only": down, "after_only": up, "tasks_up": up, "tasks_down": down,
                     "p_value": pytest.approx(sign_test(up, down))}  # fmt: skip
+    assert report["shift"] == {"divergence": None, "kl": None}  # scripted policies have no tokens, no weights
 
     md = (run_dir / "report.md").read_text()
     for name in [*report["families"], BEFORE, AFTER, "before", "after", "Harder families", "→"]:

@@ -108,3 +108,21 @@ def test_the_report_shows_the_shift_and_old_reports_still_render():
     assert new[: len(old)] == old
     assert "7 of 112" in new[-2] and "median of 93 sampled tokens" in new[-2]
     assert "KL(before ‖ after) 0.0047 nats/token" in new[-1] and "0.98%" in new[-1] and "-0.004" in new[-1]
+
+
+async def test_the_run_report_measures_the_shift_of_a_real_checkpoint(moved, tmp_path, state_dir):
+    """The whole path: the tiny policy and a changed copy play the same held-out episodes through the
+    benchmark, and the report carries their divergence and KL."""
+    from vivace.config import load_preset
+    from vivace.rl.evaluate import evaluate_run
+    from vivace.tasks.families import generate_families
+
+    tasks = generate_families({"test": 2}, seed=0, families=("misspelled_name",))
+    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)},
+                      agent={"max_turns": 2, "max_turn_tokens": 24}, train={"eval_samples": 1})  # fmt: skip
+    (tmp_path / "run").mkdir()
+    report = await evaluate_run(cfg, tmp_path / "run", "tiny", moved, tasks, baselines=(), concurrency=2)
+    d, k = report["shift"]["divergence"], report["shift"]["kl"]
+    assert d["episodes"] == 2 and d["identical"] < 2  # a 0.05 perturbation changes what it writes
+    assert k["episodes"] == 2 and k["tokens"] > 0 and k["kl_mean"] > 0 and k["temperature"] == cfg.engine.temperature
+    assert "KL(before ‖ after)" in (tmp_path / "run" / "report.md").read_text()
