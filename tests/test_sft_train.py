@@ -357,3 +357,72 @@ def test_cli_eval_compares_checkpoints_on_held_out_episodes(tmp_path):
     assert missing.exit_code == 2 and "no such file" in missing.output
     not_a_model = CliRunner().invoke(app, ["sft", "eval", "--data", str(data), "--model", str(tmp_path)])
     assert not_a_model.exit_code == 2 and "is not a model" in not_a_model.output
+
+
+def _tool_call_episode(tok, path: str) -> dict:
+    ids, mask = [], []
+    for role, text in [("system", "You are a coding agent."), ("user", f"fix {path}"),
+                       ("assistant", f'<tool_call>\n{{"name": "read_file", "arguments": {{"path": "{path}"}}}}\n</tool_call>')]:  # fmt: skip
+        piece = tok(f"<|im_start|>{role}\n{text}<|im_end|>\n")["input_ids"]
+        ids, mask = ids + piece, mask + [int(role == "assistant")] * len(piece)
+    return {"ids": ids, "loss_mask": mask}
+
+
+def test_paths_objective_trains_the_path_value_only(tmp_path):
+    from vivace.rl.sft_train import only_paths
+
+    tok = load_tokenizer("tiny")
+    row = _tool_call_episode(tok, "kitchen/core.py")
+    (e,) = read_episodes(_write(tmp_path / "e.jsonl", [row]), VOCAB)
+    trained = [t for t in only_paths(e, tok.decode).labels if t != IGNORE]
+    assert tok.decode(trained) == "kitchen/core.py"  # not the call around it, not the closing quote
+    no_call = make_episode(row["ids"][:10], [1] * 10)
+    assert all(t == IGNORE for t in only_paths(no_call, tok.decode).labels)  # nothing to train: dropped as untrained
+
+
+def test_embedding_rows_train_alone_and_a_frozen_embedding_stays(tmp_path):
+    tok = load_tokenizer("tiny")
+    data = _write(tmp_path / "p.jsonl", [_tool_call_episode(tok, p) for p in ("kitchen/core.py", "zoo/util.py")])
+    kw = dict(seq_len=512, batch_tokens=512, lr=1e-2, warmup_steps=1, max_steps=3, init="tiny-init",
+              config_overrides=SMALL, eval_every=0, save_every=0, weight_decay=0.1)  # fmt: skip
+    rows = [5, 77, 301]
+    summary = train_sft([data], tmp_path / "rows", embedding_rows=rows, objective="paths", seed=0, **kw)
+    assert summary["counts"]["kept"] == 2 and summary["trained_tokens"] > 0
+    before = _init_weights(tmp_path, kw)
+    after = load_model(str(tmp_path / "rows")).model.state_dict()
+    emb = "model.embed_tokens.weight"  # tied: lm_head.weight is the same tensor
+    assert torch.equal(after["lm_head.weight"], after[emb])
+    moved = (after[emb] - before[emb]).abs().sum(1) > 0
+    assert moved[rows].all() and moved.sum() == len(rows)  # weight decay included: no other row moved
+    others = [k for k in before if k not in (emb, "lm_head.weight")]
+    assert others and all(torch.equal(after[k], before[k]) for k in others)  # nothing else moved
+
+    train_sft([data], tmp_path / "frozen", freeze_embedding=True, seed=0, **kw)
+    frozen = load_model(str(tmp_path / "frozen")).model.state_dict()
+    assert torch.equal(frozen[emb], before[emb])
+    assert any(not torch.equal(frozen[k], before[k]) for k in others)
+    with pytest.raises(ValueError, match="exclude each other"):
+        train_sft([data], tmp_path / "x", embedding_rows=rows, freeze_embedding=True, **kw)
+    with pytest.raises(ValueError, match="token ids 0..4095"):
+        train_sft([data], tmp_path / "x", embedding_rows=[VOCAB + 3], **kw)
+
+
+def _init_weights(tmp_path, kw) -> dict:
+    """The starting weights of a `tiny-init` run with SMALL (train_sft seeds the fresh model alike)."""
+    train_sft([_write(tmp_path / "none.jsonl", [{"ids": [1, 2], "loss_mask": [0, 1]}])], tmp_path / "start",
+              **{**kw, "max_steps": 0})  # fmt: skip
+    return load_model(str(tmp_path / "start")).model.state_dict()
+
+
+def test_cli_embedding_rows_must_be_a_list_of_token_ids(tmp_path):
+    data = _write(tmp_path / "a.jsonl", _episodes(1))
+    base = ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--steps", "1", "--init", "tiny-init"]
+    for content, says in [("{not json", "Expecting"), ('{"rows": [1]}', "a JSON list of token ids")]:
+        (tmp_path / "rows.json").write_text(content)
+        result = CliRunner().invoke(app, [*base, "--embedding-rows", str(tmp_path / "rows.json")])
+        assert result.exit_code == 2 and says in result.output, result.output
+    missing = CliRunner().invoke(app, [*base, "--embedding-rows", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "none.json" in missing.output
+    (tmp_path / "ok.json").write_text("[1, 2]")
+    both = CliRunner().invoke(app, [*base, "--embedding-rows", str(tmp_path / "ok.json"), "--freeze-embedding"])
+    assert both.exit_code == 2 and "exclude each other" in both.output, both.output

@@ -358,6 +358,7 @@ def sft_train(
     batch_tokens: Annotated[int, typer.Option(help="Tokens per optimizer step (rows accumulate).")] = 16384,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine to --min-lr-ratio of it).")] = 2e-3,
     min_lr_ratio: Annotated[float, typer.Option(help="Where the cosine ends, as a share of --lr (1: constant).")] = 0.1,
+    warmup_steps: Annotated[int, typer.Option(help="Linear warmup steps (at most a quarter of planned steps).")] = 20,
     steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,
     epochs: Annotated[float | None, typer.Option(help="Stop after this many passes (default 1 if no budget).")] = None,
     minutes: Annotated[float | None, typer.Option(help="Stop before this much wall time.")] = None,
@@ -368,8 +369,21 @@ def sft_train(
     device: Annotated[str, typer.Option(help="auto (the GPU if torch sees one), cpu, cuda or cuda:N.")] = "auto",
     objective: Annotated[
         str,
-        typer.Option(help="assistant: the assistant tokens (RL's mask); dialogue: every token after the system turn."),
+        typer.Option(
+            help="assistant: the assistant tokens (RL's mask); dialogue: every token after the system turn; "
+            "paths: only the path values of the tool calls (the eval keeps the assistant mask)."
+        ),
     ] = "assistant",
+    embedding_rows: Annotated[
+        Path | None,
+        typer.Option(
+            help="Train only these rows of the token embedding (a JSON list of token ids), nothing else: "
+            "the first stage of the copy repair (scripts/repair_copy.sh)."
+        ),
+    ] = None,
+    freeze_embedding: Annotated[
+        bool, typer.Option(help="Train everything but the token embedding: the copy repair's second stage.")
+    ] = False,
     arch: Annotated[
         str | None,
         typer.Option(
@@ -393,6 +407,16 @@ def sft_train(
     except ValueError as e:
         err.print(f"[red]error:[/] --arch: {escape(str(e))}")
         raise typer.Exit(2) from e
+    rows = None
+    if embedding_rows is not None:
+        try:
+            rows = json.loads(embedding_rows.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            err.print(f"[red]error:[/] --embedding-rows {embedding_rows}: {escape(str(e))}")
+            raise typer.Exit(2) from e
+        if not isinstance(rows, list) or not all(type(i) is int for i in rows):
+            err.print(f"[red]error:[/] --embedding-rows {embedding_rows}: expected a JSON list of token ids")
+            raise typer.Exit(2)
     columns = (TextColumn("sft step"), MofNCompleteColumn(), BarColumn(),
                TextColumn("loss {task.fields[loss]}  {task.fields[tok_s]} tok/s  {task.fields[eval]}"), TimeElapsedColumn())  # fmt: skip
     try:
@@ -409,10 +433,11 @@ def sft_train(
                                tok_s=f"{line['tok_s']:.0f}")  # fmt: skip
 
             result = train_sft(files, out_dir, init=init, eval_data=eval_file, seq_len=seq_len,
-                               batch_tokens=batch_tokens, lr=lr, min_lr_ratio=min_lr_ratio, max_steps=steps, epochs=epochs,
+                               batch_tokens=batch_tokens, lr=lr, min_lr_ratio=min_lr_ratio, warmup_steps=warmup_steps, max_steps=steps, epochs=epochs,
                                time_budget_s=minutes * 60 if minutes is not None else None, eval_every=eval_every,
                                save_every=save_every, seed=seed, threads=threads, device=device,
-                               objective=objective, config_overrides=overrides, progress=show)  # fmt: skip
+                               objective=objective, config_overrides=overrides, embedding_rows=rows,
+                               freeze_embedding=freeze_embedding, progress=show)  # fmt: skip
     except ValueError as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e

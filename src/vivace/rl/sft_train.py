@@ -68,7 +68,7 @@ class SftDataError(ValueError):
     """Training data that cannot be used; the message names the file and line and the fix."""
 
 
-OBJECTIVES = ("assistant", "dialogue")
+OBJECTIVES = ("assistant", "dialogue", "paths")
 
 
 def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) -> list[Episode]:
@@ -141,6 +141,16 @@ def argument_spans(episodes: list[Episode], decode: Callable[[list[int]], str]) 
         mask = [0] + [int(t != IGNORE) for t in e.labels[:-1]]  # position i is trained when i-1 predicts it
         spans.append(list(argument_values(e.ids, mask, decode, PROBED)))
     return spans
+
+
+def only_paths(e: Episode, decode: Callable[[list[int]], str]) -> Episode:
+    """The episode trained on the path values of its tool calls only (not their closing quote): the
+    "paths" objective, which aims the whole gradient at copying a name the context shows."""
+    from vivace.rl.copying import argument_values
+
+    mask = [0] + [int(t != IGNORE) for t in e.labels[:-1]]
+    keep = {j for _, first, last in argument_values(e.ids, mask, decode) for j in range(first, last)}
+    return Episode(e.ids, [t if i + 1 in keep else IGNORE for i, t in enumerate(e.labels)])
 
 
 def usable(episodes: list[Episode], longest: int) -> list[Episode]:
@@ -254,6 +264,33 @@ def _init_model(init: str, overrides: dict | None, seed: int):
     return AutoModelForCausalLM.from_config(tiny_config(len(tokenizer), **overrides), dtype=torch.float32), tokenizer
 
 
+def _limit_training(model, rows: list[int] | None, freeze_embedding: bool) -> Callable[[], None]:
+    """Freezes what `train_sft`'s `embedding_rows` / `freeze_embedding` keep out of training; returns
+    what to call after each optimizer step (it puts the embedding's other rows back: AdamW's weight
+    decay would otherwise move them)."""
+    emb = model.get_input_embeddings().weight
+    if rows is None:
+        emb.requires_grad_(not freeze_embedding)
+        return lambda: None
+    if freeze_embedding:
+        raise ValueError("embedding rows to train and a frozen embedding exclude each other; choose one")
+    bad = [i for i in rows if not 0 <= i < emb.shape[0]]
+    if bad or not rows:
+        raise ValueError(f"embedding rows must be token ids 0..{emb.shape[0] - 1} (got {bad[:5] or 'none'})")
+    for p in model.parameters():
+        p.requires_grad_(p is emb)
+    trained = torch.zeros(emb.shape[0], dtype=torch.bool, device=emb.device)
+    trained[rows] = True
+    emb.register_hook(lambda grad: grad * trained[:, None])
+    kept = emb.detach()[~trained].clone()
+
+    def restore() -> None:
+        with torch.no_grad():
+            emb[~trained] = kept
+
+    return restore
+
+
 def _save(model, tokenizer, out: Path) -> None:
     """Writes the checkpoint beside `out`, then moves each file in (an interrupted save leaves the last one whole)."""
     from vivace.model.checkpoint import save_checkpoint
@@ -309,10 +346,19 @@ def train_sft(
     device: str = "auto",
     objective: str = "assistant",
     config_overrides: dict[str, Any] | None = None,
+    embedding_rows: list[int] | None = None,
+    freeze_embedding: bool = False,
     progress: Callable[[dict[str, Any]], None] = lambda record: None,
 ) -> dict[str, Any]:
     """Trains `init` on the episodes of `data`; writes the checkpoint, log and summary to `out`;
-    returns the summary. `progress` gets every log line (step lines carry `planned_steps`)."""
+    returns the summary. `progress` gets every log line (step lines carry `planned_steps`).
+
+    `objective` "paths" trains the path values of the tool calls only; the eval episodes keep the
+    assistant mask, so eval numbers compare with any other run. `embedding_rows` trains those rows of
+    the (tied) token embedding and nothing else; `freeze_embedding` trains everything but the
+    embedding. Together they are the copy repair of docs/benchmarks.md ("A copy repair on 2 cores"):
+    move the rows of tokens the policy cannot copy, then let the rest of the network catch up with
+    the rows held where they are."""
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("progress", "data")}
     data = [Path(p) for p in data]
     args["data"] = [str(p) for p in data]
@@ -327,6 +373,7 @@ def train_sft(
     random.seed(seed)
     model, tokenizer = _init_model(init, config_overrides, seed)
     model.to(dev)
+    restore_rows = _limit_training(model, embedding_rows, freeze_embedding)
     args["device"] = str(dev)
     model.set_attn_implementation(PACKED)  # not saved: the checkpoint's config loads with the default
     torch.manual_seed(seed)
@@ -341,6 +388,8 @@ def train_sft(
         eps = read_episodes(p, vocab, turn_start)
         files.append({"path": str(p), "sha256": _sha256(p), "episodes": len(eps)})
         episodes += eps
+    if objective == "paths":  # the training episodes only: the eval ones keep the assistant mask
+        episodes = [only_paths(e, tokenizer.decode) for e in episodes]
     kept = usable(episodes, longest)
     too_long = sum(len(e.ids) > longest for e in episodes)
     counts = {"episodes": len(episodes), "kept": len(kept), "too_long": too_long,
@@ -369,7 +418,7 @@ def train_sft(
     warmup = min(warmup_steps, planned // 4) if planned else warmup_steps
 
     out.mkdir(parents=True, exist_ok=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     has_router = getattr(model.config, "num_experts", 0) and getattr(model.config, "router_aux_loss_coef", 0)
     aux_coef = float(model.config.router_aux_loss_coef) if has_router else 0.0
     model.train()
@@ -431,6 +480,7 @@ def train_sft(
             ce_total, aux_total = _accumulate(model, batch, aux_coef)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
             optimizer.step()
+            restore_rows()
             dt = time.perf_counter() - s0
             busy += dt
             state["step"] += 1
