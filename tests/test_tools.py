@@ -8,6 +8,7 @@ hidden, binary, nested and gitignored files, with and without a git repository.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,9 @@ async def test_python_syntax_warning(pctx):
     assert "Warning: this edit introduced a syntax error at line 1" in await ok(
         pctx, "write_file", path="bad.py", content="def (:\n"
     )
+    with warnings.catch_warnings(record=True) as seen:  # odd but valid code: no warning on our stderr
+        assert "Warning" not in await ok(pctx, "write_file", path="odd.py", content="x = 1[0]\n")
+    assert not [w for w in seen if issubclass(w.category, SyntaxWarning)]
 
 
 # -- write_file, delete_file, list_dir ---------------------------------------------------------------

@@ -13,6 +13,7 @@ refuse such files) and directory operations beyond listing (use run_terminal_cmd
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 from pydantic import Field
@@ -86,7 +87,11 @@ def syntax_warning(path: str, before: str | None, after: str) -> str:
 
 def _syntax_error(text: str) -> SyntaxError | None:
     try:
-        compile(text, "<file>", "exec", dont_inherit=True)
+        with warnings.catch_warnings():
+            # compile() also warns about odd but valid code (`1[0]`): the file is the agent's, and the
+            # warning would land in the user's terminal, not in the tool result.
+            warnings.simplefilter("ignore", SyntaxWarning)
+            compile(text, "<file>", "exec", dont_inherit=True)
     except SyntaxError as e:
         return e
     except (ValueError, RecursionError, MemoryError):  # NUL bytes, absurd nesting: not ours to judge
