@@ -93,11 +93,14 @@ def test_the_shared_prompt_is_run_once_without_changing_the_numbers(moved):
     assert s["kl_mean"] == pytest.approx(_plain_kl("tiny", moved, eps, 0.7), rel=1e-4)
 
 
+def _before_after() -> dict:
+    from vivace.rl.evaluate import METRICS
+
+    return {key: {"before": 0.1, "after": 0.2, "delta": 0.1} for key, _, _ in METRICS}
+
+
 def test_the_report_shows_the_shift_and_old_reports_still_render():
-    metrics = ("success", "success_learnable", "success_harder", "mean_reward", "tool_calls_per_turn",
-               "turns_per_episode", "turns_per_solved", "tokens_per_episode", "reads_before_first_edit",
-               "unsupported_claim_rate", "format_errors_per_episode")  # fmt: skip
-    report = {"before_after": {k: {"before": 0.1, "after": 0.2, "delta": 0.1} for k in metrics}}
+    report = {"before_after": _before_after()}
     old = change_lines(report)
     report["shift"] = {
         "divergence": {"episodes": 112, "identical": 7, "sampled_before_divergence": 93},
@@ -126,3 +129,17 @@ async def test_the_run_report_measures_the_shift_of_a_real_checkpoint(moved, tmp
     assert d["episodes"] == 2 and d["identical"] < 2  # a 0.05 perturbation changes what it writes
     assert k["episodes"] == 2 and k["tokens"] > 0 and k["kl_mean"] > 0 and k["temperature"] == cfg.engine.temperature
     assert "KL(before ‖ after)" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_shift_that_cannot_be_measured_does_not_lose_the_report(tmp_path, monkeypatch):
+    import vivace.rl.evaluate as evaluate
+    from vivace.config import load_preset
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(evaluate, "policy_shift", out_of_memory)
+    shift = evaluate.measure_shift([], "tiny", "tiny", tmp_path, load_preset("tiny"))
+    assert shift["kl"]["error"].startswith("RuntimeError: CUDA out of memory") and shift["divergence"] is None
+    lines = change_lines({"before_after": _before_after(), "shift": shift})
+    assert lines[-1] == "policy shift: not measured (RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB)"

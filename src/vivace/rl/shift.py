@@ -53,18 +53,23 @@ def divergence(pairs: Iterable[tuple[Trajectory, Trajectory]]) -> dict[str, Any]
             "sampled_before_divergence": statistics.median(before_split) if before_split else None}  # fmt: skip
 
 
-def _load(spec: str, device: torch.device):
+def _load(spec: str, device: torch.device, dtype: torch.dtype):
     from vivace.model.checkpoint import load_model
 
     try:
-        return load_model(spec, device=str(device)).model
+        return load_model(spec, dtype=dtype, device=str(device)).model
     except ValueError:  # not a checkpoint: a scripted or remote policy
         return None
 
 
 @torch.inference_mode()
 def policy_shift(
-    before: str, after: str, episodes: Iterable[Trajectory], temperature: float | None = None, device: str = "cpu"
+    before: str,
+    after: str,
+    episodes: Iterable[Trajectory],
+    temperature: float | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any] | None:
     """KL(before ‖ after), top-token changes and the sampled tokens' log-probability change, over the
     sampled tokens of `episodes` (the starting policy's own). None when either policy is not a
@@ -73,7 +78,7 @@ def policy_shift(
     if not sequences:
         return None
     dev = torch.device(device)
-    models = [_load(before, dev), _load(after, dev)]
+    models = [_load(before, dev, dtype), _load(after, dev, dtype)]
     if None in models:
         return None
     t = temperature if temperature and temperature > 0 else 1.0
