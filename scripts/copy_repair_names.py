@@ -23,11 +23,10 @@ from vivace.rl.sft_augment import held_out_words
 PIECE = re.compile(r"[a-z]{2,5}")
 
 
-def short_rows(model, tokenizer, below: float) -> list[int]:
-    norms = model.get_input_embeddings().weight.detach().float().norm(dim=1)
-    return [
-        i for i in range(len(norms)) if norms[i] < below and PIECE.fullmatch(tokenizer.convert_ids_to_tokens(i) or "")
-    ]
+def piece_norms(model, tokenizer) -> dict[int, float]:
+    """The embedding row norm of every lower-case piece of 2-5 letters."""
+    norms = model.get_input_embeddings().weight.detach().float().norm(dim=1).tolist()
+    return {i: n for i, n in enumerate(norms) if PIECE.fullmatch(tokenizer.convert_ids_to_tokens(i) or "")}
 
 
 def names_around(tokenizer, rows: list[int], copyable: list[int], per_token: int, rng: random.Random) -> list[str]:
@@ -61,13 +60,9 @@ def main() -> None:
     args = ap.parse_args()
     loaded = load_model(args.model)
     tok = loaded.tokenizer
-    rows = short_rows(loaded.model, tok, args.below)
-    norms = loaded.model.get_input_embeddings().weight.detach().float().norm(dim=1)
-    copyable = [
-        i
-        for i in range(len(norms))
-        if norms[i] >= args.copyable and PIECE.fullmatch(tok.convert_ids_to_tokens(i) or "")
-    ]
+    norms = piece_norms(loaded.model, tok)
+    rows = [i for i, n in norms.items() if n < args.below]
+    copyable = [i for i, n in norms.items() if n >= args.copyable]
     if not rows:
         raise SystemExit(f"{args.model}: no lower-case row under {args.below}; nothing to repair")
     names = names_around(tok, rows, copyable, args.per_token, random.Random(args.seed))

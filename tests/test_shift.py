@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from vivace.config import EngineConfig
 from vivace.harness.trajectory import Tokens, Trajectory
 from vivace.model.checkpoint import load_model, save_checkpoint
 from vivace.rl.evaluate import change_lines
@@ -46,7 +47,7 @@ def episodes():
 
 
 def test_a_policy_against_itself_has_not_moved(episodes):
-    s = policy_shift("tiny", "tiny", episodes, temperature=0.7)
+    s = policy_shift("tiny", "tiny", episodes, EngineConfig(temperature=0.7))
     assert s["episodes"] == 3 and s["tokens"] == 3 * 37  # every sampled token (the prompt before it predicts it)
     assert s["kl_mean"] == pytest.approx(0.0, abs=1e-6) and s["top_changed"] == 0.0
     assert s["logprob_change"] == pytest.approx(0.0, abs=1e-6)
@@ -76,7 +77,7 @@ def _plain_kl(before: str, after: str, episodes, t: float) -> float:
 
 
 def test_a_changed_checkpoint_has_moved(episodes, moved):
-    s = policy_shift("tiny", moved, episodes, temperature=1.0)
+    s = policy_shift("tiny", moved, episodes, EngineConfig(temperature=1.0))
     assert s["kl_mean"] > 0.01 and 0 < s["top_changed"] <= 1 and s["kl_max"] >= s["kl_mean"]
     # the starting policy's own tokens were chosen by nothing here, so only the KL's sign is certain;
     # a scripted or remote policy, or episodes without tokens, cannot be measured
@@ -88,7 +89,7 @@ def test_the_shared_prompt_is_run_once_without_changing_the_numbers(moved):
     rng = random.Random(1)
     prompt = [rng.randrange(2000) for _ in range(30)]  # the same opening, then each episode its own tokens
     eps = [_episode(prompt + [rng.randrange(2000) for _ in range(20)], [0] * 35 + [1] * 15) for _ in range(3)]
-    s = policy_shift("tiny", moved, eps, temperature=0.7)
+    s = policy_shift("tiny", moved, eps, EngineConfig(temperature=0.7))
     assert s["tokens"] == 3 * 15
     assert s["kl_mean"] == pytest.approx(_plain_kl("tiny", moved, eps, 0.7), rel=1e-4)
 

@@ -59,7 +59,6 @@ from vivace.bench.runner import run_benchmark
 from vivace.config import VivaceConfig
 from vivace.harness.policies import deterministic
 from vivace.harness.trajectory import Trajectory
-from vivace.inference.samplers import DTYPES, resolve_device
 from vivace.rl.controller import latest_checkpoint
 from vivace.rl.metrics import behaviour
 from vivace.rl.shift import divergence, policy_shift
@@ -183,9 +182,8 @@ def measure_shift(
             episodes.setdefault(key, {})[r["model"]] = Trajectory.load(out_dir / r["trajectory"])
     pairs = [(e[before], e[after]) for e in episodes.values() if before in e and after in e]
     first = [e[before] for (_, sample), e in episodes.items() if sample == 0 and before in e]
-    device, dtype = resolve_device(cfg.engine.device), DTYPES[cfg.engine.dtype]
     try:  # two copies of a large policy may not fit where one served: the report must not be lost for it
-        kl = policy_shift(before, after, first, cfg.engine.temperature, device, dtype)
+        kl = policy_shift(before, after, first, cfg.engine)
     except (RuntimeError, OSError, ValueError) as e:  # torch.OutOfMemoryError is a RuntimeError
         kl = {"error": f"{type(e).__name__}: {e}"[:300]}
     return {"divergence": divergence(pairs), "kl": kl}

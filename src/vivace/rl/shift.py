@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from vivace.config import EngineConfig
 from vivace.harness.trajectory import Trajectory
 
 
@@ -53,35 +54,36 @@ def divergence(pairs: Iterable[tuple[Trajectory, Trajectory]]) -> dict[str, Any]
             "sampled_before_divergence": statistics.median(before_split) if before_split else None}  # fmt: skip
 
 
-def _load(spec: str, device: torch.device, dtype: torch.dtype):
-    from vivace.model.checkpoint import load_model
+def _load(spec: str, engine: EngineConfig):
+    from vivace.inference.samplers import load_for_engine
 
     try:
-        return load_model(spec, dtype=dtype, device=str(device)).model
+        return load_for_engine(spec, engine).model  # as the engine that sampled the episodes loads it
     except ValueError:  # not a checkpoint: a scripted or remote policy
         return None
 
 
 @torch.inference_mode()
 def policy_shift(
-    before: str,
-    after: str,
-    episodes: Iterable[Trajectory],
-    temperature: float | None = None,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    before: str, after: str, episodes: Iterable[Trajectory], engine: EngineConfig | None = None
 ) -> dict[str, Any] | None:
     """KL(before ‖ after), top-token changes and the sampled tokens' log-probability change, over the
-    sampled tokens of `episodes` (the starting policy's own). None when either policy is not a
+    sampled tokens of `episodes` (the starting policy's own), both checkpoints loaded and compared as
+    `engine` samples (device, dtype, temperature; 0 counts as 1). None when either policy is not a
     checkpoint or no episode has tokens."""
+    engine = engine or EngineConfig()
     sequences = [e.tokens for e in episodes if e.tokens is not None and any(e.tokens.loss_mask[1:])]
     if not sequences:
         return None
-    dev = torch.device(device)
-    models = [_load(before, dev, dtype), _load(after, dev, dtype)]
+    models = [_load(before, engine), _load(after, engine)]
     if None in models:
         return None
-    t = temperature if temperature and temperature > 0 else 1.0
+    if models[0].config.vocab_size != models[1].config.vocab_size:
+        raise ValueError(
+            f"{before!r} and {after!r} have different vocabularies; the shift compares one policy's checkpoints"
+        )
+    dev = models[0].device
+    t = engine.temperature or 1.0
     # The episodes open with the same system prompt (most of a short episode's tokens): run it once per
     # model and start every episode from a copy of its cache. It must end before any sampled token's
     # prediction, so it stops one token short of the earliest sampled token.
@@ -99,10 +101,6 @@ def policy_shift(
             past = copy.deepcopy(cache) if cache is not None else None  # the forward appends to it
             logits = m(input_ids=ids[None, shared:-1], cache=past).logits[0].float()
             logp.append(torch.log_softmax(logits[at] / t, dim=-1))
-        if logp[0].shape != logp[1].shape:
-            raise ValueError(
-                f"{before!r} and {after!r} have different vocabularies; the shift compares one policy's checkpoints"
-            )
         kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)
         sampled = ids[shared + 1 :][at]
         picked = [lp.gather(1, sampled[:, None])[:, 0] for lp in logp]
