@@ -272,7 +272,15 @@ def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, s
         "unsupported_claims": mean([1.0 if r.details.get("unsupported_claims") else 0.0 for r in ok]),
         "step_s": step_s,
     }  # fmt: skip
-    for key in ("turns", "tool_calls_per_turn", "reads_before_first_edit", "edits", "test_runs", "lint_calls"):
+    for key in (
+        "turns",
+        "tool_calls_per_turn",
+        "reads_before_first_edit",
+        "edits",
+        "test_runs",
+        "lint_calls",
+        "repeated_rejected_calls",
+    ):
         row[f"agent_{key}"] = mean([b[key] for b in behaviours])
     return row
 

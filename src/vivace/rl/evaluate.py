@@ -14,7 +14,7 @@ self-contained RUN/report.html (tables, SVG curves, bench's success-vs-tokens pl
 - per policy: tool calls per turn, turns per episode and per solved task, reference tokens per
   episode, reads/searches before the first edit (rl.metrics.behaviour on the saved
   trajectories; an episode that never edits counts all its reads), unsupported-claim rate,
-  format errors;
+  format errors, repeats of a call the tools had rejected;
 - a "before -> after" line with the delta for each of those, and the paired count: episodes
   only the trained policy solved, only the starting one, or both. The benchmark seeds each
   (task, sample) episode the same for every policy (common random numbers), so where the
@@ -79,6 +79,7 @@ METRICS = [
     ("reads_before_first_edit", "reads/searches before the first edit", "{:.1f}"),
     ("unsupported_claim_rate", "unsupported-claim rate", "pct"),
     ("format_errors_per_episode", "format errors per episode", "{:.2f}"),
+    ("repeated_rejected_per_episode", "repeats of a rejected call per episode", "{:.2f}"),
 ]
 CURVE_KEYS = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn")
 MAX_CURVE_ROWS = 20
@@ -259,6 +260,7 @@ def policy_stats(rows: list[dict[str, Any]], by_id: dict[str, Task], harder: set
         "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
         "format_errors": sum(x["format_errors"] for x in d),
         "format_errors_per_episode": _mean([x["format_errors"] for x in d]),
+        "repeated_rejected_per_episode": _mean([m["repeated_rejected_calls"] for m in moves]),
         "families": dict(sorted(per_family.items())),
     }
 

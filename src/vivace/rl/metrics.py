@@ -3,6 +3,7 @@ RL is meant to shape: parallel tool calls, reading before editing, testing, fewe
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 
@@ -26,7 +27,21 @@ def behaviour(traj: Trajectory) -> dict[str, float]:
         "test_runs": sum(1 for cmd in commands if "test" in cmd),
         "lint_calls": sum(1 for c in calls if c.name == "read_lints"),
         "format_errors": sum(1 for c in calls if c.format_error),
+        "repeated_rejected_calls": repeated_rejected_calls(calls),
     }
+
+
+def repeated_rejected_calls(calls) -> int:
+    """Calls that repeat, name and arguments alike, an earlier call the tools rejected: the loop a
+    small policy falls into when it copies its own failed edit instead of the text the error shows."""
+    rejected: set[str] = set()
+    repeats = 0
+    for c in calls:
+        key = json.dumps([c.name, c.arguments], sort_keys=True, default=str)
+        repeats += key in rejected
+        if c.is_error:
+            rejected.add(key)
+    return repeats
 
 
 def milestones(traj: Trajectory) -> dict[str, bool]:
