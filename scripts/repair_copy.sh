@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The copy repair on 2 cores (docs/benchmarks.md, "A copy repair on 2 cores"): what made the shipped
-# `tiny` of the eighth session of 2026-11-27 from the one before it. About 40 minutes of training, plus
-# the data when D has none (~25 minutes).
+# The copy repair on 2 cores (docs/benchmarks.md, "A copy repair on 2 cores" and "A second copy repair"):
+# the shipped `tiny` is this script's output, run on the one before it (D=runs/ws5 OUT=runs/rep2, seed 0),
+# which was the first repair. About 40 minutes of training, plus the data when D has none (~25 minutes).
 #   1. the tokens INIT cannot copy (short embedding rows) and package names built around them;
 #   2. 400 efficient expert episodes renamed to those names, cut at the first file and the first edit;
 #   3. rows: those rows of the embedding alone, on the path values only (lr 1e-2, ROWS_MIN minutes):
@@ -12,8 +12,9 @@
 # Then judge it on held-out episodes beside INIT before shipping (`vivace bench --model tiny --model
 # $OUT/recovered --tasks … --samples 2 --temperature 0.7 --preset tiny`; `vivace sft ship $OUT/recovered`).
 #
-# The shipped run differed in its renamed data only: it reused the sixth session's (runs/probe/aug.jsonl,
-# names around the 219 short rows of the tiny before), with the rows and hyperparameters below.
+# The first repair differed in its renamed data only: it reused the sixth session's (runs/probe/aug.jsonl,
+# names around the 219 short rows of the tiny before, the short piece always second), with the rows and
+# hyperparameters below.
 #
 #   D=runs/ws5 OUT=runs/repair scripts/repair_copy.sh
 set -euo pipefail
