@@ -62,6 +62,8 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
         assert p["tokens_per_episode"] == pytest.approx(sum(r["details"]["reference_tokens"] for r in mine) / len(mine))
     after = report["policies"]["after"]
     assert after["success"] == 1.0 and after["reads_before_first_edit"] >= 1  # the oracle reads, then edits
+    assert after["repeated_rejected_per_episode"] == 0  # nor does it send a rejected call again
+    assert "repeated_rejected_per_episode" in report["before_after"]
     assert report["families"]["arithmetic"]["learnable"] is False
     assert after["success_harder"] == 1.0 and after["success_learnable"] == 1.0
     for key, change in report["before_after"].items():
