@@ -1,0 +1,65 @@
+"""Compare two `vivace bench` runs of one policy each, episode by episode (same tasks, same seeds).
+
+    .venv/bin/python scripts/paired_bench.py runs/before_bench runs/after_bench [--before-model tiny] [--json]
+
+Prints success before and after, the paired split (solved only after / only before / both), the
+sign test over tasks (rl.evaluate.paired) and success per family. Greedy runs (`--temperature 0`)
+are the sharpest instrument: the same policy on the same task gives the same episode, so every
+changed outcome is the weights' doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vivace.rl.evaluate import paired
+
+
+def load(run: Path, model: str | None) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+    models = sorted({r["model"] for r in rows if not r["model"].startswith("scripted:")})
+    if model is None:
+        if len(models) != 1:
+            raise SystemExit(
+                f"{run} has {len(models)} model policies {models}: name one with --before-model/--after-model"
+            )
+        model = models[0]
+    chosen = [r for r in rows if r["model"] == model]
+    if not chosen:
+        raise SystemExit(f"{run} has no episodes of {model!r}; it has {models}")
+    return chosen
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    ap.add_argument("--before-model")
+    ap.add_argument("--after-model")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = [{**r, "model": "before"} for r in load(args.before, args.before_model)]
+    rows += [{**r, "model": "after"} for r in load(args.after, args.after_model)]
+    result = paired(rows, "before", "after")
+    families: dict[str, list[int]] = {}
+    for r in rows:
+        counts = families.setdefault(r.get("family") or "-", [0, 0, 0])
+        counts[r["model"] == "after"] += bool(r.get("resolved"))
+        counts[2] += r["model"] == "before"
+    result["solved_before"] = sum(r["model"] == "before" and bool(r.get("resolved")) for r in rows)
+    result["solved_after"] = sum(r["model"] == "after" and bool(r.get("resolved")) for r in rows)
+    result["families"] = {f: {"before": b, "after": a, "episodes": n} for f, (b, a, n) in sorted(families.items())}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(f"solved {result['solved_before']} -> {result['solved_after']} of {result['episodes']} paired episodes; "
+          f"only after {result['after_only']}, only before {result['before_only']}, both {result['both']}; "
+          f"tasks up {result['tasks_up']}, down {result['tasks_down']}, sign test p = {result['p_value']:.2f}")  # fmt: skip
+    for f, c in result["families"].items():
+        print(f"  {f}: {c['before']} -> {c['after']} of {c['episodes']}")
+
+
+if __name__ == "__main__":
+    main()
