@@ -18,7 +18,10 @@ from vivace.rl.evaluate import paired
 
 
 def load(run: Path, model: str | None) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+    results = run / "results.jsonl"
+    if not results.is_file():
+        raise SystemExit(f"{results} not found: pass the --out directory of a `vivace bench` run")
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     models = sorted({r["model"] for r in rows if not r["model"].startswith("scripted:")})
     if model is None:
         if len(models) != 1:
