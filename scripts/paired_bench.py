@@ -35,6 +35,25 @@ def load(run: Path, model: str | None) -> list[dict]:
     return chosen
 
 
+def episode(row: dict) -> tuple[str, int]:
+    """What pairs two runs' episodes, as in rl.evaluate.paired: the task and the sample's seed index."""
+    return row["task_id"], row.get("sample", 0)
+
+
+def by_family(before: list[dict], after: list[dict]) -> dict[str, dict[str, int]]:
+    """Solved episodes per family, before and after, over the episodes both runs have."""
+    solved_after = {episode(r): bool(r.get("resolved")) for r in after}
+    families: dict[str, dict[str, int]] = {}
+    for r in before:
+        if episode(r) not in solved_after:
+            continue
+        counts = families.setdefault(r.get("family") or "-", {"before": 0, "after": 0, "episodes": 0})
+        counts["before"] += bool(r.get("resolved"))
+        counts["after"] += solved_after[episode(r)]
+        counts["episodes"] += 1
+    return dict(sorted(families.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before", type=Path)
@@ -43,17 +62,13 @@ def main() -> None:
     ap.add_argument("--after-model")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = [{**r, "model": "before"} for r in load(args.before, args.before_model)]
-    rows += [{**r, "model": "after"} for r in load(args.after, args.after_model)]
+    before = load(args.before, args.before_model)
+    after = load(args.after, args.after_model)
+    rows = [{**r, "model": "before"} for r in before] + [{**r, "model": "after"} for r in after]
     result = paired(rows, "before", "after")
-    families: dict[str, list[int]] = {}
-    for r in rows:
-        counts = families.setdefault(r.get("family") or "-", [0, 0, 0])
-        counts[r["model"] == "after"] += bool(r.get("resolved"))
-        counts[2] += r["model"] == "before"
-    result["solved_before"] = sum(r["model"] == "before" and bool(r.get("resolved")) for r in rows)
-    result["solved_after"] = sum(r["model"] == "after" and bool(r.get("resolved")) for r in rows)
-    result["families"] = {f: {"before": b, "after": a, "episodes": n} for f, (b, a, n) in sorted(families.items())}
+    result["solved_before"] = result["both"] + result["before_only"]
+    result["solved_after"] = result["both"] + result["after_only"]
+    result["families"] = by_family(before, after)
     if args.json:
         print(json.dumps(result, indent=1))
         return
