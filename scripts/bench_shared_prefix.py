@@ -1,31 +1,53 @@
 """Engine: 16 requests opened together as an RL step opens them (one 2,700-token system turn, then
-one of four 200-token requests, four rollouts each; 40 tokens each), with and without sharing the
-prefix among running sequences; three runs each, alternating. Prints each run and, as JSON, the
-medians (docs/benchmarks.md, "Requests that arrive together share their common prefix")."""
+one of four 200-token requests, four rollouts each), three ways, three runs each, alternating:
+
+- `shared`: the common prefix is prefilled once and copied, and decoding sequences read it once
+  per step (cascade attention, inference/forward.py) — the engine's default;
+- `shared, read per sequence`: prefilled once and copied, but every sequence attends over its own
+  copy (`MIN_CASCADE_PREFIX` raised out of reach);
+- `separate`: every request prefills its whole prompt (no sharing among running sequences).
+
+    .venv/bin/python scripts/bench_shared_prefix.py [--max-tokens 40]
+
+Prints each run and, as JSON, the medians (docs/benchmarks.md, "Requests that arrive together share
+their common prefix" and "Decoding reads a shared prefix once").
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
 import torch
 
 from vivace.harness.policy import SamplingParams
+from vivace.inference import forward
 from vivace.inference.engine import Engine
 from vivace.model.checkpoint import load_model
 
+ARMS = {  # name: (Engine's min_shared_prefix, forward.MIN_CASCADE_PREFIX)
+    "shared": (64, forward.MIN_CASCADE_PREFIX),
+    "shared, read per sequence": (64, 10**9),
+    "separate": (10**9, forward.MIN_CASCADE_PREFIX),
+}
+
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-tokens", type=int, default=40, help="Tokens generated per request.")
+    args = parser.parse_args()
     torch.set_num_threads(2)
     model = load_model("tiny").model.eval()
     g = torch.Generator().manual_seed(0)
     system = torch.randint(10, 2000, (2700,), generator=g).tolist()
     requests = [torch.randint(10, 2000, (200,), generator=g).tolist() for _ in range(4)]
     prompts = [system + requests[i // 4] for i in range(16)]
-    params = [SamplingParams(max_tokens=40, seed=i) for i in range(16)]
+    params = [SamplingParams(max_tokens=args.max_tokens, seed=i) for i in range(16)]
     walls: dict[str, list[float]] = {}
     for run in range(3):
-        for name, min_shared in (("shared", 64), ("separate", 10**9)):
+        for name, (min_shared, min_cascade) in ARMS.items():
+            forward.MIN_CASCADE_PREFIX = min_cascade
             engine = Engine(model, max_batch=16, min_shared_prefix=min_shared)
             t0 = time.perf_counter()
             engine.run(prompts, params)
@@ -34,7 +56,7 @@ def main() -> None:
             print(
                 f"run {run} {name}: {walls[name][-1]:.2f} s, prefill {stats.prefill_tokens}, reused {stats.reused_tokens}"
             )
-    print(json.dumps({name: sorted(w)[len(w) // 2] for name, w in walls.items()}))
+    print(json.dumps({name: round(sorted(w)[len(w) // 2], 3) for name, w in walls.items()}))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from vivace.harness.policy import SamplingParams
+from vivace.inference import forward as ragged
 from vivace.inference.engine import AsyncEngine, Engine
+from vivace.inference.forward import RaggedForward, Segment
 from vivace.inference.sampling import sample
 from vivace.model.checkpoint import count_parameters, tiny_config
 
@@ -81,6 +83,49 @@ def test_seeded_requests_do_not_depend_on_the_batch(model):
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     other_seed = Engine(model).run([ps[0]], [SamplingParams(max_tokens=10, seed=7)])[0]
     assert other_seed.token_ids != together[0].token_ids
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])  # grouped-query and plain multi-head attention
+def test_decoding_sequences_read_their_shared_prefix_once(kv_heads, monkeypatch):
+    m = small_model(num_key_value_heads=kv_heads)
+    fwd = RaggedForward(m)
+    g = torch.Generator().manual_seed(21)
+
+    def rand(n):
+        return torch.randint(0, VOCAB, (n,), generator=g).tolist()
+
+    shared = rand(100)
+    seqs = {"root": list(shared)}
+    caches = {"root": fwd.new_cache(400)}
+    fwd(shared, [Segment(caches["root"], 100)])
+    # Copies of the root (all of it, or its first 80 positions), a copy of a copy (which still reads
+    # the root's prefix), and an unrelated sequence.
+    for name, source, n in [("a", "root", 100), ("b", "root", 80), ("c", "a", None), ("alone", None, 0)]:
+        cache = caches[name] = fwd.new_cache(400)
+        if source is not None:
+            n = caches[source].length if n is None else n
+            cache.copy_prefix(caches[source], n)
+        own = rand(5 + 7 * len(caches))
+        seqs[name] = seqs[source][:n] + own if source else own
+        fwd(own, [Segment(cache, len(own))])
+    assert caches["c"].origin == (caches["root"], 100) and caches["b"].origin == (caches["root"], 80)
+
+    names = list(seqs)
+    step = [rand(1)[0] for _ in names]
+    segments = [Segment(caches[n], 1) for n in names]
+    groups, alone = ragged._cascade_groups(segments)
+    assert [(root is caches["root"], p, members) for root, p, members in groups] == [(True, 80, [0, 1, 2, 3])]
+    assert alone == [4]
+    cascade = fwd(step, segments)
+    for n in names:
+        caches[n].length -= 1  # the same step again, each sequence attending alone
+    monkeypatch.setattr(ragged, "MIN_CASCADE_PREFIX", 10**9)
+    assert ragged._cascade_groups(segments)[0] == []
+    one_by_one = fwd(step, segments)
+    assert torch.allclose(cascade, one_by_one, atol=1e-5)
+    with torch.no_grad():
+        full = torch.stack([m(torch.tensor([seqs[n] + [t]])).logits[0, -1] for n, t in zip(names, step, strict=True)])
+    assert torch.allclose(cascade, full.float(), atol=1e-4)
 
 
 def test_stop_tokens_and_context_limit(model):

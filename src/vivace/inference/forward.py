@@ -10,6 +10,16 @@ projections, norms, rotary embedding and MLP/MoE blocks are the model's own modu
 the packed tokens, so the numerics are the model's; only attention is run per sequence over its
 own cache (PyTorch's scaled_dot_product_attention, grouped-query aware).
 
+Shared prefixes are read once per step ("cascade" attention). A cache made by `copy_prefix`
+remembers where its first positions came from (`origin`: the cache they were first computed in,
+and how many). Decoding sequences with the same origin — a step's rollouts all start from one
+system turn, ~2,800 of a short episode's ~3,600 tokens with the tiny preset — attend to that
+common prefix together: one matrix product of all their queries against one copy of its keys,
+then each against the rest of its own cache, the two parts merged by their log-sum-exp. Decode
+attention is memory-bound (each query reads its whole cache), so this cuts the bytes read per
+step by about the number of sequences sharing the prefix. The copies are still made: prompt
+chunks (several new tokens) attend over their own cache in one call, as before.
+
 Supports decoder-only models with the Llama/Qwen2/Qwen3(-MoE) layer layout (`self_attn` with
 q/k/v/o projections and optional q/k norms, `mlp`, two RMSNorms, `model.rotary_emb`). Sliding
 window attention is not supported (such models are refused).
@@ -33,6 +43,9 @@ class KVCache:
         self.k = torch.empty(n_layers, n_kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
         self.length = 0  # positions filled (the same in every layer after a step)
+        # (cache, n): our first n positions hold the same keys/values as that cache's (the cache they
+        # were computed in, followed through copies of copies); positions are written once, so it stays true.
+        self.origin: tuple[KVCache, int] | None = None
 
     @property
     def capacity(self) -> int:
@@ -43,6 +56,12 @@ class KVCache:
         self.k[:, :, :n] = other.k[:, :, :n]
         self.v[:, :, :n] = other.v[:, :, :n]
         self.length = n
+        root, shared = other.origin if other.origin is not None else (other, n)
+        self.origin = (root, min(shared, n))
+
+    def shared_prefix(self) -> tuple[KVCache, int]:
+        """The cache holding the most of our leading positions, and how many (ourselves when copied from none)."""
+        return self.origin if self.origin is not None else (self, self.length)
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
@@ -52,6 +71,69 @@ class KVCache:
 class Segment:
     cache: KVCache
     n_tokens: int  # new tokens of this sequence in the step (its positions follow cache.length)
+
+
+# A shared prefix shorter than this is attended per sequence (the separate pass is not worth it).
+MIN_CASCADE_PREFIX = 64
+
+
+def _cascade_groups(segments: list[Segment]) -> tuple[list[tuple[KVCache, int, list[int]]], list[int]]:
+    """Splits a step's segments into groups of decoding sequences (one new token each) that share a
+    prefix of at least MIN_CASCADE_PREFIX positions — (the cache holding it, its length, segment
+    indices) — and the rest (segment indices), attended one by one."""
+    by_root: dict[int, tuple[KVCache, list[tuple[int, int]]]] = {}
+    alone: list[int] = []
+    for i, s in enumerate(segments):
+        if s.n_tokens != 1:
+            alone.append(i)
+            continue
+        root, shared = s.cache.shared_prefix()
+        by_root.setdefault(id(root), (root, []))[1].append((i, shared))
+    groups = []
+    for root, members in by_root.values():
+        shared = min(n for _, n in members)
+        if len(members) > 1 and shared >= MIN_CASCADE_PREFIX:
+            groups.append((root, shared, [i for i, _ in members]))
+        else:
+            alone += [i for i, _ in members]
+    return groups, alone
+
+
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention of q [h, n, d] over k, v [h, S, d]: (output [h, n, d], log-sum-exp [h, n]).
+    On CPU, PyTorch's flash kernel returns both in one call (public SDPA drops the log-sum-exp)."""
+    if _FLASH_CPU is not None and q.device.type == "cpu":
+        out, lse = _FLASH_CPU(q[None], k[None], v[None], 0.0, False, scale=scale)
+        return out[0], lse[0]
+    scores = torch.matmul(q, k.transpose(1, 2)) * scale
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+
+
+def _cascade_attention(
+    q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], rest: list[tuple[torch.Tensor, torch.Tensor]], scale: float
+) -> torch.Tensor:
+    """Attention of m single-token queries q [heads, m, d] over a prefix they all share (keys, values
+    [kv_heads, P, d]) followed by each one's own positions (rest[j]: keys, values [kv_heads, S_j, d],
+    S_j >= 1: at least the query's own token). Returns [heads, m, d].
+
+    A key/value head serves `rep` query heads (grouped-query attention); they are laid out as `rep`
+    queries of that head, so both parts are plain multi-head attention without a mask."""
+    heads, m, d = q.shape
+    kv_heads = prefix[0].shape[0]
+    rep = heads // kv_heads
+    qg = q.reshape(kv_heads, rep, m, d)
+    out_prefix, lse_prefix = _attend(qg.reshape(kv_heads, rep * m, d), *prefix, scale)
+    out_prefix, lse_prefix = out_prefix.view(kv_heads, rep, m, d), lse_prefix.view(kv_heads, rep, m)
+    parts = [_attend(qg[:, :, j], k, v, scale) for j, (k, v) in enumerate(rest)]
+    out_rest = torch.stack([o for o, _ in parts], dim=2)  # [kv_heads, rep, m, d]
+    lse_rest = torch.stack([lse for _, lse in parts], dim=2)
+    total = torch.logaddexp(lse_prefix, lse_rest)
+    out = out_prefix * torch.exp(lse_prefix - total)[..., None] + out_rest * torch.exp(lse_rest - total)[..., None]
+    return out.reshape(heads, m, d)
 
 
 class RaggedForward:
@@ -87,6 +169,7 @@ class RaggedForward:
         for s in segments:
             bounds.append((start, start + s.n_tokens))
             start += s.n_tokens
+        groups, alone = _cascade_groups(segments)
         for li, layer in enumerate(self.base.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -98,10 +181,21 @@ class RaggedForward:
             v = attn.v_proj(h).view(1, len(tokens), -1, self.head_dim).transpose(1, 2)
             out = torch.empty_like(q)
             for s, (a, b) in zip(segments, bounds, strict=True):
+                c = s.cache
+                c.k[li, :, c.length : c.length + s.n_tokens] = k[0, :, a:b]
+                c.v[li, :, c.length : c.length + s.n_tokens] = v[0, :, a:b]
+            for root, shared, members in groups:
+                rows = [bounds[i][0] for i in members]
+                rest = []
+                for i in members:
+                    c = segments[i].cache
+                    rest.append((c.k[li, :, shared : c.length + 1], c.v[li, :, shared : c.length + 1]))
+                prefix = (root.k[li, :, :shared], root.v[li, :, :shared])
+                out[0, :, rows] = _cascade_attention(q[0, :, rows], prefix, rest, attn.scaling)
+            for i in alone:
+                s, (a, b) = segments[i], bounds[i]
                 c, n = s.cache, s.n_tokens
                 end = c.length + n
-                c.k[li, :, c.length : end] = k[0, :, a:b]
-                c.v[li, :, c.length : end] = v[0, :, a:b]
                 mask = None
                 if n > 1:  # causal within the chunk, full view of the cached past
                     mask = (
