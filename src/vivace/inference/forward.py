@@ -114,7 +114,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
 
 def _cascade_attention(
-    q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], rest: list[tuple[torch.Tensor, torch.Tensor]], scale: float
+    q: torch.Tensor,
+    prefix: tuple[torch.Tensor, torch.Tensor],
+    rest: list[tuple[torch.Tensor, torch.Tensor]],
+    scale: float,
 ) -> torch.Tensor:
     """Attention of m single-token queries q [heads, m, d] over a prefix they all share (keys, values
     [kv_heads, P, d]) followed by each one's own positions (rest[j]: keys, values [kv_heads, S_j, d],
