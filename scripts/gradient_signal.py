@@ -7,14 +7,17 @@ with a before/after report (`eval/results.jsonl` and the starting policy's episo
 `eval/trajectories/<model>/`). Every group split on success (the tiny preset's filter) gives one
 policy-gradient vector at the starting checkpoint: the trainer's own loss (rl/loss.py, on-policy, token
 aggregation within the group) through `Trainer._forward`, with the preset's advantages
-(`rl.rollout.to_samples`); one group per training task (runs with one seed share their task stream).
+(`rl.rollout.to_samples`); one group per training task (its first split one) and per held-out task
+(all its episodes in the runs given).
 Samples from runs whose policy had already moved a little are taken as if drawn from the checkpoint:
 their importance weights are capped at 2 as in training.
 
 Prints, for K groups per half (disjoint random halves, 200 draws each):
-- `train-train`: cosine between the mean gradients of two disjoint sets of K training groups. If every
-  group's gradient is a shared direction plus task-specific noise, this is K*rho / (K*rho + 1) where
-  rho = |shared|^2 / E|noise|^2; the fitted rho says how many groups make the shared part dominate;
+- `train-train`: cosine between the mean vectors of two disjoint sets of K training groups. If every
+  group's vector is a shared direction plus task-specific noise, it is K*rho / (K*rho + 1), where
+  rho = |shared|^2 / E|group vector|^2 is also the expected cosine of two groups' vectors (reported with
+  its standard error; 1/rho groups per half make the two halves agree at 0.5). Drawn without
+  replacement from a finite set, it falls below that as 2K nears the set's size;
 - `train-test`: cosine between the mean of K training groups and the mean over all held-out groups
   (the direction that would raise success on the held-out tasks, itself noisy);
 - `test-test` for the held-out groups' own split halves, and the same with each group's advantages
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -73,8 +78,48 @@ def test_groups(run: Path, model: str) -> list[list[Rollout]]:
     return list(groups.values())
 
 
+def first_split(groups) -> list[list[Rollout]]:
+    """Per task, the first group with both solved and unsolved episodes (the others carry no gradient
+    under the preset's filter): runs with one seed share their task stream, and two groups of one task
+    would agree for reasons that do not carry to other tasks."""
+    kept: dict[str, list[Rollout]] = {}
+    for group in groups:
+        if len({r.resolved for r in group}) == 2:
+            kept.setdefault(group[0].task_id, group)
+    return list(kept.values())
+
+
+def merged_split(groups) -> list[list[Rollout]]:
+    """Per task, all its episodes in one group, if they split on success (held-out groups have only
+    two episodes per run)."""
+    merged: dict[str, list[Rollout]] = {}
+    for group in groups:
+        merged.setdefault(group[0].task_id, []).extend(group)
+    return [g for g in merged.values() if len({r.resolved for r in g}) == 2]
+
+
+BLOCKS = ("embeddings", "attention", "router", "experts", "norms")
+
+
+def block(name: str) -> str:
+    """Which part of the model a parameter belongs to (Qwen3-MoE names; the head is tied to the embeddings)."""
+    if "norm" in name:
+        return "norms"
+    if "embed" in name or "lm_head" in name:
+        return "embeddings"
+    if "self_attn" in name:
+        return "attention"
+    if ".mlp.gate." in name:
+        return "router"
+    return "experts"
+
+
 def gradients(trainer: Trainer, groups: list[list[Rollout]], cfg, label: str) -> list[torch.Tensor]:
-    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    """One objective-ascent vector per group, parameters in BLOCKS order (see `block_ranges`)."""
+    named = sorted(
+        ((n, p) for n, p in trainer.model.named_parameters() if p.requires_grad),
+        key=lambda np: BLOCKS.index(block(np[0])),
+    )
     out = []
     for i, group in enumerate(groups):
         samples, _ = to_samples([group], cfg, version=0)
@@ -86,83 +131,125 @@ def gradients(trainer: Trainer, groups: list[list[Rollout]], cfg, label: str) ->
             logp, _, mask, behav, adv = trainer._forward(micro)
             loss, _ = policy_loss(logp, logp.detach(), behav, adv, mask, trainer.loss_cfg, n_tokens)
             loss.backward()
-        # The descent direction of the loss is the ascent direction of the objective.
-        out.append(-torch.cat([p.grad.reshape(-1) for p in params]).detach().clone())
-        print(f"{label}: group {i + 1}/{len(groups)} ({len(samples)} samples, {n_tokens} tokens)", flush=True)
+        grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for _, p in named]  # FSDP
+        out.append(-torch.cat([g.reshape(-1) for g in grads]).detach().clone())
+        print(f"{label}: group {i + 1}/{len(groups)} ({len(samples)} samples, {n_tokens} tokens)", file=sys.stderr)
     return out
 
 
-def cos(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.dot(a, b) / (a.norm() * b.norm() + 1e-30))
+def block_ranges(trainer: Trainer) -> dict[str, tuple[int, int]]:
+    sizes = {b: 0 for b in BLOCKS}
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            sizes[block(n)] += p.numel()
+    ranges, start = {}, 0
+    for b in BLOCKS:
+        ranges[b] = (start, start + sizes[b])
+        start += sizes[b]
+    return ranges
 
 
-def mean(vs: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(vs).mean(0)
+def mean_cos(gram: torch.Tensor, a: list[int], b: list[int], sign: torch.Tensor | None = None) -> float:
+    """Cosine between the mean of vectors `a` and the mean of vectors `b`, from their Gram matrix
+    (optionally with each vector multiplied by `sign`)."""
+    g = gram if sign is None else gram * sign[:, None] * sign[None, :]
+    ab, aa, bb = g[a][:, b].sum(), g[a][:, a].sum(), g[b][:, b].sum()
+    return float(ab / (aa.sqrt() * bb.sqrt() + 1e-30))
+
+
+def analyse(gram: torch.Tensor, train: list[int], test: list[int], draws: int) -> dict:
+    rng = random.Random(0)
+    rows = []
+    k = 1
+    while 2 * k <= len(train):
+        tt, tx, null = [], [], []
+        for _ in range(draws):
+            pick = rng.sample(train, 2 * k)
+            tt.append(mean_cos(gram, pick[:k], pick[k:]))
+            tx.append(mean_cos(gram, pick[:k], test))
+            sign = torch.tensor([rng.choice((-1.0, 1.0)) for _ in range(len(gram))], dtype=gram.dtype)
+            sign[test] = 1.0
+            null.append(mean_cos(gram, pick[:k], test, sign))
+        rows.append({"k": k, "train_train": statistics.mean(tt), "train_test": statistics.mean(tx),
+                     "train_test_sd": statistics.pstdev(tx), "train_test_null_sd": statistics.pstdev(null)})  # fmt: skip
+        k *= 2
+    half = len(test) // 2
+    test_test = statistics.mean(
+        mean_cos(gram, p[:half], p[half : 2 * half]) for p in (rng.sample(test, 2 * half) for _ in range(draws))
+    )
+    # rho = |shared|^2 / E|group vector|^2 is the expected cosine of two groups' vectors: estimated by
+    # their mean over pairs (nearly uncorrelated when there is little shared: its standard error is theirs).
+    norms = gram.diagonal().sqrt()
+    pair_cos = gram / (norms[:, None] * norms[None, :])
+    off = [float(pair_cos[i, j]) for a, i in enumerate(train) for j in train[a + 1 :]]
+    rho = statistics.mean(off)
+    se = statistics.pstdev(off) / math.sqrt(len(off))
+    return {"curve": rows, "rho": rho, "rho_se": se, "test_test_half": test_test,
+            "groups_for_half_agreement_at_least": 1 / max(rho + 2 * se, 1e-9),
+            "full_train_vs_test": mean_cos(gram, train, test)}  # fmt: skip
+
+
+def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, int]:
+    if not args.train or not args.test:
+        raise SystemExit("give --train and --test run directories (or --from-gram)")
+    cfg = load_preset("tiny")
+    trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
+    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train")
+    g_test = gradients(trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test")
+    if len(g_train) < 2 or len(g_test) < 2:
+        raise SystemExit(f"too few groups split on success: {len(g_train)} training, {len(g_test)} held-out")
+    # Every quantity reported is a cosine between means of these vectors: their inner products suffice,
+    # per block of parameters (any set of blocks adds its blocks' products).
+    n_train, n_test = len(g_train), len(g_test)
+    vectors = torch.stack(g_train + g_test)
+    del g_train[:], g_test[:]
+    ranges = block_ranges(trainer)
+    grams = {b: (vectors[:, lo:hi] @ vectors[:, lo:hi].T).double() for b, (lo, hi) in ranges.items()}
+    sizes = {b: hi - lo for b, (lo, hi) in ranges.items()}
+    if args.gram:
+        torch.save({"grams": grams, "sizes": sizes, "train": n_train, "test": n_test}, args.gram)
+    return grams, sizes, n_train, n_test
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train", nargs="+", type=Path, required=True)
-    parser.add_argument("--test", nargs="+", type=Path, required=True)
+    parser.add_argument("--train", nargs="+", type=Path, default=[], help="`vivace train` run directories.")
+    parser.add_argument("--test", nargs="+", type=Path, default=[], help="Run directories with a report (eval/).")
     parser.add_argument("--model", default="tiny", help="Checkpoint at which gradients are taken.")
     parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--gram", type=Path, help="Save the vectors' inner products here (torch.save).")
+    parser.add_argument("--from-gram", type=Path, help="Analyse inner products saved by --gram instead.")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    cfg = load_preset("tiny")
-    trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
-    # One group per task: runs with one seed share their task stream, and two groups of one task would
-    # agree for reasons that do not carry to other tasks.
-    seen: set[str] = set()
-    groups = []
-    for group in (g for run in args.train for g in train_groups(run)):
-        if group[0].task_id not in seen:
-            seen.add(group[0].task_id)
-            groups.append(group)
-    g_train = gradients(trainer, groups, cfg, "train")
-    g_test = gradients(trainer, [g for run in args.test for g in test_groups(run, args.model)], cfg, "test")
-    if len(g_train) < 4 or len(g_test) < 2:
-        raise SystemExit(f"too few groups split on success: {len(g_train)} training, {len(g_test)} held-out")
-    rng = random.Random(0)
-    test_mean = mean(g_test)
-    rows = []
-    k = 1
-    while 2 * k <= len(g_train):
-        tt, tx, null = [], [], []
-        for _ in range(args.draws):
-            pick = rng.sample(range(len(g_train)), 2 * k)
-            a, b = mean([g_train[i] for i in pick[:k]]), mean([g_train[i] for i in pick[k:]])
-            tt.append(cos(a, b))
-            tx.append(cos(a, test_mean))
-            null.append(cos(mean([g_train[i] * rng.choice((-1, 1)) for i in pick[:k]]), test_mean))
-        rows.append({"k": k, "train_train": statistics.mean(tt), "train_test": statistics.mean(tx),
-                     "train_test_null_sd": statistics.pstdev(null), "train_test_sd": statistics.pstdev(tx)})  # fmt: skip
-        k *= 2
-    half = len(g_test) // 2
-    test_test = statistics.mean(
-        cos(mean([g_test[i] for i in p[:half]]), mean([g_test[i] for i in p[half : 2 * half]]))
-        for p in (rng.sample(range(len(g_test)), 2 * half) for _ in range(args.draws))
-    )
-    # rho from the largest K: c = K rho / (K rho + 1)
-    last = rows[-1]
-    c = max(min(last["train_train"], 0.999), 1e-6)
-    rho = c / (last["k"] * (1 - c))
-    report = {"train_groups": len(g_train), "test_groups": len(g_test), "curve": rows,
-              "test_test_half": test_test, "rho": rho, "groups_for_half_agreement": 1 / rho,
-              "full_train_vs_test": cos(mean(g_train), test_mean)}  # fmt: skip
+    if args.from_gram:
+        saved = torch.load(args.from_gram)
+        grams, sizes, n_train, n_test = saved["grams"], saved["sizes"], saved["train"], saved["test"]
+        grams = {b: g.full_tensor() if hasattr(g, "full_tensor") else g for b, g in grams.items()}
+    else:
+        grams, sizes, n_train, n_test = compute_grams(args)
+    train, test = list(range(n_train)), list(range(n_train, n_train + n_test))
+    subsets = {"all": BLOCKS, "all but embeddings": BLOCKS[1:], **{b: (b,) for b in BLOCKS}}
+    report = {"train_groups": n_train, "test_groups": n_test, "parameters": sizes,
+              "subsets": {name: analyse(sum(grams[b] for b in bs), train, test, args.draws)
+                          for name, bs in subsets.items()}}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"{len(g_train)} training groups, {len(g_test)} held-out groups (split on success)")
-    print(f"{'K':>4} {'train-train':>12} {'train-test':>11} {'sd':>6} {'null sd':>8}")
-    for r in rows:
-        print(f"{r['k']:>4} {r['train_train']:>12.4f} {r['train_test']:>11.4f} {r['train_test_sd']:>6.3f} "
-              f"{r['train_test_null_sd']:>8.3f}")  # fmt: skip
-    print(
-        f"held-out halves agree: cos {test_test:.4f}; all training vs held-out: cos {report['full_train_vs_test']:.4f}"
-    )
-    print(f"rho {rho:.4f}: about {1 / rho:.0f} split groups before the shared direction outweighs the rest")
+    print(f"{n_train} training groups, {n_test} held-out groups (split on success)")
+    for name, r in report["subsets"].items():
+        print(f"\n{name} ({sum(sizes[b] for b in subsets[name]):,} parameters): rho (mean cosine of two training "
+              f"groups) {r['rho']:.4f} ± {r['rho_se']:.4f}; held-out halves {r['test_test_half']:.4f}; "
+              f"all training vs held-out {r['full_train_vs_test']:.4f}")  # fmt: skip
+        print(f"{'K':>4} {'train-train':>12} {'train-test':>11} {'sd':>6} {'null sd':>8}")
+        for row in r["curve"]:
+            print(f"{row['k']:>4} {row['train_train']:>12.4f} {row['train_test']:>11.4f} "
+                  f"{row['train_test_sd']:>6.3f} {row['train_test_null_sd']:>8.3f}")  # fmt: skip
+        print(
+            f"two halves agree at cosine 0.5 only past ~{r['groups_for_half_agreement_at_least']:.0f} split groups "
+            "each (rho + 2 standard errors)"
+        )
 
 
 if __name__ == "__main__":
