@@ -114,7 +114,23 @@ def block(name: str) -> str:
     return "experts"
 
 
-def gradients(trainer: Trainer, groups: list[list[Rollout]], cfg, label: str) -> list[torch.Tensor]:
+def without_copies(ids: list[int], mask: list[int], n: int) -> list[int]:
+    """The mask less every generated token that, with the n tokens before it, repeats a span seen
+    earlier in the episode (prompt, tool results or its own text): the copied part of a name, a path,
+    an old_string."""
+    seen: set[tuple[int, ...]] = set()
+    out = list(mask)
+    for j in range(n, len(ids)):
+        span = tuple(ids[j - n : j + 1])
+        if mask[j] and span in seen:
+            out[j] = 0
+        seen.add(span)
+    return out
+
+
+def gradients(
+    trainer: Trainer, groups: list[list[Rollout]], cfg, label: str, skip_copies: int = 0
+) -> list[torch.Tensor]:
     """One objective-ascent vector per group, parameters in BLOCKS order (see `block_ranges`)."""
     named = sorted(
         ((n, p) for n, p in trainer.model.named_parameters() if p.requires_grad),
@@ -123,6 +139,10 @@ def gradients(trainer: Trainer, groups: list[list[Rollout]], cfg, label: str) ->
     out = []
     for i, group in enumerate(groups):
         samples, _ = to_samples([group], cfg, version=0)
+        if skip_copies:
+            for sample in samples:
+                sample.mask = without_copies(sample.ids, sample.mask, skip_copies)
+            samples = [sample for sample in samples if sample.n_generated]
         if not samples:
             continue
         trainer.model.zero_grad(set_to_none=True)
@@ -194,8 +214,11 @@ def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, i
         raise SystemExit("give --train and --test run directories (or --from-gram)")
     cfg = load_preset("tiny")
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
-    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train")
-    g_test = gradients(trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test")
+    skip = args.skip_copies
+    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train", skip)
+    g_test = gradients(
+        trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test", skip
+    )
     if len(g_train) < 2 or len(g_test) < 2:
         raise SystemExit(f"too few groups split on success: {len(g_train)} training, {len(g_test)} held-out")
     # Every quantity reported is a cosine between means of these vectors: their inner products suffice,
@@ -219,6 +242,10 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--gram", type=Path, help="Save the vectors' inner products here (torch.save).")
     parser.add_argument("--from-gram", type=Path, help="Analyse inner products saved by --gram instead.")
+    parser.add_argument(
+        "--skip-copies", type=int, default=0, metavar="N",
+        help="Leave out of the loss every generated token that, with the N before it, repeats an earlier span.",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
