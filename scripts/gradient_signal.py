@@ -89,6 +89,37 @@ def first_split(groups) -> list[list[Rollout]]:
     return list(kept.values())
 
 
+def same_task_pairs(groups) -> list[tuple[list[Rollout], list[Rollout]]]:
+    """Tasks with two groups split on success (two runs of one seed draw the same tasks)."""
+    by_task: dict[str, list[list[Rollout]]] = {}
+    for group in groups:
+        if len({r.resolved for r in group}) == 2:
+            by_task.setdefault(group[0].task_id, []).append(group)
+    return [(gs[0], gs[1]) for gs in by_task.values() if len(gs) >= 2]
+
+
+def same_task_control(args) -> dict:
+    """The positive control: two groups of one task share that task's expected gradient, so their
+    cosine shows what a shared direction looks like next to the noise of four rollouts."""
+    cfg = load_preset("tiny")
+    trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
+    pairs = same_task_pairs(g for run in args.train for g in train_groups(run))
+    first = gradients(trainer, [a for a, _ in pairs], cfg, "first", args.skip_copies)
+    second = gradients(trainer, [b for _, b in pairs], cfg, "second", args.skip_copies)
+    same = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in zip(first, second, strict=True)]
+    other = [
+        float(torch.nn.functional.cosine_similarity(first[i], second[j], dim=0))
+        for i in range(len(first))
+        for j in range(len(second))
+        if i != j
+    ]
+
+    def summary(xs: list[float]) -> dict:
+        return {"pairs": len(xs), "mean": statistics.mean(xs), "se": statistics.pstdev(xs) / math.sqrt(len(xs))}
+
+    return {"tasks": len(pairs), "same_task": summary(same), "different_tasks": summary(other)}
+
+
 def merged_split(groups) -> list[list[Rollout]]:
     """Per task, all its episodes in one group, if they split on success (held-out groups have only
     two episodes per run)."""
@@ -246,10 +277,18 @@ def main() -> None:
         "--skip-copies", type=int, default=0, metavar="N",
         help="Leave out of the loss every generated token that, with the N before it, repeats an earlier span.",
     )  # fmt: skip
+    parser.add_argument(
+        "--same-task", action="store_true",
+        help="Positive control instead: cosine of two groups of one task (from --train runs of one seed).",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
+    if args.same_task:
+        control = same_task_control(args)
+        print(json.dumps(control, indent=2))
+        return
     if args.from_gram:
         saved = torch.load(args.from_gram)
         grams, sizes, n_train, n_test = saved["grams"], saved["sizes"], saved["train"], saved["test"]
