@@ -85,8 +85,12 @@ def test_seeded_requests_do_not_depend_on_the_batch(model):
     assert other_seed.token_ids != together[0].token_ids
 
 
-@pytest.mark.parametrize("kv_heads", [2, 4])  # grouped-query and plain multi-head attention
-def test_decoding_sequences_read_their_shared_prefix_once(kv_heads, monkeypatch):
+@pytest.mark.parametrize(
+    "kv_heads, flash", [(2, True), (4, True), (2, False)]
+)  # grouped-query and plain multi-head attention; PyTorch's CPU flash kernel or the plain fallback
+def test_decoding_sequences_read_their_shared_prefix_once(kv_heads, flash, monkeypatch):
+    if not flash:
+        monkeypatch.setattr(ragged, "_FLASH_CPU", None)
     m = small_model(num_key_value_heads=kv_heads)
     fwd = RaggedForward(m)
     g = torch.Generator().manual_seed(21)

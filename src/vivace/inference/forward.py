@@ -18,7 +18,8 @@ common prefix together: one matrix product of all their queries against one copy
 then each against the rest of its own cache, the two parts merged by their log-sum-exp. Decode
 attention is memory-bound (each query reads its whole cache), so this cuts the bytes read per
 step by about the number of sequences sharing the prefix. The copies are still made: prompt
-chunks (several new tokens) attend over their own cache in one call, as before.
+chunks (several new tokens) attend over their own cache in one call, as before. On CPU only (where
+it was measured).
 
 Supports decoder-only models with the Llama/Qwen2/Qwen3(-MoE) layer layout (`self_attn` with
 q/k/v/o projections and optional q/k norms, `mlp`, two RMSNorms, `model.rotary_emb`). Sliding
@@ -172,7 +173,9 @@ class RaggedForward:
         for s in segments:
             bounds.append((start, start + s.n_tokens))
             start += s.n_tokens
-        groups, alone = _cascade_groups(segments)
+        # Measured on CPU only: on a GPU a decode step is bound by kernel launches (docs/benchmarks.md,
+        # "The RL loop on a GPU"), and the per-sequence remainders would add launches, so it stays off there.
+        groups, alone = _cascade_groups(segments) if device.type == "cpu" else ([], list(range(len(segments))))
         for li, layer in enumerate(self.base.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
