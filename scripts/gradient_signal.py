@@ -12,16 +12,22 @@ aggregation within the group) through `Trainer._forward`, with the preset's adva
 Samples from runs whose policy had already moved a little are taken as if drawn from the checkpoint:
 their importance weights are capped at 2 as in training.
 
-Prints, for K groups per half (disjoint random halves, 200 draws each):
-- `train-train`: cosine between the mean vectors of two disjoint sets of K training groups. If every
-  group's vector is a shared direction plus task-specific noise, it is K*rho / (K*rho + 1), where
-  rho = |shared|^2 / E|group vector|^2 is also the expected cosine of two groups' vectors (reported with
-  its standard error; 1/rho groups per half make the two halves agree at 0.5). Drawn without
-  replacement from a finite set, it falls below that as 2K nears the set's size;
-- `train-test`: cosine between the mean of K training groups and the mean over all held-out groups
-  (the direction that would raise success on the held-out tasks, itself noisy);
-- `test-test` for the held-out groups' own split halves, and the same with each group's advantages
-  negated at random (`train-test, null`): what no shared direction looks like.
+Prints, for all parameters and for each part of the model (embeddings, attention, router, experts,
+norms), with --json as JSON:
+- rho, the mean cosine of two training groups' vectors (with its standard error over the pairs). If
+  every vector is a shared direction plus its task's own part, rho = |shared|^2 / E|vector|^2, and the
+  mean of K groups is K*rho / (K*rho + 1) shared: 1/rho groups make two disjoint halves agree at 0.5;
+- the curve over K of the cosine between the means of two disjoint sets of K training groups (below
+  K*rho / (K*rho + 1) as 2K nears the set's size: the halves are drawn without replacement), and between
+  the mean of K training groups and the held-out groups' mean, with the spread of the latter when each
+  training group's sign is flipped at random (what no shared direction looks like);
+- the held-out groups' own two halves, and all training groups against the held-out mean.
+
+Options: `--skip-copies N` leaves out of the loss every generated token that, with the N before it,
+repeats an earlier span of its episode (copied paths, names, the calls' scaffolding); `--same-task` is
+the positive control (the cosine of two groups of one task, from runs of one seed); `--gram FILE` saves
+the vectors' inner products per part and `--from-gram FILE` analyses them again without the ~8 minutes
+of backward passes (docs/benchmarks.md, "Do the training groups share a direction?").
 """
 
 from __future__ import annotations
