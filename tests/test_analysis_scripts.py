@@ -1,0 +1,46 @@
+"""The measurement scripts' arithmetic: which tokens count as copied, and cosines of means from a
+Gram matrix (scripts/gradient_signal.py, docs/benchmarks.md "Do the training groups share a direction?")."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import gradient_signal as gs  # noqa: E402
+
+
+def test_copied_tokens_are_left_out_only_where_generated():
+    ids = [5, 6, 7, 8, 9, 5, 6, 7, 1, 6, 7, 2]
+    mask = [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
+    # With one token of context: (5,6) and (6,7) repeat spans of the prompt; (1,6) is new; the second
+    # (6,7) repeats again; (7,2) is new. The prompt's own tokens stay out of the loss as they were.
+    assert gs.without_copies(ids, mask, 1) == [0, 0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 1]
+    # With two: (9,5,6) is new, (5,6,7) repeats, (6,7,1) and (7,1,6) are new, (1,6,7) is new, (6,7,2) too.
+    assert gs.without_copies(ids, mask, 2) == [0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1]
+
+
+def test_cosine_of_means_from_the_gram_matrix():
+    g = torch.Generator().manual_seed(0)
+    vectors = torch.randn(6, 50, generator=g, dtype=torch.float64)
+    gram = vectors @ vectors.T
+    a, b = [0, 2, 3], [1, 5]
+    direct = torch.nn.functional.cosine_similarity(vectors[a].mean(0), vectors[b].mean(0), dim=0)
+    assert abs(gs.mean_cos(gram, a, b) - float(direct)) < 1e-12
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, 1.0], dtype=torch.float64)
+    flipped = vectors * sign[:, None]
+    direct = torch.nn.functional.cosine_similarity(flipped[a].mean(0), flipped[b].mean(0), dim=0)
+    assert abs(gs.mean_cos(gram, a, b, sign) - float(direct)) < 1e-12
+
+
+def test_a_shared_direction_shows_in_rho():
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randn(400, generator=g, dtype=torch.float64)
+    noise = torch.randn(40, 400, generator=g, dtype=torch.float64)
+    for weight, expected in ((0.0, 0.0), (1.0, 0.5)):  # rho = |shared|^2 / (|shared|^2 + |noise|^2)
+        vectors = weight * shared + noise
+        report = gs.analyse(vectors @ vectors.T, list(range(30)), list(range(30, 40)), draws=20)
+        assert abs(report["rho"] - expected) < 4 * report["rho_se"] + 0.02
