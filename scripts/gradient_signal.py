@@ -84,24 +84,29 @@ def test_groups(run: Path, model: str) -> list[list[Rollout]]:
     return list(groups.values())
 
 
-def first_split(groups) -> list[list[Rollout]]:
-    """Per task, the first group with both solved and unsolved episodes (the others carry no gradient
-    under the preset's filter): runs with one seed share their task stream, and two groups of one task
-    would agree for reasons that do not carry to other tasks."""
-    kept: dict[str, list[Rollout]] = {}
+def splits(group: list[Rollout]) -> bool:
+    """Some episodes solved the task and some did not: the only groups the preset's filter trains."""
+    return len({r.resolved for r in group}) == 2
+
+
+def split_by_task(groups) -> list[list[list[Rollout]]]:
+    """The groups that split on success, gathered per task in the order found."""
+    by_task: dict[str, list[list[Rollout]]] = {}
     for group in groups:
-        if len({r.resolved for r in group}) == 2:
-            kept.setdefault(group[0].task_id, group)
-    return list(kept.values())
+        if splits(group):
+            by_task.setdefault(group[0].task_id, []).append(group)
+    return list(by_task.values())
+
+
+def first_split(groups) -> list[list[Rollout]]:
+    """Per task, its first split group: runs with one seed share their task stream, and two groups of
+    one task would agree for reasons that do not carry to other tasks."""
+    return [gs[0] for gs in split_by_task(groups)]
 
 
 def same_task_pairs(groups) -> list[tuple[list[Rollout], list[Rollout]]]:
-    """Tasks with two groups split on success (two runs of one seed draw the same tasks)."""
-    by_task: dict[str, list[list[Rollout]]] = {}
-    for group in groups:
-        if len({r.resolved for r in group}) == 2:
-            by_task.setdefault(group[0].task_id, []).append(group)
-    return [(gs[0], gs[1]) for gs in by_task.values() if len(gs) >= 2]
+    """Tasks with two split groups (two runs of one seed draw the same tasks)."""
+    return [(gs[0], gs[1]) for gs in split_by_task(groups) if len(gs) >= 2]
 
 
 def same_task_control(args) -> dict:
@@ -132,7 +137,7 @@ def merged_split(groups) -> list[list[Rollout]]:
     merged: dict[str, list[Rollout]] = {}
     for group in groups:
         merged.setdefault(group[0].task_id, []).extend(group)
-    return [g for g in merged.values() if len({r.resolved for r in g}) == 2]
+    return [g for g in merged.values() if splits(g)]
 
 
 BLOCKS = ("embeddings", "attention", "router", "experts", "norms")
