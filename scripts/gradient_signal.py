@@ -115,8 +115,9 @@ def same_task_control(args) -> dict:
     cfg = load_preset("tiny")
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
     pairs = same_task_pairs(g for run in args.train for g in train_groups(run))
-    first = gradients(trainer, [a for a, _ in pairs], cfg, "first", args.skip_copies)
-    second = gradients(trainer, [b for _, b in pairs], cfg, "second", args.skip_copies)
+    masks = (args.skip_copies, args.top_entropy)
+    first = gradients(trainer, [a for a, _ in pairs], cfg, "first", *masks)
+    second = gradients(trainer, [b for _, b in pairs], cfg, "second", *masks)
     same = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in zip(first, second, strict=True)]
     other = [
         float(torch.nn.functional.cosine_similarity(first[i], second[j], dim=0))
@@ -170,8 +171,17 @@ def without_copies(ids: list[int], mask: list[int], n: int) -> list[int]:
     return out
 
 
+def top_entropy(entropy: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Mask of the `fraction` of positions with the highest policy entropy (the forks where a sample
+    could have gone another way; ties at the threshold are kept)."""
+    if fraction >= 1 or len(entropy) == 0:
+        return torch.ones_like(entropy)
+    threshold = torch.quantile(entropy.float(), 1 - fraction)
+    return (entropy >= threshold).to(entropy.dtype)
+
+
 def gradients(
-    trainer: Trainer, groups: list[list[Rollout]], cfg, label: str, skip_copies: int = 0
+    trainer: Trainer, groups: list[list[Rollout]], cfg, label: str, skip_copies: int = 0, entropy_top: float = 1.0
 ) -> list[torch.Tensor]:
     """One objective-ascent vector per group, parameters in BLOCKS order (see `block_ranges`)."""
     named = sorted(
@@ -190,7 +200,8 @@ def gradients(
         trainer.model.zero_grad(set_to_none=True)
         n_tokens = sum(s.n_generated for s in samples)
         for micro in trainer._micro_batches(samples):
-            logp, _, mask, behav, adv = trainer._forward(micro)
+            logp, entropy, mask, behav, adv = trainer._forward(micro)
+            mask = mask * top_entropy(entropy, entropy_top)
             loss, _ = policy_loss(logp, logp.detach(), behav, adv, mask, trainer.loss_cfg, n_tokens)
             loss.backward()
         grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for _, p in named]  # FSDP
@@ -256,10 +267,10 @@ def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, i
         raise SystemExit("give --train and --test run directories (or --from-gram)")
     cfg = load_preset("tiny")
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
-    skip = args.skip_copies
-    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train", skip)
+    masks = (args.skip_copies, args.top_entropy)
+    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train", *masks)
     g_test = gradients(
-        trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test", skip
+        trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test", *masks
     )
     if len(g_train) < 2 or len(g_test) < 2:
         raise SystemExit(f"too few groups split on success: {len(g_train)} training, {len(g_test)} held-out")
@@ -287,6 +298,10 @@ def main() -> None:
     parser.add_argument(
         "--skip-copies", type=int, default=0, metavar="N",
         help="Leave out of the loss every generated token that, with the N before it, repeats an earlier span.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-entropy", type=float, default=1.0, metavar="F",
+        help="Keep in the loss only the fraction F of generated tokens (per packed row) with the highest entropy.",
     )  # fmt: skip
     parser.add_argument(
         "--same-task", action="store_true",

@@ -76,6 +76,10 @@ class Segment:
 
 # A shared prefix shorter than this is attended per sequence (the separate pass is not worth it).
 MIN_CASCADE_PREFIX = 64
+# Devices on which decoding sequences read a shared prefix once. Measured on CPU only: on a GPU a
+# decode step is bound by kernel launches (docs/benchmarks.md, "The RL loop on a GPU"), and the
+# per-sequence remainders would add launches, so it stays off there.
+CASCADE_DEVICE_TYPES = {"cpu"}
 
 
 def _cascade_groups(segments: list[Segment]) -> tuple[list[tuple[KVCache, int, list[int]]], list[int]]:
@@ -173,9 +177,8 @@ class RaggedForward:
         for s in segments:
             bounds.append((start, start + s.n_tokens))
             start += s.n_tokens
-        # Measured on CPU only: on a GPU a decode step is bound by kernel launches (docs/benchmarks.md,
-        # "The RL loop on a GPU"), and the per-sequence remainders would add launches, so it stays off there.
-        groups, alone = _cascade_groups(segments) if device.type == "cpu" else ([], list(range(len(segments))))
+        cascade = device.type in CASCADE_DEVICE_TYPES
+        groups, alone = _cascade_groups(segments) if cascade else ([], list(range(len(segments))))
         for li, layer in enumerate(self.base.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
