@@ -23,6 +23,16 @@ def test_copied_tokens_are_left_out_only_where_generated():
     assert gs.without_copies(ids, mask, 2) == [0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1]
 
 
+def test_top_entropy_keeps_the_most_uncertain_positions():
+    entropy = torch.tensor([0.1, 2.0, 0.5, 3.0, 0.0, 1.0, 0.2, 0.3, 0.4, 2.5])
+    # The top fifth of ten positions: the two highest entropies, wherever they sit.
+    assert gs.top_entropy(entropy, 0.2).tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 1]
+    assert gs.top_entropy(entropy, 0.5).tolist() == [0, 1, 1, 1, 0, 1, 0, 0, 0, 1]
+    assert gs.top_entropy(entropy, 1.0).tolist() == [1] * 10
+    # Ties at the threshold are kept rather than broken by position.
+    assert gs.top_entropy(torch.tensor([1.0, 1.0, 1.0, 0.0]), 0.25).tolist() == [1, 1, 1, 0]
+
+
 def test_cosine_of_means_from_the_gram_matrix():
     g = torch.Generator().manual_seed(0)
     vectors = torch.randn(6, 50, generator=g, dtype=torch.float64)
