@@ -68,8 +68,9 @@ def main() -> None:
         sync()
     ops = prof.key_averages()
     print(ops.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
-    report["kernel_launches_per_step_batch_16"] = sum(k.count for k in ops if k.key in LAUNCHES) / 20
-    report["device_ms_per_step_batch_16"] = round(sum(k.self_device_time_total for k in ops) / 20 / 1e3, 2)
+    if device.type == "cuda":
+        report["kernel_launches_per_step_batch_16"] = sum(k.count for k in ops if k.key in LAUNCHES) / 20
+        report["device_ms_per_step_batch_16"] = round(sum(k.self_device_time_total for k in ops) / 20 / 1e3, 2)
 
     if args.greedy_out:
         prompts = [system + torch.randint(10, 2000, (200,), generator=g).tolist() for _ in range(16)]
