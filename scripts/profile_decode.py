@@ -3,7 +3,7 @@
 steps at 16 sequences (the top operators by self CPU time, kernel launches per step and device time
 per step on a GPU).
 
-    .venv/bin/python scripts/profile_decode.py [--device cuda] [--greedy-out FILE]
+    .venv/bin/python scripts/profile_decode.py [--device cuda] [--dtype bfloat16] [--greedy-out FILE]
 
 `--greedy-out` also writes the greedy tokens of 16 requests (100 each), to compare two versions of the
 engine's code token for token (docs/benchmarks.md, "The engine's decode step on a GPU").
@@ -28,12 +28,13 @@ LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaun
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="Where the model runs (cpu, cuda).")
+    parser.add_argument("--dtype", default="float32", help="The model's dtype (float32 as shipped, bfloat16).")
     parser.add_argument("--greedy-out", help="Write 16 requests' greedy tokens here (JSON).")
     args = parser.parse_args()
     torch.set_num_threads(2)
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    model = load_model("tiny").model.eval().to(device)
+    model = load_model("tiny").model.eval().to(device, getattr(torch, args.dtype))
     g = torch.Generator().manual_seed(0)
     system = torch.randint(10, 2000, (2700,), generator=g).tolist()
 

@@ -139,9 +139,9 @@ def _cascade_attention(
     parts = [_attend(qg[:, :, j], k, v, scale) for j, (k, v) in enumerate(rest)]
     out_rest = torch.stack([o for o, _ in parts], dim=2)  # [kv_heads, rep, m, d]
     lse_rest = torch.stack([lse for _, lse in parts], dim=2)
-    total = torch.logaddexp(lse_prefix, lse_rest)
+    total = torch.logaddexp(lse_prefix, lse_rest)  # the kernels' log-sum-exp is float32 whatever q's dtype
     out = out_prefix * torch.exp(lse_prefix - total)[..., None] + out_rest * torch.exp(lse_rest - total)[..., None]
-    return out.reshape(heads, m, d)
+    return out.reshape(heads, m, d).to(q.dtype)
 
 
 class RaggedForward:
