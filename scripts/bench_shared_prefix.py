@@ -1,5 +1,5 @@
 """Engine: 16 requests opened together as an RL step opens them (one 2,700-token system turn, then
-one of four 200-token requests, four rollouts each), four ways, three runs each, alternating:
+one of four 200-token requests, four rollouts each), three ways, three runs each, alternating:
 
 - `shared, read once`: the common prefix is prefilled once and copied, and decoding sequences read
   it once per step (cascade attention, inference/forward.py) — the engine's default on CPU;
