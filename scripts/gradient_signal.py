@@ -115,9 +115,9 @@ def same_task_control(args) -> dict:
     cfg = load_preset("tiny")
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
     pairs = same_task_pairs(g for run in args.train for g in train_groups(run))
-    masks = (args.skip_copies, args.top_entropy)
-    first = gradients(trainer, [a for a, _ in pairs], cfg, "first", *masks)
-    second = gradients(trainer, [b for _, b in pairs], cfg, "second", *masks)
+    masks = {"skip_copies": args.skip_copies, "entropy_top": args.top_entropy}
+    first = gradients(trainer, [a for a, _ in pairs], cfg, "first", **masks)
+    second = gradients(trainer, [b for _, b in pairs], cfg, "second", **masks)
     same = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in zip(first, second, strict=True)]
     other = [
         float(torch.nn.functional.cosine_similarity(first[i], second[j], dim=0))
@@ -267,10 +267,10 @@ def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, i
         raise SystemExit("give --train and --test run directories (or --from-gram)")
     cfg = load_preset("tiny")
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
-    masks = (args.skip_copies, args.top_entropy)
-    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train", *masks)
+    masks = {"skip_copies": args.skip_copies, "entropy_top": args.top_entropy}
+    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train", **masks)
     g_test = gradients(
-        trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test", *masks
+        trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test", **masks
     )
     if len(g_train) < 2 or len(g_test) < 2:
         raise SystemExit(f"too few groups split on success: {len(g_train)} training, {len(g_test)} held-out")

@@ -18,8 +18,8 @@ common prefix together: one matrix product of all their queries against one copy
 then each against the rest of its own cache, the two parts merged by their log-sum-exp. Decode
 attention is memory-bound (each query reads its whole cache), so this cuts the bytes read per
 step by about the number of sequences sharing the prefix. The copies are still made: prompt
-chunks (several new tokens) attend over their own cache in one call, as before. On CPU only (where
-it was measured).
+chunks (several new tokens) attend over their own cache in one call, as before. Only on the devices
+in CASCADE_DEVICE_TYPES: CPU, since on a GPU it measured slower.
 
 Supports decoder-only models with the Llama/Qwen2/Qwen3(-MoE) layer layout (`self_attn` with
 q/k/v/o projections and optional q/k norms, `mlp`, two RMSNorms, `model.rotary_emb`). Sliding
