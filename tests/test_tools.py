@@ -299,6 +299,50 @@ async def test_grep_rg_and_fallback_print_the_same(ctx):
         assert ("build/out.py" in (await _grep_both(ctx, {"pattern": "generated"}))[0].text) is not git
 
 
+def _load_walker():
+    import importlib.util
+
+    import vivace.harness.tools.search as search
+
+    spec = importlib.util.spec_from_file_location("walker_under_test", Path(search.__file__).parent / "walker.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_walker_retries_a_refused_fork_and_works_without_git(tmp_path, monkeypatch):
+    walker = _load_walker()
+    real_run = walker.subprocess.run
+    for rel in ("kept.py", "ignored.log", ".gitignore"):
+        (tmp_path / rel).write_text("*.log\n" if rel == ".gitignore" else "x\n")
+    monkeypatch.chdir(tmp_path)
+    assert real_run(["git", "init", "-q", "."]).returncode == 0
+    refusals = []
+    monkeypatch.setattr(walker.time, "sleep", lambda s: refusals.append(s))
+
+    def refuse_twice(*args, **kwargs):
+        if len(refusals) < 2:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(walker.subprocess, "run", refuse_twice)
+    assert walker.files(".") == ["kept.py"]  # git answered on the third try: .gitignore honoured
+    assert len(refusals) == 2
+
+    def always_refuse(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(walker.subprocess, "run", always_refuse)
+    with pytest.raises(BlockingIOError):  # reported as 'walker failed', never as 'no matches'
+        walker.files(".")
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory: 'git'")
+
+    monkeypatch.setattr(walker.subprocess, "run", no_git)
+    assert walker.files(".") == ["ignored.log", "kept.py"]  # the plain walk: hidden files skipped
+
+
 async def test_grep_result_formats(pctx):
     ws = pctx.workspace
     for rel, text in TREE.items():

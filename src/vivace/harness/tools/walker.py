@@ -15,20 +15,37 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zlib
 
 a: dict = {}  # the arguments (ARGS_JSON), set by __main__
 
 
+def git_ls_files(root):
+    """The files git would show under root (tracked and not ignored); None outside a repository or without git."""
+    argv = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", root]
+    # fork fails with EAGAIN while the machine is briefly out of processes (seen under a test
+    # suite's load); git has not run then, so wait and try again rather than fail the search.
+    for delay in (0.05, 0.2, 0.8, None):
+        try:
+            r = subprocess.run(argv, capture_output=True)
+            break
+        except FileNotFoundError:
+            return None
+        except BlockingIOError:
+            if delay is None:
+                raise
+            time.sleep(delay)
+    if r.returncode != 0:
+        return None
+    return [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
 def files(root):
     if os.path.isfile(root):
         return [root]
-    r = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", root], capture_output=True
-    )
-    if r.returncode == 0:
-        found = [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
-    else:
+    found = git_ls_files(root)
+    if found is None:
         found = []
         for d, dirs, names in os.walk(root):
             dirs[:] = [x for x in dirs if not x.startswith(".")]
