@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -265,6 +269,54 @@ async def test_time_budget_stops_after_a_step_with_a_checkpoint(tmp_path):
     assert (tmp_path / "runs" / "budget" / "checkpoints" / "step_1" / "state.json").is_file()
     summary, rows = await run(tmp_path, ScriptedWorkers(seed=8), "no-budget", steps=2)
     assert summary["stopped_by"] == "steps" and len(rows) == 2
+
+
+async def test_stop_request_ends_the_run_after_the_step_in_flight_resumably(tmp_path):
+    """The CLI's first Ctrl-C sets `stop`: the step in flight finishes, is checkpointed (here
+    between the every-100-steps checkpoints) and the summary says why; --resume continues from it."""
+    cfg = load_preset("smoke", train={"steps": 5, "tasks_per_step": 2, "group_size": 3, "checkpoint_every": 100,
+                                      "runs_dir": str(tmp_path / "runs")})  # fmt: skip
+    run_dir = new_run_dir(cfg, "ctrl-c")
+    rows: list[dict] = []
+    summary = await train(cfg, run_dir, tasks=tasks(), workers=ScriptedWorkers(seed=9), on_step=rows.append,
+                          stop=lambda: len(rows) >= 2)  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2] and summary["stopped_by"] == "interrupted"
+    assert summary["checkpoint"].endswith("step_2")
+    summary = await train(cfg, run_dir, resume=True, tasks=tasks(), workers=ScriptedWorkers(seed=9),
+                          on_step=rows.append)  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and summary["stopped_by"] == "steps"
+
+
+def test_first_ctrl_c_asks_for_a_stop_and_the_second_stops_at_once():
+    from vivace.cli_train import _first_ctrl_c
+
+    before, stop, said = signal.getsignal(signal.SIGINT), threading.Event(), []
+    with _first_ctrl_c(stop, lambda: said.append("stopping")):
+        signal.raise_signal(signal.SIGINT)
+        assert stop.is_set() and said == ["stopping"]
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # started under nohup: Ctrl-C stays ignored
+    try:
+        ignored = threading.Event()
+        with _first_ctrl_c(ignored, lambda: None):
+            signal.raise_signal(signal.SIGINT)
+        assert not ignored.is_set() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_the_local_ray_cluster_is_started_out_of_ctrl_c_reach():
+    """Processes started under `_sigint_ignored` (Ray's daemons and actors) inherit the ignored
+    SIGINT, so a terminal's Ctrl-C reaches only the driver, which then ends the run cleanly."""
+    from vivace.rl.workers import _sigint_ignored
+
+    ignores = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"]
+    with _sigint_ignored():
+        assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "True\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 def test_replay_brings_back_split_tasks_and_resumes_the_same():

@@ -3,14 +3,18 @@ before/after evaluation of a finished run, rl/evaluate.py) and `vivace train ben
 (synchronous vs asynchronous rollouts); registered on the app in cli.py.
 
 A run that completes its steps with `train.eval_tasks > 0` ends with the same evaluation; its
-report's path is the last line printed (with --json: the "report" key of the summary line)."""
+report's path is the last line printed (with --json: the "report" key of the summary line).
+Ctrl-C ends a run after the step in flight, with a checkpoint, and still evaluates it; a second
+Ctrl-C stops at once and says how to resume or report."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -62,7 +66,7 @@ def train_command(
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
     if ctx.invoked_subcommand is not None:
         return
-    from vivace.rl.controller import TrainerFailed, new_run_dir, train, training_tasks
+    from vivace.rl.controller import TrainerFailed, latest_checkpoint, new_run_dir, train, training_tasks
     from vivace.rl.evaluate import held_out_tasks
     from vivace.rl.workers import LocalWorkers, RayWorkers
 
@@ -115,17 +119,29 @@ def train_command(
             table_rows.append(row)
             live.update(render())
 
+    stop = threading.Event()
+
+    def stopping() -> None:
+        then = "evaluates it" if eval_tasks else "ends"
+        err.print(f"[yellow]Ctrl-C:[/] the run stops after the step in flight, saves a checkpoint and {then} "
+                  "(Ctrl-C again to stop at once)")  # fmt: skip
+
     def run() -> dict:
-        with live or contextlib.nullcontext():
-            return asyncio.run(
-                train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks, on_step=on_step)
-            )
+        with live or contextlib.nullcontext(), _first_ctrl_c(stop, stopping):
+            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
+                                     on_step=on_step, stop=stop.is_set))  # fmt: skip
 
     try:
         summary = run()
     except TrainerFailed as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
+    except KeyboardInterrupt:
+        last = latest_checkpoint(run_dir)
+        where = f"its last checkpoint is {last}; continue with `vivace train --resume {run_dir}`" if last else (
+            "no checkpoint was written")  # fmt: skip
+        err.print(f"[yellow]stopped:[/] {where}.")
+        raise typer.Exit(130) from None
     report = None
     if eval_tasks:
         try:
@@ -133,12 +149,38 @@ def train_command(
         except ValueError as e:
             err.print(f"[red]error:[/] the run finished but its evaluation could not start: {e}")
             raise typer.Exit(2) from e
+        except KeyboardInterrupt:
+            err.print(f"[yellow]evaluation stopped:[/] the trained policy is {latest_checkpoint(run_dir)}; "
+                      f"`vivace train report {_shown(run_dir)}` evaluates it and writes the report.")  # fmt: skip
+            raise typer.Exit(130) from None
     if as_json:
         print(json.dumps({"summary": summary, **({"report": str(report)} if report else {})}))
         return
     out.print_json(json.dumps(summary))
     if report:
         print(f"report: {report}")  # plain print: one unwrapped line, whatever the terminal width
+
+
+@contextlib.contextmanager
+def _first_ctrl_c(stop: threading.Event, announce):
+    """The first Ctrl-C (SIGINT) sets `stop` and calls `announce`; the second raises KeyboardInterrupt."""
+    # Only the main thread may set handlers; a process started with SIGINT ignored (nohup, `&` in a
+    # script) keeps ignoring it.
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        yield
+        return
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        announce()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def _shown(path: Path) -> Path:

@@ -161,10 +161,12 @@ async def train(
     tasks: list[Task] | None = None,
     episode: Any = None,
     workers: Any = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) the loop until `cfg.train.steps`; returns the summary. `tasks` and
     `episode` replace the suite and the benchmark episode (synthetic environments, tests);
-    `workers` is where the work runs (default: Ray actors, see rl/workers.py)."""
+    `workers` is where the work runs (default: Ray actors, see rl/workers.py). When `stop()`
+    turns true (the CLI's first Ctrl-C), the run ends after the step in flight, with a checkpoint."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else training_tasks(cfg)
@@ -203,10 +205,11 @@ async def train(
             out_of_time = (
                 tc.max_minutes is not None and (time.monotonic() - t_start) * (done + 1) / done > tc.max_minutes * 60
             )
-            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time:
+            interrupted = stop is not None and stop()
+            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time or interrupted:
                 await _checkpoint(run_dir, workers, step + 1, pipeline, order)
-            if out_of_time and step + 1 < tc.steps:
-                stopped_by = "max_minutes"
+            if (out_of_time or interrupted) and step + 1 < tc.steps:
+                stopped_by = "interrupted" if interrupted else "max_minutes"
                 break
     except TrainerFailed as e:
         last = latest_checkpoint(run_dir)
@@ -318,7 +321,7 @@ def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped
     keys = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn", "loss", "entropy")
     summary = {
         "steps": len(rows),
-        "stopped_by": stopped_by,  # steps, or max_minutes (the time budget)
+        "stopped_by": stopped_by,  # steps, max_minutes (the time budget) or interrupted (Ctrl-C)
         "first": {k: first.get(k) for k in keys},
         "last": {k: last.get(k) for k in keys},
         "rollouts": sum(r["rollouts"] for r in rows),

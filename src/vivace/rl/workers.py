@@ -25,7 +25,10 @@ the same everywhere:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -37,6 +40,23 @@ from vivace.inference.samplers import sampling_params
 from vivace.rl.rollout import EpisodeResult, run_attempt
 from vivace.rl.trainer import Sample, Trainer
 from vivace.tasks.format import Task
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored for the block, in this process and in what it starts then (off the main
+    thread, where Python cannot change handlers, nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+ROLLOUT_CLOSE_TIMEOUT_S = 30.0
 
 
 class WorkerLost(Exception):
@@ -188,6 +208,9 @@ class _RolloutActor:
     def ping(self) -> bool:
         return True
 
+    async def close(self) -> None:
+        await self.backend.aclose()
+
 
 class RayWorkers:
     def __init__(self, cfg: VivaceConfig, episode: Any = None, address: str | None = None):
@@ -200,7 +223,11 @@ class RayWorkers:
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            # The local cluster's processes inherit an ignored SIGINT: a terminal's Ctrl-C goes to the
+            # whole foreground process group, and would kill the actors before the driver (the CLI)
+            # could end the run cleanly after the step in flight.
+            with _sigint_ignored():
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train
         resources = ray.cluster_resources()
@@ -348,6 +375,11 @@ class RayWorkers:
     async def close(self) -> None:
         import ray
 
+        # Rollout workers remove their workspaces first (a killed one leaves them for the next run's
+        # sweep); a dead or stuck one is killed all the same.
+        closing = [w.close.remote() for w in getattr(self, "workers", [])]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), ROLLOUT_CLOSE_TIMEOUT_S)
         for actor in [*getattr(self, "workers", []), *getattr(self, "samplers", []), *getattr(self, "trainers", [])]:
             ray.kill(actor)
 

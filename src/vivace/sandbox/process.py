@@ -104,6 +104,9 @@ async def run_capped(
     out, err = _CappedBuffer(output_limit), _CappedBuffer(output_limit)
     assert proc.stdout is not None and proc.stderr is not None
     readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
+    # When the caller is cancelled (Ctrl-C, a shutting-down loop) the readers end with CancelledError
+    # after it has gone: mark that retrieved so asyncio does not print it as an unhandled error.
+    readers.add_done_callback(lambda f: f.cancelled() or f.exception())
     timed_out = False
     try:
         await asyncio.wait_for(asyncio.shield(readers), timeout)
