@@ -307,6 +307,21 @@ def test_first_ctrl_c_asks_for_a_stop_and_the_second_stops_at_once():
         signal.signal(signal.SIGINT, before)
 
 
+def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, capsys):
+    """Rollout actors' output is not forwarded, so the driver decides isolated vs plain and says so."""
+    import vivace.cli_train as cli_train
+    import vivace.sandbox.isolated as isolated
+    from vivace.sandbox.base import BackendUnavailable
+
+    def unavailable(config):
+        raise BackendUnavailable("isolated sandbox unavailable: the isolated backend needs root")
+
+    monkeypatch.setattr(isolated, "IsolatedBackend", unavailable)
+    assert cli_train._sandbox_here(load_preset("smoke")) == "plain"
+    said = capsys.readouterr().err
+    assert "needs root" in said and "NOT isolated" in said
+
+
 def test_the_local_ray_cluster_is_started_out_of_ctrl_c_reach():
     """Processes started under `_sigint_ignored` (Ray's daemons and actors) inherit the ignored
     SIGINT, so a terminal's Ctrl-C reaches only the driver, which then ends the run cleanly."""

@@ -90,6 +90,8 @@ def train_command(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
 
+    if cfg.sandbox.backend == "auto" and address is None:
+        cfg.sandbox.backend = _sandbox_here(cfg)  # not saved: a resume elsewhere decides again
     workers = LocalWorkers(cfg) if local else RayWorkers(cfg, address=address)
     table_rows: list[dict] = []
 
@@ -159,6 +161,22 @@ def train_command(
     out.print_json(json.dumps(summary))
     if report:
         print(f"report: {report}")  # plain print: one unwrapped line, whatever the terminal width
+
+
+def _sandbox_here(cfg: VivaceConfig) -> str:
+    """'isolated' when this machine can isolate commands, else 'plain' with the warning printed here:
+    decided once in the driver, because the rollout actors' own warnings are not forwarded to it."""
+    from vivace.sandbox.base import BackendUnavailable
+    from vivace.sandbox.isolated import IsolatedBackend
+    from vivace.sandbox.plain import UNISOLATED_WARNING
+
+    try:
+        backend = IsolatedBackend(cfg.sandbox)
+    except BackendUnavailable as e:
+        err.print(f"[yellow]WARNING:[/] {e}\n{UNISOLATED_WARNING}")
+        return "plain"
+    asyncio.run(backend.aclose())
+    return "isolated"
 
 
 @contextlib.contextmanager
