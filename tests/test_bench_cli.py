@@ -107,3 +107,24 @@ def test_progress_shows_as_plain_lines_when_stderr_is_not_a_terminal(capsys):
     with LoggedProgress(quiet=True) as progress:
         progress.update(progress.add_task("episodes", total=2), completed=2)
     assert capsys.readouterr().err == ""
+
+
+def test_bench_ctrl_c_reports_the_episodes_that_finished(repo, tmp_path, state_dir, monkeypatch):
+    import vivace.bench.runner as runner
+
+    real = runner.run_benchmark
+
+    async def first_then_ctrl_c(models, tasks, *args, **kwargs):
+        await real(models, tasks[:1], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_benchmark", first_then_ctrl_c)
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo), tasks_file)
+    out = tmp_path / "run"
+    args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks_file), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    assert result.exit_code == 130, result.output
+    assert "stopped after 1 of 2 episodes" in result.output
+    report = (out / "report.md").read_text()
+    assert "stopped after 1 of 2 episodes" in report and "| scripted:oracle | 1 | 100.0% |" in report

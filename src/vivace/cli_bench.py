@@ -229,11 +229,22 @@ def bench(
         progress.update(bar, advance=1, description=f"episodes ({solved[0]} solved)")
 
     t0 = time.monotonic()
-    with progress:
-        rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done, samples))
+    title = f"vivace bench: {suite or tasks_path} ({len(tasks)} tasks{f' x {samples} samples' if samples > 1 else ''})"
+    try:
+        with progress:
+            rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done, samples))
+    except KeyboardInterrupt:  # Ctrl-C: report the episodes that finished (results.jsonl has each as it ended)
+        results = out_dir / "results.jsonl"
+        rows = [json.loads(line) for line in results.read_text().splitlines() if line] if results.is_file() else []
+        stopped = f"stopped after {len(rows)} of {progress.tasks[bar].total:.0f} episodes"
+        if rows:
+            (out_dir / "report.md").write_text(markdown(summarize(rows), f"{title}, {stopped}"))
+            err.print(f"[yellow]{stopped}:[/] the report of those is {out_dir / 'report.md'}")
+        else:
+            err.print(f"[yellow]{stopped}.[/]")
+        raise typer.Exit(130) from None
     seconds = time.monotonic() - t0
     summary = summarize(rows)
-    title = f"vivace bench: {suite or tasks_path} ({len(tasks)} tasks{f' x {samples} samples' if samples > 1 else ''})"
     (out_dir / "report.md").write_text(markdown(summary, title))
     (out_dir / "report.html").write_text(html_report(summary, title))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
