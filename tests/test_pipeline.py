@@ -290,15 +290,16 @@ async def test_stop_request_ends_the_run_after_the_step_in_flight_resumably(tmp_
 def test_first_ctrl_c_asks_for_a_stop_and_the_second_stops_at_once():
     from vivace.cli_train import _first_ctrl_c
 
-    before, stop, said = signal.getsignal(signal.SIGINT), threading.Event(), []
-    with _first_ctrl_c(stop, lambda: said.append("stopping")):
-        signal.raise_signal(signal.SIGINT)
-        assert stop.is_set() and said == ["stopping"]
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is before
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # started under nohup: Ctrl-C stays ignored
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ran pytest
     try:
+        stop, said = threading.Event(), []
+        with _first_ctrl_c(stop, lambda: said.append("stopping")):
+            signal.raise_signal(signal.SIGINT)
+            assert stop.is_set() and said == ["stopping"]
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # started under nohup: Ctrl-C stays ignored
         ignored = threading.Event()
         with _first_ctrl_c(ignored, lambda: None):
             signal.raise_signal(signal.SIGINT)
@@ -328,10 +329,14 @@ def test_the_local_ray_cluster_is_started_out_of_ctrl_c_reach():
     from vivace.rl.workers import _sigint_ignored
 
     ignores = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"]
-    with _sigint_ignored():
-        assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "True\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "False\n"
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ran pytest
+    try:
+        with _sigint_ignored():
+            assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "True\n"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "False\n"
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_replay_brings_back_split_tasks_and_resumes_the_same():
