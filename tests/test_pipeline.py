@@ -287,6 +287,23 @@ async def test_stop_request_ends_the_run_after_the_step_in_flight_resumably(tmp_
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and summary["stopped_by"] == "steps"
 
 
+async def test_keep_checkpoints_deletes_all_but_the_newest_and_resume_still_works(tmp_path):
+    cfg = load_preset("smoke", train={"steps": 5, "tasks_per_step": 2, "group_size": 3, "checkpoint_every": 1,
+                                      "keep_checkpoints": 2, "runs_dir": str(tmp_path / "runs")})  # fmt: skip
+    run_dir = new_run_dir(cfg, "keep")
+    (run_dir / "checkpoints" / "step_0").mkdir(parents=True)  # an unfinished save from an earlier crash
+    await train_run(cfg, run_dir, ScriptedWorkers(seed=10), [])
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_4", "step_5"]
+    cfg.train.steps = 6
+    summary = await train(cfg, run_dir, resume=True, tasks=tasks(), workers=ScriptedWorkers(seed=10))
+    assert summary["steps"] == 6 and summary["checkpoint"].endswith("step_6")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_5", "step_6"]
+    cfg.train.keep_checkpoints = None
+    run_dir = new_run_dir(cfg, "keep-all")
+    await train_run(cfg, run_dir, ScriptedWorkers(seed=10), [])
+    assert len(list((run_dir / "checkpoints").iterdir())) == 6
+
+
 def test_first_ctrl_c_asks_for_a_stop_and_the_second_stops_at_once():
     from vivace.cli_train import _first_ctrl_c
 

@@ -291,6 +291,12 @@ class TrainConfig(_Strict):
         description="Wall-clock budget: stop (with a checkpoint) after the step that leaves no room for another.",
     )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every K steps (and at the end).")
+    keep_checkpoints: int | None = Field(
+        None,
+        ge=1,
+        description="Keep only the newest K checkpoints: older ones are deleted once a newer one is complete "
+        "(a checkpoint holds the weights and the optimiser's state). None keeps them all.",
+    )
     seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
     runs_dir: Path = Field(Path("runs"), description="Where run directories are made.")
     eval_tasks: int = Field(
@@ -377,6 +383,8 @@ PRESETS: dict[str, dict] = {
             # it by noise (5 -> 4); 2e-5 leaves it as it was (5 -> 5). Higher rates, with the masks or a
             # larger Adam epsilon, lowered it or left it where it was. docs/benchmarks.md.
             "lr": 2e-5,
+            # The report and --resume need only the last; each holds ~90 MB (weights and Adam's state).
+            "keep_checkpoints": 2,
             "eval_tasks": 56,
             "eval_samples": 2,
             # As many episodes at once as a rollout step: the report took 446 s against 608 s at 4, with

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -207,7 +208,7 @@ async def train(
             )
             interrupted = stop is not None and stop()
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time or interrupted:
-                await _checkpoint(run_dir, workers, step + 1, pipeline, order)
+                await _checkpoint(run_dir, workers, step + 1, pipeline, order, tc.keep_checkpoints)
             if (out_of_time or interrupted) and step + 1 < tc.steps:
                 stopped_by = "interrupted" if interrupted else "max_minutes"
                 break
@@ -299,13 +300,29 @@ def _save_rollouts(run_dir: Path, step: int, rollouts: list[tuple[int, int, Roll
                                 "trajectory": r.trajectory.model_dump() if r.trajectory else None}) + "\n")  # fmt: skip
 
 
-async def _checkpoint(run_dir: Path, workers: Any, step: int, pipeline: Pipeline, order: TaskOrder) -> None:
+async def _checkpoint(
+    run_dir: Path, workers: Any, step: int, pipeline: Pipeline, order: TaskOrder, keep: int | None = None
+) -> None:
     path = run_dir / "checkpoints" / f"step_{step}"
     await workers.save(path)
     torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
     state = {"step": step, "data_position": pipeline.position, "pending": pipeline.pending_positions(),
              "order": order.state()}  # fmt: skip
     (path / "state.json").write_text(json.dumps(state))  # written last: complete
+    if keep is not None:
+        _prune_checkpoints(run_dir, keep)
+
+
+def _prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (and unfinished ones older than them)."""
+    dirs = sorted(((int(p.name.split("_")[1]), p) for p in (run_dir / "checkpoints").glob("step_*")), reverse=True)
+    complete = [step for step, p in dirs if (p / "state.json").is_file()]
+    if len(complete) <= keep:
+        return
+    oldest_kept = complete[keep - 1]
+    for step, p in dirs:
+        if step < oldest_kept:
+            shutil.rmtree(p)
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
