@@ -27,7 +27,9 @@ Options: `--skip-copies N` leaves out of the loss every generated token that, wi
 repeats an earlier span of its episode (copied paths, names, the calls' scaffolding); `--same-task` is
 the positive control (the cosine of two groups of one task, from runs of one seed); `--gram FILE` saves
 the vectors' inner products per part and `--from-gram FILE` analyses them again without the ~8 minutes
-of backward passes (docs/benchmarks.md, "Do the training groups share a direction?").
+of backward passes (docs/benchmarks.md, "Do the training groups share a direction?"); `--by-theme` adds
+the same measures for the training groups of real-word repositories and of generated (pseudo-word) ones
+apart (with `--from-gram`, pass the `--train` runs too if the file predates it: the task order is rebuilt).
 """
 
 from __future__ import annotations
@@ -262,13 +264,46 @@ def analyse(gram: torch.Tensor, train: list[int], test: list[int], draws: int) -
             "full_train_vs_test": mean_cos(gram, train, test)}  # fmt: skip
 
 
+def pair_cos(gram: torch.Tensor, a: list[int], b: list[int] | None = None) -> tuple[float, float]:
+    """Mean cosine (and its standard error) over the pairs within `a`, or between `a` and `b`."""
+    norms = gram.diagonal().sqrt()
+    cos = gram / (norms[:, None] * norms[None, :])
+    off = [float(cos[i, j]) for x, i in enumerate(a) for j in (a[x + 1 :] if b is None else b)]
+    return statistics.mean(off), statistics.pstdev(off) / math.sqrt(len(off))
+
+
+def by_theme(gram: torch.Tensor, task_ids: list[str], test: list[int], draws: int) -> dict:
+    """Training groups of real-word repositories (the held-out ones are real-word) against generated ones:
+    their own rho, their pairs' cosine with held-out groups, their mean against the held-out mean."""
+    rng, out = random.Random(0), {}
+    for kind, keep in (
+        ("real-word", lambda t: not t.startswith("gen-")),
+        ("generated", lambda t: t.startswith("gen-")),
+    ):
+        a = [i for i, t in enumerate(task_ids) if keep(t)]
+        if len(a) < 2:
+            continue
+        null = []
+        for _ in range(draws):
+            sign = torch.tensor([rng.choice((-1.0, 1.0)) for _ in range(len(gram))], dtype=gram.dtype)
+            sign[test] = 1.0
+            null.append(mean_cos(gram, a, test, sign))
+        (rho, rho_se), (with_test, with_test_se) = pair_cos(gram, a), pair_cos(gram, a, test)
+        out[kind] = {"groups": len(a), "rho": rho, "rho_se": rho_se, "pair_cos_with_test": with_test,
+                     "pair_cos_with_test_se": with_test_se, "mean_vs_test_mean": mean_cos(gram, a, test),
+                     "mean_vs_test_mean_null_sd": statistics.pstdev(null)}  # fmt: skip
+    return out
+
+
 def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, int]:
     if not args.train or not args.test:
         raise SystemExit("give --train and --test run directories (or --from-gram)")
     cfg = load_preset("tiny")
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
     masks = {"skip_copies": args.skip_copies, "entropy_top": args.top_entropy}
-    g_train = gradients(trainer, first_split(g for run in args.train for g in train_groups(run)), cfg, "train", **masks)
+    groups = first_split(g for run in args.train for g in train_groups(run))
+    args.train_tasks = [g[0].task_id for g in groups]
+    g_train = gradients(trainer, groups, cfg, "train", **masks)
     g_test = gradients(
         trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test", **masks
     )
@@ -283,7 +318,8 @@ def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, i
     grams = {b: (vectors[:, lo:hi] @ vectors[:, lo:hi].T).double() for b, (lo, hi) in ranges.items()}
     sizes = {b: hi - lo for b, (lo, hi) in ranges.items()}
     if args.gram:
-        torch.save({"grams": grams, "sizes": sizes, "train": n_train, "test": n_test}, args.gram)
+        torch.save({"grams": grams, "sizes": sizes, "train": n_train, "test": n_test,
+                    "train_tasks": args.train_tasks}, args.gram)  # fmt: skip
     return grams, sizes, n_train, n_test
 
 
@@ -307,6 +343,10 @@ def main() -> None:
         "--same-task", action="store_true",
         help="Positive control instead: cosine of two groups of one task (from --train runs of one seed).",
     )  # fmt: skip
+    parser.add_argument(
+        "--by-theme", action="store_true",
+        help="Also measure real-word and generated training repositories' groups apart.",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -319,6 +359,13 @@ def main() -> None:
         saved = torch.load(args.from_gram)
         grams, sizes, n_train, n_test = saved["grams"], saved["sizes"], saved["train"], saved["test"]
         grams = {b: g.full_tensor() if hasattr(g, "full_tensor") else g for b, g in grams.items()}
+        args.train_tasks = saved.get("train_tasks")
+        if args.by_theme and args.train_tasks is None:
+            if not args.train:
+                raise SystemExit("this gram file has no task ids: pass the --train runs it was made from")
+            args.train_tasks = [g[0].task_id for g in first_split(g for run in args.train for g in train_groups(run))]
+        if args.train_tasks is not None and len(args.train_tasks) != n_train:
+            raise SystemExit(f"{len(args.train_tasks)} training tasks rebuilt, the gram has {n_train} groups")
     else:
         grams, sizes, n_train, n_test = compute_grams(args)
     train, test = list(range(n_train)), list(range(n_train, n_train + n_test))
@@ -326,6 +373,8 @@ def main() -> None:
     report = {"train_groups": n_train, "test_groups": n_test, "parameters": sizes,
               "subsets": {name: analyse(sum(grams[b] for b in bs), train, test, args.draws)
                           for name, bs in subsets.items()}}  # fmt: skip
+    if args.by_theme:
+        report["by_theme"] = by_theme(sum(grams[b] for b in BLOCKS), args.train_tasks, test, args.draws)
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -342,6 +391,11 @@ def main() -> None:
             f"two halves agree at cosine 0.5 only past ~{r['groups_for_half_agreement_at_least']:.0f} split groups "
             "each (rho + 2 standard errors)"
         )
+    for kind, r in report.get("by_theme", {}).items():
+        print(f"\n{kind} training groups ({r['groups']}), all parameters: rho {r['rho']:.4f} ± {r['rho_se']:.4f}; "
+              f"pairs with held-out groups {r['pair_cos_with_test']:.4f} ± {r['pair_cos_with_test_se']:.4f}; "
+              f"their mean vs the held-out mean {r['mean_vs_test_mean']:.3f} "
+              f"(null sd {r['mean_vs_test_mean_null_sd']:.3f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -54,3 +54,21 @@ def test_a_shared_direction_shows_in_rho():
         vectors = weight * shared + noise
         report = gs.analyse(vectors @ vectors.T, list(range(30)), list(range(30, 40)), draws=20)
         assert abs(report["rho"] - expected) < 4 * report["rho_se"] + 0.02
+
+
+def test_by_theme_finds_the_kind_of_repository_that_shares_the_held_out_direction():
+    g = torch.Generator().manual_seed(2)
+    shared = torch.randn(400, generator=g, dtype=torch.float64)
+    noise = torch.randn(36, 400, generator=g, dtype=torch.float64)
+    ids = [f"bakery-t{i}" for i in range(12)] + [f"gen-{i}-t" for i in range(16)]
+    with_held_out = torch.zeros(36, 1, dtype=torch.float64)
+    with_held_out[:12] = with_held_out[28:] = 1.0  # real-word groups and the 8 held-out ones share a direction
+    vectors = with_held_out * shared + noise
+    report = gs.by_theme(vectors @ vectors.T, ids, list(range(28, 36)), draws=50)
+    real, generated = report["real-word"], report["generated"]
+    assert real["groups"] == 12 and generated["groups"] == 16
+    assert real["pair_cos_with_test"] > 0.3 and abs(generated["pair_cos_with_test"]) < 0.1
+    assert (
+        real["mean_vs_test_mean"] > 0.7
+        and abs(generated["mean_vs_test_mean"]) < 3 * generated["mean_vs_test_mean_null_sd"]
+    )
