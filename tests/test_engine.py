@@ -295,6 +295,7 @@ async def test_ray_actor_engine(tmp_path):
 
     path = save_checkpoint(small_model(seed=0), reference_tokenizer(), tmp_path / "ckpt")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.shutdown()  # a Ray run earlier in the session (RayWorkers) leaves its cluster up
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         remote = RayEngine.remote_actor(str(path), num_cpus=1)

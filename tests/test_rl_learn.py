@@ -162,8 +162,10 @@ async def test_ray_weight_sync_reaches_the_sampler(tmp_path, sync):
     repo.mkdir()
     (repo / "main.py").write_text("def helper():\n    return 42\n")
     cfg = load_preset("smoke", agent={"max_turns": 1, "max_turn_tokens": 24},
-                      train={"tasks_per_step": 2, "group_size": 8, "steps": 4, "lr": 1e-2, "weight_sync": sync,
-                             "checkpoint_every": 4, "runs_dir": str(tmp_path / "runs")},
+                      # tiny-init: the shipped warm start calls a tool in every first turn (no group would split)
+                      train={"model": "tiny-init", "tasks_per_step": 2, "group_size": 8, "steps": 4, "lr": 1e-2,
+                             "weight_sync": sync, "checkpoint_every": 4, "runs_dir": str(tmp_path / "runs"),
+                             "mask_malformed": False},
                       sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
     episode = synthetic_episode(open_backend(cfg.sandbox).snapshot(str(repo)))
     rows: list[dict] = []

@@ -225,6 +225,7 @@ async def test_ray_actor_serves_on_each_node(tmp_path, repo):
     from vivace.sandbox.ray_actor import start_env_servers, stop_env_servers
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.shutdown()  # a Ray run earlier in the session (RayWorkers) leaves its cluster up
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         config = VivaceConfig.model_validate({
