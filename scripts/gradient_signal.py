@@ -106,6 +106,11 @@ def first_split(groups) -> list[list[Rollout]]:
     return [gs[0] for gs in split_by_task(groups)]
 
 
+def training_groups(runs: list[Path]) -> list[list[Rollout]]:
+    """One split group per training task, over the runs in order (the order the Gram matrix keeps)."""
+    return first_split(g for run in runs for g in train_groups(run))
+
+
 def same_task_pairs(groups) -> list[tuple[list[Rollout], list[Rollout]]]:
     """Tasks with two split groups (two runs of one seed draw the same tasks)."""
     return [(gs[0], gs[1]) for gs in split_by_task(groups) if len(gs) >= 2]
@@ -232,6 +237,22 @@ def mean_cos(gram: torch.Tensor, a: list[int], b: list[int], sign: torch.Tensor 
     return float(ab / (aa.sqrt() * bb.sqrt() + 1e-30))
 
 
+def pair_cos(gram: torch.Tensor, a: list[int], b: list[int] | None = None) -> tuple[float, float]:
+    """Mean cosine (and its standard error) over the pairs within `a`, or between `a` and `b`."""
+    norms = gram.diagonal().sqrt()
+    cos = gram / (norms[:, None] * norms[None, :])
+    off = [float(cos[i, j]) for x, i in enumerate(a) for j in (a[x + 1 :] if b is None else b)]
+    return statistics.mean(off), statistics.pstdev(off) / math.sqrt(len(off))
+
+
+def null_cos(gram: torch.Tensor, a: list[int], test: list[int], rng: random.Random) -> float:
+    """`mean_cos(gram, a, test)` with every vector but the held-out ones given a random sign: what the
+    cosine looks like when nothing is shared."""
+    sign = torch.tensor([rng.choice((-1.0, 1.0)) for _ in range(len(gram))], dtype=gram.dtype)
+    sign[test] = 1.0
+    return mean_cos(gram, a, test, sign)
+
+
 def analyse(gram: torch.Tensor, train: list[int], test: list[int], draws: int) -> dict:
     rng = random.Random(0)
     rows = []
@@ -242,9 +263,7 @@ def analyse(gram: torch.Tensor, train: list[int], test: list[int], draws: int) -
             pick = rng.sample(train, 2 * k)
             tt.append(mean_cos(gram, pick[:k], pick[k:]))
             tx.append(mean_cos(gram, pick[:k], test))
-            sign = torch.tensor([rng.choice((-1.0, 1.0)) for _ in range(len(gram))], dtype=gram.dtype)
-            sign[test] = 1.0
-            null.append(mean_cos(gram, pick[:k], test, sign))
+            null.append(null_cos(gram, pick[:k], test, rng))
         rows.append({"k": k, "train_train": statistics.mean(tt), "train_test": statistics.mean(tx),
                      "train_test_sd": statistics.pstdev(tx), "train_test_null_sd": statistics.pstdev(null)})  # fmt: skip
         k *= 2
@@ -254,22 +273,10 @@ def analyse(gram: torch.Tensor, train: list[int], test: list[int], draws: int) -
     )
     # rho = |shared|^2 / E|group vector|^2 is the expected cosine of two groups' vectors: estimated by
     # their mean over pairs (nearly uncorrelated when there is little shared: its standard error is theirs).
-    norms = gram.diagonal().sqrt()
-    pair_cos = gram / (norms[:, None] * norms[None, :])
-    off = [float(pair_cos[i, j]) for a, i in enumerate(train) for j in train[a + 1 :]]
-    rho = statistics.mean(off)
-    se = statistics.pstdev(off) / math.sqrt(len(off))
+    rho, se = pair_cos(gram, train)
     return {"curve": rows, "rho": rho, "rho_se": se, "test_test_half": test_test,
             "groups_for_half_agreement_at_least": 1 / max(rho + 2 * se, 1e-9),
             "full_train_vs_test": mean_cos(gram, train, test)}  # fmt: skip
-
-
-def pair_cos(gram: torch.Tensor, a: list[int], b: list[int] | None = None) -> tuple[float, float]:
-    """Mean cosine (and its standard error) over the pairs within `a`, or between `a` and `b`."""
-    norms = gram.diagonal().sqrt()
-    cos = gram / (norms[:, None] * norms[None, :])
-    off = [float(cos[i, j]) for x, i in enumerate(a) for j in (a[x + 1 :] if b is None else b)]
-    return statistics.mean(off), statistics.pstdev(off) / math.sqrt(len(off))
 
 
 def by_theme(gram: torch.Tensor, task_ids: list[str], test: list[int], draws: int) -> dict:
@@ -283,11 +290,7 @@ def by_theme(gram: torch.Tensor, task_ids: list[str], test: list[int], draws: in
         a = [i for i, t in enumerate(task_ids) if keep(t)]
         if len(a) < 2:
             continue
-        null = []
-        for _ in range(draws):
-            sign = torch.tensor([rng.choice((-1.0, 1.0)) for _ in range(len(gram))], dtype=gram.dtype)
-            sign[test] = 1.0
-            null.append(mean_cos(gram, a, test, sign))
+        null = [null_cos(gram, a, test, rng) for _ in range(draws)]
         (rho, rho_se), (with_test, with_test_se) = pair_cos(gram, a), pair_cos(gram, a, test)
         out[kind] = {"groups": len(a), "rho": rho, "rho_se": rho_se, "pair_cos_with_test": with_test,
                      "pair_cos_with_test_se": with_test_se, "mean_vs_test_mean": mean_cos(gram, a, test),
@@ -301,7 +304,7 @@ def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, i
     cfg = load_preset("tiny")
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
     masks = {"skip_copies": args.skip_copies, "entropy_top": args.top_entropy}
-    groups = first_split(g for run in args.train for g in train_groups(run))
+    groups = training_groups(args.train)
     args.train_tasks = [g[0].task_id for g in groups]
     g_train = gradients(trainer, groups, cfg, "train", **masks)
     g_test = gradients(
@@ -363,7 +366,7 @@ def main() -> None:
         if args.by_theme and args.train_tasks is None:
             if not args.train:
                 raise SystemExit("this gram file has no task ids: pass the --train runs it was made from")
-            args.train_tasks = [g[0].task_id for g in first_split(g for run in args.train for g in train_groups(run))]
+            args.train_tasks = [g[0].task_id for g in training_groups(args.train)]
         if args.train_tasks is not None and len(args.train_tasks) != n_train:
             raise SystemExit(f"{len(args.train_tasks)} training tasks rebuilt, the gram has {n_train} groups")
     else:

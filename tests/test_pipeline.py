@@ -325,7 +325,7 @@ def test_first_ctrl_c_asks_for_a_stop_and_the_second_stops_at_once():
         signal.signal(signal.SIGINT, before)
 
 
-def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, capsys):
+def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, capsys, tmp_path):
     """Rollout actors' output is not forwarded, so the driver decides isolated vs plain and says so."""
     import vivace.cli_train as cli_train
     import vivace.sandbox.isolated as isolated
@@ -335,20 +335,22 @@ def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, cap
         raise BackendUnavailable("isolated sandbox unavailable: the isolated backend needs root")
 
     monkeypatch.setattr(isolated, "IsolatedBackend", unavailable)
-    assert cli_train._sandbox_here(load_preset("smoke")) == "plain"
+    with pytest.warns(RuntimeWarning, match="NOT isolated"):
+        chosen = cli_train._sandbox_here(load_preset("smoke", sandbox={"state_dir": str(tmp_path / "state")}))
+    assert chosen == "plain"
     said = capsys.readouterr().err
     assert "needs root" in said and "NOT isolated" in said
 
 
 def test_the_local_ray_cluster_is_started_out_of_ctrl_c_reach():
-    """Processes started under `_sigint_ignored` (Ray's daemons and actors) inherit the ignored
+    """Processes started under `sigint_handler(SIG_IGN)` (Ray's daemons and actors) inherit the ignored
     SIGINT, so a terminal's Ctrl-C reaches only the driver, which then ends the run cleanly."""
-    from vivace.rl.workers import _sigint_ignored
+    from vivace.rl.workers import sigint_handler
 
     ignores = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"]
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ran pytest
     try:
-        with _sigint_ignored():
+        with sigint_handler(signal.SIG_IGN):
             assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "True\n"
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "False\n"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -164,29 +163,19 @@ def train_command(
 
 
 def _sandbox_here(cfg: VivaceConfig) -> str:
-    """'isolated' when this machine can isolate commands, else 'plain' with the warning printed here:
+    """'isolated' when this machine can isolate commands, else 'plain' (open_backend prints why):
     decided once in the driver, because the rollout actors' own warnings are not forwarded to it."""
-    from vivace.sandbox.base import BackendUnavailable
-    from vivace.sandbox.isolated import IsolatedBackend
-    from vivace.sandbox.plain import UNISOLATED_WARNING
+    from vivace.sandbox import open_backend
+    from vivace.sandbox.plain import PlainBackend
 
-    try:
-        backend = IsolatedBackend(cfg.sandbox)
-    except BackendUnavailable as e:
-        err.print(f"[yellow]WARNING:[/] {e}\n{UNISOLATED_WARNING}")
-        return "plain"
+    backend = open_backend(cfg.sandbox)
     asyncio.run(backend.aclose())
-    return "isolated"
+    return "plain" if isinstance(backend, PlainBackend) else "isolated"
 
 
-@contextlib.contextmanager
 def _first_ctrl_c(stop: threading.Event, announce):
     """The first Ctrl-C (SIGINT) sets `stop` and calls `announce`; the second raises KeyboardInterrupt."""
-    # Only the main thread may set handlers; a process started with SIGINT ignored (nohup, `&` in a
-    # script) keeps ignoring it.
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        yield
-        return
+    from vivace.rl.workers import sigint_handler
 
     def handler(signum, frame):
         if stop.is_set():
@@ -194,11 +183,7 @@ def _first_ctrl_c(stop: threading.Event, announce):
         stop.set()
         announce()
 
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+    return sigint_handler(handler)
 
 
 def _shown(path: Path) -> Path:

@@ -147,11 +147,14 @@ def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
     return path
 
 
+def _checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every checkpoint directory, complete or not, oldest first."""
+    return sorted((int(p.name.split("_")[1]), p) for p in (run_dir / "checkpoints").glob("step_*"))
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    steps = sorted(
-        (int(p.name.split("_")[1]), p) for p in (run_dir / "checkpoints").glob("step_*") if (p / "state.json").is_file()
-    )
-    return steps[-1][1] if steps else None
+    complete = [p for _, p in _checkpoint_dirs(run_dir) if (p / "state.json").is_file()]
+    return complete[-1] if complete else None
 
 
 async def train(
@@ -315,13 +318,12 @@ async def _checkpoint(
 
 def _prune_checkpoints(run_dir: Path, keep: int) -> None:
     """Delete all but the newest `keep` complete checkpoints (and unfinished ones older than them)."""
-    dirs = sorted(((int(p.name.split("_")[1]), p) for p in (run_dir / "checkpoints").glob("step_*")), reverse=True)
+    dirs = _checkpoint_dirs(run_dir)
     complete = [step for step, p in dirs if (p / "state.json").is_file()]
     if len(complete) <= keep:
         return
-    oldest_kept = complete[keep - 1]
     for step, p in dirs:
-        if step < oldest_kept:
+        if step < complete[-keep]:
             shutil.rmtree(p)
 
 

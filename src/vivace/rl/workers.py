@@ -43,13 +43,14 @@ from vivace.tasks.format import Task
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
-    """SIGINT ignored for the block, in this process and in what it starts then (off the main
-    thread, where Python cannot change handlers, nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
+def sigint_handler(handler):
+    """SIGINT goes to `handler` for the block (SIG_IGN: ignored here and in processes started then).
+    Nothing changes off the main thread, where Python cannot set handlers, or in a process started
+    with SIGINT ignored (nohup, `&` in a script), which keeps ignoring it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
@@ -226,7 +227,7 @@ class RayWorkers:
             # The local cluster's processes inherit an ignored SIGINT: a terminal's Ctrl-C goes to the
             # whole foreground process group, and would kill the actors before the driver (the CLI)
             # could end the run cleanly after the step in flight.
-            with _sigint_ignored():
+            with sigint_handler(signal.SIG_IGN):
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train
