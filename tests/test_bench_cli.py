@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 
+import pytest
 from typer.testing import CliRunner
 
 from conftest import ISOLATION_PROBLEM
@@ -109,22 +111,30 @@ def test_progress_shows_as_plain_lines_when_stderr_is_not_a_terminal(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_bench_ctrl_c_reports_the_episodes_that_finished(repo, tmp_path, state_dir, monkeypatch):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_bench_ctrl_c_reports_the_episodes_that_finished(stop, repo, tmp_path, state_dir, monkeypatch):
+    """Ctrl-C, or SIGTERM (a scheduler's limit, `timeout`): a report of the episodes that finished."""
     import vivace.bench.runner as runner
 
     real = runner.run_benchmark
 
-    async def first_then_ctrl_c(models, tasks, *args, **kwargs):
+    async def first_then_stop(models, tasks, *args, **kwargs):
         await real(models, tasks[:1], *args, **kwargs)
+        if stop == "sigterm":
+            signal.raise_signal(signal.SIGTERM)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "run_benchmark", first_then_ctrl_c)
+    monkeypatch.setattr(runner, "run_benchmark", first_then_stop)
     tasks_file = tmp_path / "tasks.jsonl"
     save_jsonl(_tasks(repo), tasks_file)
     out = tmp_path / "run"
     args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks_file), "--out", str(out)]
-    result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
-    assert result.exit_code == 130, result.output
+    before = signal.signal(signal.SIGTERM, lambda s, f: None)  # without the CLI's handler: exit 130, not death
+    try:
+        result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert result.exit_code == (143 if stop == "sigterm" else 130), result.output
     assert "stopped after 1 of 2 episodes" in result.output
     report = (out / "report.md").read_text()
     assert "stopped after 1 of 2 episodes" in report and "| scripted:oracle | 1 | 100.0% |" in report

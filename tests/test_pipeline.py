@@ -304,25 +304,99 @@ async def test_keep_checkpoints_deletes_all_but_the_newest_and_resume_still_work
     assert len(list((run_dir / "checkpoints").iterdir())) == 6
 
 
-def test_first_ctrl_c_asks_for_a_stop_and_the_second_stops_at_once():
-    from vivace.cli_train import _first_ctrl_c
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_first_stop_signal_asks_for_a_stop_and_the_second_stops_at_once(signum):
+    from vivace.cli_train import _stop_signals
 
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ran pytest
+    before = signal.signal(signum, signal.default_int_handler)  # as in a terminal, whatever ran pytest
     try:
-        stop, said = threading.Event(), []
-        with _first_ctrl_c(stop, lambda: said.append("stopping")):
-            signal.raise_signal(signal.SIGINT)
-            assert stop.is_set() and said == ["stopping"]
+        stop, received, said = threading.Event(), [], []
+        with _stop_signals(stop, received, said.append):
+            signal.raise_signal(signum)
+            assert stop.is_set() and said == [signum]
             with pytest.raises(KeyboardInterrupt):
-                signal.raise_signal(signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # started under nohup: Ctrl-C stays ignored
+                signal.raise_signal(signum)
+        assert received == [signum, signum] and signal.getsignal(signum) is signal.default_int_handler
+        signal.signal(signum, signal.SIG_IGN)  # started under nohup: the signal stays ignored
         ignored = threading.Event()
-        with _first_ctrl_c(ignored, lambda: None):
-            signal.raise_signal(signal.SIGINT)
-        assert not ignored.is_set() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        with _stop_signals(ignored, [], said.append):
+            signal.raise_signal(signum)
+        assert not ignored.is_set() and signal.getsignal(signum) == signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.signal(signum, before)
+
+
+class _SignalledWorkers(ScriptedWorkers):
+    """Scripted workers that send this process `signals` while the first step trains."""
+
+    def __init__(self, *signals: int):
+        super().__init__(seed=11)
+        self.signals = list(signals)
+
+    async def train_step(self, samples):
+        for s in self.signals:
+            signal.raise_signal(s)
+            await asyncio.sleep(0)
+        self.signals = []
+        return await super().train_step(samples)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_sigterm_checkpoints_and_exits_143_without_the_evaluation(times, tmp_path, monkeypatch):
+    """A scheduler's SIGTERM: the step in flight finishes and is saved, the held-out evaluation (minutes)
+    is skipped, and the exit status says why; a second SIGTERM stops at once. Either way the message says
+    how to go on, and the driver's handler is put back."""
+    from typer.testing import CliRunner
+
+    import vivace.rl.workers as workers
+    from vivace.cli import app
+
+    monkeypatch.setattr(workers, "LocalWorkers", lambda cfg: _SignalledWorkers(*[signal.SIGTERM] * times))
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"train": {"steps": 4, "tasks_per_step": 2, "group_size": 3, "checkpoint_every": 100,
+                                            "eval_tasks": 2, "runs_dir": str(tmp_path / "runs")}}))  # fmt: skip
+
+    def unhandled(signum, frame):  # without the CLI's handler the run goes on: the asserts fail, pytest lives
+        pass
+
+    before = signal.signal(signal.SIGTERM, unhandled)
+    args = ["train", "--local", "--preset", "smoke", "--config", str(config), "--backend", "plain", "--name", "t"]
+    try:
+        result = CliRunner().invoke(app, args)
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert result.exit_code == 143, result.output
+    checkpoints = sorted(p.name for p in (tmp_path / "runs" / "t" / "checkpoints").glob("step_*"))
+    if times == 1:
+        assert "stopped by SIGTERM" in result.output and "--resume" in result.output
+        assert checkpoints == ["step_1"] and not (tmp_path / "runs" / "t" / "eval").exists()
+        summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+        assert summary["stopped_by"] == "interrupted" and summary["steps"] == 1
+    else:
+        assert "stopped:" in result.output and "no checkpoint was written" in result.output and not checkpoints
+
+
+def test_handlers_a_block_installs_are_undone():
+    """ray.init, inside `signal_handler`, installs its own SIGTERM handlers in the driver (an exit, and a
+    C++ stack dump); afterwards the handler the process had is back, so the CLI's graceful stop runs."""
+    from vivace.rl.workers import signal_handler
+
+    def ours(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with signal_handler(signal.SIG_IGN, (signal.SIGTERM,)):
+            signal.signal(signal.SIGTERM, lambda s, f: sys.exit(s))  # what ray.init does
+        assert signal.getsignal(signal.SIGTERM) is ours
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # started ignored: left ignored, and restored so
+        with signal_handler(ours, (signal.SIGTERM,)):
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+            signal.signal(signal.SIGTERM, lambda s, f: sys.exit(s))
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, capsys, tmp_path):
@@ -342,20 +416,22 @@ def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, cap
     assert "needs root" in said and "NOT isolated" in said
 
 
-def test_the_local_ray_cluster_is_started_out_of_ctrl_c_reach():
-    """Processes started under `sigint_handler(SIG_IGN)` (Ray's daemons and actors) inherit the ignored
-    SIGINT, so a terminal's Ctrl-C reaches only the driver, which then ends the run cleanly."""
-    from vivace.rl.workers import sigint_handler
+def test_the_local_ray_cluster_is_started_out_of_ctrl_c_and_sigterm_reach():
+    """Processes started under `signal_handler(SIG_IGN, ...)` (Ray's daemons and actors) inherit the
+    ignored SIGINT and SIGTERM, so a terminal's Ctrl-C or a job-wide SIGTERM (`timeout`, Slurm) reaches
+    only the driver, which then ends the run cleanly."""
+    from vivace.rl.workers import signal_handler
 
-    ignores = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"]
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ran pytest
+    code = "import signal; print(*(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)))"
+    before = [signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM, signal.SIG_DFL)]
     try:
-        with sigint_handler(signal.SIG_IGN):
-            assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "True\n"
+        with signal_handler(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
+            assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "True True\n"
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert subprocess.run(ignores, capture_output=True, text=True, check=True).stdout == "False\n"
+        assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "False False\n"
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
 
 
 def test_replay_brings_back_split_tasks_and_resumes_the_same():

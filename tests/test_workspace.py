@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 
 import pytest
@@ -30,6 +31,19 @@ async def test_toolchain_python_and_pytest_available(make_workspace):
     ws = await make_workspace()
     r = await ws.exec("python -m pytest -q tests 2>&1 | tail -1", timeout=60)
     assert "1 passed" in r.stdout, r.stdout
+
+
+async def test_commands_start_with_default_signals(make_workspace):
+    """Whatever the launcher ignores (Ray's actors ignore SIGINT under `vivace train`, nohup SIGHUP), a
+    command starts as in a shell: a task's tests that rely on Ctrl-C or SIGHUP behave the same."""
+    ws = await make_workspace()
+    before = [signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGHUP, signal.SIG_IGN)]
+    try:
+        r = await ws.exec(["grep", "SigIgn", "/proc/self/status"])
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGHUP, before[1])
+    assert r.exit_code == 0 and r.stdout.split() == ["SigIgn:", "0" * 16], r.stdout + r.stderr
 
 
 async def test_timeout_reports_and_returns(make_workspace):

@@ -69,6 +69,20 @@ ConfigOpt = Annotated[
 ]
 
 
+def sigterm_interrupts(received: list[int]):
+    """For the block, SIGTERM (a scheduler's limit, `timeout`, `kill`) raises KeyboardInterrupt as Ctrl-C
+    does, so the same clean-up and message follow; the signal is appended to `received` (exit 128 + it)."""
+    import signal
+
+    from vivace.rl.workers import signal_handler
+
+    def handler(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    return signal_handler(handler, (signal.SIGTERM,))
+
+
 def with_sandbox_options(cfg: VivaceConfig, backend: str | None, state_dir: Path | None) -> VivaceConfig:
     """`--backend` and `--state-dir` over a config's sandbox section (unset options leave it as it is)."""
     if backend is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -13,7 +14,19 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import BackendOpt, ConfigOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out, tasks_app
+from vivace.cli import (
+    BackendOpt,
+    ConfigOpt,
+    LoggedProgress,
+    PresetOpt,
+    StateOpt,
+    _config,
+    app,
+    err,
+    out,
+    sigterm_interrupts,
+    tasks_app,
+)
 
 
 @tasks_app.command("generate")
@@ -230,10 +243,11 @@ def bench(
 
     t0 = time.monotonic()
     title = f"vivace bench: {suite or tasks_path} ({len(tasks)} tasks{f' x {samples} samples' if samples > 1 else ''})"
+    received: list[int] = []
     try:
-        with progress:
+        with progress, sigterm_interrupts(received):
             rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done, samples))
-    except KeyboardInterrupt:  # Ctrl-C: report the episodes that finished (results.jsonl has each as it ended)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: report the episodes that finished (results.jsonl has each)
         results = out_dir / "results.jsonl"
         rows = [json.loads(line) for line in results.read_text().splitlines() if line] if results.is_file() else []
         stopped = f"stopped after {len(rows)} of {progress.tasks[bar].total:.0f} episodes"
@@ -242,7 +256,7 @@ def bench(
             err.print(f"[yellow]{stopped}:[/] the report of those is {out_dir / 'report.md'}")
         else:
             err.print(f"[yellow]{stopped}.[/]")
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     seconds = time.monotonic() - t0
     summary = summarize(rows)
     (out_dir / "report.md").write_text(markdown(summary, title))

@@ -5,13 +5,15 @@ before/after evaluation of a finished run, rl/evaluate.py) and `vivace train ben
 A run that completes its steps with `train.eval_tasks > 0` ends with the same evaluation; its
 report's path is the last line printed (with --json: the "report" key of the summary line).
 Ctrl-C ends a run after the step in flight, with a checkpoint, and still evaluates it; a second
-Ctrl-C stops at once and says how to resume or report."""
+Ctrl-C stops at once and says how to resume or report. SIGTERM (a scheduler's time limit or preemption,
+`timeout`, `kill`) does the same without the evaluation, and exits 143."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -31,6 +33,7 @@ from vivace.cli import (
     app,
     err,
     out,
+    sigterm_interrupts,
     with_sandbox_options,
 )
 from vivace.config import VivaceConfig, load_config
@@ -120,15 +123,16 @@ def train_command(
             table_rows.append(row)
             live.update(render())
 
-    stop = threading.Event()
+    stop, received = threading.Event(), []  # received: the stop signals, in order
 
-    def stopping() -> None:
-        then = "evaluates it" if eval_tasks else "ends"
-        err.print(f"[yellow]Ctrl-C:[/] the run stops after the step in flight, saves a checkpoint and {then} "
-                  "(Ctrl-C again to stop at once)")  # fmt: skip
+    def stopping(signum: int) -> None:
+        said = _SIGNAL_NAMES[signum]
+        then = "evaluates it" if eval_tasks and signum == signal.SIGINT else "ends"
+        err.print(f"[yellow]{said}:[/] the run stops after the step in flight, saves a checkpoint and {then} "
+                  f"({said} again to stop at once)")  # fmt: skip
 
     def run() -> dict:
-        with live or contextlib.nullcontext(), _first_ctrl_c(stop, stopping):
+        with live or contextlib.nullcontext(), _stop_signals(stop, received, stopping):
             return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
                                      on_step=on_step, stop=stop.is_set))  # fmt: skip
 
@@ -142,18 +146,23 @@ def train_command(
         where = f"its last checkpoint is {last}; continue with `vivace train --resume {run_dir}`" if last else (
             "no checkpoint was written")  # fmt: skip
         err.print(f"[yellow]stopped:[/] {where}.")
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
+    if received and received[0] == signal.SIGTERM:  # the machine is going away: no time for the evaluation
+        err.print(f"[yellow]stopped by SIGTERM:[/] the last checkpoint is {latest_checkpoint(run_dir)}; continue "
+                  f"with `vivace train --resume {run_dir}`, or evaluate it with `vivace train report {_shown(run_dir)}`.")  # fmt: skip
+        raise typer.Exit(128 + signal.SIGTERM)
     report = None
     if eval_tasks:
         try:
-            report = _evaluate(cfg, run_dir, eval_tasks)[1]
+            with sigterm_interrupts(received):
+                report = _evaluate(cfg, run_dir, eval_tasks)[1]
         except ValueError as e:
             err.print(f"[red]error:[/] the run finished but its evaluation could not start: {e}")
             raise typer.Exit(2) from e
         except KeyboardInterrupt:
             err.print(f"[yellow]evaluation stopped:[/] the trained policy is {latest_checkpoint(run_dir)}; "
                       f"`vivace train report {_shown(run_dir)}` evaluates it and writes the report.")  # fmt: skip
-            raise typer.Exit(130) from None
+            raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     if as_json:
         print(json.dumps({"summary": summary, **({"report": str(report)} if report else {})}))
         return
@@ -173,17 +182,22 @@ def _sandbox_here(cfg: VivaceConfig) -> str:
     return "plain" if isinstance(backend, PlainBackend) else "isolated"
 
 
-def _first_ctrl_c(stop: threading.Event, announce):
-    """The first Ctrl-C (SIGINT) sets `stop` and calls `announce`; the second raises KeyboardInterrupt."""
-    from vivace.rl.workers import sigint_handler
+_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+def _stop_signals(stop: threading.Event, received: list[int], announce):
+    """The first SIGINT or SIGTERM sets `stop` and calls `announce(signum)`; the next raises
+    KeyboardInterrupt. Each signal is appended to `received`."""
+    from vivace.rl.workers import signal_handler
 
     def handler(signum, frame):
+        received.append(signum)
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        announce()
+        announce(signum)
 
-    return sigint_handler(handler)
+    return signal_handler(handler, (signal.SIGINT, signal.SIGTERM))
 
 
 def _shown(path: Path) -> Path:

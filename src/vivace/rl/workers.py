@@ -43,18 +43,23 @@ from vivace.tasks.format import Task
 
 
 @contextlib.contextmanager
-def sigint_handler(handler):
-    """SIGINT goes to `handler` for the block (SIG_IGN: ignored here and in processes started then).
-    Nothing changes off the main thread, where Python cannot set handlers, or in a process started
-    with SIGINT ignored (nohup, `&` in a script), which keeps ignoring it."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+def signal_handler(handler, signums: tuple[int, ...] = (signal.SIGINT,)):
+    """`handler` takes these signals for the block (SIG_IGN: ignored here and in processes started
+    then); afterwards each has the handler it had before, whatever the block installed (ray.init puts
+    its own on SIGTERM). Nothing changes off the main thread, where Python cannot set handlers, and a
+    signal the process was started with ignored (nohup, `&` in a script) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {s: signal.getsignal(s) for s in signums}
+    for s, h in previous.items():
+        if h != signal.SIG_IGN:
+            signal.signal(s, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 ROLLOUT_CLOSE_TIMEOUT_S = 30.0
@@ -224,10 +229,12 @@ class RayWorkers:
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
-            # The local cluster's processes inherit an ignored SIGINT: a terminal's Ctrl-C goes to the
-            # whole foreground process group, and would kill the actors before the driver (the CLI)
-            # could end the run cleanly after the step in flight.
-            with sigint_handler(signal.SIG_IGN):
+            # The local cluster's processes start with SIGINT and SIGTERM ignored: a terminal's Ctrl-C
+            # goes to the whole foreground process group, and `timeout`, systemd and Slurm send SIGTERM
+            # to every process of the job; either would kill the actors before the driver (the CLI)
+            # could end the run cleanly after the step in flight. ray.init's own SIGTERM handlers in
+            # the driver are undone. Sandboxed commands start with default signals (sandbox/process.py).
+            with signal_handler(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train

@@ -8,7 +8,9 @@ the end of a test run's output usually matters as much as its start.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -67,6 +69,18 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+@functools.cache
+def default_signals() -> tuple[str, ...]:
+    """The argv prefix that starts a command with every signal at its default action (GNU env 8.31+;
+    empty where env lacks the option). A process inherits the signals its launcher ignores: under
+    `vivace train` that is SIGINT (Ray's actors ignore it, so a terminal's Ctrl-C reaches only the
+    driver), under nohup SIGHUP. A task's tests must behave as they would in a shell."""
+    env = shutil.which("env")
+    if env and subprocess.run([env, "--default-signal", "true"], capture_output=True).returncode == 0:
+        return (env, "--default-signal")
+    return ()
+
+
 async def run_capped(
     argv: Sequence[str],
     *,
@@ -85,6 +99,7 @@ async def run_capped(
     """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
+        *default_signals(),  # env execs the command: same process, so on_spawn and kill see it
         *argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
