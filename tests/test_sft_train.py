@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import signal
 
 import pytest
 import torch
@@ -196,6 +197,35 @@ def test_cli_trains_the_tiny_model(tmp_path):
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["step"] == 2 and summary["counts"]["episodes"] == 3 and len(summary["data"]) == 2
     assert load_tokenizer(str(tmp_path / "m")) is not None
+
+
+def test_cli_sigterm_saves_what_was_learned_and_exits_143(tmp_path, monkeypatch):
+    """A scheduler's SIGTERM stops the run as Ctrl-C does (the step in flight dropped, the rest saved)."""
+    import vivace.rl.sft_train as sft_train
+
+    real = sft_train.train_sft
+
+    def signalled(*args, progress, **kwargs):
+        def hook(line):
+            progress(line)
+            if line.get("step") == 2 and "loss" in line:
+                signal.raise_signal(signal.SIGTERM)
+
+        return real(*args, progress=hook, **kwargs)
+
+    monkeypatch.setattr(sft_train, "train_sft", signalled)
+    data = _write(tmp_path / "a.jsonl", _episodes(3, lo=40, hi=80))
+    args = ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--seq-len", "256",
+            "--batch-tokens", "256", "--steps", "6", "--threads", "2", "--json"]  # fmt: skip
+    before = signal.signal(signal.SIGTERM, lambda s, f: None)  # without the CLI's handler: trains on, 6 steps
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert result.exit_code == 143, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["stopped_by"] == "interrupted" and summary["step"] == 2
+    assert load_model(str(tmp_path / "m")).model is not None
 
 
 def test_cli_arch_trains_a_fresh_model_of_that_size_and_refuses_bad_fields(tmp_path):

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out
+from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out, sigterm_interrupts
 
 sft_app = typer.Typer(help="Supervised warm start: expert data, training.", no_args_is_help=True)
 app.add_typer(sft_app, name="sft")
@@ -419,8 +419,9 @@ def sft_train(
             raise typer.Exit(2)
     columns = (TextColumn("sft step"), MofNCompleteColumn(), BarColumn(),
                TextColumn("loss {task.fields[loss]}  {task.fields[tok_s]} tok/s  {task.fields[eval]}"), TimeElapsedColumn())  # fmt: skip
+    received: list[int] = []  # SIGTERM (a scheduler's limit) stops and saves as Ctrl-C does, then exits 143
     try:
-        with LoggedProgress(*columns) as bar:
+        with LoggedProgress(*columns) as bar, sigterm_interrupts(received):
             job = bar.add_task("sft", total=steps, loss="-", tok_s="-", eval="")
 
             def show(line: dict) -> None:
@@ -448,3 +449,6 @@ def sft_train(
         print(json.dumps(result))
     else:
         out.print_json(json.dumps(result))
+    if received:
+        err.print(f"[yellow]stopped by SIGTERM:[/] the checkpoint so far is in {out_dir}")
+        raise typer.Exit(128 + received[0])
