@@ -91,24 +91,33 @@ def splits(group: list[Rollout]) -> bool:
     return len({r.resolved for r in group}) == 2
 
 
-def split_by_task(groups) -> list[list[list[Rollout]]]:
-    """The groups that split on success, gathered per task in the order found."""
+def all_solved(group: list[Rollout]) -> bool:
+    """Every episode solved the task, and their rewards differ (efficiency, adherence, claims, format):
+    groups the preset's filter drops, whose only signal is how well a solve was done."""
+    return all(r.resolved for r in group) and len({round(r.reward, 6) for r in group}) > 1
+
+
+KINDS = {"split": splits, "all-solved": all_solved}
+
+
+def split_by_task(groups, keep=splits) -> list[list[list[Rollout]]]:
+    """The groups that split on success (or pass `keep`), gathered per task in the order found."""
     by_task: dict[str, list[list[Rollout]]] = {}
     for group in groups:
-        if splits(group):
+        if keep(group):
             by_task.setdefault(group[0].task_id, []).append(group)
     return list(by_task.values())
 
 
-def first_split(groups) -> list[list[Rollout]]:
+def first_split(groups, keep=splits) -> list[list[Rollout]]:
     """Per task, its first split group: runs with one seed share their task stream, and two groups of
     one task would agree for reasons that do not carry to other tasks."""
-    return [gs[0] for gs in split_by_task(groups)]
+    return [gs[0] for gs in split_by_task(groups, keep)]
 
 
-def training_groups(runs: list[Path]) -> list[list[Rollout]]:
+def training_groups(runs: list[Path], keep=splits) -> list[list[Rollout]]:
     """One split group per training task, over the runs in order (the order the Gram matrix keeps)."""
-    return first_split(g for run in runs for g in train_groups(run))
+    return first_split((g for run in runs for g in train_groups(run)), keep)
 
 
 def same_task_pairs(groups) -> list[tuple[list[Rollout], list[Rollout]]]:
@@ -139,13 +148,13 @@ def same_task_control(args) -> dict:
     return {"tasks": len(pairs), "same_task": summary(same), "different_tasks": summary(other)}
 
 
-def merged_split(groups) -> list[list[Rollout]]:
-    """Per task, all its episodes in one group, if they split on success (held-out groups have only
-    two episodes per run)."""
+def merged_split(groups, keep=splits) -> list[list[Rollout]]:
+    """Per task, all its episodes in one group, if they split on success or pass `keep` (held-out
+    groups have only two episodes per run)."""
     merged: dict[str, list[Rollout]] = {}
     for group in groups:
         merged.setdefault(group[0].task_id, []).extend(group)
-    return [g for g in merged.values() if splits(g)]
+    return [g for g in merged.values() if keep(g)]
 
 
 BLOCKS = ("embeddings", "attention", "router", "experts", "norms")
@@ -301,17 +310,23 @@ def by_theme(gram: torch.Tensor, task_ids: list[str], test: list[int], draws: in
 def compute_grams(args) -> tuple[dict[str, torch.Tensor], dict[str, int], int, int]:
     if not args.train or not args.test:
         raise SystemExit("give --train and --test run directories (or --from-gram)")
-    cfg = load_preset("tiny")
+    # all-solved groups train only under the reward filter (the cosines do not depend on the advantages' scale)
+    cfg = load_preset("tiny", train={"group_filter": "reward" if args.groups == "all-solved" else "correctness"})
     trainer = Trainer(args.model, cfg.train, temperature=cfg.engine.temperature)
     masks = {"skip_copies": args.skip_copies, "entropy_top": args.top_entropy}
-    groups = training_groups(args.train)
+    keep = KINDS[args.groups]
+    groups = training_groups(args.train, keep)
     args.train_tasks = [g[0].task_id for g in groups]
     g_train = gradients(trainer, groups, cfg, "train", **masks)
     g_test = gradients(
-        trainer, merged_split(g for run in args.test for g in test_groups(run, args.model)), cfg, "test", **masks
+        trainer,
+        merged_split((g for run in args.test for g in test_groups(run, args.model)), keep),
+        cfg,
+        "test",
+        **masks,
     )
     if len(g_train) < 2 or len(g_test) < 2:
-        raise SystemExit(f"too few groups split on success: {len(g_train)} training, {len(g_test)} held-out")
+        raise SystemExit(f"too few {args.groups} groups: {len(g_train)} training, {len(g_test)} held-out")
     # Every quantity reported is a cosine between means of these vectors: their inner products suffice,
     # per block of parameters (any set of blocks adds its blocks' products).
     n_train, n_test = len(g_train), len(g_test)
@@ -350,6 +365,11 @@ def main() -> None:
         "--by-theme", action="store_true",
         help="Also measure real-word and generated training repositories' groups apart.",
     )  # fmt: skip
+    parser.add_argument(
+        "--groups", choices=sorted(KINDS), default="split",
+        help="split: groups split on success (what the preset trains); all-solved: groups that all solved "
+        "with differing rewards (what a filter on efficiency would add).",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -381,7 +401,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"{n_train} training groups, {n_test} held-out groups (split on success)")
+    print(f"{n_train} training groups, {n_test} held-out groups ({args.groups})")
     for name, r in report["subsets"].items():
         print(f"\n{name} ({sum(sizes[b] for b in subsets[name]):,} parameters): rho (mean cosine of two training "
               f"groups) {r['rho']:.4f} ± {r['rho_se']:.4f}; held-out halves {r['test_test_half']:.4f}; "

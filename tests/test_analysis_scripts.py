@@ -72,3 +72,21 @@ def test_by_theme_finds_the_kind_of_repository_that_shares_the_held_out_directio
         real["mean_vs_test_mean"] > 0.7
         and abs(generated["mean_vs_test_mean"]) < 3 * generated["mean_vs_test_mean_null_sd"]
     )
+
+
+def test_group_kinds_pick_split_or_all_solved_groups_with_differing_rewards():
+    from vivace.rl.rollout import Rollout
+
+    def group(task, *outcomes):
+        return [Rollout(task, None, reward, resolved=solved) for solved, reward in outcomes]
+
+    split = group("a", (True, 1.4), (False, 0.0))
+    solved_alike = group("b", (True, 1.4), (True, 1.4))
+    solved_differently = group("c", (True, 1.4), (True, 1.3))
+    failed = group("d", (False, 0.0), (False, -0.1))
+    groups = [split, solved_alike, solved_differently, failed, group("c", (True, 1.2), (True, 1.1))]
+    assert gs.first_split(groups) == [split]
+    assert gs.first_split(groups, gs.all_solved) == [solved_differently]  # one per task, the first
+    # Held-out: a task's episodes from several runs merged, then judged as one group.
+    merged = gs.merged_split([group("e", (True, 1.4)), group("e", (True, 1.3)), group("f", (True, 1.4))], gs.all_solved)
+    assert [[r.reward for r in g] for g in merged] == [[1.4, 1.3]]

@@ -32,13 +32,15 @@ def synthetic_tasks(repo) -> list[Task]:
     ]  # fmt: skip
 
 
-async def learn(tmp_path, sign: float, steps: int, temperature: float = 1.0, turn: int = 1) -> list[dict]:
+async def learn(
+    tmp_path, sign: float, steps: int, temperature: float = 1.0, turn: int = 1, group_size: int = 8
+) -> list[dict]:
     """`turn` 1: reward for a tool call in the first turn; 2: in the second (the first one's imposed)."""
     repo = tmp_path / f"repo{sign}-{turn}"
     repo.mkdir()
     (repo / "main.py").write_text("def helper():\n    return 42\n")
     cfg = load_preset("smoke", agent={"max_turns": turn, "max_turn_tokens": 24},
-                      train={"model": "tiny-init", "tasks_per_step": 2, "group_size": 8, "steps": steps, "lr": 3e-3,
+                      train={"model": "tiny-init", "tasks_per_step": 2, "group_size": group_size, "steps": steps, "lr": 3e-3,
                              "checkpoint_every": steps, "runs_dir": str(tmp_path / "runs"), "rollout_concurrency": 16,
                              # the rewarded call is the untrained model's (cut off at 24 tokens): keep its tokens
                              "mask_malformed": False},
@@ -58,9 +60,11 @@ async def learn(tmp_path, sign: float, steps: int, temperature: float = 1.0, tur
 async def test_policy_learns_and_flipped_sign_does_not(tmp_path, turn):
     """The reward is for a tool call in the first turn, or in the second behind an imposed call and its
     tool result (the shape of every agent episode: credit must reach a later turn's tokens)."""
+    # At the untrained model's ~4% rate a group of 8 holds a success 28% of the time, and 2 of 5 runs at 8
+    # never took off within 25 steps; a group of 16 holds one 48% of the time.
     steps = 25
-    up = await learn(tmp_path, 1.0, steps, turn=turn)
-    down = await learn(tmp_path, -1.0, steps, turn=turn)
+    up = await learn(tmp_path, 1.0, steps, turn=turn, group_size=16)
+    down = await learn(tmp_path, -1.0, steps, turn=turn, group_size=16)
 
     def rate(rows, part):  # how often the rewarded turn called a tool (correctness = the unsigned reward)
         chunk = rows[:5] if part == "first" else rows[-5:]

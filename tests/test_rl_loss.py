@@ -106,7 +106,7 @@ def _rollout(reward: float, resolved: bool, generated: int = 2):
     return Rollout("t", traj, reward, resolved=resolved)
 
 
-def test_group_filter_correctness_keeps_only_groups_that_split_on_success():
+def test_group_filter_keeps_split_groups_or_also_all_solved_ones():
     from vivace.config import load_preset
     from vivace.rl.rollout import to_samples
 
@@ -120,6 +120,12 @@ def test_group_filter_correctness_keeps_only_groups_that_split_on_success():
     assert [round(s.advantage, 3) for s in samples] == [0.625, -0.625] and counts["groups_same_correctness"] == 1
     all_solved = [_rollout(1.2, True), _rollout(1.0, True)]
     assert to_samples([all_solved], cfg, version=0)[1]["groups_same_correctness"] == 1
+    # solved: the split groups and the ones that all solved (how well), never the ones that all failed.
+    cfg.train.group_filter = "solved"
+    solved_alike = [_rollout(1.2, True), _rollout(1.2, True)]
+    samples, counts = to_samples([penalties, mixed, all_solved, solved_alike], cfg, version=0)
+    assert [round(s.advantage, 3) for s in samples] == [0.625, -0.625, 0.1, -0.1]
+    assert counts["groups_same_correctness"] == 1 and counts["groups_zero_variance"] == 1
 
 
 def _calls_trajectory(*calls):

@@ -195,12 +195,15 @@ class TrainConfig(_Strict):
         "those that solved the task (a fix followed by looping until max_turns is not reinforced), while "
         "failures cut off by a limit are still pushed down.",
     )
-    group_filter: Literal["reward", "correctness"] = Field(
+    group_filter: Literal["reward", "correctness", "solved"] = Field(
         "reward",
         description="Which groups train: reward: any whose rewards differ; correctness: only those whose "
         "rollouts differ in outcome: some solved the task and some did not, or (with milestone rewards on) "
         "some reached a milestone and some did not. When success is rare, the small penalty differences "
-        "between failed rollouts otherwise teach the policy to stop acting (do nothing, be penalised for nothing).",
+        "between failed rollouts otherwise teach the policy to stop acting (do nothing, be penalised for nothing). "
+        "solved: correctness, plus groups whose rollouts all solved the task and differ in reward (efficiency, "
+        "adherence, claims, format): how to solve well, a direction shared across tasks where the split groups' "
+        "is not (docs/benchmarks.md).",
     )
     milestone_read: float = Field(
         0.0,

@@ -5,7 +5,8 @@ Each rollout is `bench.runner.run_task` — the same sandboxed workspace, agent 
 scorer as `vivace bench` and `vivace agent` — so the reward is the benchmark's total score, plus
 the training-only milestone rewards when configured (`train.milestone_read/_edit`: a non-test
 file read, an edit that applied; rl.metrics.milestones). A group is kept only when its rewards
-differ (with `group_filter = "correctness"`, only when its outcomes do); a sample is kept only
+differ (with `group_filter = "correctness"`, only when its outcomes do; with "solved", also when
+every rollout solved the task); a sample is kept only
 when its tokens are at most `max_staleness` policy versions behind the trainer. What was
 dropped is counted.
 """
@@ -103,7 +104,7 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
             continue
         cut = [r.truncated and (tc.mask_truncated is True or r.resolved) for r in ok]
         adv = group_advantages([r.reward for r in ok], tc.advantage, cut, bool(tc.mask_truncated))
-        if adv is not None and tc.group_filter == "correctness" and len({_outcome(r, tc) for r in ok}) < 2:
+        if adv is not None and not _passes_filter(ok, tc):
             counts["groups_same_correctness"] += 1
             continue
         if adv is None:
@@ -150,6 +151,14 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
 def _milestone_rewards(tc: Any) -> dict[str, float]:
     """The training-only reward of each milestone of rl.metrics.milestones (0: off)."""
     return {"read": tc.milestone_read, "edit": tc.milestone_edit}
+
+
+def _passes_filter(ok: list[Rollout], tc: Any) -> bool:
+    """`group_filter` for a group whose rewards differ: reward keeps it; correctness only if its
+    outcomes differ; solved also if every rollout solved the task (rewards then differ in how well)."""
+    if tc.group_filter == "reward" or len({_outcome(r, tc) for r in ok}) > 1:
+        return True
+    return tc.group_filter == "solved" and all(r.resolved for r in ok)
 
 
 def _outcome(r: Rollout, tc: Any) -> tuple[bool, ...]:
