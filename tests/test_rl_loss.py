@@ -126,6 +126,14 @@ def test_group_filter_keeps_split_groups_or_also_all_solved_ones():
     samples, counts = to_samples([penalties, mixed, all_solved, solved_alike], cfg, version=0)
     assert [round(s.advantage, 3) for s in samples] == [0.625, -0.625, 0.1, -0.1]
     assert counts["groups_same_correctness"] == 1 and counts["groups_zero_variance"] == 1
+    # solved_mask_answer: an all-solved group's final turns leave the loss; a split group keeps them.
+    cfg.train.solved_mask_answer = True
+    two_turns = [0, 1, 1, 0, 0, 1, 1]
+    for r in (*mixed, *all_solved):
+        r.trajectory.tokens.ids, r.trajectory.tokens.loss_mask = list(range(1, 8)), list(two_turns)
+        r.trajectory.tokens.logprobs, r.trajectory.tokens.versions = [0.0] * 7, [0] * 7
+    samples, _ = to_samples([mixed, all_solved], cfg, version=0)
+    assert [s.mask for s in samples] == [two_turns, two_turns, [0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0, 0]]
 
 
 def _calls_trajectory(*calls):

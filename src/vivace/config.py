@@ -205,6 +205,12 @@ class TrainConfig(_Strict):
         "adherence, claims, format): how to solve well, a direction shared across tasks where the split groups' "
         "is not (docs/benchmarks.md).",
     )
+    solved_mask_answer: bool = Field(
+        False,
+        description="In a group whose rollouts all solved the task (kept by group_filter solved or reward), "
+        "leave each rollout's final turn out of the loss: the turns that got there faster still train, the "
+        "decision to answer does not (trained, it became answering early with a false claim; docs/benchmarks.md).",
+    )
     milestone_read: float = Field(
         0.0,
         ge=0,

@@ -110,6 +110,9 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
         if adv is None:
             counts["groups_zero_variance"] += 1
             continue
+        # A group kept because every rollout solved: its final turns say "answer now", which a policy that
+        # cannot tell a solve from a failure learns as answering early (docs/benchmarks.md).
+        skip_answer = tc.solved_mask_answer and all(r.resolved for r in ok)
         for r, a in zip(ok, adv, strict=True):
             tokens = r.trajectory.tokens if r.trajectory else None
             if a is None:
@@ -126,6 +129,9 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
                 if a > 0 and tc.mask_malformed:
                     mask, masked = without_malformed_turns(r.trajectory)
                     counts["turns_masked_malformed"] += masked
+                if skip_answer and (turns := _runs(mask)):
+                    start, end = turns[-1]
+                    mask = mask[:start] + [0] * (end - start) + mask[end:]
                 if not any(mask):
                     counts["samples_without_tokens"] += 1
                     continue
