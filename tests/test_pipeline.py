@@ -380,7 +380,7 @@ def test_sigterm_checkpoints_and_exits_143_without_the_evaluation(times, tmp_pat
 def test_handlers_a_block_installs_are_undone():
     """ray.init, inside `signal_handler`, installs its own SIGTERM handlers in the driver (an exit, and a
     C++ stack dump); afterwards the handler the process had is back, so the CLI's graceful stop runs."""
-    from vivace.rl.workers import signal_handler
+    from vivace.signals import signal_handler
 
     def ours(signum, frame):
         pass
@@ -420,7 +420,7 @@ def test_the_local_ray_cluster_is_started_out_of_ctrl_c_and_sigterm_reach():
     """Processes started under `signal_handler(SIG_IGN, ...)` (Ray's daemons and actors) inherit the
     ignored SIGINT and SIGTERM, so a terminal's Ctrl-C or a job-wide SIGTERM (`timeout`, Slurm) reaches
     only the driver, which then ends the run cleanly."""
-    from vivace.rl.workers import signal_handler
+    from vivace.signals import signal_handler
 
     code = "import signal; print(*(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)))"
     before = [signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM, signal.SIG_DFL)]

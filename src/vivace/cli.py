@@ -74,7 +74,7 @@ def sigterm_interrupts(received: list[int]):
     does, so the same clean-up and message follow; the signal is appended to `received` (exit 128 + it)."""
     import signal
 
-    from vivace.rl.workers import signal_handler
+    from vivace.signals import signal_handler
 
     def handler(signum, frame):
         received.append(signum)

@@ -188,7 +188,7 @@ _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 def _stop_signals(stop: threading.Event, received: list[int], announce):
     """The first SIGINT or SIGTERM sets `stop` and calls `announce(signum)`; the next raises
     KeyboardInterrupt. Each signal is appended to `received`."""
-    from vivace.rl.workers import signal_handler
+    from vivace.signals import signal_handler
 
     def handler(signum, frame):
         received.append(signum)

@@ -129,8 +129,8 @@ def to_samples(groups: list[list[Rollout]], cfg: VivaceConfig, version: int) -> 
                 if a > 0 and tc.mask_malformed:
                     mask, masked = without_malformed_turns(r.trajectory)
                     counts["turns_masked_malformed"] += masked
-                if skip_answer and (turns := _runs(mask)):
-                    start, end = turns[-1]
+                if skip_answer:  # the episode's own last turn (mask may have lost a malformed last turn already)
+                    start, end = _runs(tokens.loss_mask)[-1]
                     mask = mask[:start] + [0] * (end - start) + mask[end:]
                 if not any(mask):
                     counts["samples_without_tokens"] += 1

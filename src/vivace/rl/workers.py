@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,28 +38,8 @@ from vivace.harness.chat import ChatFormat
 from vivace.inference.samplers import sampling_params
 from vivace.rl.rollout import EpisodeResult, run_attempt
 from vivace.rl.trainer import Sample, Trainer
+from vivace.signals import signal_handler
 from vivace.tasks.format import Task
-
-
-@contextlib.contextmanager
-def signal_handler(handler, signums: tuple[int, ...] = (signal.SIGINT,)):
-    """`handler` takes these signals for the block (SIG_IGN: ignored here and in processes started
-    then); afterwards each has the handler it had before, whatever the block installed (ray.init puts
-    its own on SIGTERM). Nothing changes off the main thread, where Python cannot set handlers, and a
-    signal the process was started with ignored (nohup, `&` in a script) stays ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in signums}
-    for s, h in previous.items():
-        if h != signal.SIG_IGN:
-            signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-
 
 ROLLOUT_CLOSE_TIMEOUT_S = 30.0
 

@@ -1,0 +1,28 @@
+"""Signal handlers scoped to a block, for the CLI's graceful stops and for starting Ray's local cluster
+out of a terminal's or a job's reach (rl/workers.py). No heavy imports: every command may use it."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+
+@contextlib.contextmanager
+def signal_handler(handler, signums: tuple[int, ...] = (signal.SIGINT,)):
+    """`handler` takes these signals for the block (SIG_IGN: ignored here and in processes started
+    then); afterwards each has the handler it had before, whatever the block installed (ray.init puts
+    its own on SIGTERM). Nothing changes off the main thread, where Python cannot set handlers, and a
+    signal the process was started with ignored (nohup, `&` in a script) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in signums}
+    for s, h in previous.items():
+        if h != signal.SIG_IGN:
+            signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
