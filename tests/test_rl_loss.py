@@ -271,6 +271,21 @@ def test_successes_are_not_trained_on_their_malformed_turns():
     assert to_samples([[win, loss]], cfg, version=0)[0][0].mask == win.trajectory.tokens.loss_mask
 
 
+def test_solved_mask_answer_masks_the_episodes_own_last_turn_after_malformed_masking():
+    from vivace.config import load_preset
+    from vivace.rl.rollout import to_samples
+
+    cfg = load_preset("default")
+    cfg.train.group_filter, cfg.train.solved_mask_answer = "solved", True
+    faster, slower = _three_turn_rollout(1.0, True), _three_turn_rollout(0.9, True)  # all solved, rewards differ
+    samples, _ = to_samples([[faster, slower]], cfg, version=0)
+    # The faster one's malformed turns 2 and 3 are out already; its answer turn is turn 3, so the read
+    # (turn 1) still trains. Masking "the last turn left" would have dropped the read and the sample.
+    assert samples[0].advantage > 0 and samples[0].mask == [0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    # Pushed down: the malformed turns stay in; only the episode's own final turn leaves.
+    assert samples[1].advantage < 0 and samples[1].mask == [0, 0, 1, 1, 0, 1, 1, 1, 0, 0, 0]
+
+
 def test_malformed_masking_leaves_a_mask_it_cannot_align():
     from vivace.rl.rollout import without_malformed_turns
 
