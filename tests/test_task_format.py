@@ -152,6 +152,10 @@ MALFORMED = {
     "negative-timeout": ("dir", minimal(tests={"fail_to_pass": ["a"], "timeout_s": -1}), ["tests.timeout_s"]),
     "files-not-strings": ("jsonl", _lines(minimal(tests={"fail_to_pass": ["a"], "files": {"t.py": 1}})), ["files"]),
     "duplicate-ids": ("jsonl", _lines(minimal(), minimal(id="t2"), minimal()), ["duplicate task id 't1'"]),
+    "env-bad-name": ("dir", minimal(env={"A=B": "1"}), ["env", "'A=B'"]),
+    "env-leading-digit": ("jsonl", _lines(minimal(env={"1X": "1"})), [":1:", "env", "'1X'"]),
+    "env-nul-in-value": ("dir", minimal(env={"X": "a\u0000b"}), ["env", "NUL"]),
+    "env-not-string": ("jsonl", _lines(minimal(env={"X": 1})), [":1:", "env.X"]),
 }
 
 
@@ -510,3 +514,47 @@ async def test_oracle_solves_the_swebench_task(swe, state_dir):
         await backend.aclose()
     assert result.resolved and result.adherence == 1.0, result.details
     assert result.details["fail_to_pass"] == [len(task.tests.fail_to_pass)] * 2
+
+
+async def test_task_env_reaches_setup_agent_and_hidden_tests(tmp_path, state_dir):
+    """A task's `env` is in every command of its workspace; a command's own variables win."""
+    from vivace.bench.runner import run_task
+    from vivace.config import load_preset
+    from vivace.harness.policies import ReplayPolicy
+    from vivace.sandbox import open_backend
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    hidden = "import os\n\n\ndef test_env():\n    assert os.environ['TASK_FLAG'] == 'on'\n"
+    task = Task.model_validate(minimal(
+        repo={"path": str(repo)}, setup=['test "$TASK_FLAG" = on'], env={"TASK_FLAG": "on", "PYTHONHASHSEED": "7"},
+        tests={"fail_to_pass": ["tests/test_env.py::test_env"], "files": {"tests/test_env.py": hidden}},
+    ))  # fmt: skip
+    policy = ReplayPolicy([{"tool_calls": [{"name": "run_terminal_cmd",
+                                            "arguments": {"command": "echo flag=$TASK_FLAG seed=$PYTHONHASHSEED"}}]}])  # fmt: skip
+    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(state_dir)},
+                      agent={"reproducible_output": True})  # fmt: skip
+    backend = open_backend(cfg.sandbox)
+    try:
+        traj, result = await run_task(policy, task, cfg, backend)
+        plain = task.model_copy(update={"env": {}, "setup": []})
+        _, without = await run_task(policy, plain, cfg, backend)
+    finally:
+        await backend.aclose()
+    # reproducible_output sets PYTHONHASHSEED=0 for the agent's commands: the command's own value wins.
+    assert "flag=on seed=0" in traj.turns[0].tool_calls[0].result
+    assert result.details["fail_to_pass"] == [1, 1] and result.resolved  # the hidden test saw the variable
+    assert without.details["fail_to_pass"] == [0, 1] and not without.resolved
+
+
+def test_shipped_tasks_run_pytest_without_plugin_autoload():
+    """vivace's own environment has pytest plugins (anyio's) that its tasks do not need and that
+    made every test run about twice as slow (docs/benchmarks.md); the shipped suites turn them off."""
+    from vivace.tasks.suites import load_suite
+    from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD
+
+    for suite in ("bundled", "families"):
+        tasks = load_suite(suite)
+        assert tasks and all(t.env == NO_PLUGIN_AUTOLOAD for t in tasks), suite

@@ -33,6 +33,7 @@ from vivace.harness.policy import derive_seed
 from vivace.harness.trajectory import Trajectory
 from vivace.model.tokenizer import count_assistant_tokens, reference_chat_format
 from vivace.sandbox import open_backend
+from vivace.sandbox.base import WithEnv
 from vivace.tasks.format import Task
 
 
@@ -91,6 +92,8 @@ async def run_task(
     # Building the task's starting tree and snapshot is file copying: off the event loop.
     snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
     ws = await backend.create(snapshot)
+    if task.env:
+        ws = WithEnv(ws, task.env)
     try:
         for command in task.setup:
             res = await ws.exec(command, timeout=cfg.sandbox.timeout_s)

@@ -160,6 +160,22 @@ class TextFilesMixin:
         await self.close()  # type: ignore[attr-defined]
 
 
+class WithEnv:
+    """A workspace whose commands all get `env` (a command's own variables win); the rest is the
+    workspace's: how a task's environment (Task.env) reaches its setup, the agent's tools and its tests."""
+
+    def __init__(self, workspace: Workspace, env: dict[str, str]) -> None:
+        self._workspace, self._env = workspace, env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._workspace, name)
+
+    async def exec(
+        self, cmd: str | list[str], timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        return await self._workspace.exec(cmd, timeout, {**self._env, **(env or {})})
+
+
 @dataclass
 class LatencyStats:
     """Running latency samples (seconds) with percentile summaries for metrics endpoints."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import random
 import re
 import subprocess
@@ -39,7 +40,7 @@ from vivace.tasks.format import RepoSpec, Task, TestSpec
 from vivace.tasks.generate import unified_diff
 from vivace.tasks.mutate import mutations
 from vivace.tasks.projects import Project, make_project, split_of_theme
-from vivace.tasks.testrun import failure_section, parse_outcomes
+from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, failure_section, parse_outcomes
 
 LEARNABLE = ("misspelled_name", "misspelled_method", "self_comparison", "unused_loop_variable")
 MULTI_FILE = ("wrong_keyword", "misspelled_import")
@@ -161,7 +162,7 @@ def run_project(files: dict[str, str], timeout_s: float = 30.0) -> tuple[dict[st
             (Path(tmp) / path).write_text(content)
         try:
             done = subprocess.run([sys.executable, *TEST_COMMAND.split()[1:]], cwd=tmp, capture_output=True,
-                                  text=True, timeout=timeout_s)  # fmt: skip
+                                  text=True, timeout=timeout_s, env={**os.environ, **NO_PLUGIN_AUTOLOAD})  # fmt: skip
         except subprocess.TimeoutExpired:
             return {}, "timed out"
     return parse_outcomes(done.stdout), done.stdout
@@ -232,6 +233,7 @@ def _task(project, family, path, mutated, context, failing, all_tests, output, r
         tests=TestSpec(command=TEST_COMMAND, fail_to_pass=failing,
                        pass_to_pass=[t for t in all_tests if t not in failing], timeout_s=60.0),  # fmt: skip
         reference_patch=unified_diff(path, mutated, project.files[path]),
+        env=dict(NO_PLUGIN_AUTOLOAD),
         metadata={
             "kind": "bug", "family": family, "learnable": family != "arithmetic", "level": project.level,
             "theme": project.theme, "repo": project.theme, "split": project.split, "style": style,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -106,8 +107,24 @@ class Task(_Strict):
     tests: TestSpec
     reference_patch: str = Field("", description="The curated solution, a git-style unified diff.")
     setup: list[str] = Field(default_factory=list, description="Commands run in the workspace before the agent.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables of every command in the task's workspace: setup, the agent's, the hidden tests'.",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="kind, split, difficulty, mutation, ...")
     base_dir: Path | None = Field(None, exclude=True, description="Where relative repo paths are resolved.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(
+                    f"environment variable name {name!r} must be letters, digits and _, not starting with a digit"
+                )
+            if "\0" in value:
+                raise ValueError(f"environment variable {name} contains a NUL byte")
+        return env
 
     def source(self, cache_dir: Path | None = None) -> SnapshotSource:
         return self.repo.source(self.base_dir, cache_dir)

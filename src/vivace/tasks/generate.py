@@ -27,7 +27,7 @@ from pathlib import Path
 from vivace.sandbox.base import Workspace
 from vivace.tasks.format import BUNDLED_REPOS, DEFAULT_TEST_COMMAND, RepoSpec, Task, TestSpec, bundled_repos
 from vivace.tasks.mutate import Mutation, mutations
-from vivace.tasks.testrun import failure_section, run_tests
+from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, failure_section, run_tests
 
 # Test repositories never appear in training; validation is for model selection.
 REPO_SPLITS = {
@@ -143,6 +143,7 @@ def _task(m: Mutation, failing: list[str], all_tests: list[str], output: str, rn
         request=_request(style, repo, failing, output),
         tests=TestSpec(fail_to_pass=failing, pass_to_pass=[t for t in all_tests if t not in failing]),
         reference_patch=unified_diff(rel, mutated, original),
+        env=dict(NO_PLUGIN_AUTOLOAD),
         metadata={
             "kind": "bug",
             "repo": repo,

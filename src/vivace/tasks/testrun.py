@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 
 from vivace.sandbox.base import Workspace
 
+# pytest imports every plugin its environment has installed. The sandbox's default toolchain is
+# vivace's own environment, whose anyio plugin (anyio comes with httpx) took ~0.3 s of a ~0.7 s test
+# run; the tasks vivace generates need no plugin, so their commands run with autoload off (Task.env).
+NO_PLUGIN_AUTOLOAD = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
 # A summary line is `OUTCOME path::name[params]`, then ` - message` for failures and xfails.
 # Parameters may hold spaces and " - ": a PASSED line's id is the whole rest of the line; for
 # the others the id ends at the first `]` before " - ". Misreading such a failing id is harmless:
