@@ -42,10 +42,8 @@ def tasks_generate(
 ) -> None:
     """Inject bugs into the bundled repositories; keep those the tests catch; write the tasks."""
     from vivace.sandbox import open_backend
-    from vivace.sandbox.base import WithEnv
     from vivace.tasks.format import BUNDLED_REPOS, bundled_repos, save_jsonl
     from vivace.tasks.generate import generate
-    from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD
 
     cfg = _config(preset, backend, state_dir)
     names = [r.strip() for r in repos.split(",")] if repos else bundled_repos()
@@ -67,7 +65,7 @@ def tasks_generate(
         async def workspace(repo: str):
             if repo not in snapshots:
                 snapshots[repo] = await asyncio.to_thread(b.snapshot, str(BUNDLED_REPOS / repo))
-            ws = WithEnv(await b.create(snapshots[repo]), NO_PLUGIN_AUTOLOAD)  # as the tasks will run
+            ws = await b.create(snapshots[repo])
             try:
                 yield ws
             finally:

@@ -9,6 +9,7 @@ This module holds only data types, errors and the protocol; backends live beside
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -158,6 +159,21 @@ class TextFilesMixin:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()  # type: ignore[attr-defined]
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` unchanged, or ValueError naming the first variable a command could not be given."""
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"invalid environment variable {name!r}: a name is letters, digits and _, not starting with a digit"
+            )
+        if "\0" in value:
+            raise ValueError(f"invalid environment variable {name!r}: its value contains a NUL byte")
+    return env
 
 
 class WithEnv:

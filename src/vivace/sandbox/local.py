@@ -19,7 +19,6 @@ import asyncio
 import itertools
 import logging
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -36,6 +35,7 @@ from vivace.sandbox.base import (
     LatencyStats,
     TextFilesMixin,
     WorkspaceClosedError,
+    check_env,
 )
 from vivace.sandbox.diff import tree_diff
 from vivace.sandbox.linux import process_start_time
@@ -82,9 +82,6 @@ def owner_alive(owner: str) -> bool:
     return str(process_start_time(pid)) == rest.partition("-")[0]
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 def toolchain_dirs(config: SandboxConfig) -> list[Path]:
     """The directories mounted into the sandbox for tools: configured, or this Python's env."""
     dirs = config.toolchain or [Path(sys.prefix), Path(sys.base_prefix)]
@@ -115,10 +112,7 @@ def command_env(toolchain: list[Path], home: str, extra: dict[str, str]) -> dict
     venvs = [d for d in toolchain if (d / "pyvenv.cfg").exists()]
     if venvs:
         env["VIRTUAL_ENV"] = str(venvs[0])
-    for key, value in extra.items():
-        if not _ENV_NAME.match(key) or "\0" in value:
-            raise ValueError(f"invalid environment variable {key!r}")
-        env[key] = value
+    env.update(check_env(extra))
     return env
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vivace.sandbox.base import check_env
 from vivace.sandbox.snapshot import SnapshotSource
 
 BUNDLED_REPOS = Path(__file__).parent / "repos"
@@ -117,14 +117,7 @@ class Task(_Strict):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(
-                    f"environment variable name {name!r} must be letters, digits and _, not starting with a digit"
-                )
-            if "\0" in value:
-                raise ValueError(f"environment variable {name} contains a NUL byte")
-        return env
+        return check_env(env)
 
     def source(self, cache_dir: Path | None = None) -> SnapshotSource:
         return self.repo.source(self.base_dir, cache_dir)

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from vivace.sandbox.base import Workspace
+from vivace.sandbox.base import WithEnv, Workspace
 from vivace.tasks.format import BUNDLED_REPOS, DEFAULT_TEST_COMMAND, RepoSpec, Task, TestSpec, bundled_repos
 from vivace.tasks.mutate import Mutation, mutations
 from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, failure_section, run_tests
@@ -113,7 +113,7 @@ async def generate(
 async def _baseline(make_workspace: Callable[[str], object], repo: str) -> tuple[list[str], float]:
     """The repository's test ids (all must pass untouched) and how long the run took."""
     async with make_workspace(repo) as ws:  # type: ignore[attr-defined]
-        run = await run_tests(ws, DEFAULT_TEST_COMMAND, None, TEST_TIMEOUT_S)
+        run = await run_tests(WithEnv(ws, NO_PLUGIN_AUTOLOAD), DEFAULT_TEST_COMMAND, None, TEST_TIMEOUT_S)
     if run.failing or not run.outcomes:
         raise RuntimeError(f"bundled repository {repo!r}: its own tests do not pass:\n{run.output[-2000:]}")
     return sorted(run.outcomes), run.duration_s
@@ -124,7 +124,7 @@ async def _try(make_workspace, m: Mutation, baselines: dict, timeouts: dict[str,
     async with sem, make_workspace(repo) as ws:
         ws: Workspace
         await ws.write_text(rel, m.apply(await ws.read_text(rel)))
-        run = await run_tests(ws, DEFAULT_TEST_COMMAND, None, timeouts[repo])
+        run = await run_tests(WithEnv(ws, NO_PLUGIN_AUTOLOAD), DEFAULT_TEST_COMMAND, None, timeouts[repo])
     failing = [t for t in baselines[repo][0] if not run.passed(t)]
     if not failing or run.timed_out:
         return None
