@@ -558,3 +558,104 @@ def test_shipped_tasks_run_pytest_without_plugin_autoload():
     for suite in ("bundled", "families"):
         tasks = load_suite(suite)
         assert tasks and all(t.env == NO_PLUGIN_AUTOLOAD for t in tasks), suite
+
+
+# --------------------------------------------------------------------------- `vivace tasks swebench`
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+
+    return CliRunner().invoke(app, ["tasks", "swebench", *args])
+
+
+def test_cli_swebench_writes_tasks(swe, tmp_path):
+    records = tmp_path / "swe.jsonl"
+    records.write_text(_lines(swe.record, {**swe.record, "instance_id": "acme__calc-2"}))
+    out = tmp_path / "out" / "tasks.jsonl"
+    for repos in ([str(swe.clone.parent)], [f"acme/calc={swe.clone}"]):
+        result = _cli(str(records), "--out", str(out), "--json", "--env", "MODE=strict", "--env", "EMPTY=",
+                      "--setup", "pip --version", "--test-command", "python -m pytest -q", *sum((["--repos", r] for r in repos), []))  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout) == {"tasks": 2, "repos": {"acme/calc": 2}, "out": str(out)}
+        tasks = load_tasks(out)
+        assert [t.id for t in tasks] == ["acme__calc-1", "acme__calc-2"]
+        assert all(t.env == {"MODE": "strict", "EMPTY": ""} and t.setup == ["pip --version"] for t in tasks)
+        assert all(t.split == "test" and t.tests.command == "python -m pytest -q" for t in tasks)
+        assert tasks[0].tests.files == from_swebench(swe.record, swe.clone).tests.files
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "1BAD=x"], "invalid environment variable '1BAD'"),
+        (["--env", "NOEQUALS"], "--env: expected KEY=VALUE"),
+        (["--env", "A=1", "--env", "A=2"], "'A' given twice"),
+        (["--split", "dev"], "unknown split 'dev'"),
+        (["--repos", "acme/calc=/nowhere"], "not a directory"),
+        (["--repos", "acme/other=/x"], "no clone given for 'acme/calc'"),
+        (["--repos", "/a", "--repos", "/b"], "one directory of clones"),
+    ],
+)
+def test_cli_swebench_errors(swe, tmp_path, args, message):
+    records = tmp_path / "swe.jsonl"
+    records.write_text(_lines(swe.record))
+    out = tmp_path / "tasks.jsonl"
+    if "--repos" not in args:
+        args = [*args, "--repos", str(swe.clone.parent)]
+    result = _cli(str(records), "--out", str(out), *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert not out.exists()  # nothing half-written
+
+
+def test_cli_swebench_empty_and_malformed(swe, tmp_path):
+    out = tmp_path / "tasks.jsonl"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = _cli(str(empty), "--repos", str(swe.clone.parent), "--out", str(out))
+    assert result.exit_code == 2 and "holds no records" in result.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(_lines(swe.record, "{oops"))
+    result = _cli(str(bad), "--repos", str(swe.clone.parent), "--out", str(out))
+    assert result.exit_code == 2 and "bad.jsonl:2" in result.output and "invalid JSON" in result.output
+    assert not out.exists()
+
+
+def test_cli_swebench_env_and_setup_reach_the_tests(tmp_path, state_dir):
+    """End to end: records → `vivace tasks swebench` → `vivace bench` with the oracle. The
+    hidden test needs the variable and the setup's file, so the oracle's fix passes only when
+    both options reach the workspace."""
+    from typer.testing import CliRunner
+
+    from conftest import ISOLATION_PROBLEM
+    from vivace.cli import app
+
+    clone = tmp_path / "clones" / "acme__modes"
+    clone.mkdir(parents=True)
+    git(clone, "init", "-q")
+    base = commit(clone, {"modes/__init__.py": "", "modes/core.py": "def mode():\n    return 'lax'\n"}, "base")
+    fix = commit(clone, {"modes/core.py": "import os\n\n\ndef mode():\n    return os.environ['MODE']\n"}, "fix")
+    test = ("import os\n\nfrom modes.core import mode\n\n\ndef test_mode():\n"
+            "    assert os.path.exists('.prepared') and mode() == 'strict'\n")  # fmt: skip
+    tests = commit(clone, {"tests/test_modes.py": test}, "tests")
+    record = {
+        "repo": "acme/modes", "instance_id": "acme__modes-1", "base_commit": base,
+        "patch": git(clone, "diff", base, fix), "test_patch": git(clone, "diff", fix, tests),
+        "problem_statement": "mode() ignores $MODE.", "FAIL_TO_PASS": ["tests/test_modes.py::test_mode"],
+    }  # fmt: skip
+    records = tmp_path / "swe.jsonl"
+    records.write_text(_lines(record))
+    backend = "plain" if ISOLATION_PROBLEM else "isolated"
+    success = {}
+    for name, extra in {"bare": [], "with": ["--env", "MODE=strict", "--setup", "touch .prepared"]}.items():
+        tasks = tmp_path / f"{name}.jsonl"
+        result = _cli(str(records), "--repos", str(clone.parent), "--out", str(tasks), *extra)
+        assert result.exit_code == 0, result.output
+        args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks), "--out", str(tmp_path / f"run-{name}")]
+        result = CliRunner().invoke(app, [*args, "--json", "--backend", backend, "--state-dir", str(state_dir)])
+        assert result.exit_code == 0, result.output
+        success[name] = json.loads(result.stdout)["summary"]["scripted:oracle"]["success"]
+    assert success == {"bare": 0.0, "with": 1.0}

@@ -122,6 +122,88 @@ def tasks_families(
     out.print_json(json.dumps(dict(sorted(counts.items()))))
 
 
+@tasks_app.command("swebench")
+def tasks_swebench(
+    records: Annotated[Path, typer.Argument(help="SWE-bench-style JSONL: one record per line.")],
+    repos: Annotated[
+        list[str],
+        typer.Option(
+            "--repos",
+            help="A directory of local clones (named owner__name or name), or OWNER/NAME=PATH; repeat for several.",
+        ),
+    ],
+    out_file: Annotated[Path, typer.Option("--out", help="Tasks file to write (for bench --tasks or train.suite).")],
+    test_command: Annotated[
+        str | None, typer.Option(help="Test command (the test files are appended); default: pytest.")
+    ] = None,
+    setup: Annotated[
+        list[str] | None, typer.Option("--setup", help="A command run in the workspace first; repeat for several.")
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="KEY=VALUE for every command in the workspace; repeat.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="Split written into each task (train, validation, test).")] = "test",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
+    """Turn SWE-bench-style records into vivace tasks against local clones: the repository at the
+    base commit, the issue as the request, the test patch's files as the hidden tests."""
+    from vivace.sandbox.base import check_env
+    from vivace.tasks.format import TaskFormatError, save_jsonl
+    from vivace.tasks.swebench import load_swebench_jsonl
+
+    try:
+        if split not in ("train", "validation", "test"):
+            raise ValueError(f"unknown split {split!r}; use train, validation or test")
+        clones = _repo_dirs(repos)
+        variables = check_env(_assignments(env or [], "--env"))
+        progress = LoggedProgress()
+        bar = progress.add_task("records", total=None)
+        with progress:
+            tasks = load_swebench_jsonl(
+                records, clones, test_command=test_command, setup=setup or [], env=variables, split=split,
+                progress=lambda done, total: progress.update(bar, completed=done, total=total),
+            )  # fmt: skip
+    except (ValueError, TaskFormatError) as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    if not tasks:
+        err.print(f"[red]error:[/red] {records} holds no records; nothing written")
+        raise typer.Exit(2)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    save_jsonl(tasks, out_file)
+    by_repo: dict[str, int] = {}
+    for t in tasks:
+        by_repo[t.metadata["repo"]] = by_repo.get(t.metadata["repo"], 0) + 1
+    if as_json:
+        out.print_json(json.dumps({"tasks": len(tasks), "repos": dict(sorted(by_repo.items())), "out": str(out_file)}))
+        return
+    out.print(f"wrote {len(tasks)} tasks from {len(by_repo)} repositories to {out_file}")
+
+
+def _repo_dirs(values: list[str]) -> dict[str, str] | str:
+    """--repos: one directory of clones, or OWNER/NAME=PATH pairs (not both)."""
+    pairs = [v for v in values if "=" in v]
+    if not pairs:
+        if len(values) != 1:
+            raise ValueError("--repos: give one directory of clones, or OWNER/NAME=PATH for each repository")
+        return values[0]
+    if len(pairs) != len(values):
+        raise ValueError("--repos: give one directory of clones, or only OWNER/NAME=PATH pairs, not both")
+    return _assignments(values, "--repos")
+
+
+def _assignments(values: list[str], option: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for v in values:
+        key, sep, value = v.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{option}: expected KEY=VALUE, got {v!r}")
+        if key in result:
+            raise ValueError(f"{option}: {key!r} given twice")
+        result[key] = value
+    return result
+
+
 @tasks_app.command("select")
 def tasks_select(
     results: Annotated[

@@ -33,7 +33,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,21 @@ _GIT_ENV = (
 )
 
 
-def from_swebench(record: dict[str, Any], repo_dir: str | Path, *, test_command: str | None = None) -> Task:
-    """The task of one SWE-bench record; `repo_dir` is a local git clone holding `base_commit`."""
+def from_swebench(
+    record: dict[str, Any],
+    repo_dir: str | Path,
+    *,
+    test_command: str | None = None,
+    setup: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    split: str | None = None,
+) -> Task:
+    """The task of one SWE-bench record; `repo_dir` is a local git clone holding `base_commit`.
+
+    The records say nothing of how to run a repository's tests; the real harness keeps that per
+    repository and version. `test_command`, `setup` (commands run in the workspace first) and
+    `env` (variables of every command in the workspace, e.g. a settings module) say it here, and
+    `split` goes into the task's metadata."""
     if not isinstance(record, dict):
         raise TaskFormatError(f"SWE-bench record: must be a JSON object, got {type(record).__name__}")
     raw_id = record.get("instance_id")
@@ -92,6 +105,8 @@ def from_swebench(record: dict[str, Any], repo_dir: str | Path, *, test_command:
         metadata["test_patch_deleted"] = deleted
     if binary:
         metadata["test_patch_binary"] = binary
+    if split is not None:
+        metadata["split"] = split
     tests: dict[str, Any] = {"fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass, "files": files}
     if test_command is not None:
         tests["command"] = test_command
@@ -101,16 +116,24 @@ def from_swebench(record: dict[str, Any], repo_dir: str | Path, *, test_command:
         "request": record["problem_statement"],
         "tests": tests,
         "reference_patch": record["patch"],
+        "setup": list(setup),
+        "env": dict(env or {}),
         "metadata": metadata,
     }
     return _validate(data, where, None)
 
 
 def load_swebench_jsonl(
-    path: str | Path, repo_dirs: Mapping[str, str | Path] | str | Path, *, test_command: str | None = None
+    path: str | Path,
+    repo_dirs: Mapping[str, str | Path] | str | Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> list[Task]:
     """Tasks from a SWE-bench JSONL file. `repo_dirs` maps each record's `repo` ("owner/name") to
-    its clone, or is one directory holding clones named `owner__name` or `name`."""
+    its clone, or is one directory holding clones named `owner__name` or `name`. `options` are
+    `from_swebench`'s keywords, the same for every record; `progress(done, total)` is called
+    after each record."""
     p = Path(path)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
@@ -118,6 +141,7 @@ def load_swebench_jsonl(
         raise TaskFormatError(f"{p}: cannot read: {e}") from None
     tasks: list[Task] = []
     seen: dict[str, int] = {}
+    total = sum(1 for line in lines if line.strip())
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -131,13 +155,15 @@ def load_swebench_jsonl(
                 raise TaskFormatError(f"SWE-bench record: must be a JSON object, got {type(record).__name__}")
             if not isinstance(record.get("repo"), str) or not record["repo"]:
                 raise TaskFormatError("SWE-bench record: repo: missing or not a string")
-            task = from_swebench(record, _clone_for(record["repo"], repo_dirs), test_command=test_command)
+            task = from_swebench(record, _clone_for(record["repo"], repo_dirs), **options)
         except TaskFormatError as e:
             raise TaskFormatError(f"{where}: {e}") from None
         if task.id in seen:
             raise TaskFormatError(f"{where}: duplicate task id {task.id!r} (first on line {seen[task.id]})")
         seen[task.id] = n
         tasks.append(task)
+        if progress is not None:
+            progress(len(tasks), total)
     return tasks
 
 
