@@ -55,6 +55,29 @@ def test_bench_two_models(repo, tmp_path, state_dir):
     assert "| scripted:null |" in (out / "report.md").read_text()
 
 
+def test_bench_warns_about_tasks_whose_tests_never_run(repo, tmp_path, state_dir):
+    """A task whose hidden tests cannot even be collected here (a module this environment lacks)
+    is unsolvable by any fix: bench says which and why instead of a bare 0%."""
+    sound, broken = _tasks(repo)
+    broken = broken.model_copy(update={"id": "calc-sub-broken", "tests": broken.tests.model_copy(update={
+        "files": {"tests/test_sub.py": "import not_installed_anywhere\n\n\ndef test_sub():\n    pass\n"}})})  # fmt: skip
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl([sound, broken], tasks_file)
+    out = tmp_path / "run"
+    args = ["bench", "--model", "scripted:oracle", "--model", "scripted:null", "--tasks", str(tasks_file)]
+    args += ["--out", str(out), "--backend", BACKEND, "--state-dir", str(state_dir), "--concurrency", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    reasons = {(r["model"], r["task_id"]): r["details"].get("tests_not_run") for r in rows}
+    assert reasons[("scripted:oracle", "calc-add")] is None and reasons[("scripted:null", "calc-add")] is None
+    for m in ("scripted:oracle", "scripted:null"):
+        assert "ModuleNotFoundError" in reasons[(m, "calc-sub-broken")]
+    said = " ".join(result.output.split())
+    assert "hidden tests of 1 task(s) gave no outcome" in said and "calc-sub-broken" in said, said
+    assert "not_installed_anywhere" in said
+
+
 def test_bench_config_file_overrides_the_preset(repo, tmp_path, state_dir):
     tasks_file = tmp_path / "tasks.jsonl"
     save_jsonl(_tasks(repo)[:1], tasks_file)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from vivace.tasks.testrun import parse_outcomes
+from vivace.tasks.testrun import TestRun, no_outcome_reason, parse_outcomes
 
 SUITE = """
 import pytest
@@ -36,3 +36,28 @@ def test_outcomes_of_real_pytest_output(tmp_path):
     assert set(outcomes) == set(collected)  # every id, spaces and " - " included, read whole
     failed = {t for t, o in outcomes.items() if o == "FAILED"}
     assert failed == {"test_sample.py::test_params[plain]", "test_sample.py::TestGroup::test_fails"}
+
+
+def test_no_outcome_reason_from_real_runs(tmp_path):
+    """A run that reports none of the ids says why (a conftest that cannot import, a syntax
+    error in the code under test); a run that reports any of them, or timed out, says nothing."""
+    (tmp_path / "test_sample.py").write_text("from calc import add\n\ndef test_add():\n    assert add(1, 2) == 3\n")
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+
+    def run() -> TestRun:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "--tb=short", "-p", "no:cacheprovider"]
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False)
+        return TestRun(parse_outcomes(done.stdout), done.stdout + done.stderr, done.returncode)
+
+    ids = ["test_sample.py::test_add"]
+    assert no_outcome_reason(run(), ids) is None
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a +\n")
+    reason = no_outcome_reason(run(), ids)
+    assert reason is not None and reason.startswith("exit code 2:") and "SyntaxError" in reason
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "conftest.py").write_text("import not_installed_anywhere\n")
+    reason = no_outcome_reason(run(), ids)
+    assert reason is not None and "ModuleNotFoundError" in reason and "not_installed_anywhere" in reason
+    assert no_outcome_reason(TestRun({}, "", 0, timed_out=True), ids) is None  # tests_timed_out says it
+    assert no_outcome_reason(TestRun({}, "", 127), ids) == "exit code 127: no output"
+    assert len(no_outcome_reason(TestRun({}, "E   " + "x" * 1000, 1), ids)) == 300

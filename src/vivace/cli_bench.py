@@ -269,6 +269,28 @@ def tasks_select(
     out.print(f"wrote {len(chosen)} tasks to {out_file}")
 
 
+def _warn_tests_not_run(rows: list[dict]) -> None:
+    """A task whose hidden tests gave no outcome in any episode (every model, every sample) was
+    probably never runnable here: say so, with the first reason, instead of leaving a success rate
+    of 0 to explain itself. (One episode without outcomes is usually the agent's syntax error.)"""
+    reasons: dict[str, list[str | None]] = {}
+    for r in rows:
+        reasons.setdefault(r["task_id"], []).append(r.get("details", {}).get("tests_not_run"))
+    broken = {task_id: seen[0] for task_id, seen in reasons.items() if all(seen)}
+    if not broken:
+        return
+    from rich.markup import escape
+
+    task_id, reason = next(iter(broken.items()))
+    err.print(
+        f"[yellow]warning:[/] the hidden tests of {len(broken)} task(s) gave no outcome for any test id in any "
+        f"episode (e.g. {escape(task_id)}: {escape(reason)}). If --model scripted:oracle does not solve them either, their test "
+        "command, setup or env does not fit this environment (vivace tasks swebench --test-command/--setup/--env).",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @app.command("bench")
 def bench(
     model: Annotated[list[str], typer.Option("--model", help="Policy spec; repeat to compare several.")],
@@ -344,6 +366,7 @@ def bench(
     (out_dir / "report.md").write_text(markdown(summary, title))
     (out_dir / "report.html").write_text(html_report(summary, title))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    _warn_tests_not_run(rows)
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary, "out_dir": str(out_dir), "seconds": seconds}) + "\n")
         return

@@ -33,7 +33,7 @@ from vivace.harness.tools.shell import ReadLints, ReadLintsArgs
 from vivace.harness.trajectory import Trajectory
 from vivace.sandbox.base import Workspace
 from vivace.tasks.format import Task
-from vivace.tasks.testrun import run_tests
+from vivace.tasks.testrun import no_outcome_reason, run_tests
 
 _REVERT_PATCH = ".vivace-revert-tests.patch"
 _EDIT_TOOLS = ("edit_file", "write_file", "delete_file")
@@ -107,12 +107,15 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
     f2p = sum(run.passed(t) for t in task.tests.fail_to_pass)
     p2p = sum(run.passed(t) for t in task.tests.pass_to_pass)
     resolved = f2p == len(task.tests.fail_to_pass) and p2p == len(task.tests.pass_to_pass) and not run.timed_out
-    return resolved, {
+    details = {
         "fail_to_pass": [f2p, len(task.tests.fail_to_pass)],
         "pass_to_pass": [p2p, len(task.tests.pass_to_pass)],
         "tests_timed_out": run.timed_out,
         "test_files_edited": [c.path for c in test_edits],
     }
+    if (reason := no_outcome_reason(run, ids)) is not None:  # the tests never ran: no fix could have passed
+        details["tests_not_run"] = reason
+    return resolved, details
 
 
 async def _adherence(agent: list[FileChange], reference: list[FileChange], ws: Workspace) -> tuple[float, dict]:

@@ -77,6 +77,17 @@ def parse_outcomes(stdout: str) -> dict[str, str]:
     return outcomes
 
 
+def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -> str | None:
+    """Why none of `test_ids` got an outcome (a collection error, a missing module, a wrong
+    command), or None when at least one did: the run's exit code and its last error line."""
+    if run.timed_out or any(t in run.outcomes for t in test_ids):
+        return None
+    lines = [line.strip() for line in run.output.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"\b\w*(Error|Exception)\b|^E\s", line)]
+    last = (errors or lines or ["no output"])[-1]
+    return f"exit code {run.exit_code}: {last}"[:max_chars]
+
+
 def failure_section(output: str, test_id: str, max_lines: int = 30) -> str:
     """The traceback pytest printed for one failing test (its `___ name ___` section), capped."""
     name = test_id.split("::")[-1]
