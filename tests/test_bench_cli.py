@@ -57,7 +57,8 @@ def test_bench_two_models(repo, tmp_path, state_dir):
 
 def test_bench_warns_about_tasks_whose_tests_never_run(repo, tmp_path, state_dir):
     """A task whose hidden tests cannot even be collected here (a module this environment lacks)
-    is unsolvable by any fix: bench says which and why instead of a bare 0%."""
+    is unsolvable by any fix: with the reference fix among the models, bench says which and why
+    instead of a bare 0%."""
     sound, broken = _tasks(repo)
     broken = broken.model_copy(update={"id": "calc-sub-broken", "tests": broken.tests.model_copy(update={
         "files": {"tests/test_sub.py": "import not_installed_anywhere\n\n\ndef test_sub():\n    pass\n"}})})  # fmt: skip
@@ -74,8 +75,12 @@ def test_bench_warns_about_tasks_whose_tests_never_run(repo, tmp_path, state_dir
     for m in ("scripted:oracle", "scripted:null"):
         assert "ModuleNotFoundError" in reasons[(m, "calc-sub-broken")]
     said = " ".join(result.output.split())
-    assert "hidden tests of 1 task(s) gave no outcome" in said and "calc-sub-broken" in said, said
-    assert "not_installed_anywhere" in said
+    assert "1 task(s) are unsound in this environment (e.g. calc-sub-broken: the reference fix does not pass" in said
+    assert "not_installed_anywhere" in said, said
+    # Without the reference fix among the models nothing is judged: an unsolved task is not a broken one.
+    null_only = ["bench", "--model", "scripted:null", "--tasks", str(tasks_file), "--out", str(tmp_path / "run2")]
+    result = CliRunner().invoke(app, [*null_only, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    assert result.exit_code == 0 and "2/2" in result.output and "unsound" not in result.output, result.output
 
 
 def test_bench_config_file_overrides_the_preset(repo, tmp_path, state_dir):

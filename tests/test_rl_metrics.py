@@ -46,13 +46,3 @@ def test_malformed_calls_with_raw_text_arguments_are_compared_as_text():
     )
     b = behaviour(traj)
     assert b["repeated_rejected_calls"] == 1 and b["format_errors"] == 2
-
-
-def test_step_line_names_rollouts_whose_tests_gave_no_outcome():
-    from vivace.cli_train import _step_line
-
-    row = {"step": 3, "reward_mean": 0.25, "success_rate": 0.5, "agent_turns": 4.0,
-           "agent_tool_calls_per_turn": 1.25, "step_s": 30.0, "tests_not_run": 0.0}  # fmt: skip
-    assert _step_line(row, 10) == "step 3/10: reward 0.250, success 50%, 4.0 turns, 1.25 calls/turn, 30 s"
-    line = _step_line({**row, "tests_not_run": 0.25}, 10)
-    assert "tests gave no outcome in 25%" in line and line.endswith("30 s")

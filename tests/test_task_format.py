@@ -659,3 +659,36 @@ def test_cli_swebench_env_and_setup_reach_the_tests(tmp_path, state_dir):
         assert result.exit_code == 0, result.output
         success[name] = json.loads(result.stdout)["summary"]["scripted:oracle"]["success"]
     assert success == {"bare": 0.0, "with": 1.0}
+
+
+def test_cli_swebench_check_leaves_out_unsound_tasks(swe, tmp_path, state_dir):
+    """--check runs the reference fix and no change on each task: a task whose fix does not pass
+    here, and one whose FAIL_TO_PASS tests already pass, are left out and named; the sound one stays."""
+    from conftest import ISOLATION_PROBLEM
+
+    backend = "plain" if ISOLATION_PROBLEM else "isolated"
+    passes_already = {**swe.record, "instance_id": "acme__calc-passes", "FAIL_TO_PASS": PASS_TO_PASS}
+    wrong_fix = {**swe.record, "instance_id": "acme__calc-wrongfix", "patch": ""}
+    records = tmp_path / "swe.jsonl"
+    records.write_text(_lines(swe.record, passes_already, wrong_fix))
+    out = tmp_path / "tasks.jsonl"
+    result = _cli(str(records), "--repos", str(swe.clone.parent), "--out", str(out), "--check", "--json",
+                  "--backend", backend, "--state-dir", str(state_dir))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tasks"] == 1 and [t.id for t in load_tasks(out)] == ["acme__calc-1"]
+    left_out = report["left_out"]
+    assert set(left_out) == {"acme__calc-passes", "acme__calc-wrongfix"}
+    assert "pass without any change" in left_out["acme__calc-passes"]
+    assert (
+        "reference fix does not pass" in left_out["acme__calc-wrongfix"]
+        and "FAIL_TO_PASS 0/2" in left_out["acme__calc-wrongfix"]
+    )
+    assert (tmp_path / "tasks-check" / "results.jsonl").is_file()
+    # A setup that fails ends every episode in an error: nothing passes, nothing is written.
+    result = _cli(str(records), "--repos", str(swe.clone.parent), "--out", str(tmp_path / "none.jsonl"), "--check",
+                  "--setup", "exit 3", "--backend", backend, "--state-dir", str(state_dir))  # fmt: skip
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "no task passed the check" in said, said
+    assert "left out acme__calc-1: the scripted:oracle episode failed" in said and "exit 3" in said
+    assert not (tmp_path / "none.jsonl").exists()

@@ -143,6 +143,17 @@ def tasks_swebench(
         list[str] | None, typer.Option("--env", help="KEY=VALUE for every command in the workspace; repeat.")
     ] = None,
     split: Annotated[str, typer.Option(help="Split written into each task (train, validation, test).")] = "test",
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Run the reference fix and no change on each task in a sandbox; write only the tasks where the "
+            "fix passes and no change fails (episodes in OUT's folder, NAME-check/).",
+        ),
+    ] = False,
+    concurrency: Annotated[int, typer.Option(help="--check: episodes at the same time.")] = 2,
+    backend: BackendOpt = None,
+    state_dir: StateOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Turn SWE-bench-style records into vivace tasks against local clones: the repository at the
@@ -169,15 +180,49 @@ def tasks_swebench(
     if not tasks:
         err.print(f"[red]error:[/red] {records} holds no records; nothing written")
         raise typer.Exit(2)
+    unsound: dict[str, str] = {}
+    if check:
+        check_dir = out_file.parent / f"{out_file.stem}-check"
+        unsound = _check_tasks(tasks, _config("default", backend, state_dir), check_dir, concurrency)
+        tasks = [t for t in tasks if t.id not in unsound]
+        if not tasks:
+            for task_id, why in unsound.items():
+                err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
+            err.print(f"[red]error:[/red] no task passed the check; nothing written (episodes in {check_dir})")
+            raise typer.Exit(1)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     save_jsonl(tasks, out_file)
     by_repo: dict[str, int] = {}
     for t in tasks:
         by_repo[t.metadata["repo"]] = by_repo.get(t.metadata["repo"], 0) + 1
     if as_json:
-        out.print_json(json.dumps({"tasks": len(tasks), "repos": dict(sorted(by_repo.items())), "out": str(out_file)}))
+        report = {"tasks": len(tasks), "repos": dict(sorted(by_repo.items())), "out": str(out_file)}
+        out.print_json(json.dumps({**report, **({"left_out": unsound} if check else {})}))
         return
+    for task_id, why in unsound.items():
+        err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
+    if check:
+        out.print(f"checked: the reference fix passes and no change fails in {len(tasks)} of {len(tasks) + len(unsound)} "
+                  f"tasks (episodes in {check_dir})")  # fmt: skip
     out.print(f"wrote {len(tasks)} tasks from {len(by_repo)} repositories to {out_file}")
+
+
+def _check_tasks(tasks: list, cfg, out_dir: Path, concurrency: int) -> dict[str, str]:
+    """Task id -> why it is unsound, from one episode each of the reference fix and of no change."""
+    from vivace.bench.report import NULL, ORACLE, task_problems
+    from vivace.bench.runner import run_benchmark
+
+    (out_dir / "results.jsonl").unlink(missing_ok=True)  # run_benchmark appends: keep only this check's rows
+    progress = LoggedProgress()
+    bar = progress.add_task("checking tasks (episodes)", total=2 * len(tasks))
+    with progress:
+        rows = asyncio.run(run_benchmark([ORACLE, NULL], tasks, cfg, out_dir, concurrency,
+                                         lambda row: progress.advance(bar)))  # fmt: skip
+    problems = task_problems(rows)
+    for r in rows:  # an episode that crashed judges nothing: the task is left out, with the error
+        if r.get("error") and r["task_id"] not in problems:
+            problems[r["task_id"]] = f"the {r['model']} episode failed: {r['error']}"
+    return {t.id: problems[t.id] for t in tasks if t.id in problems}
 
 
 def _repo_dirs(values: list[str]) -> dict[str, str] | str:
@@ -269,26 +314,22 @@ def tasks_select(
     out.print(f"wrote {len(chosen)} tasks to {out_file}")
 
 
-def _warn_tests_not_run(rows: list[dict]) -> None:
-    """A task whose hidden tests gave no outcome in any episode (every model, every sample) was
-    probably never runnable here: say so, with the first reason, instead of leaving a success rate
-    of 0 to explain itself. (One episode without outcomes is usually the agent's syntax error.)"""
-    reasons: dict[str, list[str | None]] = {}
-    for r in rows:
-        reasons.setdefault(r["task_id"], []).append(r.get("details", {}).get("tests_not_run"))
-    broken = {task_id: seen[0] for task_id, seen in reasons.items() if all(seen)}
-    if not broken:
-        return
+def _warn_unsound(rows: list[dict]) -> None:
+    """Tasks the scripted baselines show to be unsound here (task_problems), with the first reason,
+    so that a success rate of 0 does not have to explain itself."""
     from rich.markup import escape
 
-    task_id, reason = next(iter(broken.items()))
-    err.print(
-        f"[yellow]warning:[/] the hidden tests of {len(broken)} task(s) gave no outcome for any test id in any "
-        f"episode (e.g. {escape(task_id)}: {escape(reason)}). If --model scripted:oracle does not solve them either, their test "
-        "command, setup or env does not fit this environment (vivace tasks swebench --test-command/--setup/--env).",
-        highlight=False,
-        soft_wrap=True,
-    )
+    from vivace.bench.report import task_problems
+
+    problems = task_problems(rows)
+    if problems:
+        task_id, why = next(iter(problems.items()))
+        err.print(
+            f"[yellow]warning:[/] {len(problems)} task(s) are unsound in this environment (e.g. {escape(task_id)}: "
+            f"{escape(why)}); check their test command, setup and env (vivace tasks swebench --check).",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("bench")
@@ -366,7 +407,7 @@ def bench(
     (out_dir / "report.md").write_text(markdown(summary, title))
     (out_dir / "report.html").write_text(html_report(summary, title))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    _warn_tests_not_run(rows)
+    _warn_unsound(rows)
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary, "out_dir": str(out_dir), "seconds": seconds}) + "\n")
         return

@@ -210,9 +210,8 @@ def _shown(path: Path) -> Path:
 
 def _step_line(row: dict, steps: int) -> str:
     """One RL step as a plain line, for output that is not a terminal."""
-    not_run = f", tests gave no outcome in {row['tests_not_run']:.0%}" if row.get("tests_not_run") else ""
     return (f"step {row['step']}/{steps}: reward {row['reward_mean']:.3f}, success {row['success_rate']:.0%}, "
-            f"{row['agent_turns']:.1f} turns, {row['agent_tool_calls_per_turn']:.2f} calls/turn{not_run}, "
+            f"{row['agent_turns']:.1f} turns, {row['agent_tool_calls_per_turn']:.2f} calls/turn, "
             f"{row['step_s']:.0f} s")  # fmt: skip
 
 

@@ -19,6 +19,33 @@ import html
 import statistics
 from typing import Any
 
+ORACLE, NULL = "scripted:oracle", "scripted:null"
+
+
+def task_problems(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Task id -> why the task is unsound here, judged by the scripted baselines' rows: the
+    reference fix (`scripted:oracle`) must pass the hidden tests, and doing nothing
+    (`scripted:null`) must leave every FAIL_TO_PASS test failing. A task neither ran on is
+    not judged. Why it matters: no policy can solve a task its own fix does not, and a task
+    solved by doing nothing rewards nothing in particular."""
+    problems: dict[str, str] = {}
+    for r in rows:
+        d, task_id = r.get("details", {}), r["task_id"]
+        if r.get("error") or task_id in problems:
+            continue
+        if r["model"] == ORACLE and not r.get("resolved"):
+            why = d.get("tests_not_run") or (
+                f"FAIL_TO_PASS {_count(d.get('fail_to_pass'))}, PASS_TO_PASS {_count(d.get('pass_to_pass'))} passed"
+            )
+            problems[task_id] = f"the reference fix does not pass the tests ({why})"
+        elif r["model"] == NULL and (d.get("fail_to_pass") or [0])[0] > 0:
+            problems[task_id] = f"{_count(d['fail_to_pass'])} FAIL_TO_PASS tests pass without any change"
+    return problems
+
+
+def _count(pair: list[int] | None) -> str:
+    return f"{pair[0]}/{pair[1]}" if pair else "?"
+
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     by_model: dict[str, list[dict[str, Any]]] = {}

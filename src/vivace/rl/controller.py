@@ -277,9 +277,6 @@ def _row(step, flat: list[Rollout], counts, train_stats, rollout_s, generated, s
         "episode_s_p50": percentile([r.trajectory.wall_s for r in ok], 0.5),
         "episode_s_p99": percentile([r.trajectory.wall_s for r in ok], 0.99),
         "unsupported_claims": mean([1.0 if r.details.get("unsupported_claims") else 0.0 for r in ok]),
-        # the hidden tests reported no test at all (a collection error: the agent's syntax error, or a
-        # task whose environment cannot run its tests, which then can never pay a reward)
-        "tests_not_run": mean([1.0 if r.details.get("tests_not_run") else 0.0 for r in ok]),
         "step_s": step_s,
     }  # fmt: skip
     for key in (
