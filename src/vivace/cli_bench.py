@@ -185,9 +185,9 @@ def tasks_swebench(
         check_dir = out_file.parent / f"{out_file.stem}-check"
         unsound = _check_tasks(tasks, _config("default", backend, state_dir), check_dir, concurrency)
         tasks = [t for t in tasks if t.id not in unsound]
+        for task_id, why in unsound.items():
+            err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
         if not tasks:
-            for task_id, why in unsound.items():
-                err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
             err.print(f"[red]error:[/red] no task passed the check; nothing written (episodes in {check_dir})")
             raise typer.Exit(1)
     out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -199,8 +199,6 @@ def tasks_swebench(
         report = {"tasks": len(tasks), "repos": dict(sorted(by_repo.items())), "out": str(out_file)}
         out.print_json(json.dumps({**report, **({"left_out": unsound} if check else {})}))
         return
-    for task_id, why in unsound.items():
-        err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
     if check:
         out.print(f"checked: the reference fix passes and no change fails in {len(tasks)} of {len(tasks) + len(unsound)} "
                   f"tasks (episodes in {check_dir})")  # fmt: skip
