@@ -113,7 +113,9 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
         "tests_timed_out": run.timed_out,
         "test_files_edited": [c.path for c in test_edits],
     }
-    if (reason := no_outcome_reason(run, ids)) is not None:  # no id got an outcome: the code does not import, or no tests ran
+    if (
+        reason := no_outcome_reason(run, ids)
+    ) is not None:  # no id got an outcome: the code does not import, or no tests ran
         details["tests_not_run"] = reason
     return resolved, details
 
