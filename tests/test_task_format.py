@@ -692,3 +692,35 @@ def test_cli_swebench_check_leaves_out_unsound_tasks(swe, tmp_path, state_dir):
     assert result.exit_code == 1 and "no task passed the check" in said, said
     assert "left out acme__calc-1: the scripted:oracle episode failed" in said and "exit 3" in said
     assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_cli_swebench_repo_config(swe, tmp_path):
+    """Each repository's own test command, setup and env come from --repo-config, after the common
+    options: its setup runs after theirs, its variables and command win; other repositories get
+    the common options alone."""
+    records = tmp_path / "swe.jsonl"
+    other = {**swe.record, "instance_id": "other__calc-1", "repo": "other/calc"}
+    records.write_text(_lines(swe.record, other))
+    config = tmp_path / "repos.json"
+    config.write_text(json.dumps({"acme/calc": {"test_command": "python -m pytest -x", "setup": ["pip --version"],
+                                                "env": {"MODE": "repo", "ONLY_ACME": "1"}}}))  # fmt: skip
+    out = tmp_path / "tasks.jsonl"
+    common = ["--env", "MODE=common", "--env", "SHARED=1", "--setup", "true"]
+    args = [str(records), "--repos", f"acme/calc={swe.clone}", "--repos", f"other/calc={swe.clone}", "--out", str(out)]
+    result = _cli(*args, *common, "--repo-config", str(config))
+    assert result.exit_code == 0, result.output
+    acme, other_task = load_tasks(out)
+    assert acme.setup == ["true", "pip --version"] and acme.tests.command == "python -m pytest -x"
+    assert acme.env == {"MODE": "repo", "SHARED": "1", "ONLY_ACME": "1"}
+    assert other_task.setup == ["true"] and other_task.env == {"MODE": "common", "SHARED": "1"}
+    assert other_task.tests.command == fmt.DEFAULT_TEST_COMMAND
+
+    for text, said in [("{oops", "invalid JSON"), ("[1]", "expected an object"),
+                       ('{"acme/calc": {"setup": "pip"}}', "acme/calc: setup"),
+                       ('{"acme/calc": {"tests": "x"}}', "acme/calc: tests: Extra inputs"),
+                       ('{"acme/calc": {"env": {"1X": "y"}}}', "invalid environment variable '1X'")]:  # fmt: skip
+        config.write_text(text)
+        result = _cli(*args, "--repo-config", str(config), "--out", str(tmp_path / "bad.jsonl"))
+        message = " ".join(result.output.split())
+        assert result.exit_code == 2 and str(config) in message and said in message, message
+        assert not (tmp_path / "bad.jsonl").exists()

@@ -142,6 +142,13 @@ def tasks_swebench(
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE for every command in the workspace; repeat.")
     ] = None,
+    repo_config: Annotated[
+        Path | None,
+        typer.Option(
+            help='JSON {"OWNER/NAME": {"test_command": ..., "setup": [...], "env": {...}}}: each repository\'s own, '
+            "after the options above (its setup runs after theirs; its variables and test command win).",
+        ),
+    ] = None,
     split: Annotated[str, typer.Option(help="Split written into each task (train, validation, test).")] = "test",
     check: Annotated[
         bool,
@@ -160,19 +167,20 @@ def tasks_swebench(
     base commit, the issue as the request, the test patch's files as the hidden tests."""
     from vivace.sandbox.base import check_env
     from vivace.tasks.format import TaskFormatError, save_jsonl
-    from vivace.tasks.swebench import load_swebench_jsonl
+    from vivace.tasks.swebench import load_repo_runs, load_swebench_jsonl
 
     try:
         if split not in ("train", "validation", "test"):
             raise ValueError(f"unknown split {split!r}; use train, validation or test")
         clones = _repo_dirs(repos)
         variables = check_env(_assignments(env or [], "--env"))
+        repo_runs = load_repo_runs(repo_config) if repo_config else None
         progress = LoggedProgress()
         bar = progress.add_task("records", total=None)
         with progress:
             tasks = load_swebench_jsonl(
                 records, clones, test_command=test_command, setup=setup or [], env=variables, split=split,
-                progress=lambda done, total: progress.update(bar, completed=done, total=total),
+                repo_runs=repo_runs, progress=lambda done, total: progress.update(bar, completed=done, total=total),
             )  # fmt: skip
     except (ValueError, TaskFormatError) as e:
         err.print(f"[red]error:[/red] {e}")

@@ -12,6 +12,10 @@ modifies (written fresh into the workspace at scoring, like any task's hidden fi
 Why: the same tasks, scorer and training loop then serve both synthetic tasks and real
 issues from real repositories.
 
+The records do not say how a repository's tests run (the real harness keeps that per repository
+and version): the caller gives a test command, setup commands and environment variables, for all
+records or per repository (`RepoRun`, `load_repo_runs`; `vivace tasks swebench --repo-config`).
+
 How the test files are computed: in a throwaway index and object directory (GIT_INDEX_FILE,
 GIT_OBJECT_DIRECTORY with the clone's objects as an alternate) the base tree is read and the
 test patch applied with `git apply --cached`; the clone's working tree, index, refs and
@@ -37,6 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vivace.sandbox.base import check_env
 from vivace.tasks.format import Task, TaskFormatError, _validate
 
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS")
@@ -123,17 +130,65 @@ def from_swebench(
     return _validate(data, where, None)
 
 
+class RepoRun(BaseModel):
+    """How one repository's tests run: what a SWE-bench harness keeps per repository."""
+
+    model_config = ConfigDict(extra="forbid")
+    test_command: str | None = None
+    setup: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+def load_repo_runs(path: str | Path) -> dict[str, RepoRun]:
+    """A JSON object from "owner/name" to a RepoRun ({"test_command", "setup", "env"})."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskFormatError(f"{p}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise TaskFormatError(f"{p}: invalid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise TaskFormatError(f'{p}: expected an object from "owner/name" to its test command, setup and env')
+    runs: dict[str, RepoRun] = {}
+    for repo, spec in data.items():
+        try:
+            runs[repo] = RepoRun.model_validate(spec)
+            check_env(runs[repo].env)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in err['loc']) or 'value'}: {err['msg']}" for err in e.errors()
+            )
+            raise TaskFormatError(f"{p}: {repo}: {problems}") from None
+        except ValueError as e:
+            raise TaskFormatError(f"{p}: {repo}: env: {e}") from None
+    return runs
+
+
+def _with_repo_run(options: dict[str, Any], run: RepoRun | None) -> dict[str, Any]:
+    """The common options, then the repository's: its setup runs after the common setup, its
+    variables and test command win."""
+    if run is None:
+        return options
+    merged = {**options, "setup": [*options.get("setup", ()), *run.setup],
+              "env": {**(options.get("env") or {}), **run.env}}  # fmt: skip
+    if run.test_command is not None:
+        merged["test_command"] = run.test_command
+    return merged
+
+
 def load_swebench_jsonl(
     path: str | Path,
     repo_dirs: Mapping[str, str | Path] | str | Path,
     *,
+    repo_runs: Mapping[str, RepoRun] | None = None,
     progress: Callable[[int, int], None] | None = None,
     **options: Any,
 ) -> list[Task]:
     """Tasks from a SWE-bench JSONL file. `repo_dirs` maps each record's `repo` ("owner/name") to
     its clone, or is one directory holding clones named `owner__name` or `name`. `options` are
-    `from_swebench`'s keywords, the same for every record; `progress(done, total)` is called
-    after each record."""
+    `from_swebench`'s keywords, the same for every record; `repo_runs` adds each repository's own
+    (`_with_repo_run`); `progress(done, total)` is called after each record."""
     p = Path(path)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
@@ -155,7 +210,10 @@ def load_swebench_jsonl(
                 raise TaskFormatError(f"SWE-bench record: must be a JSON object, got {type(record).__name__}")
             if not isinstance(record.get("repo"), str) or not record["repo"]:
                 raise TaskFormatError("SWE-bench record: repo: missing or not a string")
-            task = from_swebench(record, _clone_for(record["repo"], repo_dirs), **options)
+            repo = record["repo"]
+            task = from_swebench(
+                record, _clone_for(repo, repo_dirs), **_with_repo_run(options, (repo_runs or {}).get(repo))
+            )
         except TaskFormatError as e:
             raise TaskFormatError(f"{where}: {e}") from None
         if task.id in seen:
