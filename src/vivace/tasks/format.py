@@ -154,14 +154,18 @@ def bundled_repos() -> list[str]:
     return sorted(p.name for p in BUNDLED_REPOS.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
 
+def problems(e: ValidationError, whole: str) -> str:
+    """pydantic's errors as "field.path: message; …" (`whole` names an error of the value itself)."""
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}" for err in e.errors())
+
+
 def _validate(data: Any, where: str, base_dir: Path | None) -> Task:
     if not isinstance(data, dict):
         raise TaskFormatError(f"{where}: a task must be a JSON object, got {type(data).__name__}")
     try:
         task = Task.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg']}" for err in e.errors())
-        raise TaskFormatError(f"{where}: {problems}") from None
+        raise TaskFormatError(f"{where}: {problems(e, 'task')}") from None
     task.base_dir = base_dir
     return task
 

@@ -44,7 +44,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vivace.sandbox.base import check_env
-from vivace.tasks.format import Task, TaskFormatError, _validate
+from vivace.tasks.format import Task, TaskFormatError, _validate, problems
 
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS")
 KEPT_METADATA = ("version", "environment_setup_commit", "hints_text", "created_at")
@@ -156,10 +156,7 @@ def load_repo_runs(path: str | Path) -> dict[str, RepoRun]:
             runs[repo] = RepoRun.model_validate(spec)
             check_env(runs[repo].env)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(x) for x in err['loc']) or 'value'}: {err['msg']}" for err in e.errors()
-            )
-            raise TaskFormatError(f"{p}: {repo}: {problems}") from None
+            raise TaskFormatError(f"{p}: {repo}: {problems(e, 'value')}") from None
         except ValueError as e:
             raise TaskFormatError(f"{p}: {repo}: env: {e}") from None
     return runs
