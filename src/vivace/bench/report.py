@@ -19,21 +19,27 @@ import html
 import statistics
 from typing import Any
 
-ORACLE, NULL = "scripted:oracle", "scripted:null"
+from vivace.bench.baselines import OraclePolicy
+from vivace.harness.policies import NullPolicy
+
+ORACLE, NULL = OraclePolicy.name, NullPolicy.name
 
 
 def task_problems(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Task id -> why the task is unsound here, judged by the scripted baselines' rows: the
-    reference fix (`scripted:oracle`) must pass the hidden tests, and doing nothing
-    (`scripted:null`) must leave every FAIL_TO_PASS test failing. A task neither ran on is
-    not judged. Why it matters: no policy can solve a task its own fix does not, and a task
-    solved by doing nothing rewards nothing in particular."""
+    reference fix (`scripted:oracle`) must pass the hidden tests, doing nothing (`scripted:null`)
+    must leave every FAIL_TO_PASS test failing, and neither episode may fail outright (a setup
+    that does not run, say). A task neither ran on is not judged. Why it matters: no policy can
+    solve a task its own fix does not, and a task solved by doing nothing rewards nothing in
+    particular."""
     problems: dict[str, str] = {}
     for r in rows:
         d, task_id = r.get("details", {}), r["task_id"]
-        if r.get("error") or task_id in problems:
+        if r["model"] not in (ORACLE, NULL) or task_id in problems:
             continue
-        if r["model"] == ORACLE and not r.get("resolved"):
+        if r.get("error"):
+            problems[task_id] = f"the {r['model']} episode failed: {r['error']}"
+        elif r["model"] == ORACLE and not r.get("resolved"):
             why = d.get("tests_not_run") or (
                 f"FAIL_TO_PASS {_count(d.get('fail_to_pass'))}, PASS_TO_PASS {_count(d.get('pass_to_pass'))} passed"
             )

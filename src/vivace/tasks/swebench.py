@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vivace.sandbox.base import check_env
 from vivace.tasks.format import Task, TaskFormatError, _validate, problems
@@ -138,6 +138,11 @@ class RepoRun(BaseModel):
     setup: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
+
 
 def load_repo_runs(path: str | Path) -> dict[str, RepoRun]:
     """A JSON object from "owner/name" to a RepoRun ({"test_command", "setup", "env"})."""
@@ -154,11 +159,8 @@ def load_repo_runs(path: str | Path) -> dict[str, RepoRun]:
     for repo, spec in data.items():
         try:
             runs[repo] = RepoRun.model_validate(spec)
-            check_env(runs[repo].env)
         except ValidationError as e:
             raise TaskFormatError(f"{p}: {repo}: {problems(e, 'value')}") from None
-        except ValueError as e:
-            raise TaskFormatError(f"{p}: {repo}: env: {e}") from None
     return runs
 
 
