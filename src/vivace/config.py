@@ -286,6 +286,16 @@ class TrainConfig(_Strict):
     clip_high: float = Field(0.28, ge=0, description="PPO clip range above 1 (clip-higher).")
     is_cap: float = Field(2.0, ge=1, description="Cap of the sampler-to-trainer importance weight (truncated IS).")
     kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3); 0: off.")
+    sft_data: Path | None = Field(
+        None,
+        description="Expert episodes (a `vivace sft data` JSONL file) whose supervised loss is added to every "
+        "update, weighted by sft_coef: it holds the policy near what the warm start learnt (copying names it "
+        "never meets in RL's tasks) while the policy gradient moves it. None: off.",
+    )
+    sft_coef: float = Field(1.0, ge=0, description="Weight of the supervised loss on sft_data (mean over its tokens).")
+    sft_episodes: int = Field(
+        4, ge=1, description="Expert episodes from sft_data per update (taken in a shuffled cycle)."
+    )
     micro_batch_tokens: int = Field(8192, ge=64, description="Tokens per forward/backward micro-batch.")
     trainer_ranks: int = Field(1, ge=1, description="Trainer processes (FSDP2 ranks; one GPU each when GPUs exist).")
     rollout_workers: int = Field(1, ge=1, description="Rollout worker actors (each with its own workspace backend).")

@@ -24,12 +24,14 @@ acts; clipping matters when a batch is split into several updates (`updates_per_
 from __future__ import annotations
 
 import os
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -42,7 +44,8 @@ from torch.distributed.fsdp import fully_shard
 from vivace.config import TrainConfig
 from vivace.model.checkpoint import load_model, save_checkpoint
 from vivace.rl.loss import LossConfig, policy_loss
-from vivace.rl.packing import PACKED, forward_row, make_episode, pack, shared_prefix
+from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, shared_prefix
+from vivace.rl.sft_train import read_episodes
 
 
 @dataclass
@@ -115,6 +118,13 @@ class Trainer:
         if cfg.kl_coef > 0:  # a frozen copy of the starting policy
             self.reference = load_model(model_spec, device=self.device).model.eval().requires_grad_(False)
             self.reference.set_attn_implementation(PACKED)
+        # Expert episodes for the supervised term (cfg.sft_data), visited in one seeded shuffled order
+        # that every rank shares; the step number says where the cycle is, so a resumed run continues it.
+        self.expert: list[Episode] = []
+        if cfg.sft_data is not None and cfg.sft_coef > 0:
+            self.expert = read_episodes(Path(cfg.sft_data), self.model.config.vocab_size)
+            self.expert_order = list(range(len(self.expert)))
+            random.Random(cfg.seed).shuffle(self.expert_order)
         self.step = 0
 
     # ---- training -------------------------------------------------------------------------------
@@ -142,7 +152,9 @@ class Trainer:
         weight_sum = 0.0
         entropy_sum = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        micros = self._micro_batches(samples)
+        expert_rows = self._expert_rows()
+        expert_tokens = sum(t != IGNORE for row in expert_rows for e in row for t in e.labels)
+        micros: list = expert_rows + self._micro_batches(samples)
         if self.world_size > 1:
             # FSDP's forward and backward are collectives: every rank runs as many micro-batches
             # (padding with empty ones, loss 0) and syncs gradients on the last backward only.
@@ -152,6 +164,12 @@ class Trainer:
         for i, micro in enumerate(micros):
             if self.world_size > 1:
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)
+            if isinstance(micro[0], Episode):  # the supervised term: mean cross-entropy over expert tokens
+                out, labels = forward_row(self.model, micro, trained_only=True)
+                ce = F.cross_entropy(out.logits[0].float(), labels, reduction="sum") / max(expert_tokens, 1)
+                (self.cfg.sft_coef * ce).backward()
+                stats_sum["sft_loss"] = stats_sum.get("sft_loss", 0.0) + float(ce.detach())
+                continue
             logp, entropy, mask, behav, adv = self._forward(micro)
             logp_old = torch.cat([old[id(s)] for s in micro]) if old is not None else logp.detach()
             ref = self._reference_logprobs(micro) if self.reference is not None else None
@@ -166,11 +184,23 @@ class Trainer:
                     stats_sum[k] = stats_sum.get(k, 0.0) + v * w
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        out = {k: (v if k == "loss" else v / max(weight_sum, 1.0)) for k, v in stats_sum.items()}
+        out = {k: (v if k in ("loss", "sft_loss") else v / max(weight_sum, 1.0)) for k, v in stats_sum.items()}
         out["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         out["entropy"] = entropy_sum / max(weight_sum, 1.0)
         out["trained_tokens"] = weight_sum
         return out
+
+    def _expert_rows(self) -> list[list[Episode]]:
+        """This update's expert episodes (this rank's share), packed like rollouts."""
+        if not self.expert:
+            return []
+        k, n = self.cfg.sft_episodes, len(self.expert)
+        start = self.step * k  # per step, not per update: with updates_per_step > 1 each sees the same ones
+        picked = [self.expert[self.expert_order[(start + j) % n]] for j in range(k)][self.rank :: self.world_size]
+        if not picked:
+            return []
+        rows = pack([len(e.ids) for e in picked], self.cfg.micro_batch_tokens, shared=shared_prefix(picked))
+        return [[picked[i] for i in row] for row in rows]
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """Rollouts packed into rows of at most `micro_batch_tokens` computed positions (the prompt they
