@@ -90,8 +90,9 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(tmp_path):
 
 def test_train_command_smoke(tmp_path):
     config = tmp_path / "c.json"
+    # sft_expert: the expert's episodes for the supervised term are recorded before the first step
     config.write_text(json.dumps({"agent": {"max_turns": 2, "max_turn_tokens": 32},
-                                  "train": {"runs_dir": str(tmp_path / "runs")}}))  # fmt: skip
+                                  "train": {"runs_dir": str(tmp_path / "runs"), "sft_expert": 2}}))  # fmt: skip
     run = subprocess.run([*VIVACE, "train", "--preset", "smoke", "--config", str(config), "--name", "s",
                           "--state-dir", str(tmp_path / "state"), "--local", "--json"],
                          capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -103,6 +104,7 @@ def test_train_command_smoke(tmp_path):
                  "checkpoints/step_2/model/model.safetensors", "checkpoints/step_2/trainer.pt"):  # fmt: skip
         assert (run_dir / name).is_file(), name
     assert any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert "recording the expert on 2 training tasks" in run.stderr and (run_dir / "expert.jsonl").is_file()
     row = lines[0]
     for key in ("reward_mean", "success_rate", "weight_sync_s", "weight_sync_bytes", "sampling_tokens_per_s",
                 "episode_s_p50", "episode_s_p99", "agent_tool_calls_per_turn", "groups_zero_variance", "solved_truncated"):  # fmt: skip

@@ -47,3 +47,23 @@ async def test_expert_data_masks_exactly_the_assistant_turns(task, state_dir, tm
                 if c["function"]["name"] == "edit_file")  # fmt: skip
     old = json.loads(edit["function"]["arguments"])["old_string"]
     assert "return a - b" in old and "def sub" not in old and old.count("\n") <= 2
+
+
+async def test_anchor_data_records_the_expert_and_a_renamed_copy_of_each(state_dir, tmp_path):
+    from vivace.rl.sft import anchor_data
+    from vivace.tasks.suites import load_suite
+
+    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    tasks = load_suite("families", split="train")
+    out = tmp_path / "expert.jsonl"
+    counts = await anchor_data(cfg, tasks, out, n=2, seed=5)
+    assert counts == {"tasks": 2, "episodes": 2, "renamed": 2}
+    rows = [json.loads(line) for line in out.open()]
+    assert [sorted(r) for r in rows] == [["ids", "loss_mask"]] * 4
+    assert list(tmp_path.iterdir()) == [out]  # the recording and the partial file are gone
+    chat = ChatFormat(load_tokenizer("tiny"))
+    for original, copy in zip(rows[:2], rows[2:], strict=True):
+        said, copied = (
+            chat.decode([i for i, m in zip(r["ids"], r["loss_mask"], strict=True) if m]) for r in (original, copy)
+        )
+        assert said != copied and len(said.splitlines()) == len(copied.splitlines())  # the same turns, renamed

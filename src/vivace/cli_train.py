@@ -134,7 +134,7 @@ def train_command(
     def run() -> dict:
         with live or contextlib.nullcontext(), _stop_signals(stop, received, stopping):
             return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
-                                     on_step=on_step, stop=stop.is_set))  # fmt: skip
+                                     on_step=on_step, stop=stop.is_set, on_note=err.print))  # fmt: skip
 
     try:
         summary = run()

@@ -292,6 +292,12 @@ class TrainConfig(_Strict):
         "update, weighted by sft_coef: it holds the policy near what the warm start learnt (copying names it "
         "never meets in RL's tasks) while the policy gradient moves it. None: off.",
     )
+    sft_expert: int = Field(
+        0,
+        ge=0,
+        description="When sft_data is None: record the efficient expert on this many of the run's training tasks "
+        "at its start, plus a copy of each with the package renamed, as sft_data (run_dir/expert.jsonl). 0: off.",
+    )
     sft_coef: float = Field(1.0, ge=0, description="Weight of the supervised loss on sft_data (mean over its tokens).")
     sft_episodes: int = Field(
         4, ge=1, description="Expert episodes from sft_data per update (taken in a shuffled cycle)."

@@ -166,14 +166,20 @@ async def train(
     episode: Any = None,
     workers: Any = None,
     stop: Callable[[], bool] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) the loop until `cfg.train.steps`; returns the summary. `tasks` and
     `episode` replace the suite and the benchmark episode (synthetic environments, tests);
     `workers` is where the work runs (default: Ray actors, see rl/workers.py). When `stop()`
-    turns true (the CLI's first Ctrl-C), the run ends after the step in flight, with a checkpoint."""
+    turns true (the CLI's first Ctrl-C), the run ends after the step in flight, with a checkpoint.
+    `on_note` hears about work before the first step (recording the supervised term's data)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else training_tasks(cfg)
+    if tc.sft_data is not None:
+        tc.sft_data = tc.sft_data.resolve()  # actors read it from their own working directory
+    elif tc.sft_expert and tc.sft_coef > 0:
+        tc.sft_data = await _expert_file(cfg, run_dir, tasks, on_note or (lambda note: None))
     start, ckpt, pending, state = 0, None, [], {}
     if resume:
         ckpt = latest_checkpoint(run_dir)
@@ -225,6 +231,32 @@ async def train(
         board.close()
         await workers.close()
     return write_summary(run_dir, final, stopped_by)
+
+
+async def _expert_file(cfg: VivaceConfig, run_dir: Path, tasks: list[Task], note: Callable[[str], None]) -> Path:
+    """run_dir/expert.jsonl, recorded once (a resumed run finds it)."""
+    from vivace.rl.sft import anchor_data
+
+    path = run_dir / "expert.jsonl"
+    if path.is_file():
+        return path
+    n = min(cfg.train.sft_expert, len(tasks))
+    note(f"recording the expert on {n} training tasks for the supervised term ({path.name})")
+    shown = set()
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // total
+        if tenth not in shown:
+            shown.add(tenth)
+            note(f"expert episodes: {done}/{total}")
+
+    counts = await anchor_data(cfg, tasks, path, n=n, seed=cfg.train.seed, progress=progress)
+    if not counts["episodes"]:
+        raise ValueError(
+            f"the expert solved none of the {n} training tasks it was run on: no data for train.sft_expert"
+        )
+    note(f"supervised term: {counts['episodes']} expert episodes and {counts['renamed']} renamed copies")
+    return path
 
 
 async def _step(

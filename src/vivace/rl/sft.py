@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -97,3 +98,39 @@ async def expert_data(
         await backend.aclose()
     kept = sum(v for k, v in counts.items() if k.startswith("kept:"))
     return {"episodes": len(jobs), "kept": kept, "out": str(out), **dict(sorted(counts.items()))}
+
+
+async def anchor_data(
+    cfg: VivaceConfig,
+    tasks: list[Task],
+    out: Path,
+    *,
+    n: int,
+    seed: int = 0,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+) -> dict[str, Any]:
+    """The supervised term's data for an RL run (`train.sft_expert`): the efficient expert on `n` of the
+    run's training tasks (a seeded draw), and one copy of each episode with its package renamed to a
+    fresh name. The copies keep the policy practising what RL's tasks cannot show it: copying names
+    it has never met, which held-out repositories are made of."""
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import tool_schema
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.rl.sft_augment import augment_episodes
+
+    drawn = random.Random(seed).sample(tasks, min(n, len(tasks)))
+    recorded = out.with_suffix(".recorded.jsonl")
+    counts = await expert_data(cfg, drawn, recorded, model=cfg.train.model, styles=("efficient",),
+                               concurrency=cfg.train.rollout_concurrency, progress=progress)  # fmt: skip
+    chat = ChatFormat(load_tokenizer(cfg.train.model))
+    tools = [tool_schema(t) for t in default_tools()]
+    with recorded.open() as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    renamed = list(augment_episodes(iter(rows), chat, tools, variants=1, seed=seed, cuts=("whole",)))
+    tmp = out.with_suffix(".tmp")
+    with tmp.open("w") as f:  # written whole, then renamed: a run stopped here leaves no half file behind
+        for row in rows + renamed:
+            f.write(json.dumps({"ids": row["ids"], "loss_mask": row["loss_mask"]}) + "\n")
+    tmp.replace(out)
+    recorded.unlink()
+    return {"tasks": len(drawn), "episodes": counts["kept"], "renamed": len(renamed)}
