@@ -19,6 +19,11 @@ single-rank update).
 One update per batch: the trainer's own logprobs before the update (`logp_old`) equal the
 current ones, so the PPO ratio is 1 and only the truncated importance weight (sampler vs trainer)
 acts; clipping matters when a batch is split into several updates (`updates_per_step`).
+
+With `cfg.sft_data`, every update also takes `sft_episodes` expert episodes' mean cross-entropy,
+weighted by `sft_coef`, packed into rows like the rollouts (their own micro-batches, in the same
+backward pass and optimizer step): the policy gradient moves the policy, the supervised term holds
+it near what the warm start learnt from those episodes.
 """
 
 from __future__ import annotations
