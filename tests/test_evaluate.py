@@ -40,6 +40,8 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
         sandbox={"backend": "plain", "state_dir": str(state_dir)},
         train={"eval_temperature": 0, "eval_samples": 1},
     )
+    trained = load_preset("tiny", train={"sft_expert": 50, "sft_episodes": 2})  # the run's own config
+    (run_dir / "config.json").write_text(trained.model_dump_json())
     seen: list[tuple[int, int, int]] = []
     report = await evaluate_run(cfg, run_dir, BEFORE, AFTER, tasks, concurrency=3, progress=lambda *a: seen.append(a))
     assert report["temperature"] == 0 and cfg.engine.temperature > 0  # greedy for the report only, not rollouts
@@ -85,6 +87,7 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     assert "arithmetic" in harder_section and "misspelled_name" not in harder_section
     assert "**all learnable**" in md and "| **all** | 3 |" in md and "at temperature 0" in md
     assert f"{pair['after_only']} solved only after" in md
+    assert "supervised term beside the policy gradient: 2 expert episodes per update" in md  # not RL's alone
     assert f"paired tasks: {up} solved more often after, {down} less often (sign test p = " in md
 
 
@@ -136,7 +139,9 @@ async def test_several_episodes_per_task(tasks, tmp_path, state_dir):
     assert len(paths) == len(rows) and all((run_dir / "eval" / p).is_file() for p in paths)  # none overwritten
     assert report["samples"] == 2 and report["policies"]["after"]["episodes"] == 4
     assert report["policies"]["after"]["success"] == 1.0
-    assert "2 tasks × 2 episodes each (one for `scripted:null`: scripted" in (run_dir / "report.md").read_text()
+    md = (run_dir / "report.md").read_text()
+    assert "2 tasks × 2 episodes each (one for `scripted:null`: scripted" in md
+    assert report["training"]["supervised"] is None and "supervised term" not in md  # a run without one
 
 
 def _task(i: int, family: str | None, kind: str = "bug") -> Task:

@@ -69,7 +69,8 @@ async def bench_pipeline(
     results: dict[str, Any] = {}
     for mode in modes:
         mcfg = cfg.model_copy(deep=True)
-        mcfg.train = mcfg.train.model_copy(update={**MODES[mode], "runs_dir": work_dir / "runs"})
+        # (no supervised term: the synthetic environment has no expert to record)
+        mcfg.train = mcfg.train.model_copy(update={**MODES[mode], "runs_dir": work_dir / "runs", "sft_expert": 0})
         run_dir = new_run_dir(mcfg, f"{mode}-{time.strftime('%H%M%S')}")
         episode = latency_episode(snapshot, median_s=median_s, sigma=sigma, turns=turns, seed=mcfg.train.seed)
         workers = LocalWorkers(mcfg, episode) if local else RayWorkers(mcfg, episode)

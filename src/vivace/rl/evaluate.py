@@ -215,9 +215,23 @@ def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: 
         "before_after": {k: _change(policies["before"].get(k), policies["after"].get(k)) for k, _, _ in METRICS},
         "paired": paired(rows, roles["before"], roles["after"]),
         "curves": curves,
-        "training": {"steps": len(curves), "first": curves[0] if curves else None, "last": curves[-1] if curves else None},
+        "training": {"steps": len(curves), "first": curves[0] if curves else None, "last": curves[-1] if curves else None,
+                     "supervised": supervised_term(run_dir)},
         "eval_seconds": seconds,
     }  # fmt: skip
+
+
+def supervised_term(run_dir: Path) -> dict[str, Any] | None:
+    """The run's supervised term (train.sft_data or sft_expert), from its config.json; None when off: a
+    report must say when the change is not the policy gradient's alone."""
+    try:
+        tc = json.loads((run_dir / "config.json").read_text())["train"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if not tc.get("sft_coef") or not (tc.get("sft_data") or tc.get("sft_expert")):
+        return None
+    data = tc.get("sft_data") or f"the expert on {tc['sft_expert']} training tasks and renamed copies"
+    return {"coef": tc["sft_coef"], "episodes_per_update": tc.get("sft_episodes"), "data": str(data)}
 
 
 def _families(tasks: list[Task]) -> dict[str, dict[str, Any]]:
@@ -437,7 +451,15 @@ def _intro(report: dict[str, Any]) -> list[str]:
         f"{len(fams)} families: {', '.join(fams)}" + (f" (harder: {', '.join(harder)})" if harder else ""),
         f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s"
         + (f" at temperature {report['temperature']:g}" if report.get("temperature") is not None else ""),
+        *_supervised_line(report["training"].get("supervised")),
     ]
+
+
+def _supervised_line(term: dict[str, Any] | None) -> list[str]:
+    if not term:
+        return []
+    return [f"- supervised term beside the policy gradient: {term['episodes_per_update']} expert episodes per update "
+            f"at weight {term['coef']:g} ({term['data']}); the change below is not RL's alone"]  # fmt: skip
 
 
 def markdown_report(report: dict[str, Any]) -> str:
