@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_scoring import task  # noqa: F401  (the injected-bug fixture on conftest's sample repo)
 from vivace.config import load_preset
 from vivace.harness.chat import ChatFormat
@@ -67,3 +69,19 @@ async def test_anchor_data_records_the_expert_and_a_renamed_copy_of_each(state_d
             chat.decode([i for i, m in zip(r["ids"], r["loss_mask"], strict=True) if m]) for r in (original, copy)
         )
         assert said != copied and len(said.splitlines()) == len(copied.splitlines())  # the same turns, renamed
+
+
+async def test_a_run_whose_expert_solves_nothing_stops_with_the_reason(state_dir, tmp_path):
+    from vivace.rl.controller import _expert_file
+    from vivace.tasks.format import RepoSpec, Task, TestSpec
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "main.py").write_text("x = 1\n")
+    tasks = [Task(id="no-fix", repo=RepoSpec(path=str(repo)), request="fix it",  # no reference fix to replay
+                  tests=TestSpec(command="false", fail_to_pass=["t::a"], pass_to_pass=[]))]  # fmt: skip
+    cfg = load_preset("tiny", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    notes: list[str] = []
+    with pytest.raises(ValueError, match="solved none of the 1 training tasks"):
+        await _expert_file(cfg, tmp_path, tasks, notes.append)
+    assert notes[0].startswith("recording the expert on 1 training tasks") and not (tmp_path / "expert.jsonl").exists()

@@ -141,6 +141,9 @@ def train_command(
     except TrainerFailed as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
+    except ValueError as e:  # the run's data could not be made (train.sft_expert: the expert solved nothing)
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
     except KeyboardInterrupt:
         last = latest_checkpoint(run_dir)
         where = f"its last checkpoint is {last}; continue with `vivace train --resume {run_dir}`" if last else (

@@ -120,17 +120,19 @@ async def anchor_data(
 
     drawn = random.Random(seed).sample(tasks, min(n, len(tasks)))
     recorded = out.with_suffix(".recorded.jsonl")
-    counts = await expert_data(cfg, drawn, recorded, model=cfg.train.model, styles=("efficient",),
-                               concurrency=cfg.train.rollout_concurrency, progress=progress)  # fmt: skip
+    await expert_data(cfg, drawn, recorded, model=cfg.train.model, styles=("efficient",),
+                      concurrency=cfg.train.rollout_concurrency, progress=progress)  # fmt: skip
     chat = ChatFormat(load_tokenizer(cfg.train.model))
     tools = [tool_schema(t) for t in default_tools()]
     with recorded.open() as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    recorded.unlink()
+    if not rows:  # nothing to write: no empty file for a resumed run to mistake for data
+        return {"tasks": len(drawn), "episodes": 0, "renamed": 0}
     renamed = list(augment_episodes(iter(rows), chat, tools, variants=1, seed=seed, cuts=("whole",)))
     tmp = out.with_suffix(".tmp")
     with tmp.open("w") as f:  # written whole, then renamed: a run stopped here leaves no half file behind
         for row in rows + renamed:
             f.write(json.dumps({"ids": row["ids"], "loss_mask": row["loss_mask"]}) + "\n")
     tmp.replace(out)
-    recorded.unlink()
-    return {"tasks": len(drawn), "episodes": counts["kept"], "renamed": len(renamed)}
+    return {"tasks": len(drawn), "episodes": len(rows), "renamed": len(renamed)}
