@@ -202,17 +202,20 @@ class Trainer:
         k, n = self.cfg.sft_episodes, len(self.expert)
         start = self.step * k  # per step, not per update: with updates_per_step > 1 each sees the same ones
         picked = [self.expert[self.expert_order[(start + j) % n]] for j in range(k)][self.rank :: self.world_size]
-        if not picked:
-            return []
-        rows = pack([len(e.ids) for e in picked], self.cfg.micro_batch_tokens, shared=shared_prefix(picked))
-        return [[picked[i] for i in row] for row in rows]
+        return self._rows(picked, picked)
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """Rollouts packed into rows of at most `micro_batch_tokens` computed positions (the prompt they
         all open with counted once per row; a longer rollout gets its own row)."""
-        shared = shared_prefix([make_episode(s.ids, s.mask) for s in samples])
-        rows = pack([len(s.ids) for s in samples], self.cfg.micro_batch_tokens, shared=shared)
-        return [[samples[i] for i in row] for row in rows]
+        return self._rows(samples, [make_episode(s.ids, s.mask) for s in samples])
+
+    def _rows(self, items: list, episodes: list[Episode]) -> list[list]:
+        """`items` grouped into rows of at most `micro_batch_tokens` computed positions (`episodes`: their
+        token sequences; the opening they share counted once per row)."""
+        if not items:
+            return []
+        rows = pack([len(e.ids) for e in episodes], self.cfg.micro_batch_tokens, shared=shared_prefix(episodes))
+        return [[items[i] for i in row] for row in rows]
 
     def _forward(self, micro: list[Sample], model: torch.nn.Module | None = None):
         """Logprobs (with grad unless `model` is the frozen reference) and entropies of the
