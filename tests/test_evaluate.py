@@ -211,3 +211,14 @@ def test_report_command_runs_the_evaluation(tasks, tmp_path, state_dir, monkeypa
     # Not a terminal (a log, a pipe): progress comes as plain lines while it runs, ending at the total.
     shown = [line for line in result.stderr.splitlines() if line.startswith("held-out episodes (")]
     assert shown and shown[-1].endswith("solved): 8/8")
+    # Again with another number of episodes per task: the new report replaces the last, which is kept.
+    first = (tmp_path / "report.md").read_text()
+    result = CliRunner().invoke(app, [*args, "--samples", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    assert data["samples"] == 1 and data["paired"]["episodes"] == 2
+    assert (tmp_path / "reports" / "2" / "report.md").read_text() == first
+    assert (tmp_path / "reports" / "2" / "eval" / "results.jsonl").is_file()
+    assert len((tmp_path / "eval" / "results.jsonl").read_text().splitlines()) == 4
+    result = CliRunner().invoke(app, [*args, "--samples", "0"])
+    assert result.exit_code == 2 and "--samples" in result.output

@@ -247,12 +247,20 @@ def report_command(
     split: Annotated[
         str | None, typer.Option(help="Split the tasks come from (default: the run's eval_split).")
     ] = None,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            help="Episodes per task for the starting and the trained policy (default: the run's "
+            "eval_samples); more make a small change easier to tell from sampling luck."
+        ),
+    ] = None,
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Benchmark a run's starting policy and its last checkpoint (and the baselines) on held-out
-    tasks; write report.md, report.json and report.html into the run directory."""
+    tasks; write report.md, report.json and report.html into the run directory (an earlier report
+    moves to RUN/reports/N/)."""
     from vivace.rl.evaluate import held_out_tasks, markdown_report, trained_policy
 
     try:
@@ -266,6 +274,10 @@ def report_command(
             raise ValueError(f"unknown split {split!r}; use train, validation or test")
         if tasks is not None and tasks < 1:
             raise ValueError("--tasks must be at least 1")
+        if samples is not None:
+            if samples < 1:
+                raise ValueError("--samples must be at least 1")
+            cfg.train.eval_samples = samples
         trained_policy(run_dir)
         chosen = held_out_tasks(cfg, tasks or cfg.train.eval_tasks or None, split)
     except ValueError as e:

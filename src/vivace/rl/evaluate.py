@@ -35,6 +35,9 @@ episodes of one task are not independent: on the tiny preset ~95% of held-out ta
 both of their episodes or in neither (docs/benchmarks.md). With a few changed tasks no split is
 significant (4 to 0 gives p = 0.125); the report says so rather than leaving a rate to be over-read.
 
+A report made again (`vivace train report RUN --tasks N --samples K`) moves the earlier one and its
+episodes into RUN/reports/1/, 2/, ... first.
+
 Last, how far training moved the policy (rl.shift): how many paired episodes are token for token the
 same, where the others part, and KL(before ‖ after) on the starting policy's sampled tokens. A flat
 success count then reads as "the episodes changed but not their outcome" or as "nothing changed".
@@ -149,6 +152,7 @@ async def evaluate_run(
     # Scripted baselines act the same in every episode of a task: one each says it all.
     once = {b for b in baselines if deterministic(b)} - {before, after}
     out_dir = run_dir / "eval"
+    keep_previous_report(run_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # results.jsonl is appended to: a rerun starts clean
     samples = cfg.train.eval_samples
     total = sum(1 if s in once else samples for s in specs) * len(tasks)
@@ -169,6 +173,23 @@ async def evaluate_run(
     report["once"] = sorted(once) if samples > 1 else []  # policies that ran one episode per task
     write_report(run_dir, report)
     return report
+
+
+def keep_previous_report(run_dir: Path) -> Path | None:
+    """Move an earlier report (report.json/.md/.html and its episodes, eval/) into
+    run_dir/reports/N/ before a new one replaces it: a report on more tasks or samples must not
+    cost the one `vivace train` wrote. Returns where it went (None: there was none)."""
+    if not (run_dir / "report.json").is_file():  # none, or one that never finished: nothing to keep
+        return None
+    previous = [run_dir / name for name in ("report.json", "report.md", "report.html", "eval")]
+    kept = run_dir / "reports"
+    n = 1 + max((int(p.name) for p in kept.glob("*") if p.name.isdigit()), default=0)
+    dest = kept / str(n)
+    dest.mkdir(parents=True)
+    for p in previous:
+        if p.exists():
+            p.rename(dest / p.name)
+    return dest
 
 
 def measure_shift(
