@@ -77,7 +77,10 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     up, down = len(solved[AFTER] - solved[BEFORE]), len(solved[BEFORE] - solved[AFTER])  # one episode per task
     assert pair == {"episodes": len(tasks), "both": len(solved[BEFORE] & solved[AFTER]),
                     "before_only": down, "after_only": up, "tasks_up": up, "tasks_down": down,
-                    "p_value": pytest.approx(sign_test(up, down))}  # fmt: skip
+                    "p_value": pytest.approx(sign_test(up, down)), "change": pytest.approx((up - down) / len(tasks)),
+                    "change_ci95": pytest.approx(pair["change_ci95"])}  # fmt: skip
+    lo, hi = pair["change_ci95"]
+    assert lo <= pair["change"] <= hi
     assert report["shift"] == {"divergence": None, "kl": None}  # scripted policies have no tokens, no weights
 
     md = (run_dir / "report.md").read_text()
@@ -89,6 +92,9 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     assert f"{pair['after_only']} solved only after" in md
     assert "supervised term beside the policy gradient: 2 expert episodes per update" in md  # not RL's alone
     assert f"paired tasks: {up} solved more often after, {down} less often (sign test p = " in md
+    assert (
+        f"success change on the paired episodes: {pair['change'] * 100:+.1f} pts, 95% interval {lo * 100:+.1f} to" in md
+    )
 
 
 def test_paired_outcomes_match_episodes_by_task_and_sample():
@@ -108,7 +114,13 @@ def test_paired_outcomes_match_episodes_by_task_and_sample():
         "episodes": 6, "both": 1, "before_only": 2, "after_only": 3,
         # t1 one lost, one gained (no change); t2 one lost (down); t4 up
         "tasks_up": 1, "tasks_down": 1, "p_value": 1.0,
+        # per-task changes 0 (t1), -1/2 (t2), +1 (t4): mean 1/6, sample sd 0.764 over 3 tasks
+        "change": pytest.approx(1 / 6),
+        "change_ci95": pytest.approx([1 / 6 - 1.96 * 0.76376 / 3**0.5, 1 / 6 + 1.96 * 0.76376 / 3**0.5], abs=1e-4),
     }  # fmt: skip
+    one_task = [r for r in rows if r["task_id"] == "t4"]
+    assert paired(one_task, "b", "a")["change"] == 1.0 and paired(one_task, "b", "a")["change_ci95"] is None
+    assert paired([], "b", "a")["change"] is None
 
 
 def test_sign_test_is_the_exact_two_sided_binomial():

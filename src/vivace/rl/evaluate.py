@@ -305,16 +305,24 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
     for the same (task, sample), so where their weights agree they sample the same tokens, and
     the episodes only one of them solved are what training changed. Then task by task: the tasks
     solved in more of their paired episodes after (`tasks_up`) and in fewer (`tasks_down`), and
-    the sign test's p-value of that split."""
+    the sign test's p-value of that split. `change` is the success rate's change over the paired
+    episodes (each task weighs alike) and `change_ci95` its 95% interval from the spread of the
+    per-task changes (normal approximation; None under two tasks): how large a change this
+    evaluation can tell from sampling luck."""
     outcome: dict[tuple[str, int], dict[str, bool]] = {}
     for r in rows:
         if r["model"] in (before, after):
             outcome.setdefault((r["task_id"], r.get("sample", 0)), {})[r["model"]] = bool(r.get("resolved"))
     pairs = {key: o for key, o in outcome.items() if before in o and after in o}
     change: dict[str, int] = {}
+    episodes: dict[str, int] = {}
     for (task, _), o in pairs.items():
         change[task] = change.get(task, 0) + o[after] - o[before]
+        episodes[task] = episodes.get(task, 0) + 1
     up, down = sum(d > 0 for d in change.values()), sum(d < 0 for d in change.values())
+    per_task = [change[t] / episodes[t] for t in change]
+    mean = statistics.fmean(per_task) if per_task else None
+    half = 1.96 * statistics.stdev(per_task) / math.sqrt(len(per_task)) if len(per_task) > 1 else None
     return {
         "episodes": len(pairs),
         "both": sum(o[before] and o[after] for o in pairs.values()),
@@ -323,6 +331,8 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
         "tasks_up": up,
         "tasks_down": down,
         "p_value": sign_test(up, down),
+        "change": mean,
+        "change_ci95": [mean - half, mean + half] if mean is not None and half is not None else None,
     }
 
 
@@ -387,6 +397,11 @@ def change_lines(report: dict[str, Any]) -> list[str]:
         if "tasks_up" in p:  # reports written before the task-level count have none
             out.append(f"paired tasks: {p['tasks_up']} solved more often after, {p['tasks_down']} less often "
                        f"(sign test p = {p['p_value']:.2f}{'' if p['p_value'] < 0.05 else ': not beyond chance'})")  # fmt: skip
+        if p.get("change_ci95"):  # nor the interval
+            lo, hi = p["change_ci95"]
+            out.append(f"success change on the paired episodes: {p['change'] * 100:+.1f} pts, 95% interval "
+                       f"{lo * 100:+.1f} to {hi * 100:+.1f} pts (from the spread over tasks): a smaller change is "
+                       "not distinguishable from sampling luck here")  # fmt: skip
     shift = report.get("shift") or {}
     if d := shift.get("divergence"):
         split = d["sampled_before_divergence"]
