@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from vivace.cli import app
 from vivace.config import load_preset
-from vivace.rl.evaluate import evaluate_run, held_out_tasks, sign_test, stratified, trained_policy
+from vivace.rl.evaluate import METRICS, evaluate_run, held_out_tasks, sign_test, stratified, trained_policy
 from vivace.tasks.families import generate_families
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 
@@ -121,6 +121,21 @@ def test_paired_outcomes_match_episodes_by_task_and_sample():
     one_task = [r for r in rows if r["task_id"] == "t4"]
     assert paired(one_task, "b", "a")["change"] == 1.0 and paired(one_task, "b", "a")["change_ci95"] is None
     assert paired([], "b", "a")["change"] is None
+
+
+def test_report_says_when_the_interval_holds_zero():
+    from vivace.rl.evaluate import change_lines
+
+    def line(change, lo, hi):
+        paired = {"episodes": 8, "after_only": 1, "before_only": 1, "both": 2, "change": change,
+                  "change_ci95": [lo, hi]}  # fmt: skip
+        return [x for x in change_lines({"before_after": {k: {"before": None, "after": None, "delta": None}
+                                                          for k, _, _ in METRICS}, "paired": paired})
+                if x.startswith("success change")][0]  # fmt: skip
+
+    assert line(0.02, -0.01, 0.05).endswith("95% interval -1.0 to +5.0 pts (from the spread over tasks): it holds "
+                                            "zero, so this report cannot tell the change from sampling luck")  # fmt: skip
+    assert line(0.1, 0.04, 0.16).endswith("95% interval +4.0 to +16.0 pts (from the spread over tasks)")
 
 
 def test_sign_test_is_the_exact_two_sided_binomial():

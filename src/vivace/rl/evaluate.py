@@ -399,9 +399,9 @@ def change_lines(report: dict[str, Any]) -> list[str]:
                        f"(sign test p = {p['p_value']:.2f}{'' if p['p_value'] < 0.05 else ': not beyond chance'})")  # fmt: skip
         if p.get("change_ci95"):  # nor the interval
             lo, hi = p["change_ci95"]
+            luck = ": it holds zero, so this report cannot tell the change from sampling luck" if lo <= 0 <= hi else ""
             out.append(f"success change on the paired episodes: {p['change'] * 100:+.1f} pts, 95% interval "
-                       f"{lo * 100:+.1f} to {hi * 100:+.1f} pts (from the spread over tasks): a smaller change is "
-                       "not distinguishable from sampling luck here")  # fmt: skip
+                       f"{lo * 100:+.1f} to {hi * 100:+.1f} pts (from the spread over tasks){luck}")  # fmt: skip
     shift = report.get("shift") or {}
     if d := shift.get("divergence"):
         split = d["sampled_before_divergence"]
