@@ -412,8 +412,8 @@ PRESETS: dict[str, dict] = {
             # copy of each, recorded at the start (~1 minute), 4 per update. Without it the preset's steps
             # doubled the greedy policy's malformed calls (96 -> 200 of 210 test tasks; 118 with it) and
             # lowered held-out success in most runs. With it, on all 210 test tasks x 2, three seeds leave
-            # success where it was (124 -> 125, 123, 120 of 420) and make solved episodes faster
-            # (docs/benchmarks.md, twenty-fourth and twenty-fifth rounds).
+            # success where it was (124 -> 125, 123, 120 of 420) and make solved episodes faster, as the
+            # term alone does (docs/benchmarks.md, twenty-fourth and twenty-fifth rounds).
             "sft_expert": 100,
             "sft_episodes": 4,
             # The report and --resume need only the last; each holds ~90 MB (weights and Adam's state).
