@@ -68,7 +68,7 @@ def train_command(
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
     if ctx.invoked_subcommand is not None:
         return
-    from vivace.rl.controller import TrainerFailed, latest_checkpoint, new_run_dir, train, training_tasks
+    from vivace.rl.controller import NoExpertData, TrainerFailed, latest_checkpoint, new_run_dir, train, training_tasks
     from vivace.rl.evaluate import held_out_tasks
     from vivace.rl.workers import LocalWorkers, RayWorkers
 
@@ -141,7 +141,7 @@ def train_command(
     except TrainerFailed as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
-    except ValueError as e:  # the run's data could not be made (train.sft_expert: the expert solved nothing)
+    except NoExpertData as e:  # a bad input, not a bug: no traceback
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     except KeyboardInterrupt:

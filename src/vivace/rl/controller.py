@@ -133,6 +133,11 @@ class TaskOrder:
         return self.tasks[perm[i]]
 
 
+class NoExpertData(ValueError):
+    """train.sft_expert: the expert solved none of the tasks it was recorded on, so the supervised term has
+    no data (the run stops before its first step)."""
+
+
 class TrainerFailed(RuntimeError):
     """The trainer failed; the run stopped at its last checkpoint."""
 
@@ -252,7 +257,7 @@ async def _expert_file(cfg: VivaceConfig, run_dir: Path, tasks: list[Task], note
 
     counts = await anchor_data(cfg, tasks, path, n=n, seed=cfg.train.seed, progress=progress)
     if not counts["episodes"]:
-        raise ValueError(
+        raise NoExpertData(
             f"the expert solved none of the {n} training tasks it was run on: no data for train.sft_expert"
         )
     note(f"supervised term: {counts['episodes']} expert episodes and {counts['renamed']} renamed copies")
