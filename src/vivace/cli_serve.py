@@ -44,13 +44,25 @@ def serve(
 
     from vivace.inference.server import create_app
 
-    engine, chat = _engine(model, EngineConfig(max_batch=max_batch, device=device, dtype=dtype))
+    engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))
     name = served_name or model
     err.print(f"serving {name!r} on http://{host}:{port}/v1 (max batch {max_batch})")
     try:
         uvicorn.run(create_app(engine, chat, name), host=host, port=port, log_level="warning")
     finally:
         engine.close()
+
+
+def _engine_config(**options) -> EngineConfig:
+    """EngineConfig from command-line options; a bad value exits 2 naming the option."""
+    from pydantic import ValidationError
+
+    try:
+        return EngineConfig(**options)
+    except ValidationError as exc:
+        problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+        err.print(f"[red]error:[/] {problems}")
+        raise typer.Exit(2) from exc
 
 
 def _engine(model: str, config: EngineConfig):
@@ -78,7 +90,7 @@ def serve_bench(
     from vivace.inference.samplers import load_for_engine
 
     try:
-        loaded = load_for_engine(model, EngineConfig(device=device, dtype=dtype))
+        loaded = load_for_engine(model, _engine_config(device=device, dtype=dtype))
     except ValueError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc

@@ -32,7 +32,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(device: str) -> str:
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    """auto: cuda when one is visible, else cpu. A named device is checked here, so a typo or a
+    missing GPU is a clear ValueError instead of a torch error from deep inside loading."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from e
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA device is visible to torch here; use cpu or auto")
+    return device
 
 
 def load_for_engine(spec: str, config: EngineConfig) -> LoadedModel:

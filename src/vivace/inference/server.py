@@ -9,52 +9,115 @@ Endpoints:
   sampled tokens' logprobs and the `policy_version` — what RL rollouts and `HttpSampler` use.
 - GET /v1/models, GET /health, GET /metrics (tokens/s, batch occupancy, queue).
 
-Bad requests (invalid JSON or fields, a prompt over the context, an unknown model) get a 4xx
-with an OpenAI-style error body; the server goes on serving.
+Chat requests may give `stop` strings (both endpoints: generation ends at the first, the text ends
+before it), `tool_choice` "auto" or "none" (no schemas rendered, no calls parsed),
+`parallel_tool_calls` false (the first call only) and `logprobs` (without streaming). A client that
+disconnects cancels its generation.
+
+Bad requests (invalid JSON, a field of the wrong type, a malformed message, a prompt over the
+context, an unknown model) get a 4xx with an OpenAI-style error body; so do OpenAI options this
+server cannot honour (`tool_choice` "required", `top_logprobs`, penalties, `logit_bias`, …), which
+are refused rather than ignored. The server goes on serving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import Message
 from vivace.harness.policy import Completion, SamplingParams
 from vivace.inference.engine import AsyncEngine
 
+ROLES = ("system", "user", "assistant", "tool")
+MAX_STOPS = 4  # as OpenAI's API
+MIN_TEMPERATURE = 1e-4  # below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38
+
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
+    # Unknown OpenAI fields are accepted and ignored; known ones are type-checked strictly ("5" is not 5),
+    # and those this server cannot honour are refused by `refuse_unsupported`, never silently dropped.
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     seed: int | None = None
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOPS or any(not s for s in stops):
+            raise ApiError(400, f"stop: give at most {MAX_STOPS} non-empty strings")
+        return stops
+
+    def refuse_unsupported(self) -> None:
+        if self.frequency_penalty or self.presence_penalty:
+            raise ApiError(400, "frequency_penalty and presence_penalty are not supported here; leave them at 0")
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias is not supported here; leave it out")
 
 
 class ChatBody(_Body):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.tool_choice not in (None, "auto", "none"):
+            raise ApiError(
+                400,
+                f"tool_choice {self.tool_choice!r} is not supported: this server cannot force a tool call; "
+                "use 'auto' or 'none'",
+            )
+        if self.top_logprobs:
+            raise ApiError(400, "top_logprobs is not supported: only the sampled token's logprob is known")
+        if self.logprobs and self.stream:
+            raise ApiError(400, "logprobs are returned without streaming only; set stream to false")
+        if (self.response_format or {}).get("type", "text") != "text":
+            raise ApiError(400, "response_format: only {'type': 'text'} is supported")
 
 
 class CompletionBody(_Body):
     prompt: list[int] | str
     stop_token_ids: list[int] | None = None
     logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int = Field(1, ge=1, le=1)
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.stream:
+            raise ApiError(400, "stream is not supported on /v1/completions; use /v1/chat/completions to stream")
+        if self.echo or self.suffix:
+            raise ApiError(400, "echo and suffix are not supported on /v1/completions")
 
 
 class ApiError(Exception):
@@ -78,25 +141,46 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
         )
         return _error(400, f"invalid request: {problems}")
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:  # unknown route, wrong method
+        return _error(
+            exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "invalid_request_error"
+        )
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> JSONResponse:  # Starlette logs the traceback after this
+        return _error(500, f"internal error ({type(exc).__name__}); the server log has the traceback", "server_error")
+
     def check_model(name: str) -> None:
         if name != model_name:
             raise ApiError(404, f"model {name!r} is not served here; this server serves {model_name!r}", "not_found")
 
-    def params(body: _Body, max_tokens: int | None, stops: list[int]) -> SamplingParams:
+    def params(body: _Body, max_tokens: int | None, stop_ids: list[int]) -> SamplingParams:
         return SamplingParams(
             max_tokens=max_tokens or 1024,
-            temperature=body.temperature,
+            temperature=body.temperature if body.temperature >= MIN_TEMPERATURE else 0.0,
             top_p=body.top_p,
             top_k=body.top_k,
-            stop_token_ids=tuple(stops),
+            stop_token_ids=tuple(stop_ids),
             seed=body.seed,
         )
 
-    async def run(prompt: list[int], sp: SamplingParams) -> Completion:
+    async def run(
+        request: Request, prompt: list[int], sp: SamplingParams, stops: list[str]
+    ) -> tuple[Completion, str | None]:
+        """Generate while the client waits; a client that leaves cancels its request."""
+        task = asyncio.ensure_future(_generate(engine, chat, prompt, sp, stops))
         try:
-            return await engine.generate(prompt, sp)
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.25)
+                if not task.done() and await request.is_disconnected():
+                    task.cancel()
+                    raise ApiError(499, "the client closed the connection")
+            return task.result()
         except ValueError as exc:  # prompt over the context, bad token ids
             raise ApiError(400, str(exc)) from exc
+        finally:
+            task.cancel()  # no-op when done
 
     @app.get("/health")
     async def health() -> dict:
@@ -114,11 +198,13 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
         }
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionBody):
+    async def completions(body: CompletionBody, request: Request):
         check_model(body.model)
-        prompt = body.prompt if isinstance(body.prompt, list) else chat.encode(body.prompt)
-        sp = params(body, body.max_tokens or 16, body.stop_token_ids or [])
-        out = await run(prompt, sp)
+        body.refuse_unsupported()
+        stops = body.stops()
+        prompt = body.prompt if isinstance(body.prompt, list) else await asyncio.to_thread(chat.encode, body.prompt)
+        stop_ids = body.stop_token_ids or []
+        out, cut = await run(request, prompt, params(body, body.max_tokens or 16, stop_ids), stops)
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:24]}",
             "object": "text_completion",
@@ -128,7 +214,7 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
             "choices": [
                 {
                     "index": 0,
-                    "text": chat.decode(out.token_ids),
+                    "text": chat.decode(out.token_ids) if cut is None else cut,
                     "token_ids": out.token_ids,
                     "logprobs": {"token_logprobs": out.logprobs, "tokens": [chat.decode([t]) for t in out.token_ids]},
                     "finish_reason": out.finish_reason,
@@ -139,14 +225,19 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
         }
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatBody):
+    async def chat_completions(body: ChatBody, request: Request):
         check_model(body.model)
+        body.refuse_unsupported()
+        stops = body.stops()
+        messages = _messages(body.messages)
+        use_tools = bool(body.tools) and body.tool_choice != "none"
+        tools = _tools(body.tools) if use_tools else None
         try:
-            messages = [Message.from_openai(_flatten_content(m)) for m in body.messages]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ApiError(400, f"invalid messages: {exc}") from exc
-        prompt = chat.prompt_ids(messages, body.tools or None)
+            prompt = await asyncio.to_thread(chat.prompt_ids, messages, tools)
+        except jinja2.TemplateError as exc:
+            raise ApiError(400, f"the chat template cannot render these messages: {exc}") from exc
         sp = params(body, body.max_completion_tokens or body.max_tokens, chat.stop_ids)
+        shape = _Shape(use_tools, body.parallel_tool_calls)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if body.stream:
             if len(prompt) >= engine.engine.max_positions:  # fail before the 200 of a stream
@@ -154,26 +245,173 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
                     400, f"the prompt has {len(prompt)} tokens; the context is {engine.engine.max_positions}"
                 )
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_stream_chat(engine, chat, prompt, sp, rid, model_name, include_usage),
-                                     media_type="text/event-stream")  # fmt: skip
-        out = await run(prompt, sp)
-        message, _ = chat.parse(out.token_ids, finish_reason=out.finish_reason)
-        reply = _openai_message(message)
-        if any(c.error for c in message.tool_calls):  # keep what could not be parsed, as text
-            reply["content"] = chat.decode([t for t in out.token_ids if t not in chat.stop_ids])
+            events = _stream_chat(engine, chat, prompt, sp, stops, shape, rid, model_name, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        out, cut = await run(request, prompt, sp, stops)
+        reply, finish = _reply(chat, out.token_ids if cut is None else cut, out.finish_reason, shape)
+        choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": finish}
+        if body.logprobs:
+            choice["logprobs"] = {"content": _token_logprobs(chat, out)}
         return {
             "id": rid,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model_name,
-            "choices": [{"index": 0, "message": reply, "finish_reason": _finish(out, message)}],
+            "choices": [choice],
             "usage": _usage(len(prompt), len(out.token_ids)),
         }
 
     return app
 
 
-async def _stream_chat(engine, chat: ChatFormat, prompt, sp, rid: str, model: str, include_usage: bool):
+# -- requests ----------------------------------------------------------------------------------------
+
+
+def _messages(raw: list[dict[str, Any]]) -> list[Message]:
+    """Client messages, checked: a malformed one is a 400 naming it, never a 500 from the template."""
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        role = "system" if m.get("role") == "developer" else m.get("role")  # OpenAI's newer name for system
+        if role not in ROLES:
+            raise ApiError(400, f"{where}.role must be one of system, developer, user, assistant, tool; got {role!r}")
+        calls = m.get("tool_calls") or []
+        if calls and role != "assistant":
+            raise ApiError(400, f"{where}: only assistant messages carry tool_calls")
+        if not isinstance(calls, list):
+            raise ApiError(400, f"{where}.tool_calls must be a list")
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ApiError(
+                    400, f"{where}.tool_calls[{j}] must be {{'function': {{'name': ..., 'arguments': ...}}}}"
+                )
+            if not isinstance(fn.get("arguments", "{}"), str | dict):
+                raise ApiError(400, f"{where}.tool_calls[{j}].function.arguments must be a JSON string")
+        for key in ("tool_call_id", "name"):
+            if not isinstance(m.get(key), str | None):
+                raise ApiError(400, f"{where}.{key} must be a string")
+        out.append(Message.from_openai({**m, "role": role, "content": _text(m.get("content"), where)}))
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, null, or OpenAI's list of text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or a list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ApiError(
+                400,
+                f"{where}.content[{j}]: this model reads text parts only ({{'type': 'text', 'text': ...}}), got {kind!r}",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for i, t in enumerate(tools):
+        fn = t.get("function")
+        if t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(
+                400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}"
+            )
+    return tools
+
+
+# -- generation --------------------------------------------------------------------------------------
+
+
+async def _generate(engine: AsyncEngine, chat: ChatFormat, prompt, sp: SamplingParams, stops: list[str]):
+    """(the completion, None); with stop strings, generation ends at the first one and the second
+    item is the text before it (the token ids keep the token that completed the stop string)."""
+    if not stops:
+        return await engine.generate(prompt, sp), None
+    ids: list[int] = []
+    logprobs: list[float] = []
+    finder = _StopFinder(stops)
+    tokens = engine.stream(prompt, sp)
+    try:
+        async for item in tokens:
+            if isinstance(item, Completion):
+                return item, None
+            ids.append(item[0])
+            logprobs.append(item[1])
+            text = _visible(chat, ids, sp)
+            cut = finder.find(text)
+            if cut is not None:
+                return Completion(ids, logprobs, "stop", engine.version), text[:cut]
+    finally:
+        await tokens.aclose()  # stops the engine's request when a stop string ended it early
+    raise RuntimeError("the engine's stream ended without a completion")
+
+
+def _visible(chat: ChatFormat, ids: list[int], sp: SamplingParams) -> str:
+    stop = set(sp.stop_token_ids)
+    return chat.decode([t for t in ids if t not in stop])
+
+
+class _StopFinder:
+    """The first stop string in a growing text, searching only what is new since the last call."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.longest, self.seen = stops, max(map(len, stops)), 0
+
+    def find(self, text: str) -> int | None:
+        start = max(0, self.seen - self.longest + 1)
+        self.seen = len(text)
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def held(self, text: str) -> int:
+        """How many trailing characters could begin a stop string (not yet safe to stream)."""
+        return max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+# -- replies -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Shape:
+    tools: bool  # parse tool calls (tools given and tool_choice is not "none")
+    parallel: bool  # several calls may be returned (parallel_tool_calls)
+
+
+def _reply(chat: ChatFormat, output: list[int] | str, finish_reason: str, shape: _Shape) -> tuple[dict[str, Any], str]:
+    """The assistant message and finish reason for generated token ids (or, cut at a stop string,
+    text); the streamed reply ends the same."""
+    text = output if isinstance(output, str) else chat.decode([t for t in output if t not in chat.stop_ids])
+    if not shape.tools:
+        return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
+    message, _ = chat.parse(output, finish_reason=finish_reason)
+    reply: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+    calls = [c.to_openai() for c in message.tool_calls if c.error is None]
+    if not shape.parallel:
+        calls = calls[:1]
+    if calls:
+        reply["tool_calls"] = calls
+    if any(c.error for c in message.tool_calls):  # keep what could not be parsed, as text
+        reply["content"] = text.strip() or None
+    finish = "length" if finish_reason == "length" else "tool_calls" if calls else "stop"
+    return reply, finish
+
+
+def _token_logprobs(chat: ChatFormat, out: Completion) -> list[dict[str, Any]]:
+    stop = set(chat.stop_ids)
+    return [
+        {"token": (piece := chat.decode([t])), "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
+        for t, lp in zip(out.token_ids, out.logprobs, strict=True)
+        if t not in stop
+    ]
+
+
+async def _stream_chat(
+    engine, chat: ChatFormat, prompt, sp, stops, shape: _Shape, rid: str, model: str, include_usage: bool
+):
     def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> str:
         data: dict[str, Any] = {
             "id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
@@ -185,57 +423,52 @@ async def _stream_chat(engine, chat: ChatFormat, prompt, sp, rid: str, model: st
 
     yield chunk({"role": "assistant", "content": ""})
     ids: list[int] = []
-    sent = ""  # content already sent; trailing whitespace waits (the parser strips it before a call)
-    in_calls = False  # content stops at the first tool call; calls are sent whole once parsed
-    stops = set(sp.stop_token_ids)
-    async for item in engine.stream(prompt, sp):
-        if isinstance(item, Completion):
-            message, _ = chat.parse(item.token_ids, finish_reason=item.finish_reason)
-            if message.content.startswith(sent) and len(message.content) > len(sent):
-                yield chunk({"content": message.content[len(sent) :]})
-            for i, call in enumerate(_openai_message(message).get("tool_calls") or ()):
-                yield chunk({"tool_calls": [{"index": i, **call}]})
-            yield chunk({}, _finish(item, message))
-            if include_usage:
-                yield chunk({}, usage=_usage(len(prompt), len(item.token_ids)))
-            break
-        token, _ = item
-        if in_calls or token in stops:
-            continue
-        ids.append(token)
-        text = chat.decode(ids)
-        cut = text.find("<tool_call>")
-        if cut >= 0:
-            text, in_calls = text[:cut], True
-        text = text.rstrip()
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-            continue
-        if len(text) > len(sent) and text.startswith(sent):
-            yield chunk({"content": text[len(sent) :]})
-            sent = text
+    logprobs: list[float] = []
+    sent = ""  # content already sent: always a prefix of the final reply's content
+    finder = _StopFinder(stops) if stops else None
+    final: Completion | None = None
+    cut_text: str | None = None
+    tokens = engine.stream(prompt, sp)
+    try:
+        async for item in tokens:
+            if isinstance(item, Completion):
+                final = item
+                break
+            ids.append(item[0])
+            logprobs.append(item[1])
+            text = _visible(chat, ids, sp)
+            cut = finder.find(text) if finder else None
+            if cut is not None:
+                final, cut_text = Completion(ids, logprobs, "stop", engine.version), text[:cut]
+                break
+            shown = _streamable(text, shape, finder)
+            if len(shown) > len(sent) and shown.startswith(sent):
+                yield chunk({"content": shown[len(sent) :]})
+                sent = shown
+    finally:
+        await tokens.aclose()
+    if final is None:
+        raise RuntimeError("the engine's stream ended without a completion")
+    reply, finish = _reply(chat, final.token_ids if cut_text is None else cut_text, final.finish_reason, shape)
+    content = reply.get("content") or ""
+    if content.startswith(sent) and len(content) > len(sent):
+        yield chunk({"content": content[len(sent) :]})
+    for i, call in enumerate(reply.get("tool_calls") or ()):
+        yield chunk({"tool_calls": [{"index": i, **call}]})
+    yield chunk({}, finish)
+    if include_usage:
+        yield chunk({}, usage=_usage(len(prompt), len(final.token_ids)))
     yield "data: [DONE]\n\n"
 
 
-def _flatten_content(m: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI allows content as a list of parts; the chat format reads text."""
-    content = m.get("content")
-    if isinstance(content, list):
-        m = {**m, "content": "".join(p.get("text", "") for p in content if isinstance(p, dict))}
-    return m
-
-
-def _openai_message(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": "assistant", "content": message.content or None}
-    calls = [c.to_openai() for c in message.tool_calls if c.error is None]
-    if calls:
-        out["tool_calls"] = calls
-    return out
-
-
-def _finish(out: Completion, message: Message) -> str:
-    if out.finish_reason == "length":
-        return "length"
-    return "tool_calls" if any(c.error is None for c in message.tool_calls) else "stop"
+def _streamable(text: str, shape: _Shape, finder: _StopFinder | None) -> str:
+    """The part of the text so far that is surely content: before any tool call, without the
+    whitespace the reply strips, an incomplete character, or what may begin a stop string."""
+    if shape.tools:
+        text = text.split("<tool_call>", 1)[0]
+    if finder:
+        text = text[: len(text) - finder.held(text)]
+    return text.rstrip("\ufffd").strip()
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
