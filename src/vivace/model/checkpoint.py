@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Qwen3MoeConfig
 
 ASSETS = Path(__file__).parent / "assets"
@@ -140,9 +141,37 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
             f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "
             "(as written by save_checkpoint or any Hugging Face model)"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = _tokenizer_of(path, spec)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
+    except (OSError, RuntimeError, ValueError, SafetensorError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"{spec}: cannot load the checkpoint's weights ({first}); it is incomplete or damaged, or its "
+            "config.json does not describe these weights: save it again (vivace sft ship, save_checkpoint)"
+        ) from e
+    # from_pretrained only warns when weights and config disagree in names or layer count, then
+    # initialises what is missing at random: a silently different model. Refuse it instead.
+    wrong = {k: info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(k)}
+    if wrong:
+        detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" + (", …" if len(v) > 3 else "")
+                           for k, v in wrong.items())  # fmt: skip
+        raise ValueError(f"{spec}: config.json does not match the weights ({detail}); fix config.json or save it again")
     return LoadedModel(model.to(device).eval(), tokenizer, spec)
+
+
+def _tokenizer_of(path: Path, spec: str) -> PreTrainedTokenizerBase:
+    """A checkpoint directory's tokenizer; a directory without one is refused (transformers would
+    otherwise hand back an empty tokenizer, and every prompt would be empty)."""
+    if not (path / "tokenizer_config.json").is_file():
+        raise ValueError(f"{spec!r} has no tokenizer: expected `tiny` or a checkpoint directory with tokenizer files")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{spec}: cannot load its tokenizer ({e}); save the checkpoint again") from e
+    if len(tokenizer) < 2:
+        raise ValueError(f"{spec}: its tokenizer files hold no vocabulary (tokenizer.json missing?)")
+    return tokenizer
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
@@ -151,10 +180,7 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
         from vivace.model.tokenizer import reference_tokenizer
 
         return reference_tokenizer()
-    path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
-    if not (path / "tokenizer_config.json").is_file():
-        raise ValueError(f"{spec!r} has no tokenizer: expected `tiny` or a checkpoint directory with tokenizer files")
-    return AutoTokenizer.from_pretrained(path)
+    return _tokenizer_of(TINY_DIR if spec == "tiny" else Path(spec).expanduser(), spec)
 
 
 def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
