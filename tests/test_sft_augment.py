@@ -208,6 +208,43 @@ def test_cli_augments_every_data_file_and_refuses_a_missing_one(tmp_path):
     assert bad.exit_code == 2 and "unknown --cut sideways" in bad.output
 
 
+def test_cli_refuses_malformed_episodes_by_line_and_writes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+
+    good = json.dumps({"task_id": "t1", "messages": _episode()})
+    cases = {
+        "not JSON": good + "\n" + good[:40] + "\n",
+        "expected a JSON object, got list": good + "\n[1, 2]\n",
+        "messages must be a list": good + '\n{"messages": "hello"}\n',
+        "messages[0].role": good + '\n{"messages": [{"role": "wizard", "content": "x"}]}\n',
+        "tool_calls[0]": good + '\n{"messages": [{"role": "assistant", "tool_calls": ["read_file"]}]}\n',
+        'no "messages" (keys: ids, loss_mask)': good + '\n{"ids": [1, 2], "loss_mask": [0, 1]}\n',
+    }
+    out = tmp_path / "out.jsonl"
+    for n, (expect, text) in enumerate(cases.items()):
+        path = tmp_path / f"bad{n}.jsonl"
+        path.write_text(text)
+        result = CliRunner().invoke(app, ["sft", "augment", "--data", str(path), "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        message = " ".join(result.output.split())
+        assert f"{path.name}:2:" in message and expect in message, result.output
+        assert not out.exists() and not list(tmp_path.glob("out.jsonl*"))  # nothing half-written
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(good.encode() + b"\n" + '{"x": "caf\xe9"}\n'.encode("latin-1"))
+    result = CliRunner().invoke(app, ["sft", "augment", "--data", str(path), "--out", str(out)])
+    assert result.exit_code == 2 and "latin1.jsonl:2: not UTF-8" in " ".join(result.output.split())
+
+
+def test_package_of_tolerates_calls_without_arguments():
+    episode = _episode()
+    episode[2]["tool_calls"][0]["function"].pop("arguments")
+    assert package_of(episode) == "acme"  # the edit's path still names it
+    episode[4]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    assert package_of(episode) is None
+
+
 def test_random_letter_names_and_fixed_packages():
     import random
     import re

@@ -187,6 +187,22 @@ def test_bad_data_names_the_file_and_line(tmp_path):
     assert missing.exit_code == 2 and "no such file" in missing.output
 
 
+def test_unreadable_lines_and_untrainable_data_say_why(tmp_path):
+    good = json.dumps(_episodes(1)[0])
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes(good.encode() + b"\n" + b'{"ids": [1], "x": "caf\xe9"}\n')
+    with pytest.raises(SftDataError, match=re.escape(f"{latin}:2: not UTF-8")):
+        read_episodes(latin, VOCAB)
+    listed = _write(tmp_path / "list.jsonl", [[1, 2, 3]])
+    with pytest.raises(SftDataError, match=re.escape(f"{listed}:1: expected a JSON object")):
+        read_episodes(listed, VOCAB)
+    untrained = _write(tmp_path / "zero.jsonl", [{"ids": [1, 2, 3], "loss_mask": [0, 0, 0]}])
+    result = CliRunner().invoke(app, ["sft", "eval", "--data", str(untrained), "--model", "tiny"])
+    assert result.exit_code == 2 and "no episode has a trained token" in " ".join(result.output.split())
+    drills = CliRunner().invoke(app, ["sft", "drills", "--data", str(latin), "--out", str(tmp_path / "d.jsonl")])
+    assert drills.exit_code == 2 and "latin1.jsonl:2: not UTF-8" in " ".join(drills.output.split())
+
+
 def test_cli_trains_the_tiny_model(tmp_path):
     rows = _episodes(3, lo=40, hi=80)
     a, b = _write(tmp_path / "a.jsonl", rows[:2]), _write(tmp_path / "b.jsonl", rows[2:])

@@ -124,7 +124,7 @@ def sft_augment(
     from vivace.harness.tools import default_tools
     from vivace.harness.tools.base import tool_schema
     from vivace.model.checkpoint import load_tokenizer
-    from vivace.rl.sft_augment import CUTS, augment_episodes
+    from vivace.rl.sft_augment import CUTS, augment_episodes, read_expert_rows
 
     cuts = tuple(cut or CUTS)
     for name, share in (("--invented-share", invented_share), ("--letters-share", letters_share)):
@@ -137,44 +137,40 @@ def sft_augment(
         )
         raise typer.Exit(2)
     files = data or [Path("runs/sft/expert.jsonl")]
-    for path in files:
-        if not path.is_file():
-            err.print(f"[red]error:[/] {path}: no such file (write one with `vivace sft data --out {path}`)")
-            raise typer.Exit(2)
-    chat = ChatFormat(load_tokenizer(model))
+    try:
+        rows = [row for path in files for row in read_expert_rows(path)]
+        chat = ChatFormat(load_tokenizer(model))
+    except ValueError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
     tools = [tool_schema(t) for t in default_tools()]
 
-    def lines():
-        for path in files:
-            with path.open() as f:
-                yield from (line for line in f if line.strip())
-
-    total = sum(1 for _ in lines())
-    rows = (json.loads(line) for line in lines())
-
-    counts = {"episodes": total, "written": 0, "tokens": 0, "trained_tokens": 0}
+    counts = {"episodes": len(rows), "written": 0, "tokens": 0, "trained_tokens": 0}
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    with LoggedProgress() as bar:
-        job = bar.add_task("augmenting episodes", total=total)
-        with out_file.open("w") as w:
-            for row in augment_episodes(
-                rows,
-                chat,
-                tools,
-                variants,
-                seed,
-                invented_share=invented_share,
-                progress=lambda n: bar.update(job, completed=n),
-                cuts=cuts,
-                theme_names=theme_names,
-                train_context=train_context,
-                letters_share=letters_share,
-                packages=package,
-            ):
-                w.write(json.dumps(row) + "\n")
-                counts["written"] += 1
-                counts["tokens"] += len(row["ids"])
-                counts["trained_tokens"] += sum(row["loss_mask"])
+    partial = out_file.with_name(out_file.name + ".partial")  # renamed when complete: no half-written output
+    with LoggedProgress() as bar, partial.open("w") as w:
+        job = bar.add_task("augmenting episodes", total=len(rows))
+        for row in augment_episodes(
+            iter(rows),
+            chat,
+            tools,
+            variants,
+            seed,
+            invented_share=invented_share,
+            progress=lambda n: bar.update(job, completed=n),
+            cuts=cuts,
+            theme_names=theme_names,
+            train_context=train_context,
+            letters_share=letters_share,
+            packages=package,
+        ):
+            w.write(json.dumps(row) + "\n")
+            counts["written"] += 1
+            counts["tokens"] += len(row["ids"])
+            counts["trained_tokens"] += sum(row["loss_mask"])
+    partial.replace(out_file)
+    if counts["written"] == 0:
+        err.print("[yellow]note:[/] no copies written: no episode names a file in a package directory to rename")
     result = {"out": str(out_file), **counts}
     print(json.dumps(result)) if as_json else out.print_json(json.dumps(result))
 
@@ -245,29 +241,33 @@ def sft_drills(
     before it and the path, with the loss on the path only (see rl/copying.py)."""
     from vivace.model.checkpoint import load_tokenizer
     from vivace.rl.copying import path_drills
+    from vivace.rl.sft_train import jsonl_objects, read_episodes
 
-    for p in data:
-        if not p.is_file():
-            err.print(f"[red]error:[/] {p}: no such file (write one with `vivace sft data --out {p}`)")
-            raise typer.Exit(2)
     if not 0 < keep <= 1:
         err.print(f"[red]error:[/] --keep must be in (0, 1], got {keep}")
         raise typer.Exit(2)
-    tok = load_tokenizer(model)
+    try:
+        tok = load_tokenizer(model)
+        for p in data:  # checked whole before anything is written
+            read_episodes(p, len(tok))
+    except ValueError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
     turn_start = tok.convert_tokens_to_ids("<|im_start|>")
     sample = random.Random(seed + 1)
     n = 0
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with out_file.open("w") as w:
         for p in data:
-            with p.open() as f:
-                rows = (json.loads(line) for line in f if line.strip())
-                for row in path_drills(rows, tok.decode, turn_start, window, seed, tuple(argument or ["path"])):
-                    if keep < 1 and sample.random() >= keep:
-                        continue
-                    w.write(json.dumps(row) + "\n")
-                    n += 1
+            rows = (row for _, row in jsonl_objects(p))
+            for row in path_drills(rows, tok.decode, turn_start, window, seed, tuple(argument or ["path"])):
+                if keep < 1 and sample.random() >= keep:
+                    continue
+                w.write(json.dumps(row) + "\n")
+                n += 1
     out.print(f"wrote {n} drills to {out_file}")
+    if n == 0:
+        err.print(f"[yellow]note:[/] the episodes have no {'/'.join(argument or ['path'])} argument in a trained span")
 
 
 @sft_app.command("eval")
@@ -411,7 +411,7 @@ def sft_train(
     if embedding_rows is not None:
         try:
             rows = json.loads(embedding_rows.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
             err.print(f"[red]error:[/] --embedding-rows {embedding_rows}: {escape(str(e))}")
             raise typer.Exit(2) from e
         if not isinstance(rows, list) or not all(type(i) is int for i in rows):

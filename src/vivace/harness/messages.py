@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,54 @@ class Message:
             tool_call_id=d.get("tool_call_id"),
             name=d.get("name"),
         )
+
+
+def messages_from_openai(raw: Any, where: str = "messages") -> list[Message]:
+    """Messages in the OpenAI form from an untrusted source (an API client, a data file), checked:
+    a malformed one is a ValueError naming it (`where[i]…`), not an error deep in a template."""
+    if not isinstance(raw, list):
+        raise ValueError(f"{where} must be a list of message objects")
+    out = []
+    for i, m in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(m, dict):
+            raise ValueError(f"{at} must be an object")
+        role = "system" if m.get("role") == "developer" else m.get("role")  # OpenAI's newer name for system
+        if role not in ROLES:
+            raise ValueError(f"{at}.role must be one of system, developer, user, assistant, tool; got {role!r}")
+        calls = m.get("tool_calls") or []
+        if calls and role != "assistant":
+            raise ValueError(f"{at}: only assistant messages carry tool_calls")
+        if not isinstance(calls, list):
+            raise ValueError(f"{at}.tool_calls must be a list")
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ValueError(f"{at}.tool_calls[{j}] must be {{'function': {{'name': ..., 'arguments': ...}}}}")
+            if not isinstance(fn.get("arguments", "{}"), str | dict):
+                raise ValueError(f"{at}.tool_calls[{j}].function.arguments must be a JSON string")
+        for key in ("tool_call_id", "name"):
+            if not isinstance(m.get(key), str | None):
+                raise ValueError(f"{at}.{key} must be a string")
+        out.append(Message.from_openai({**m, "role": role, "content": _text(m.get("content"), at)}))
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, null, or OpenAI's list of text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise ValueError(f"{where}.content must be a string or a list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(
+                f"{where}.content[{j}]: this model reads text parts only ({{'type': 'text', 'text': ...}}), got {kind!r}",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:

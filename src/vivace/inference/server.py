@@ -37,11 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vivace.harness.chat import ChatFormat
-from vivace.harness.messages import Message
+from vivace.harness.messages import messages_from_openai
 from vivace.harness.policy import Completion, SamplingParams
 from vivace.inference.engine import AsyncEngine
 
-ROLES = ("system", "user", "assistant", "tool")
 MAX_STOPS = 4  # as OpenAI's API
 MIN_TEMPERATURE = 1e-4  # below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38
 
@@ -229,7 +228,10 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
         check_model(body.model)
         body.refuse_unsupported()
         stops = body.stops()
-        messages = _messages(body.messages)
+        try:
+            messages = messages_from_openai(body.messages)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from exc
         use_tools = bool(body.tools) and body.tool_choice != "none"
         tools = _tools(body.tools) if use_tools else None
         try:
@@ -265,52 +267,6 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
 
 
 # -- requests ----------------------------------------------------------------------------------------
-
-
-def _messages(raw: list[dict[str, Any]]) -> list[Message]:
-    """Client messages, checked: a malformed one is a 400 naming it, never a 500 from the template."""
-    out = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        role = "system" if m.get("role") == "developer" else m.get("role")  # OpenAI's newer name for system
-        if role not in ROLES:
-            raise ApiError(400, f"{where}.role must be one of system, developer, user, assistant, tool; got {role!r}")
-        calls = m.get("tool_calls") or []
-        if calls and role != "assistant":
-            raise ApiError(400, f"{where}: only assistant messages carry tool_calls")
-        if not isinstance(calls, list):
-            raise ApiError(400, f"{where}.tool_calls must be a list")
-        for j, c in enumerate(calls):
-            fn = c.get("function") if isinstance(c, dict) else None
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                raise ApiError(
-                    400, f"{where}.tool_calls[{j}] must be {{'function': {{'name': ..., 'arguments': ...}}}}"
-                )
-            if not isinstance(fn.get("arguments", "{}"), str | dict):
-                raise ApiError(400, f"{where}.tool_calls[{j}].function.arguments must be a JSON string")
-        for key in ("tool_call_id", "name"):
-            if not isinstance(m.get(key), str | None):
-                raise ApiError(400, f"{where}.{key} must be a string")
-        out.append(Message.from_openai({**m, "role": role, "content": _text(m.get("content"), where)}))
-    return out
-
-
-def _text(content: Any, where: str) -> str:
-    """A message's content as text: a string, null, or OpenAI's list of text parts."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where}.content must be a string or a list of text parts")
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ApiError(
-                400,
-                f"{where}.content[{j}]: this model reads text parts only ({{'type': 'text', 'text': ...}}), got {kind!r}",
-            )
-        texts.append(part["text"])
-    return "".join(texts)
 
 
 def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -155,7 +155,8 @@ def path_drills(
     practised in the context the agent meets (a drill without it did not transfer)."""
     rng = random.Random(seed)
     for row in rows:
-        ids, mask = row["ids"], row["loss_mask"]
+        ids = row["ids"]
+        mask = row.get("loss_mask") or [1] * len(ids)  # no mask: every token trained, as in sft train
         starts = [i for i, t in enumerate(ids) if t == turn_start]
         if len(starts) < 2:
             continue

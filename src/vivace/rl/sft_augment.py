@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from vivace.harness.messages import Message, ToolCall
+from vivace.harness.messages import Message, ToolCall, messages_from_openai
 from vivace.harness.policy import render_conversation
 from vivace.harness.tools.base import ToolResult
 from vivace.rl.packing import common_prefix
@@ -66,12 +66,38 @@ def name_pool(limit: int = 20_000) -> list[str]:
     return sorted(words - held_out_words() - set(keyword.kwlist) - {"tests", "test", "core", "util", "report"})
 
 
+def read_expert_rows(path: Path) -> list[dict[str, Any]]:
+    """The episodes of a `vivace sft data` file, each line checked to be an object whose "messages"
+    are well-formed chat messages; anything else is an SftDataError naming the file and line."""
+    from vivace.rl.sft_train import SftDataError, jsonl_objects
+
+    rows = []
+    for where, row in jsonl_objects(path):
+        if "messages" not in row:
+            keys = ", ".join(sorted(row)[:4]) or "none"
+            raise SftDataError(f'{where}: no "messages" (keys: {keys}); augment reads the expert episodes that '
+                               "`vivace sft data` writes, not rendered training rows")  # fmt: skip
+        try:
+            messages_from_openai(row["messages"], where=f"{where}: messages")
+        except ValueError as e:
+            raise SftDataError(str(e)) from None
+        rows.append(row)
+    if not rows:
+        raise SftDataError(f"{path}: no episodes (the file is empty)")
+    return rows
+
+
 def package_of(messages: list[dict[str, Any]]) -> str | None:
     """The package the expert works in: the first directory of the first non-test path it passes."""
     for m in messages:
         for c in m.get("tool_calls") or ():
-            args = c["function"]["arguments"]
-            args = json.loads(args) if isinstance(args, str) else args
+            args = c.get("function", c).get("arguments", {})
+            try:
+                args = json.loads(args) if isinstance(args, str) else args
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(args, dict):
+                continue
             for key in ("path", "paths"):
                 for p in [args.get(key)] if isinstance(args.get(key), str) else args.get(key) or []:
                     if isinstance(p, str) and "/" in p and not p.startswith("tests"):

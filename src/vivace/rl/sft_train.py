@@ -41,7 +41,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,42 +77,54 @@ def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) ->
     token after the system turn (prompt + tool schemas, the same in every episode, kept as untrained
     context and computed once per row) is trained — tracebacks, file reads and edits repeat one
     another, so it is copying practice in the context the policy acts in."""
+    episodes = []
+    for where, row in jsonl_objects(path):
+        ids = row.get("ids")
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise SftDataError(f'{where}: expected an object with "ids", a list of integer token ids')
+        bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+        if bad is not None:
+            raise SftDataError(f"{where}: token id {bad} is outside the vocabulary (0..{vocab_size - 1}); "
+                               "render the data with this model's tokenizer (`vivace sft data --model`)")  # fmt: skip
+        mask = row.get("loss_mask")
+        if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids)
+                                 or any(type(m) is not int or m not in (0, 1) for m in mask)):  # fmt: skip
+            got = f"{len(mask)} entries" if isinstance(mask, list) else type(mask).__name__
+            raise SftDataError(f'{where}: "loss_mask" must be one integer 0 or 1 per id ({len(ids)} ids, got {got}'
+                               f'{"" if got != f"{len(ids)} entries" else ", not all 0/1 integers"}); '
+                               'fix the line or drop "loss_mask" to train on every token')  # fmt: skip
+        if turn_start is not None:
+            starts = [i for i, t in enumerate(ids) if t == turn_start][:2]
+            if len(starts) < 2:
+                raise SftDataError(f"{where}: the dialogue objective needs a chat episode (a system turn, then more)")
+            mask = [0] * starts[1] + [1] * (len(ids) - starts[1])
+        episodes.append(make_episode(ids, mask))
+    if not episodes:
+        raise SftDataError(f"{path}: no episodes (the file is empty)")
+    return episodes
+
+
+def jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("FILE:LINE", object) for each non-blank line of a JSONL file; a missing file, a line that is
+    not UTF-8, not JSON or not a JSON object is an SftDataError naming the file and line."""
     if not path.is_file():
         raise SftDataError(f"{path}: no such file (write one with `vivace sft data --out {path}`)")
-    episodes = []
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            where = f"{path}:{n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SftDataError(f"{where}: not UTF-8 text (byte {e.start} of the line)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{n}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SftDataError(f"{where}: not JSON ({e.msg}); each line must be one JSON object") from None
-            ids = row.get("ids") if isinstance(row, dict) else None
-            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
-                raise SftDataError(f'{where}: expected an object with "ids", a list of integer token ids')
-            bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-            if bad is not None:
-                raise SftDataError(f"{where}: token id {bad} is outside the vocabulary (0..{vocab_size - 1}); "
-                                   "render the data with this model's tokenizer (`vivace sft data --model`)")  # fmt: skip
-            mask = row.get("loss_mask")
-            if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids)
-                                     or any(type(m) is not int or m not in (0, 1) for m in mask)):  # fmt: skip
-                got = f"{len(mask)} entries" if isinstance(mask, list) else type(mask).__name__
-                raise SftDataError(f'{where}: "loss_mask" must be one 0/1 per id ({len(ids)} ids, got {got}); '
-                                   'fix the line or drop "loss_mask" to train on every token')  # fmt: skip
-            if turn_start is not None:
-                starts = [i for i, t in enumerate(ids) if t == turn_start][:2]
-                if len(starts) < 2:
-                    raise SftDataError(
-                        f"{where}: the dialogue objective needs a chat episode (a system turn, then more)"
-                    )
-                mask = [0] * starts[1] + [1] * (len(ids) - starts[1])
-            episodes.append(make_episode(ids, mask))
-    if not episodes:
-        raise SftDataError(f"{path}: no episodes (the file is empty)")
-    return episodes
+            if not isinstance(row, dict):
+                raise SftDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            yield where, row
 
 
 def group_steps(rows: list[tuple[list[int], int]], batch_tokens: int) -> list[list[list[int]]]:
@@ -207,9 +219,19 @@ def evaluate_checkpoint(model_name: str, data: Path, seq_len: int = 16384, threa
     episodes = read_episodes(Path(data), min(len(tokenizer), model.config.vocab_size))
     kept = usable(episodes, longest)
     if not kept:
-        raise SftDataError(f"{data}: no episode fits {longest} tokens with a trained token")
+        raise SftDataError(f"{data}: {_none_usable(episodes, longest)}")
     result = evaluate(model, kept, seq_len, argument_spans(kept, tokenizer.decode))
     return {"model": model_name, "data": str(data), "episodes": len(kept), **result}
+
+
+def _none_usable(episodes: list[Episode], longest: int) -> str:
+    """Why no episode can be trained: none has a trained token, or those that do are too long."""
+    trained = [e for e in episodes if any(t != IGNORE for t in e.labels)]
+    if not trained:
+        return 'no episode has a trained token (every "loss_mask" is all 0); nothing to learn from this data'
+    shortest = min(len(e.ids) for e in trained)
+    return (f"no episode with a trained token fits {longest} tokens (the shortest has {shortest}); "
+            "raise --seq-len (up to the model's context)")  # fmt: skip
 
 
 def lr_at(step: int, progress: float, lr: float, warmup: int, min_lr_ratio: float) -> float:
@@ -395,9 +417,7 @@ def train_sft(
     counts = {"episodes": len(episodes), "kept": len(kept), "too_long": too_long,
               "untrained": len(episodes) - len(kept) - too_long}  # fmt: skip
     if not kept:
-        shortest = min(len(e.ids) for e in episodes)
-        raise SftDataError(f"no episode fits {longest} tokens with a trained token (the shortest has {shortest} "
-                           "tokens); raise --seq-len (up to the model's context)")  # fmt: skip
+        raise SftDataError(_none_usable(episodes, longest))
     evals = read_episodes(Path(eval_data), vocab, turn_start) if eval_data else []
     eval_info = None
     if eval_data:
