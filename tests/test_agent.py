@@ -149,10 +149,51 @@ def test_unknown_spec_lists_the_valid_forms(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         load_policy(f"scripted:replay:{bad}")
     bad.write_text('[{"nothing": 1}]')
-    with pytest.raises(ValueError, match="replay turn 0"):
+    with pytest.raises(ValueError, match="bad.json: turn 1: expected an object"):
         load_policy(f"scripted:replay:{bad}")
     with pytest.raises(ValueError, match="does not exist"):
         load_policy(f"scripted:replay:{tmp_path / 'missing.json'}")
+
+
+REPLAY_SHAPES = [  # (file content, what the error says after "FILE: ")
+    ('[{"tool_calls": "read_file"}]', "turn 1: 'tool_calls' must be a list of calls, not str"),
+    ('[{"tool_calls": 5}]', "turn 1: 'tool_calls' must be a list of calls, not int"),
+    ('[{"content": "a"}, {"tool_calls": [{"nme": "read_file"}]}]', "turn 2: tool call 1 must be an object with a"),
+    ('[{"tool_calls": ["read_file"]}]', "turn 1: tool call 1 must be an object"),
+    ('[{"text": 5}]', "turn 1: 'text' must be a string"),
+    ('[{"content": "a"}, "oops"]', "turn 2: expected an object"),
+    ('{"content": "hi"}', "expected a JSON list of assistant turns, not dict"),
+]  # fmt: skip
+
+
+REPLAY_SHAPE_IDS = ["calls-str", "calls-int", "call-no-name", "call-str", "text-int", "turn-str", "not-a-list"]
+
+
+@pytest.mark.parametrize("content,said", REPLAY_SHAPES, ids=REPLAY_SHAPE_IDS)
+def test_replay_files_are_checked_when_loaded(tmp_path, content, said):
+    script = tmp_path / "turns.json"
+    script.write_text(content)
+    with pytest.raises(ValueError) as info:
+        load_policy(f"scripted:replay:{script}")
+    assert str(info.value).startswith(f"{script}: {said}"), str(info.value)
+
+
+def test_replay_file_that_cannot_be_read_is_named(tmp_path):
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "latin1.json").write_bytes(b'\xff[{"content": "hi"}]')
+    for name, said in [("dir.json", "cannot read the replay file"), ("latin1.json", "not UTF-8 text")]:
+        with pytest.raises(ValueError, match=f"{name}: .*{said}"):
+            load_policy(f"scripted:replay:{tmp_path / name}")
+    # Every documented form still loads: a message with calls (arguments an object or a JSON string,
+    # tool_calls null), raw text, and an id'd call.
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps([
+        {"content": "Reading.", "tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]},
+        {"tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "a.py"}'}]},
+        {"content": None, "tool_calls": None, "text": "I'll look."},
+        {"content": "done"},
+    ]))  # fmt: skip
+    assert len(load_policy(f"scripted:replay:{ok}").turns) == 4
 
 
 def test_only_scripted_policies_count_as_deterministic():

@@ -123,6 +123,18 @@ def test_bench_bad_inputs(tmp_path):
     assert result.exit_code == 2 and "--samples" in result.output
 
 
+def test_bench_names_an_empty_tasks_file_and_refuses_an_unknown_split(tmp_path):
+    runner = CliRunner()
+    for text in ("", "\n  \n"):
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text(text)
+        result = runner.invoke(app, ["bench", "--model", "scripted:null", "--tasks", str(empty)])
+        assert result.exit_code == 2 and f"{empty}: no tasks" in result.output, result.output
+    for where in (["--suite", "bundled"], ["--tasks", str(tmp_path / "empty.jsonl")]):
+        result = runner.invoke(app, ["bench", "--model", "scripted:null", *where, "--split", "nosplit"])
+        assert result.exit_code == 2 and "unknown split 'nosplit'; use train, validation, test" in result.output
+
+
 def test_progress_shows_as_plain_lines_when_stderr_is_not_a_terminal(capsys):
     """Where rich would draw nothing until the end (a log, a pipe, CI), the bar becomes a line per tenth."""
     from vivace.cli import LoggedProgress

@@ -220,6 +220,32 @@ def test_report_command_refuses_what_it_cannot_evaluate(tmp_path):
     assert result.exit_code == 2 and "unknown split" in result.output
 
 
+DAMAGED_CONFIGS = [(b"{\n", "not valid JSON (Expecting"), (b"\xff{}", "not UTF-8 text"), (None, "cannot read it"),
+                   (b'{"train": {"bogus": 1}}', "train.bogus: unknown setting")]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["report", "resume"])
+@pytest.mark.parametrize("content,said", DAMAGED_CONFIGS, ids=["json", "utf8", "directory", "unknown"])
+def test_a_damaged_run_config_is_named(command, content, said, tmp_path):
+    config = tmp_path / "config.json"
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+    args = ["train", "report", str(tmp_path)] if command == "report" else ["train", "--resume", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and f"{config}: {said}" in result.output, result.output
+    assert "Traceback" not in result.output and "errors.pydantic.dev" not in result.output
+
+
+def test_report_command_ignores_directories_that_are_not_checkpoints(tmp_path):
+    """checkpoints/step_final (a copy, a renamed one) is not a checkpoint this code wrote: not step_<int>."""
+    (tmp_path / "config.json").write_text(load_preset("tiny").model_dump_json())
+    (tmp_path / "checkpoints" / "step_final" / "model").mkdir(parents=True)
+    result = CliRunner().invoke(app, ["train", "report", str(tmp_path)])
+    assert result.exit_code == 2 and "has no checkpoint with weights" in result.output, result.output
+
+
 def test_report_command_runs_the_evaluation(tasks, tmp_path, state_dir, monkeypatch):
     """`vivace train report RUN`: the run's starting policy vs its last checkpoint (both stood in
     for by scripted policies here), the report's path as the last line, or in the JSON."""

@@ -304,6 +304,18 @@ async def test_keep_checkpoints_deletes_all_but_the_newest_and_resume_still_work
     assert len(list((run_dir / "checkpoints").iterdir())) == 6
 
 
+def test_directories_not_named_step_n_are_neither_resumed_nor_pruned(tmp_path):
+    from vivace.rl.controller import _prune_checkpoints, latest_checkpoint
+
+    checkpoints = tmp_path / "checkpoints"
+    for name in ("step_1", "step_2", "step_final", "step_", "step_2.bak"):
+        (checkpoints / name).mkdir(parents=True)
+        (checkpoints / name / "state.json").write_text("{}")
+    assert latest_checkpoint(tmp_path) == checkpoints / "step_2"
+    _prune_checkpoints(tmp_path, 1)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_", "step_2", "step_2.bak", "step_final"]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_first_stop_signal_asks_for_a_stop_and_the_second_stops_at_once(signum):
     from vivace.cli_train import _stop_signals
@@ -464,3 +476,42 @@ def test_replay_brings_back_split_tasks_and_resumes_the_same():
             a.report(p, [True, False])
     b = TaskOrder(pool, 5, replay=0.5, state=json.loads(json.dumps(a.state())))
     assert [b.at(p).id for p in range(15, 30)] == [a.at(p).id for p in range(15, 30)]
+
+
+@pytest.mark.parametrize("case", ["config-is-a-directory", "sft-data-missing", "sft-data-truncated",
+                                  "suite-file-empty", "no-tasks-in-split", "model-not-a-checkpoint"])  # fmt: skip
+def test_train_refuses_bad_inputs_before_making_the_run_directory(case, tmp_path):
+    """Inputs the run could not use stop it at once with exit 2 and the file named, not with a traceback
+    from the trainer or the task order after an empty run directory was made."""
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+    from vivace.tasks.format import save_jsonl
+
+    suite, sft, config = tmp_path / "one.jsonl", tmp_path / "sft.jsonl", tmp_path / "cfg.json"
+    save_jsonl(tasks(1), suite)  # a task of the train split
+    sft.write_text('{"ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n{"ids": [1, 2\n')
+    train = {"suite": str(suite), "families": None, "runs_dir": str(tmp_path / "runs"), "eval_tasks": 0}
+    said = {
+        "config-is-a-directory": "cannot read it",
+        "sft-data-missing": f"{tmp_path / 'nope.jsonl'}: train.sft_data does not exist",
+        "sft-data-truncated": f"{sft}:2: not JSON",
+        "suite-file-empty": "no tasks",
+        "no-tasks-in-split": "no tasks in split 'test'",
+        "model-not-a-checkpoint": "has no tokenizer",
+    }[case]
+    if case == "config-is-a-directory":
+        config.mkdir()
+    else:
+        train |= {
+            "sft-data-missing": {"sft_data": str(tmp_path / "nope.jsonl")},
+            "sft-data-truncated": {"sft_data": str(sft)},
+            "suite-file-empty": {"suite": str(tmp_path / "empty.jsonl")},
+            "no-tasks-in-split": {"split": "test"},
+            "model-not-a-checkpoint": {"model": str(tmp_path)},
+        }[case]
+        (tmp_path / "empty.jsonl").write_text("\n")
+        config.write_text(json.dumps({"train": train}))
+    result = CliRunner().invoke(app, ["train", "--local", "--config", str(config), "--backend", "plain"])
+    assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "runs").exists()

@@ -57,6 +57,25 @@ def test_malformed_rows_name_file_and_line(tmp_path, line):
         read_pass_rates([path])
 
 
+MISTYPED = [
+    ({"resolved": "false"}, 'resolved must be a JSON boolean (true or false), got "false"'),
+    ({"resolved": 1}, "resolved must be a JSON boolean"),
+    ({"task_id": ["t1"]}, 'task_id must be a string, got ["t1"]'),
+    ({"model": None}, "model must be a string"),
+]
+
+
+@pytest.mark.parametrize("fields,said", MISTYPED, ids=["resolved-string", "resolved-int", "task-id-list", "model-null"])
+def test_mistyped_rows_are_refused_not_guessed(tmp_path, fields, said):
+    """bool("false") is True: a quoted outcome would have counted as solved."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"model": "m", "task_id": "t1", "resolved": True}) + "\n"
+                    + json.dumps({"model": "m", "task_id": "t1", "resolved": False, **fields}) + "\n")  # fmt: skip
+    with pytest.raises(TaskFormatError) as info:
+        read_pass_rates([path])
+    assert str(info.value).startswith(f"{path}:2: {said}"), str(info.value)
+
+
 def test_unreadable_results_file_is_an_error(tmp_path):
     with pytest.raises(TaskFormatError, match="cannot read"):
         read_pass_rates([tmp_path / "nope.jsonl"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from vivace.config import SandboxConfig, load_preset
+from vivace.config import SandboxConfig, load_config, load_preset
 from vivace.sandbox import SandboxError, SnapshotSource
 from vivace.sandbox.snapshot import materialize
 
@@ -110,6 +110,46 @@ def test_config_validation_names_the_field():
         load_preset("huge")
     assert load_preset("smoke").sandbox.memory_mb == 512
     assert load_preset("tiny", sandbox={"cpus": 2.0}).sandbox.cpus == 2.0
+
+
+BAD_CONFIG_FILES = [  # (file name, bytes, words the error must hold besides the file's name)
+    ("scalar.json", b'{"train": 5}', ['"train" must be a table of settings']),
+    ("null.json", b'{"train": null}', ['"train" must be a table of settings']),
+    ("string.json", b'{"train": "ab"}', ['"train" must be a table of settings']),
+    ("pairs.json", b'{"train": [["steps", 7]]}', ['"train" must be a table of settings']),
+    ("empty.json", b"", ["empty"]),
+    ("bad.toml", b"[train]\nsteps = \n", ["not valid TOML", "line 2"]),
+    ("trunc.json", b'{"train": {"steps": 3\n', ["not valid JSON", "line 2"]),
+    ("latin1.json", b'\xff{"train": {}}', ["not UTF-8"]),
+    ("typo.json", b'{"train": {"stepz": 3}}', ["train.stepz: unknown setting"]),
+    ("typo.toml", b"[trian]\nsteps = 3\n", ["trian: unknown section"]),
+    ("type.json", b'{"train": {"steps": "many"}}', ["train.steps: Input should be a valid integer"]),
+    ("conf.yaml", b"train:\n  steps: 3\n", [".json or .toml", ".yaml"]),
+]
+
+
+@pytest.mark.parametrize("name,content,words", BAD_CONFIG_FILES, ids=[c[0] for c in BAD_CONFIG_FILES])
+def test_config_file_errors_name_the_file_and_setting(tmp_path, name, content, words):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        load_config("tiny", path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message and "errors.pydantic.dev" not in message
+    assert all(w in message for w in words), message
+
+
+def test_config_file_type_ignores_the_suffix_case(tmp_path):
+    for name in ("upper.TOML", "mixed.Toml"):
+        (tmp_path / name).write_text("[train]\nsteps = 3\n")
+        assert load_config("tiny", tmp_path / name).train.steps == 3
+    (tmp_path / "upper.JSON").write_text('{"train": {"steps": 4}}')
+    assert load_config("tiny", tmp_path / "upper.JSON").train.steps == 4
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(ValueError, match="dir.json: cannot read it"):
+        load_config("tiny", tmp_path / "dir.json")
+    with pytest.raises(ValueError, match="must be a table of settings"):
+        load_preset("tiny", train=5)
 
 
 def _vivace(*args: str, state_dir: Path) -> subprocess.CompletedProcess:

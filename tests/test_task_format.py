@@ -204,6 +204,9 @@ def test_load_tasks(tmp_path):
         load_tasks(tasks_dir)
     with pytest.raises(TaskFormatError, match="not a task directory"):
         load_task_dir(tasks_dir / "empty-dir")
+    (tmp_path / "blank.jsonl").write_text("\n \n")
+    with pytest.raises(TaskFormatError, match=r"blank\.jsonl: no tasks \(the file is empty or blank\)"):
+        load_tasks(tmp_path / "blank.jsonl")
 
 
 # --------------------------------------------------------------------------- SWE-bench

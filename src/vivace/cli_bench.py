@@ -278,7 +278,8 @@ def tasks_select(
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
     if not rates:
-        err.print(f"[red]error:[/red] no result rows{f' for model {model!r}' if model else ''} in {results}")
+        where = ", ".join(map(str, results))
+        err.print(f"[red]error:[/red] no result rows{f' for model {model!r}' if model else ''} in {where}")
         raise typer.Exit(2)
     chosen = select_tasks(tasks, rates, min_solved, max_rate)
     known = {t.id for t in tasks}
@@ -358,7 +359,7 @@ def bench(
     from vivace.bench.report import html_report, markdown, summarize
     from vivace.bench.runner import run_benchmark
     from vivace.harness.policies import load_policy
-    from vivace.tasks.format import TaskFormatError, load_tasks
+    from vivace.tasks.format import TaskFormatError, check_split, load_tasks
     from vivace.tasks.suites import load_suite
 
     cfg = _config(preset, backend, state_dir, config_file)
@@ -370,6 +371,7 @@ def bench(
     try:
         for m in model:
             load_policy(m)
+        check_split(split)
         tasks = load_suite(suite, split) if suite else load_tasks(tasks_path)  # type: ignore[arg-type]
     except (ValueError, TaskFormatError) as e:
         err.print(f"[red]error:[/red] {e}")
@@ -378,7 +380,9 @@ def bench(
         tasks = [t for t in tasks if t.split == split]
     tasks = tasks[:n] if n else tasks
     if not tasks:
-        err.print("[red]error:[/red] no tasks selected")
+        err.print(
+            f"[red]error:[/red] no tasks selected from {suite or tasks_path}{f' in split {split!r}' if split else ''}"
+        )
         raise typer.Exit(2)
     out_dir = out_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     progress = LoggedProgress()

@@ -68,13 +68,23 @@ def train_command(
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
     if ctx.invoked_subcommand is not None:
         return
-    from vivace.rl.controller import NoExpertData, TrainerFailed, latest_checkpoint, new_run_dir, train, training_tasks
+    from vivace.rl.controller import (
+        NoExpertData,
+        TrainerFailed,
+        check_model,
+        check_sft_data,
+        latest_checkpoint,
+        load_run_config,
+        new_run_dir,
+        train,
+        training_tasks,
+    )
     from vivace.rl.evaluate import held_out_tasks
     from vivace.rl.workers import LocalWorkers, RayWorkers
 
     try:
         if resume is not None:
-            cfg = VivaceConfig.model_validate_json((resume / "config.json").read_text())
+            cfg = load_run_config(resume)
             run_dir = resume.resolve()
         else:
             cfg = load_config(preset, config_file)
@@ -83,12 +93,14 @@ def train_command(
         if seed is not None:
             cfg.train.seed = seed
         cfg = with_sandbox_options(cfg, backend, state_dir)
-        # Chosen before training: a bad split, suite or family list must not surface only after the run.
+        # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
         tasks = training_tasks(cfg)
+        check_model(cfg)
+        check_sft_data(cfg)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
             run_dir = new_run_dir(cfg, name)
-    except (ValueError, FileExistsError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (new_run_dir's FileExistsError)
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
 
@@ -261,15 +273,11 @@ def report_command(
     """Benchmark a run's starting policy and its last checkpoint (and the baselines) on held-out
     tasks; write report.md, report.json and report.html into the run directory (an earlier report
     moves to RUN/reports/N/)."""
+    from vivace.rl.controller import load_run_config
     from vivace.rl.evaluate import held_out_tasks, markdown_report, trained_policy
 
     try:
-        if not (run_dir / "config.json").is_file():
-            raise ValueError(f"{run_dir} is not a run directory (no config.json); give one `vivace train` made, "
-                             "e.g. runs/NAME")  # fmt: skip
-        cfg = with_sandbox_options(
-            VivaceConfig.model_validate_json((run_dir / "config.json").read_text()), backend, state_dir
-        )
+        cfg = with_sandbox_options(load_run_config(run_dir), backend, state_dir)
         if split is not None and split not in ("train", "validation", "test"):
             raise ValueError(f"unknown split {split!r}; use train, validation or test")
         if tasks is not None and tasks < 1:

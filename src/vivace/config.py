@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 def cache_root() -> Path:
@@ -437,20 +437,72 @@ PRESETS: dict[str, dict] = {
 
 def load_preset(name: str, **overrides: dict) -> VivaceConfig:
     """Build a config from a named preset, with optional per-section overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+    _check_preset(name)
     data: dict = {k: dict(v) for k, v in PRESETS[name].items()}
     for section, values in overrides.items():
+        if not isinstance(values, dict):  # dict.update would take a string or a list of pairs as settings
+            raise ValueError(f'"{section}" must be a table of settings')
         data.setdefault(section, {}).update(values)
     return VivaceConfig.model_validate(data)
 
 
+def _check_preset(name: str) -> None:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+
+
+CONFIG_PARSERS = {".json": json.loads, ".toml": tomllib.loads}
+
+
 def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
-    """A preset, with a JSON or TOML file's sections merged over it."""
-    overrides: dict = {}
-    if config_file is not None:
-        text = config_file.read_text()
-        overrides = tomllib.loads(text) if config_file.suffix == ".toml" else json.loads(text)
-        if not isinstance(overrides, dict):
-            raise ValueError(f"{config_file}: expected a table of sections (sandbox, agent, engine, train, ...)")
-    return load_preset(preset, **overrides)
+    """A preset, with a JSON or TOML file's sections merged over it. Every problem with the file
+    is a ValueError naming it (and the setting, for a bad value)."""
+    _check_preset(preset)  # first: the errors below are the file's, and say so
+    if config_file is None:
+        return load_preset(preset)
+    parse = CONFIG_PARSERS.get(config_file.suffix.lower())
+    if parse is None:
+        raise ValueError(
+            f"{config_file}: a config file must be .json or .toml (not {config_file.suffix or 'without a suffix'}); "
+            "rename or convert it"
+        )
+    try:
+        text = config_file.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ValueError(
+            f"{config_file}: cannot read it ({e.strerror}); give the path of a .json or .toml file"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{config_file}: not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
+    if parse is json.loads and not text.strip():
+        raise ValueError(
+            f'{config_file}: the file is empty; write a table of sections, e.g. {{"train": {{"steps": 10}}}}'
+        )
+    try:
+        overrides = parse(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{config_file}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the file's syntax"
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{config_file}: not valid TOML ({e}); fix the file's syntax") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{config_file}: expected a table of sections (sandbox, agent, engine, train, ...)")
+    try:
+        return load_preset(preset, **overrides)
+    except ValidationError as e:
+        raise ValueError(f"{config_file}: {validation_message(e)}") from None
+    except ValueError as e:
+        raise ValueError(f"{config_file}: {e}") from None
+
+
+def validation_message(error: ValidationError) -> str:
+    """pydantic's errors as one line: each as `section.field: problem`, then where to look."""
+    problems = []
+    for item in error.errors():
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]).lstrip(".")
+        said = item["msg"]
+        if item["type"] == "extra_forbidden":
+            said = "unknown section" if len(item["loc"]) == 1 else "unknown setting"
+        problems.append(f"{where}: {said}" if where else said)
+    return "; ".join(problems) + "; `vivace config show` lists every setting and its value"

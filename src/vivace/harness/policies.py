@@ -87,22 +87,27 @@ class ReplayPolicy:
     """Replays scripted assistant turns (see the module docstring for the file format)."""
 
     def __init__(self, turns: list[dict[str, Any]], name: str = "scripted:replay"):
-        for i, item in enumerate(turns):
-            if not isinstance(item, dict) or not ({"content", "tool_calls", "text"} & item.keys()):
-                raise ValueError(f"replay turn {i}: expected an object with 'content'/'tool_calls' or 'text'")
+        if problem := _replay_problem(turns):
+            raise ValueError(f"replay script: {problem}")
         self.turns, self.name = turns, name
 
     @classmethod
     def from_file(cls, path: str) -> ReplayPolicy:
-        p = Path(path)
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
         except FileNotFoundError:
-            raise ValueError(f"replay file {path!r} does not exist") from None
+            raise ValueError(
+                f"{path}: the replay file does not exist; check the path in scripted:replay:FILE"
+            ) from None
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read the replay file ({e.strerror}); give a JSON file") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: the replay file is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
         except json.JSONDecodeError as e:
-            raise ValueError(f"replay file {path!r} is not valid JSON: {e}") from None
-        if not isinstance(data, list):
-            raise ValueError(f"replay file {path!r} must hold a JSON list of assistant turns")
+            raise ValueError(f"{path}: the replay file is not valid JSON ({e.msg} at line {e.lineno} column "
+                             f"{e.colno}); fix its syntax") from None  # fmt: skip
+        if problem := _replay_problem(data):
+            raise ValueError(f"{path}: {problem}")
         return cls(data, name=f"scripted:replay:{path}")
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
@@ -114,15 +119,36 @@ class ReplayPolicy:
         if "text" in item:
             from vivace.harness.chat import parse_text
 
-            message, _ = parse_text(str(item["text"]), finish_reason=item.get("finish_reason", "stop"))
+            message, _ = parse_text(item["text"], finish_reason=item.get("finish_reason", "stop"))
             return AssistantTurn(message, finish_reason=item.get("finish_reason", "stop"))
         calls = tuple(
-            decode_call(c.get("id") or f"call_{i}", c.get("name"), c.get("arguments", {}))
-            if isinstance(c, dict)
-            else decode_call(f"call_{i}", None, c)
+            decode_call(c.get("id") or f"call_{i}", c["name"], c.get("arguments", {}))
             for i, c in enumerate(item.get("tool_calls") or ())
         )
         return AssistantTurn(Message("assistant", str(item.get("content") or ""), calls))
+
+
+def _replay_problem(turns: Any) -> str | None:
+    """What is wrong with a replay script, as `turn N: ...` (N from 1), or None. Only the shape is
+    checked: a call's arguments are replayed as given, so malformed ones still reach the agent."""
+    if not isinstance(turns, list):
+        return f"expected a JSON list of assistant turns, not {type(turns).__name__}"
+    for n, item in enumerate(turns, 1):
+        if not isinstance(item, dict) or not ({"content", "tool_calls", "text"} & item.keys()):
+            return f"turn {n}: expected an object with 'content'/'tool_calls' or 'text'"
+        if "text" in item and not isinstance(item["text"], str):
+            return f"turn {n}: 'text' must be a string (the raw generated output)"
+        if not isinstance(item.get("content"), str | None):
+            return f"turn {n}: 'content' must be a string"
+        calls = item.get("tool_calls")
+        if not isinstance(calls, list | None):
+            return f"turn {n}: 'tool_calls' must be a list of calls, not {type(calls).__name__}"
+        for i, call in enumerate(calls or (), 1):
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+                return (
+                    f"turn {n}: tool call {i} must be an object with a tool 'name' (and 'arguments'), got {call!r:.60}"
+                )
+    return None
 
 
 class OpenAIPolicy:

@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from torch.utils.tensorboard import SummaryWriter
 
-from vivace.config import VivaceConfig
+from vivace.config import VivaceConfig, validation_message
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
@@ -53,6 +54,9 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
     cfg.train.task_ids (in that order) when set."""
     tc = cfg.train
     tasks = load_suite(tc.suite, split=tc.split)
+    if not tasks:
+        raise ValueError(f"suite {tc.suite!r} has no tasks{f' in split {tc.split!r}' if tc.split else ''}; choose "
+                         "another train.split (train, validation, test, or null for all) or train.suite")  # fmt: skip
     if tc.families is not None:
         known = sorted({t.family for t in tasks})
         if unknown := sorted(set(tc.families) - set(known)):
@@ -69,7 +73,35 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
                 f"{len(tasks)} tasks of suite {tc.suite!r} (split {tc.split}, families {tc.families or 'all'})"
             )
         tasks = [by_id[i] for i in dict.fromkeys(tc.task_ids)]
+    if not tasks:
+        empty = "train.families" if tc.families == [] else "train.task_ids"
+        raise ValueError(f"{empty} is an empty list: no tasks to train on; list some, or set it to null for all")
     return tasks
+
+
+def check_model(cfg: VivaceConfig) -> None:
+    """train.model's tokenizer, read before the run directory exists: a wrong path or a directory
+    without tokenizer files stops here, not in a trainer rank (the weights are read there)."""
+    from vivace.model.checkpoint import load_tokenizer
+
+    load_tokenizer(cfg.train.model)
+
+
+def check_sft_data(cfg: VivaceConfig) -> None:
+    """train.sft_data, read as the trainer will read it: a bad file must stop the run before its
+    directory exists, not inside a trainer rank after the first rollouts."""
+    tc = cfg.train
+    if tc.sft_data is None or tc.sft_coef == 0:  # the trainer does not read it
+        return
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.rl.sft_train import read_episodes
+
+    path = Path(tc.sft_data)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise ValueError(f"{path}: train.sft_data {what}; give a JSONL file made by `vivace sft data`, or null")
+    # Ids are checked against the tokenizer, as `vivace sft train` does: one beyond it is no token of this model.
+    read_episodes(path, len(load_tokenizer(tc.model)))  # an SftDataError (a ValueError) naming file and line
 
 
 class TaskOrder:
@@ -152,9 +184,37 @@ def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
     return path
 
 
+def load_run_config(run_dir: Path) -> VivaceConfig:
+    """The configuration `new_run_dir` saved; a missing or damaged one is a ValueError naming it."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        raise ValueError(f"{run_dir} is not a run directory (no config.json); give one `vivace train` made, "
+                         "e.g. runs/NAME")  # fmt: skip
+    try:
+        text = path.read_bytes().decode("utf-8")
+        json.loads(text)  # its syntax first: pydantic's own message for it names no line
+        return VivaceConfig.model_validate_json(text)
+    except OSError as e:
+        problem = f"cannot read it ({e.strerror})"
+    except UnicodeDecodeError as e:
+        problem = f"not UTF-8 text (byte {e.start})"
+    except json.JSONDecodeError as e:
+        problem = f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    except ValidationError as e:
+        raise ValueError(f"{path}: {validation_message(e)}") from None
+    raise ValueError(f"{path}: {problem}; the run's configuration is damaged: restore the file `vivace train` "
+                     "wrote, or start a new run")  # fmt: skip
+
+
 def _checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every checkpoint directory, complete or not, oldest first."""
-    return sorted((int(p.name.split("_")[1]), p) for p in (run_dir / "checkpoints").glob("step_*"))
+    """(step, directory) of every checkpoint directory, complete or not, oldest first. Names other
+    than step_<integer> are not checkpoints this code wrote (a copy, a renamed one) and are left alone."""
+    found = []
+    for p in (run_dir / "checkpoints").glob("step_*"):
+        step = p.name.removeprefix("step_")
+        if step.isdecimal() and p.is_dir():
+            found.append((int(step), p))
+    return sorted(found)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

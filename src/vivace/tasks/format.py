@@ -35,6 +35,15 @@ class TaskFormatError(ValueError):
     """A task file is malformed; the message names the file and the field."""
 
 
+SPLITS = ("train", "validation", "test")  # a task's metadata `split`
+
+
+def check_split(split: str | None) -> None:
+    """A split to filter tasks by must be one tasks can have: any other keeps no task, silently."""
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use {', '.join(SPLITS)}")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -212,7 +221,10 @@ def load_tasks(path: str | Path) -> list[Task]:
     if p.name == "task.json" and p.is_file():
         return [load_task_dir(p.parent)]
     if p.is_file():
-        return load_jsonl(p)
+        tasks = load_jsonl(p)
+        if not tasks:
+            raise TaskFormatError(f"{p}: no tasks (the file is empty or blank); write one task per line as JSON")
+        return tasks
     if (p / "task.json").is_file():
         return [load_task_dir(p)]
     if not p.is_dir():

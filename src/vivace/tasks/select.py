@@ -41,16 +41,27 @@ def read_pass_rates(paths: list[Path], model: str | None = None) -> dict[str, Pa
                 continue
             try:
                 row = json.loads(line)
-                task_id, resolved, row_model = row["task_id"], row["resolved"], row.get("model", "")
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise TaskFormatError(
-                    f"{path}:{n}: not a benchmark result row (want JSON with task_id and resolved: {e})"
-                ) from None
+            except json.JSONDecodeError as e:
+                raise TaskFormatError(f"{path}:{n}: not a benchmark result row (not JSON: {e.msg})") from None
+            if not isinstance(row, dict) or "task_id" not in row or "resolved" not in row:
+                raise TaskFormatError(f"{path}:{n}: not a benchmark result row (want an object with task_id and "
+                                      "resolved, as `vivace bench` writes to results.jsonl)")  # fmt: skip
+            task_id, resolved, row_model = row["task_id"], row["resolved"], row.get("model", "")
+            # bool("false") is True: a result only counts as solved when it says so as a JSON boolean
+            for key, value, kind in (
+                ("task_id", task_id, str),
+                ("resolved", resolved, bool),
+                ("model", row_model, str),
+            ):
+                if not isinstance(value, kind):
+                    want = "a JSON boolean (true or false)" if kind is bool else "a string"
+                    raise TaskFormatError(f"{path}:{n}: {key} must be {want}, got {json.dumps(value)}; give "
+                                          "the results.jsonl `vivace bench` writes")  # fmt: skip
             models.add(row_model)
             if model is not None and row_model != model:
                 continue
             c = counts.setdefault(task_id, [0, 0])
-            c[0] += bool(resolved)
+            c[0] += resolved
             c[1] += 1
     if model is None and len(models) > 1:
         raise TaskFormatError(f"results mix several models ({', '.join(sorted(models))}); pick one with --model")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vivace.tasks.format import Task, load_jsonl, load_tasks
+from vivace.tasks.format import Task, check_split, load_jsonl, load_tasks
 from vivace.tasks.generate import split_of
 
 HERE = Path(__file__).parent
@@ -36,6 +36,7 @@ def _with_split(tasks: list[Task]) -> list[Task]:
 
 
 def load_suite(name: str, split: str | None = None) -> list[Task]:
+    check_split(split)
     tasks: list[Task] = []
     if name not in SUITES:
         if not Path(name).exists():
