@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field
 
 from vivace.harness.executor import ToolCall, execute
 from vivace.harness.tools.base import EVERYTHING, Access, ToolArgs, ToolContext, ToolResult
+from vivace.sandbox.base import FileStat
+from vivace.sandbox.paths import ConfinedFS
 
 DELAY = 0.1
 
@@ -147,3 +152,93 @@ async def test_cancelling_a_turn_cancels_its_calls():
         pass
     await asyncio.sleep(DELAY)
     assert not [e for e in log.events if e[1] == "end"]
+
+
+# -- one file under several names -------------------------------------------------------------------
+
+
+class _FsWorkspace:
+    """Just what the executor uses to resolve paths: a local workspace's confined file API."""
+
+    def __init__(self, root: Path):
+        self.fs = ConfinedFS(root)
+
+
+class _StatOnlyWorkspace:
+    """A workspace that only says what kind each path is (as a remote one does)."""
+
+    def __init__(self, root: Path):
+        self._fs = ConfinedFS(root)
+
+    async def stat(self, path: str) -> FileStat:
+        return self._fs.stat(path)
+
+
+class Linker(FakeShell):
+    """A shell command that makes `c.py` a symlink to `a.py` in `root`."""
+
+    name: ClassVar[str] = "linker"
+    root: ClassVar[Path]
+
+    async def run(self, args: _PathArgs, ctx: ToolContext) -> ToolResult:
+        os.symlink("a.py", self.root / "c.py")
+        return await super().run(args, ctx)
+
+
+def _serial(log: _Log, *labels: str) -> bool:
+    spans = sorted(_span(log, label) for label in labels)
+    return all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
+def _tree(root: Path) -> None:
+    (root / "a.py").write_text("a = 1\n")
+    (root / "sub").mkdir()
+    os.symlink("a.py", root / "link.py")
+    os.symlink("sub", root / "ld")
+    os.symlink("/etc/passwd", root / "out")
+
+
+async def test_one_file_under_two_names_keeps_call_order(tmp_path):
+    _tree(tmp_path)
+    log = _Log()
+    calls = [
+        ToolCall("1", "write", {"path": "a.py"}),
+        ToolCall("2", "write", {"path": "/workspace/a.py"}),  # the mount point spelling
+        ToolCall("3", "write", {"path": "link.py"}),  # a symlink to a.py
+        ToolCall("4", "write", {"path": "ld/x.py"}),  # through a symlinked directory
+        ToolCall("5", "read", {"path": "sub/x.py"}),
+        ToolCall("6", "write", {"path": "out"}),  # leads outside: resolved no further, still runs
+        ToolCall("7", "write", {"path": "b.py"}),
+    ]
+    outcomes = await execute(calls, _tools(log), ToolContext(workspace=_FsWorkspace(tmp_path)))  # type: ignore[arg-type]
+    assert [o.result.text for o in outcomes][:3] == ["write a.py", "write /workspace/a.py", "write link.py"]
+    assert _serial(log, "write:a.py", "write:/workspace/a.py", "write:link.py")
+    assert _span(log, "read:sub/x.py")[0] >= _span(log, "write:ld/x.py")[1]
+    first = _span(log, "write:a.py")
+    assert _span(log, "write:b.py")[0] < first[1] and _span(log, "write:out")[0] < first[1]  # independent
+
+
+async def test_symlinks_made_earlier_in_the_turn_are_seen(tmp_path):
+    (tmp_path / "a.py").write_text("a = 1\n")
+    log = _Log()
+    tools = {**_tools(log), "linker": Linker(log)}
+    Linker.root = tmp_path
+    calls = [
+        ToolCall("1", "linker", {"path": "-"}),
+        ToolCall("2", "write", {"path": "a.py"}),
+        ToolCall("3", "write", {"path": "c.py"}),  # a symlink to a.py only once the command ran
+    ]
+    await execute(calls, tools, ToolContext(workspace=_FsWorkspace(tmp_path)))  # type: ignore[arg-type]
+    assert _serial(log, "linker:-", "write:a.py", "write:c.py")
+
+
+async def test_unresolvable_symlinks_conflict_with_everything(tmp_path):
+    _tree(tmp_path)
+    log = _Log()
+    calls = [ToolCall("1", "write", {"path": "a.py"}), ToolCall("2", "write", {"path": "link.py"})]
+    await execute(calls, _tools(log), ToolContext(workspace=_StatOnlyWorkspace(tmp_path)))  # type: ignore[arg-type]
+    assert _serial(log, "write:a.py", "write:link.py")
+    log = _Log()
+    calls = [ToolCall("1", "write", {"path": "a.py"}), ToolCall("2", "write", {"path": "sub/b.py"})]
+    await execute(calls, _tools(log), ToolContext(workspace=_StatOnlyWorkspace(tmp_path)))  # type: ignore[arg-type]
+    assert not _serial(log, "write:a.py", "write:sub/b.py")  # no symlink on the way: still together

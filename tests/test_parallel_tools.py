@@ -72,3 +72,22 @@ async def test_one_parallel_turn_vs_one_call_per_turn(slow_ctx):
     assert [o.result for o in together] == [o.result for o in one_by_one]
     assert not any(o.result.is_error for o in together)
     assert "return 3" in together[3].result.text and "def f9" in together[10].result.text
+
+
+async def test_edits_of_one_file_under_several_names_all_land(slow_ctx):
+    """Three edits of pkg/mod0.py in one turn (plain, /workspace/ and through a symlink): each
+    reads the file and writes it back, so running any two together would lose an edit."""
+    await slow_ctx.workspace.exec("ln -s pkg/mod0.py alias0.py")
+    tools = {t.name: t for t in default_tools()}
+    calls = [
+        ToolCall("1", "edit_file", {"path": "pkg/mod0.py", "old_string": "def f0", "new_string": "def g0"}),
+        ToolCall("2", "edit_file", {"path": "/workspace/pkg/mod0.py", "old_string": "return 0", "new_string": "return 1"}),
+        ToolCall("3", "edit_file", {"path": "alias0.py", "old_string": "():", "new_string": "(x):"}),
+        ToolCall("4", "read_file", {"path": "pkg/mod1.py"}),
+    ]  # fmt: skip
+    outcomes = await execute(calls, tools, slow_ctx)
+    assert [o.result.text.split(":")[0] for o in outcomes[:3]] == [
+        "Edited pkg/mod0.py", "Edited /workspace/pkg/mod0.py", "Edited alias0.py"
+    ]  # fmt: skip
+    assert await slow_ctx.workspace.read_text("pkg/mod0.py") == "def g0(x):\n    return 1\n"
+    assert outcomes[3].started_s < outcomes[0].started_s + outcomes[0].duration_s  # unrelated: ran alongside

@@ -162,7 +162,7 @@ async def test_edit_whitespace_fallback_reindents(pctx):
     assert await ws.read_text("m.py") == "class A:\n    def f(self):\n        x = 2\n        return x\n"
     await ws.write_text("crlf.txt", "a\r\n  b\r\nc\r\n")
     await ok(pctx, "edit_file", path="crlf.txt", old_string="a\nb\n", new_string="a\nB\n")
-    assert await ws.read_bytes("crlf.txt") == b"a\r\nB\r\nc\r\n"
+    assert await ws.read_bytes("crlf.txt") == b"a\r\n  B\r\nc\r\n"  # B takes the indentation of the b it replaces
     await ws.write_text("twice.txt", "  k = 1\n\tk = 1\n")
     assert "matches 2 places" in await err(pctx, "edit_file", path="twice.txt", old_string="   k = 1", new_string="k=2")
 
@@ -340,7 +340,7 @@ def test_walker_retries_a_refused_fork_and_works_without_git(tmp_path, monkeypat
         raise FileNotFoundError(2, "No such file or directory: 'git'")
 
     monkeypatch.setattr(walker.subprocess, "run", no_git)
-    assert walker.files(".") == ["ignored.log", "kept.py"]  # the plain walk: hidden files skipped
+    assert walker.files(".") == ["kept.py"]  # the plain walk: hidden files skipped, .gitignore still read
 
 
 async def test_grep_result_formats(pctx):
@@ -622,3 +622,69 @@ async def test_old_string_not_found_shows_the_closest_line(pctx):
     # Nothing like it: no suggestion.
     text = await err(pctx, "edit_file", path="pkg/calc.py", old_string="zzzzqqqq", new_string="y")
     assert "closest" not in text
+
+
+async def test_edit_crlf_file_with_crlf_in_new_string(pctx):
+    ws = pctx.workspace
+    await ws.write_bytes("crlf.py", b"def f():\r\n    return 1\r\n\r\ndef g():\r\n    return 2\r\n")
+    await ok(pctx, "edit_file", path="crlf.py", old_string="    return 1\n", new_string="    return 10\r\n")
+    await ok(pctx, "edit_file", path="crlf.py", old_string="return 2\r\n", new_string="return 20\nx = 1\n")
+    assert await ws.read_bytes("crlf.py") == b"def f():\r\n    return 10\r\n\r\ndef g():\r\n    return 20\r\nx = 1\r\n"
+    await ws.write_bytes("mixed.txt", b"a\r\nb\nc\n")  # old_string matches \n lines as written: left so
+    await ok(pctx, "edit_file", path="mixed.txt", old_string="b\nc\n", new_string="B\nC\n")
+    assert await ws.read_bytes("mixed.txt") == b"a\r\nB\nC\n"
+
+
+async def test_edit_whitespace_fallback_maps_indentation_levels(pctx):
+    ws = pctx.workspace
+    go = "package main\n\nfunc f(x bool) int {\n\tif x {\n\t\treturn 1\n\t}\n\treturn 0\n}\n"
+    await ws.write_text("main.go", go)
+    old, new = "    if x {\n        return 1\n    }", '    if x {\n        log.Println("x")\n        return 1\n    }'
+    await ok(pctx, "edit_file", path="main.go", old_string=old, new_string=new)  # 4 spaces -> 1 tab
+    assert await ws.read_text("main.go") == go.replace("\t\treturn 1", '\t\tlog.Println("x")\n\t\treturn 1')
+
+    py = "def f(edges):\n    for e in edges:\n        if e < 1:\n            return e\n    return 0\n"
+    await ws.write_text("ratio.py", py)
+    old = "  for e in edges:\n    if e < 1:\n      return e"
+    new = "  for e in edges:\n    if e <= 1:\n      return e\n    if e > 9:\n      if e > 99:\n        break"
+    text = await ok(pctx, "edit_file", path="ratio.py", old_string=old, new_string=new)  # 2 spaces -> 4
+    assert "Warning" not in text
+    assert await ws.read_text("ratio.py") == (
+        "def f(edges):\n    for e in edges:\n        if e <= 1:\n            return e\n"
+        "        if e > 9:\n            if e > 99:\n                break\n    return 0\n"
+    )
+
+    # old_string's indentation says nothing of the file's (one indent, two in the file): refused.
+    await ws.write_text("flat.py", "if x:\n    y = 1\nz = 2\n")
+    msg = await err(
+        pctx, "edit_file", path="flat.py", old_string="if x:\ny = 1\nz = 2", new_string="if x:\ny = 1\nw = 0\nz = 2"
+    )
+    assert "only ignoring whitespace" in msg and "does not map onto the file's" in msg and "copy the text" in msg
+    assert "     2\t    y = 1" in msg  # the matched lines, to copy from
+    assert await ws.read_text("flat.py") == "if x:\n    y = 1\nz = 2\n"
+
+
+async def test_file_tool_message_nits(pctx):
+    ws = pctx.workspace
+    await ws.write_text("min.js", "var a=1;" * 50 + "\nvar a=1;\n")
+    msg = await err(pctx, "edit_file", path="min.js", old_string="var a=1;", new_string="var b=2;")
+    assert "occurs 51 times in min.js (lines 1, 2);" in msg
+    await ws.write_text("empty.txt", "")
+    text = await ok(pctx, "edit_file", path="empty.txt", old_string="", new_string="x\n")
+    assert text == "Wrote the previously empty file empty.txt (1 lines)"
+    assert await err(pctx, "write_file", path="newdir/", content="x") == (
+        "Error: newdir/ ends in '/', so it names a directory; give a file path."
+    )
+    assert "ends in '/'" in await err(pctx, "edit_file", path="README.md/", old_string="", new_string="x")
+    assert not [e for e in await ws.list(".") if e.name == "newdir"]
+    assert (await err(pctx, "read_file", path=" README.md")).startswith("Error: ' README.md' does not exist")
+    assert (await err(pctx, "edit_file", path="nope.md ", old_string="a", new_string="b")).startswith(
+        "Error: 'nope.md ' does not exist"
+    )
+    for name in ("read_file", "write_file", "delete_file", "edit_file"):
+        args = {"content": "x"} if name == "write_file" else {"old_string": "a", "new_string": "b"}
+        args = args if name in ("write_file", "edit_file") else {}
+        assert (
+            await err(pctx, name, path="", **args)
+            == "Error: path is empty; give a path relative to the workspace root."
+        )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 
 import pytest
 
 from vivace.sandbox import NotAFileError, PathEscapeError, WorkspaceClosedError, WorkspaceFileNotFound
+from vivace.sandbox.paths import ConfinedFS
 
 
 async def test_exec_runs_in_workspace_root(make_workspace):
@@ -186,3 +188,50 @@ async def test_closed_workspace_refuses_work(make_workspace):
         await ws.exec("true")
     with pytest.raises(WorkspaceClosedError):
         await ws.read_text("README.md")
+
+
+async def test_write_replaces_a_file_whole_and_keeps_its_mode_and_owner(make_workspace):
+    """A write never shows a reader half a file: it lands as a new file renamed over the old one,
+    which keeps the old one's permissions and owner (a command can still append to it)."""
+    ws = await make_workspace()
+    r = await ws.exec("printf 'old\\n' > run.sh && chmod 755 run.sh && ln -s run.sh link.sh && stat -c %u:%g run.sh")
+    assert r.exit_code == 0, r
+    await ws.write_bytes("link.sh", b"new\n" * 1000)  # through an inside symlink: the target is replaced
+    assert (await ws.stat("run.sh")).mode == 0o755 and (await ws.stat("link.sh")).kind == "symlink"
+    after = await ws.exec("stat -c %u:%g run.sh && echo more >> run.sh && tail -1 run.sh && ls -A | grep -c vivace")
+    assert after.stdout == f"{r.stdout}more\n0\n", after
+
+
+def test_confined_write_is_atomic_for_readers(tmp_path):
+    fs = ConfinedFS(tmp_path)
+    fs.write_bytes("f.txt", b"old content\n")
+    with open(tmp_path / "f.txt", "rb") as reader:  # opened before the write: sees all of the old file
+        fs.write_bytes("f.txt", b"new\n")
+        assert reader.read() == b"old content\n"
+    assert (tmp_path / "f.txt").read_bytes() == b"new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]  # no temporary file left behind
+    (tmp_path / "d").mkdir()
+    with pytest.raises(NotAFileError):
+        fs.write_bytes("d", b"x")
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(NotAFileError):  # refused, not opened (which would block on a FIFO)
+        fs.write_bytes("pipe", b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f.txt", "pipe"]
+
+
+def test_confined_realpath_resolves_inside_links_only(tmp_path):
+    fs = ConfinedFS(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg/a.py").write_text("a = 1\n")
+    os.symlink("pkg/a.py", tmp_path / "link.py")
+    os.symlink("pkg", tmp_path / "ld")
+    os.symlink("/workspace/pkg/a.py", tmp_path / "abs.py")
+    os.symlink("/etc/passwd", tmp_path / "out")
+    os.symlink("../../../..", tmp_path / "pkg/up")
+    assert fs.realpath("link.py") == "pkg/a.py" and fs.realpath("/workspace/link.py") == "pkg/a.py"
+    assert fs.realpath("ld/a.py") == fs.realpath("abs.py") == "pkg/a.py"
+    assert fs.realpath("ld/new/deeper.py") == "pkg/new/deeper.py"  # as a write would create it
+    assert fs.realpath("new/../link.py") == "pkg/a.py" and fs.realpath(".") == "."
+    for escaping in ("out", "pkg/up/etc", "ld/up/x", "../x", "new/../../x"):
+        with pytest.raises(PathEscapeError):
+            fs.realpath(escaping)

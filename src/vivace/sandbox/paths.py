@@ -4,10 +4,13 @@ Every path is walked one component at a time from an open directory descriptor w
 O_NOFOLLOW, resolving symlinks by hand, so neither `..`, an absolute path nor a symlink
 (even one swapped in by a command running concurrently) can lead outside the root.
 Symlinks that stay inside the root are followed; absolute targets under the sandbox mount
-point (`/workspace/...`) count as inside.
+point (`/workspace/...`) count as inside. Writes replace a file by renaming a finished
+temporary file over it, so no reader sees a half-written file.
 
 Not covered: hard links made inside the workspace to files outside it (the isolated
-backend cannot create those; the plain backend is not a security boundary anyway).
+backend cannot create those; the plain backend is not a security boundary anyway). A write
+gives the file a new inode, so other hard links to it keep the old content; writes are not
+fsynced (atomic against readers and process crashes, not power loss).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import posixpath
+import secrets
 import shutil
 import stat as stat_mod
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from vivace.sandbox.base import DirEntry, FileKind, FileStat, NotAFileError, PathEscapeError, WorkspaceFileNotFound
@@ -73,6 +78,21 @@ def _open_final(dfd: int, name: str, flags: int, path: str) -> int:
         raise
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _take_owner_and_mode(fd: int, old: os.stat_result) -> None:
+    """Give a replacement file the owner and permission bits of the file it replaces (chown
+    first: it clears set-id bits)."""
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) != (old.st_uid, old.st_gid):
+        os.fchown(fd, old.st_uid, old.st_gid)
+    os.fchmod(fd, stat_mod.S_IMODE(old.st_mode))
+
+
 def _bounded_content(f) -> bytes:
     """A file's bytes; past MAX_READ_BYTES a NUL-led digest stands in (compared, shown as binary)."""
     data = f.read(MAX_READ_BYTES + 1)
@@ -94,11 +114,21 @@ class ConfinedFS:
     # -- resolution ---------------------------------------------------------------------
     @contextmanager
     def _resolve(
-        self, path: str, *, follow_final: bool = True, create_parents: bool = False
+        self,
+        path: str,
+        *,
+        follow_final: bool = True,
+        create_parents: bool = False,
+        trail: list[str] | None = None,
     ) -> Iterator[tuple[int, str | None]]:
-        """Yield (dir_fd, name) for `path`; name None means the root itself."""
+        """Yield (dir_fd, name) for `path`; name None means the root itself. `trail`, when
+        given, receives the resolved components of dir_fd (on a missing directory: those of
+        its parent, the missing name and the components not yet walked)."""
         # The root itself is trusted (it may be a /proc/self/fd magic link to a detached mount).
         fds = [os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+        names: list[str] = []  # the components of fds[1:]
+        if trail is None:
+            trail = []
         try:
             pending = _split(path, path)
             _check_lexical(pending, path)
@@ -109,15 +139,18 @@ class ConfinedFS:
                     if len(fds) == 1:
                         raise PathEscapeError(f"{path!r} leads outside the workspace")
                     os.close(fds.pop())
+                    names.pop()
                     continue
                 final = not pending
                 try:
                     st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
                 except FileNotFoundError:
                     if final:
+                        trail[:] = names
                         yield fds[-1], comp
                         return
                     if not create_parents:
+                        trail[:] = [*names, comp, *pending]
                         raise WorkspaceFileNotFound(f"{path!r}: no such directory {comp!r}") from None
                     try:
                         os.mkdir(comp, 0o755, dir_fd=fds[-1])
@@ -139,9 +172,11 @@ class ConfinedFS:
                             raise PathEscapeError(f"{path!r}: symlink {comp!r} points outside the workspace ({target})")
                         while len(fds) > 1:
                             os.close(fds.pop())
+                        names.clear()
                     pending = _split(target, path) + pending
                     continue
                 if final:
+                    trail[:] = names
                     yield fds[-1], comp
                     return
                 if not stat_mod.S_ISDIR(st.st_mode):
@@ -150,6 +185,8 @@ class ConfinedFS:
                     fds.append(os.open(comp, _DIR_FLAGS, dir_fd=fds[-1]))
                 except OSError as e:  # swapped for a symlink between stat and open
                     raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
+                names.append(comp)
+            trail[:] = names
             yield fds[-1], None
         finally:
             for fd in fds:
@@ -180,24 +217,81 @@ class ConfinedFS:
                 os.close(fd)
 
     def write_bytes(self, path: str, data: bytes) -> None:
+        """Replace the file's content atomically: a reader (or a crash) sees the old content or
+        the new one, never a mix."""
         with self._resolve(path, create_parents=True) as (dfd, name):
             if name is None:
                 raise NotAFileError(f"{path!r} is a directory")
             try:
-                fd, created = _open_final(dfd, name, os.O_WRONLY, path), False
+                old: os.stat_result | None = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
-                fd, created = _open_final(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path), True
+                old = None
+            if old is not None:
+                if stat_mod.S_ISLNK(old.st_mode):  # a symlink swapped in after resolution
+                    raise PathEscapeError(f"{path!r} changed while resolving")
+                if not stat_mod.S_ISREG(old.st_mode):
+                    kind = "a directory" if stat_mod.S_ISDIR(old.st_mode) else "not a regular file"
+                    raise NotAFileError(f"{path!r} is {kind}")
             try:
-                if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-                    raise NotAFileError(f"{path!r} is not a regular file")
-                os.ftruncate(fd, 0)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if created and self.owner:
+                self._replace(dfd, name, path, data, old)
+            except PermissionError:
+                if old is None:
+                    raise
+                # Not allowed to create a file beside it, or to give the new file the old one's
+                # owner (not root): write in place rather than take the file from its owner.
+                self._write_in_place(dfd, name, path, data)
+
+    def _replace(self, dfd: int, name: str, path: str, data: bytes, old: os.stat_result | None) -> None:
+        """Write `data` to a temporary file beside `name`, give it the old file's owner and mode
+        (or the workspace's owner), and rename it over `name`."""
+        tmp = f".{name[:200]}.vivace-{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            try:
+                if old is not None:
+                    _take_owner_and_mode(fd, old)
+                elif self.owner:
                     os.fchown(fd, *self.owner)
+                _write_all(fd, data)
             finally:
                 os.close(fd)
+            # rename replaces a symlink swapped in meanwhile; it never follows one.
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException as e:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            if isinstance(e, IsADirectoryError):  # a directory swapped in after the check
+                raise NotAFileError(f"{path!r} is a directory") from None
+            raise
+
+    def _write_in_place(self, dfd: int, name: str, path: str, data: bytes) -> None:
+        fd = _open_final(dfd, name, os.O_WRONLY, path)
+        try:
+            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                raise NotAFileError(f"{path!r} is not a regular file")
+            os.ftruncate(fd, 0)
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+
+    def realpath(self, path: str) -> str:
+        """`path` workspace-relative with every symlink resolved ("." for the root), walked like
+        every other operation (PathEscapeError for a link leading outside); components below a
+        missing directory are taken as written, as a write would create them."""
+        for _ in range(MAX_SYMLINKS):
+            trail: list[str] = []
+            try:
+                with self._resolve(path, trail=trail) as (_, name):
+                    return "/".join([*trail, name] if name else trail) or "."
+            except WorkspaceFileNotFound:
+                # trail: the resolved directories, the missing one, then the rest as written.
+                rest = posixpath.normpath("/".join(trail))
+                if rest == ".." or rest.startswith("../"):
+                    raise PathEscapeError(f"{path!r} leads outside the workspace") from None
+                if ".." not in trail:
+                    return rest
+                path = rest  # `..` may climb out of the missing directory: walk the rest again
+        raise PathEscapeError(f"{path!r}: too many levels of symbolic links")
 
     def entry(self, path: str) -> tuple[str, bytes | None, int]:
         """(kind, content, git mode) of `path` without following a final symlink: kind is

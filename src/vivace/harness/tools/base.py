@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vivace.sandbox.base import Workspace
+from vivace.sandbox.paths import WORKSPACE_MOUNT
 
 MAX_RESULT_CHARS = 20_000  # what one tool result may put in front of the model
 MAX_RESULT_LINES = 500
@@ -65,9 +66,13 @@ def _nested(x: str, y: str) -> bool:
 
 
 def norm_path(path: str) -> str:
-    """A workspace-relative path in one canonical spelling ("." for the root), for comparing
-    accesses; the workspace itself resolves and confines paths."""
-    return posixpath.normpath(path.strip().lstrip("/") or ".")
+    """A workspace-relative path in one lexical spelling ("." for the root; `/workspace/x` is
+    `x`, as the workspace reads it), for comparing accesses. Symlinks are resolved by the
+    executor; the workspace itself resolves and confines paths."""
+    path = path.strip()
+    if path == WORKSPACE_MOUNT or path.startswith(WORKSPACE_MOUNT + "/"):
+        path = path[len(WORKSPACE_MOUNT) :]
+    return posixpath.normpath(path.lstrip("/") or ".")
 
 
 @dataclass

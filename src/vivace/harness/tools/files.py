@@ -13,12 +13,14 @@ refuse such files) and directory operations beyond listing (use run_terminal_cmd
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import ClassVar
 
 from pydantic import Field
 
 from vivace.harness.tools.base import Access, ToolArgs, ToolContext, ToolResult, norm_path, truncate
+from vivace.harness.tools.indent import fit_lines
 from vivace.harness.tools.suggest import closest_lines, path_hint, workspace_files
 from vivace.sandbox.base import NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
 
@@ -34,10 +36,27 @@ def error(text: str) -> ToolResult:
     return ToolResult(truncate(f"Error: {text}", max_chars=MAX_ERROR_CHARS, max_lines=50), is_error=True)
 
 
+def display_path(path: str) -> str:
+    """`path` as messages name it: quoted when it is empty, has surrounding whitespace or
+    unprintable characters, so the model sees what it actually sent."""
+    return path if path and path == path.strip() and path.isprintable() else repr(path)
+
+
+def path_problem(path: str, *, file: bool = False) -> ToolResult | None:
+    """The error for a path no file operation can mean: empty, or (`file`: one to write) a
+    directory spelling ending in '/'."""
+    if not path.strip():
+        return error("path is empty; give a path relative to the workspace root.")
+    if file and path.endswith("/"):
+        return error(f"{display_path(path)} ends in '/', so it names a directory; give a file path.")
+    return None
+
+
 def fs_error(e: Exception, path: str, *, missing: str = "") -> ToolResult:
     """The error result for an expected file-API failure; `missing` overrides the not-found text."""
     if isinstance(e, PathEscapeError):
         return error(f"path {path!r} is outside the workspace; use a path relative to the workspace root.")
+    path = display_path(path)
     if isinstance(e, WorkspaceFileNotFound | FileNotFoundError):
         return error(missing or f"{path} does not exist.")
     if isinstance(e, NotAFileError | IsADirectoryError):
@@ -125,6 +144,8 @@ class ReadFile:
 
     async def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
         ws, path = ctx.workspace, args.path
+        if problem := path_problem(path):
+            return problem
         try:
             data = await ws.read_bytes(path)
         except NotAFileError as e:
@@ -154,7 +175,8 @@ FIND_IT = "use list_dir or glob_file_search to find it"
 def missing_file(path: str, files: list[str], then: str = FIND_IT) -> ToolResult:
     """The error for a file that does not exist: the existing `files` it most likely meant, else `then`."""
     hint = path_hint(path, files)
-    return error(f"{path} does not exist.{hint}" if hint else f"{path} does not exist; {then}.")
+    name = display_path(path)
+    return error(f"{name} does not exist.{hint}" if hint else f"{name} does not exist; {then}.")
 
 
 async def file_error(ctx: ToolContext, e: Exception, path: str, then: str = FIND_IT) -> ToolResult:
@@ -199,6 +221,8 @@ class EditFile:
 
     async def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
         path, old, new = args.path, args.old_string, args.new_string
+        if problem := path_problem(path, file=True):
+            return problem
         if old == new:
             return error("old_string and new_string are the same; nothing to change.")
         try:
@@ -218,7 +242,8 @@ class EditFile:
         if before is None:
             hint = path_hint(path, await workspace_files(ctx.workspace))
             return error(
-                f"{path} does not exist.{hint} To create it, use write_file or edit_file with an empty old_string."
+                f"{display_path(path)} does not exist.{hint} To create it, use write_file or edit_file with an empty "
+                "old_string."
             )
         edit = replace_text(before, old, new, args.replace_all, path)
         if isinstance(edit, ToolResult):
@@ -239,27 +264,29 @@ class EditFile:
             await ctx.workspace.write_bytes(path, new.encode("utf-8"))
         except EXPECTED as e:
             return fs_error(e, path)
-        return ToolResult(f"Created {path} ({count_lines(new)} lines)" + syntax_warning(path, None, new))
+        how = "Created" if before is None else "Wrote the previously empty file"
+        return ToolResult(f"{how} {path} ({count_lines(new)} lines)" + syntax_warning(path, None, new))
 
 
 Span = tuple[int, int]  # character offsets [start, end) of replaced text in the new file
+_BARE_LF = re.compile(r"(?<!\r)\n")
 
 
 def replace_text(
     text: str, old: str, new: str, replace_all: bool, path: str
 ) -> tuple[str, list[Span], bool] | ToolResult:
     """The edited text, where the replacements landed, and whether the whitespace fallback matched."""
-    if "\r\n" in text and "\r" not in old:  # a CRLF file edited with \n text: keep its line endings
-        old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+    if "\r\n" in text:  # a CRLF file edited with \n text: keep its line endings
+        crlf_old = _BARE_LF.sub("\r\n", old)
+        if crlf_old in text or old not in text:  # (not when old_string matches \n lines of a mixed file)
+            old, new = crlf_old, _BARE_LF.sub("\r\n", new)
     starts = _find_all(text, old)
     if not starts:
         return _fuzzy_replace(text, old, new, path)
     if len(starts) > 1 and not replace_all:
-        lines = ", ".join(str(text.count("\n", 0, s) + 1) for s in starts[:10])
-        more = ", …" if len(starts) > 10 else ""
         return error(
-            f"old_string occurs {len(starts)} times in {path} (lines {lines}{more}); include more surrounding "
-            "lines to make it unique, or set replace_all."
+            f"old_string occurs {len(starts)} times in {path} ({_line_list(text, starts)}); include more "
+            "surrounding lines to make it unique, or set replace_all."
         )
     parts, spans, prev, shift = [], [], 0, 0
     for s in starts:
@@ -269,6 +296,19 @@ def replace_text(
         prev = s + len(old)
     parts.append(text[prev:])
     return "".join(parts), spans, False
+
+
+def _line_list(text: str, starts: list[int], most: int = 10) -> str:
+    """'lines 1, 5' for the distinct lines where `starts` fall ('line 1' when all on one)."""
+    lines: list[int] = []
+    n, prev = 1, 0
+    for s in starts:  # ascending: count newlines from the previous start only
+        n, prev = n + text.count("\n", prev, s), s
+        if not lines or lines[-1] != n:
+            if len(lines) == most:
+                return "lines " + ", ".join(map(str, lines)) + ", …"
+            lines.append(n)
+    return ("line " if len(lines) == 1 else "lines ") + ", ".join(map(str, lines))
 
 
 def _find_all(text: str, needle: str) -> list[int]:
@@ -281,7 +321,7 @@ def _find_all(text: str, needle: str) -> list[int]:
 
 def _fuzzy_replace(text: str, old: str, new: str, path: str) -> tuple[str, list[Span], bool] | ToolResult:
     """Match old_string line by line with each line's surrounding whitespace stripped; replace
-    the whole matched lines with new_string re-indented to where the match is."""
+    the whole matched lines with new_string, its indentation carried over to the file's."""
     advice = "read the file and copy the text exactly, including indentation"
     not_found = error(f"old_string was not found in {path}; {advice}.{closest_text(text, old, path)}")
     want = old.split("\n")
@@ -301,10 +341,16 @@ def _fuzzy_replace(text: str, old: str, new: str, path: str) -> tuple[str, list[
             f"old_string was not found in {path} (ignoring whitespace it matches {len(hits)} places); {advice}."
         )
     i = hits[0]
-    eol = "\r" if lines[i + len(key) - 1].endswith("\r") else ""
-    new_lines = new[:-1].split("\n") if new.endswith("\n") else new.split("\n")
-    have_indent, want_indent = _indent(lines[i]), _indent(want[0])
-    body = [_reindent(line.rstrip("\r"), want_indent, have_indent) + eol for line in new_lines] if new else []
+    matched = lines[i : i + len(key)]
+    eol = "\r" if matched[-1].endswith("\r") else ""
+    new_lines = [] if not new else (new[:-1] if new.endswith("\n") else new).split("\n")
+    body = fit_lines(want, matched, [line.rstrip("\r") for line in new_lines], lines, eol)
+    if isinstance(body, str):
+        shown = "\n".join(numbered(i + 1 + k, line.rstrip("\r")) for k, line in enumerate(matched))
+        return error(
+            f"old_string matches {path} at line {i + 1} only ignoring whitespace, and its indentation does not "
+            f"map onto the file's: {body}. Nothing was changed; {advice} (the matched lines are below).\n{shown}"
+        )
     start = sum(len(line) + 1 for line in lines[:i])
     replaced = "\n".join(body)
     out = lines[:i] + body + lines[i + len(key) :]
@@ -320,20 +366,6 @@ def closest_text(text: str, old: str, path: str) -> str:
     first, lines = found
     shown = "\n".join(numbered(first + k, line) for k, line in enumerate(lines))
     return f"\nThe closest text in {path} is at line {first}:\n{shown}"
-
-
-def _indent(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
-
-
-def _reindent(line: str, old_indent: str, new_indent: str) -> str:
-    if not line.strip():
-        return line.strip(" \t")
-    if line.startswith(old_indent):
-        return new_indent + line[len(old_indent) :]
-    if new_indent.startswith(old_indent):  # less indented than old_string's first line: shift it the same way
-        return new_indent[len(old_indent) :] + line
-    return line
 
 
 def _snippet(text: str, spans: list[Span]) -> str:
@@ -370,6 +402,8 @@ class WriteFile:
 
     async def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
         path = args.path
+        if problem := path_problem(path, file=True):
+            return problem
         try:
             old: bytes | None = await ctx.workspace.read_bytes(path)
         except WorkspaceFileNotFound:
@@ -406,6 +440,8 @@ class DeleteFile:
 
     async def run(self, args: _PathArgs, ctx: ToolContext) -> ToolResult:
         path = args.path
+        if problem := path_problem(path):
+            return problem
         try:
             st = await ctx.workspace.stat(path)
             if st.kind == "dir":
