@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+from vivace.harness.tools import suggest
 from vivace.harness.tools.suggest import closest_lines, path_hint, similar_paths, workspace_files
 from vivace.sandbox.base import DirEntry, WorkspaceFileNotFound
 
@@ -29,6 +32,34 @@ def test_closest_lines():
     assert closest_lines(text, "zzzzqqqq") is None
     assert closest_lines(text, "   \n") is None
     assert closest_lines("", "x") is None
+
+
+def test_closest_lines_finds_a_target_anywhere_in_a_big_file():
+    text = "".join(f"line {i} " + "x" * 40 + "\n" for i in range(100_000))  # 5 MB, 100,000 lines
+    assert len(text.split("\n")) > 5 * suggest.MAX_LINES_SCANNED
+    found = closest_lines(text, "line 50000 yyyy\nline 50001 xxxx")
+    assert found is not None and found[0] == 50_001, found  # not line 5,001 in the part once scanned
+    assert closest_lines(text, "line 99999 " + "x" * 39 + "\n")[0] == 100_000
+    assert closest_lines(text, "lnie 7777 xxxx")[0] == 7_778
+    assert closest_lines(text, "qqq zzz") is None
+
+
+def test_closest_lines_on_a_long_file_agrees_with_the_full_scan():
+    """The candidate path (long files) against comparing every line, for one-letter slips."""
+    rng = random.Random(0)
+    words = ["total", "price", "items", "self", "cart", "return", "value", "compute", "tax", "rate", "user", "order"]
+    lines = []
+    for i in range(suggest.MAX_LINES_SCANNED + 1_000):
+        a, b, c = rng.sample(words, 3)
+        lines.append(f"    {a}_{i % 611} = {b}.{c}({rng.choice(words)}, {i % 37})")
+    text = "\n".join(lines) + "\n"
+    for _ in range(8):
+        i = rng.randrange(len(lines))
+        s = lines[i].strip()
+        j = rng.randrange(len(s) - 1)
+        slip = s[:j] + s[j + 1] + s[j] + s[j + 2 :]  # two letters swapped
+        at, _score = suggest._best_line(slip, text.split("\n"), range(len(lines)))
+        assert closest_lines(text, slip)[0] == at + 1, slip
 
 
 class _FakeWorkspace:

@@ -2,12 +2,19 @@
 with one-line result summaries, edits as coloured diffs, and the final diff.
 
 Used as the `observer` of `run_episode` by `vivace agent`; it only prints.
+
+Everything shown that comes from the repository, a tool or the model passes through `visible`
+first: control characters other than newline and tab (C0, DEL, C1: ESC, BEL, CR, ...) are shown
+as escapes like `\\x1b`, so a file or a reply cannot retitle, clear or otherwise drive the
+developer's terminal. It does not touch other invisible characters (bidirectional overrides,
+zero-width spaces), which a terminal displays rather than obeys.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 from typing import Any
 
 from rich.console import Console
@@ -19,6 +26,12 @@ from vivace.harness.messages import AssistantTurn
 from vivace.harness.trajectory import Trajectory
 
 _EDIT_TOOLS = ("edit_file", "write_file")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all of C0 but \t and \n, DEL, all of C1
+
+
+def visible(text: str) -> str:
+    """`text` with control characters other than \\n and \\t written as escapes (`\\r`, `\\x1b`)."""
+    return _CONTROL.sub(lambda m: "\\r" if m.group() == "\r" else f"\\x{ord(m.group()):02x}", text)
 
 
 class EpisodePrinter:
@@ -42,21 +55,21 @@ class EpisodePrinter:
         head = f"turn {self.turn}" + (f" · {calls} tool call{'s' * (calls != 1)}" if calls else "")
         self.console.rule(f"[bold]{head}[/bold]", align="left", style="dim")
         if reply.message.content:
-            self.console.print(escape(reply.message.content))
+            self.console.print(escape(visible(reply.message.content)))
 
     def _tool(self, o: ToolOutcome) -> None:
         args = o.call.arguments
         shown = ", ".join(f"{k}={_short(v)}" for k, v in args.items()) if isinstance(args, dict) else _short(args)
         colour = "red" if o.result.is_error else "cyan"
         self.console.print(
-            f"[{colour}]→ {escape(o.call.name or '?')}[/{colour}]({escape(shown)}) "
+            f"[{colour}]→ {escape(visible(o.call.name or '?'))}[/{colour}]({escape(visible(shown))}) "
             f"[dim]{o.duration_s * 1e3:.0f} ms[/dim]"
         )
         if o.result.is_error or o.call.name not in _EDIT_TOOLS:
             first = o.result.text.strip().splitlines()[0] if o.result.text.strip() else ""
             lines = o.result.text.count("\n") + 1
             more = f" [dim](+{lines - 1} lines)[/dim]" if lines > 1 else ""
-            self.console.print(f"  [dim]{escape(_clip(first, 160))}[/dim]{more}")
+            self.console.print(f"  [dim]{escape(_clip(visible(first), 160))}[/dim]{more}")
         elif isinstance(args, dict):
             old = args.get("old_string", "") if o.call.name == "edit_file" else ""
             new = args.get("new_string", "") if o.call.name == "edit_file" else args.get("content", "")
@@ -68,7 +81,7 @@ class EpisodePrinter:
             self.console.print(colour_diff(traj.diff))
         else:
             self.console.print("[dim](no changes)[/dim]")
-        tail = f" — {escape(traj.error)}" if traj.error else ""
+        tail = f" — {escape(visible(traj.error))}" if traj.error else ""
         self.console.print(
             f"[dim]{len(traj.turns)} turns, {traj.tool_calls} tool calls, {traj.format_errors} format errors, "
             f"{traj.wall_s:.1f} s, stopped: {traj.stop_reason}{tail}[/dim]"
@@ -76,8 +89,10 @@ class EpisodePrinter:
 
 
 def colour_diff(diff: str) -> Text:
+    """A unified diff coloured by line kind, with control characters made visible."""
     text = Text()
-    for line in diff.splitlines(keepends=True):
+    lines = diff.split("\n")  # \n only: a \r or form feed inside a line is shown, not taken as a line break
+    for line in lines[:-1] if lines[-1] == "" else lines:
         style = ""
         if line.startswith(("+++", "---", "diff --git")):
             style = "bold"
@@ -87,7 +102,7 @@ def colour_diff(diff: str) -> Text:
             style = "red"
         elif line.startswith("@@"):
             style = "cyan"
-        text.append(line, style=style)
+        text.append(visible(line) + "\n", style=style)
     return text
 
 

@@ -5,12 +5,17 @@ same for local, isolated and remote (HTTP) workspaces and never read the host's 
 file. grep uses ripgrep when the workspace has it and otherwise a built-in Python walker
 (`_WALKER`, run with `python3 -c`) that prints the same format for the same inputs: hidden
 files and directories, symlinks and binary files are skipped and .gitignore is honoured in
-git repositories (through `git ls-files`), as rg does by default. The walker also lists
-files for glob_file_search and reads files for codebase_search's lexical index.
+git repositories (through `git ls-files`, or the walker's own reading of .gitignore where git
+cannot run), as rg does by default; a path named explicitly is searched even when ignored, and
+followed when it is a symlinked directory inside the workspace. `$` matches before a CRLF
+ending in both (rg --crlf). The walker also lists files for glob_file_search and reads files
+for codebase_search's lexical index. A search that runs past SEARCH_TIMEOUT_S is killed; what
+it printed by then is kept and marked incomplete.
 
 Known differences between rg and the walker: regex dialects (Rust vs Python `re`; their
 error messages differ too), `.ignore`/`.rgignore` files (rg only), files that are tracked
-but gitignored (the walker lists them) and NUL bytes after rg's first buffer.
+but gitignored (the walker lists them), NUL bytes after rg's first buffer, and a path that is a
+symlink leading outside the workspace (rg follows it; the walker refuses it, as glob does).
 
 codebase_search goes through the small `SearchBackend` protocol. The default is the semantic
 index (`vivace.search.backend.HybridSearch`: tree-sitter chunks, embeddings fused with BM25,
@@ -138,19 +143,27 @@ class Grep:
             res = await self._search(ctx.workspace, args, path, before, after)
         except EXPECTED as e:
             return error(f"grep could not run in the workspace: {e}")
+        stdout = res.stdout
+        if res.timed_out and not stdout.endswith("\n"):
+            stdout = stdout[: stdout.rfind("\n") + 1]  # the line being written when the search was killed
+        if res.timed_out and not stdout.strip():
+            return error(f"grep timed out after {SEARCH_TIMEOUT_S:g} s with no results yet; {_NARROW}.")
         if res.exit_code == 1 and not res.stdout and not res.stderr.strip():  # a failure that exits 1 says why
             return ToolResult(f"No matches for {args.pattern!r} in {path}.")
         if res.exit_code != 0 and not res.stdout.strip():
             msg = res.stderr.strip()
             if f"{path}: No such file or directory" in msg:
                 return error(f"{path} does not exist; use list_dir or glob_file_search to find the right path.")
+            if f"{path}: is outside the workspace" in msg:
+                return _outside(args.path)
             if "regex parse error" in msg:
                 return error(f"invalid regular expression {args.pattern!r}: {msg}")
             return error(f"grep failed (exit code {res.exit_code}): {msg or 'no message'}")
         # Split on \n only: a matched line may hold \r or form feeds that splitlines() would break apart.
-        lines = [line.removeprefix("./").removesuffix("\r") for line in res.stdout.split("\n")]
+        lines = [line.removeprefix("./").removesuffix("\r") for line in stdout.split("\n")]
         lines = lines[:-1] if lines and lines[-1] == "" else lines
-        return ToolResult(_finish(lines, args.head_limit, res.stdout_dropped))
+        timed_out = SEARCH_TIMEOUT_S if res.timed_out else None
+        return ToolResult(_finish(lines, args.head_limit, res.stdout_dropped, timed_out))
 
     async def _search(self, ws: Workspace, args: GrepArgs, path: str, before: int, after: int) -> Any:
         use_rg = self.use_rg if self.use_rg is not None else self._has_rg.get_for(ws)
@@ -169,6 +182,7 @@ class Grep:
 
 def _rg_args(args: GrepArgs, path: str, before: int, after: int) -> list[str]:
     argv = ["--no-config", "--no-heading", "--with-filename", "--line-number", "--color", "never", "--sort", "path"]
+    argv.append("--crlf")  # `$` matches before \r\n too, as a model reading the file expects
     argv += {"files_with_matches": ["--files-with-matches"], "count": ["--count"]}.get(args.output_mode, [])
     if before:
         argv += ["-B", str(before)]
@@ -181,9 +195,14 @@ def _rg_args(args: GrepArgs, path: str, before: int, after: int) -> list[str]:
     return argv + ["-e", args.pattern, "--", path]
 
 
-def _finish(lines: list[str], head_limit: int | None, dropped: int) -> str:
+_NARROW = "narrow the path or glob, or simplify the pattern"
+
+
+def _finish(lines: list[str], head_limit: int | None, dropped: int, timed_out: float | None = None) -> str:
     """Output lines with head_limit applied, long lines cut, then the one truncation rule."""
     notes = []
+    if timed_out is not None:
+        notes.append(f"[grep timed out after {timed_out:g} s: the results above are incomplete; {_NARROW}]")
     if head_limit is not None and len(lines) > head_limit:
         notes.append(f"[{len(lines) - head_limit} more lines not shown (head_limit={head_limit})]")
         lines = lines[:head_limit]
@@ -224,9 +243,18 @@ class GlobFileSearch:
             res = await _walker(ctx.workspace, {"mode": "glob", "glob": args.glob_pattern, "path": path})
         except EXPECTED as e:
             return error(f"glob_file_search could not run in the workspace: {e}")
+        msg = res.stderr.strip()
+        if res.timed_out:
+            return error(f"glob_file_search timed out after {SEARCH_TIMEOUT_S:g} s; use a narrower path.")
         if res.exit_code != 0:
-            return error(f"glob_file_search failed (exit code {res.exit_code}): {res.stderr.strip()[-2000:]}")
+            if f"{path}: No such file or directory" in msg:
+                return error(f"directory {path} does not exist; use list_dir to find the right path.")
+            if f"{path}: is outside the workspace" in msg:
+                return _outside(args.path)
+            return error(f"glob_file_search failed (exit code {res.exit_code}): {msg[-2000:]}")
         found = [p for p in res.stdout.split("\n") if p]
+        if not found and msg.endswith("is a file"):
+            return error(f"{path} is a file, not a directory, and does not match {args.glob_pattern!r}.")
         if not found:
             return ToolResult(f"No files match {args.glob_pattern!r} in {path}.")
         shown = found[:MAX_GLOB_RESULTS]
@@ -405,6 +433,9 @@ class CodebaseSearch:
         return _EVERYTHING
 
     async def run(self, args: CodebaseSearchArgs, ctx: ToolContext) -> ToolResult:
+        missing = await _missing_dirs(ctx.workspace, args.target_directories or [])
+        if missing:
+            return error(missing)
         backend = self.backend or ctx.search
         if backend is None:
             backend = ctx.search = default_search_backend()
@@ -416,6 +447,25 @@ class CodebaseSearch:
             return ToolResult(f"No results for {args.query!r}.")
         text = truncate("\n\n".join(_render(h) for h in hits) + "\n", hint="lower k or narrow the query")
         return ToolResult(text.rstrip("\n"))
+
+
+async def _missing_dirs(ws: Workspace, dirs: list[str]) -> str | None:
+    """Why target_directories cannot be searched (they are not there); None when they can. Entries outside
+    the workspace are left to the backend, which skips them."""
+    gone = []
+    for p in (rel_path(d) for d in dirs):
+        if p is None or p == ".":
+            continue
+        try:
+            await ws.stat(p)
+        except FileNotFoundError:  # WorkspaceFileNotFound is one
+            gone.append(p)
+        except EXPECTED:
+            pass  # the search itself reports a workspace that cannot answer
+    if not gone:
+        return None
+    what = f"target directory {gone[0]!r} does not" if len(gone) == 1 else f"target directories {gone} do not"
+    return f"{what} exist; use list_dir to find the right path."
 
 
 def _render(hit: SearchHit) -> str:

@@ -6,7 +6,12 @@ exactly what ripgrep prints for the same inputs), glob, list (text-file candidat
 and mtime) and read (file contents, zlib+base64, in batches under the sandbox's output cap).
 
 Files are those rg would search: hidden files and directories, symlinks and binary files are
-skipped, and in a git repository .gitignore is honoured through `git ls-files`.
+skipped, and in a git repository .gitignore is honoured through `git ls-files`. Where git cannot
+answer (no git binary, or a worktree or submodule whose .git file points outside the workspace)
+the walk reads .gitignore files itself (`Ignores`: the common syntax, plus .git/info/exclude;
+not core.excludesFile). As with rg, a path named explicitly is searched even when it is ignored
+(rules still apply below it), and a symlinked directory named explicitly is followed when it
+stays inside the workspace.
 """
 
 import base64
@@ -41,15 +46,22 @@ def git_ls_files(root):
     return [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
 
 
+def outside(path):
+    """True when path resolves (through symlinks) to somewhere outside the workspace root (the cwd)."""
+    top = os.path.realpath(".")
+    real = os.path.realpath(path)
+    return real != top and not real.startswith(top.rstrip("/") + "/")
+
+
 def files(root):
     if os.path.isfile(root):
         return [root]
+    real = os.path.relpath(os.path.realpath(root), os.path.realpath("."))
+    if real != os.path.normpath(root):  # reached through a symlinked directory: list the target, keep root's spelling
+        return [os.path.join(root, os.path.relpath(p, real)) for p in files(real)]
     found = git_ls_files(root)
-    if found is None:
-        found = []
-        for d, dirs, names in os.walk(root):
-            dirs[:] = [x for x in dirs if not x.startswith(".")]
-            found += [os.path.join(d, n) for n in names]
+    if not found:  # git unusable, or root ignored by git (named explicitly, so searched as rg does), or empty
+        found = walk(root)
     out = []
     for p in found:
         p = os.path.normpath(p)
@@ -58,6 +70,104 @@ def files(root):
             continue
         out.append(p)
     return sorted(out, key=lambda p: p.split("/"))
+
+
+def gitre(pat):
+    """A regex for one .gitignore pattern (no leading '!', no trailing '/'), matched against a whole path."""
+    i, out = 0, ""
+    while i < len(pat):
+        c = pat[i]
+        if pat.startswith("**", i) and (i == 0 or pat[i - 1] == "/") and pat[i + 2 : i + 3] in ("/", ""):
+            out, i = out + ("(?:.*/)?" if pat[i + 2 : i + 3] == "/" else ".*"), i + 3
+            continue
+        j = pat.find("]", i + (3 if pat[i + 1 : i + 2] in ("!", "^") else 2)) if c == "[" else -1
+        if c == "\\" and i + 1 < len(pat):
+            out, i = out + re.escape(pat[i + 1]), i + 1
+        elif c == "*":
+            out += "[^/]*"
+        elif c == "?":
+            out += "[^/]"
+        elif c == "[" and j > 0:
+            body = pat[i + 1 : j]
+            out += "[" + ("^" + body[1:] if body[:1] in ("!", "^") else body).replace("\\", "\\\\") + "]"
+            i = j
+        else:
+            out += re.escape(c)
+        i += 1
+    return out
+
+
+def ignore_rules(path, base):
+    """[(base, regex, negated, dir_only, anchored)] for the ignore file at path, whose patterns are relative to base."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return []
+    rules = []
+    for line in lines:
+        line = line.rstrip("\r")
+        stripped = line.rstrip(" ")
+        if stripped.endswith("\\") and len(stripped) < len(line):
+            stripped += " "  # an escaped trailing space is kept
+        line = stripped
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        line = line[1:] if negated else line[1:] if line.startswith(("\\#", "\\!")) else line
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        if not line:
+            continue
+        anchored = "/" in line
+        try:
+            rx = re.compile(gitre(line.lstrip("/")), re.DOTALL)
+        except re.error:
+            continue
+        rules.append((base, rx, negated, dir_only, anchored))
+    return rules
+
+
+class Ignores:
+    """.gitignore rules by directory, read as the walk reaches each directory (rg's order: deeper files
+    and later lines win). Rules apply only where a .git exists in the directory or one above it."""
+
+    def __init__(self):
+        self.rules, self.git = {}, {}
+
+    def of(self, d):
+        d = os.path.normpath(d)
+        if d not in self.rules:
+            parent = os.path.dirname(d) if d != "." and "/" in d else "."
+            rules, git = ([], False) if d == "." else (self.of(parent), self.git[parent])
+            git = git or os.path.exists(os.path.join(d, ".git"))
+            if d == "." and os.path.isdir(".git"):
+                rules = ignore_rules(os.path.join(".git", "info", "exclude"), ".")
+            self.rules[d], self.git[d] = rules + ignore_rules(os.path.join(d, ".gitignore"), d), git
+        return self.rules[d]
+
+    def ignored(self, d, name, is_dir):
+        rules = self.of(d)
+        if not self.git[os.path.normpath(d)]:
+            return False
+        path = os.path.normpath(os.path.join(d, name))
+        hit = False
+        for base, rx, negated, dir_only, anchored in rules:
+            if dir_only and not is_dir:
+                continue
+            rel = path if base == "." else path[len(base) + 1 :] if path.startswith(base + "/") else None
+            if rel is not None and rx.fullmatch(rel if anchored else name):
+                hit = not negated
+        return hit
+
+
+def walk(root):
+    """Files under root with hidden directories skipped and .gitignore honoured (root itself is never ignored)."""
+    ign, found = Ignores(), []
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith(".") and not ign.ignored(d, x, True)]
+        found += [os.path.join(d, n) for n in names if not ign.ignored(d, n, False)]  # os.walk puts dirs in dirs
+    return found
 
 
 def globre(pat):
@@ -117,11 +227,12 @@ def grep():
         lines = text.split("\n") if text else []
         if lines and lines[-1] == "":
             lines.pop()
-        hits = [n for n, line in enumerate(lines) if rx.search(line)]
+        # As rg --crlf: `$` matches before a \r\n ending (the \r is still printed; search.py strips it).
+        hits = [n for n, line in enumerate(lines) if rx.search(line[:-1] if line.endswith("\r") else line)]
         if not hits:
             continue
         if mode != "content":
-            print(p if mode == "files" else f"{p}:{len(hits)}")
+            print(p if mode == "files" else f"{p}:{len(hits)}", flush=True)
             any_out = True
             continue
         shown = sorted({j for n in hits for j in range(max(0, n - before), min(len(lines), n + after + 1))})
@@ -131,14 +242,18 @@ def grep():
                 print("--")
             print(f"{p}{':' if j in hit else '-'}{j + 1}{':' if j in hit else '-'}{lines[j]}")
             prev, any_out = j, True
+        sys.stdout.flush()  # a search killed by its timeout still hands back the files done so far
     sys.exit(0 if any_out else 1)
 
 
 def glob():
-    keep, root = matcher(a["glob"]), a["path"]
+    keep, root, any_out = matcher(a["glob"]), a["path"], False
     for p in files(root):
         if keep(p if root == "." or os.path.isfile(root) else os.path.relpath(p, root)):
             print(p)
+            any_out = True
+    if not any_out and os.path.isfile(root):
+        print(root + ": is a file", file=sys.stderr)  # search.py says so rather than "no files match"
 
 
 def emit(obj):
@@ -171,8 +286,11 @@ def read():
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
     sys.stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
-    if a["mode"] in ("content", "files", "count") and a["path"] != "." and not os.path.exists(a["path"]):
-        sys.exit(print(a["path"] + ": No such file or directory (os error 2)", file=sys.stderr) or 2)
+    if a["mode"] in ("content", "files", "count", "glob") and a["path"] != ".":
+        if not os.path.exists(a["path"]):
+            sys.exit(print(a["path"] + ": No such file or directory (os error 2)", file=sys.stderr) or 2)
+        if outside(a["path"]):
+            sys.exit(print(a["path"] + ": is outside the workspace", file=sys.stderr) or 2)
     try:
         {"glob": glob, "list": listing, "read": read}.get(a["mode"], grep)()
     except Exception as e:  # exit 1 means "no matches": a crash must not read as one
