@@ -93,3 +93,26 @@ def test_tools_lists_schemas():
         assert s["function"]["parameters"]["type"] == "object" and s["function"]["description"]
     table = CliRunner().invoke(app, ["tools"])
     assert table.exit_code == 0 and "grep" in table.output
+
+
+def test_only_ignored_output_is_no_change_to_apply(setup, tmp_path):
+    """Build output the repository's .gitignore ignores is left out of the diff; a run that made
+    nothing else has nothing to apply, and says nothing about applying."""
+    import subprocess
+
+    work, args = setup
+    (work / ".gitignore").write_text("build/\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=work, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=work, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=work, check=True)
+    script = tmp_path / "build.json"
+    command = "mkdir -p build && echo o > build/out.o"
+    script.write_text(json.dumps([{"tool_calls": [{"name": "run_terminal_cmd", "arguments": {"command": command}}]},
+                                  {"content": "Built."}]))  # fmt: skip
+    args[args.index("--model") + 1] = f"scripted:replay:{script}"
+    before = snapshot(work)
+    result = CliRunner().invoke(app, ["agent", "build", *args, "--apply"])
+    assert result.exit_code == 0, result.output
+    assert "1 new file left out" in " ".join(result.output.split()) and "applied to" not in result.output
+    assert snapshot(work) == before

@@ -134,3 +134,17 @@ def test_claims_need_a_passing_test_run_after_the_last_edit(task):
     assert unsupported_claims(traj(edit, run_bad, answer="All tests passed."))[0]  # the run failed
     assert unsupported_claims(traj(edit, run_ok, answer="Changed pkg/calc.py.")) == ([], 1)
     assert unsupported_claims(traj(answer="Nothing to do.")) == ([], 0)
+
+
+def test_parse_patch_ends_lines_at_newline_only_and_reads_quoted_names():
+    """A form feed or U+2028 inside a line is no line end (git's rule), and a C-quoted name (a tab in it)
+    is read back: otherwise the added line numbers shift and the path is wrong."""
+    from vivace.bench.patch import parse_patch
+
+    quoted = (
+        'diff --git "a/x\\ty.py" "b/x\\ty.py"\n--- "a/x\\ty.py"\n+++ "b/x\\ty.py"\n@@ -1,2 +1,2 @@\n a\x0cb\n-c\n+d\n'
+    )
+    separators = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -1,3 +1,3 @@\n x\u2028y\n-c\n+d\n"
+    for patch, path in ((quoted, "x\ty.py"), (separators, "f.py")):
+        (change,) = parse_patch(patch)
+        assert (change.path, change.added, change.removed, change.added_lines) == (path, 1, 1, [2])

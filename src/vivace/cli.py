@@ -146,13 +146,14 @@ def agent(
     state_dir: StateOpt = None,
 ) -> None:
     """Run the agent on REPO in a sandbox: streams each turn, then shows the final answer and the diff."""
+    from rich.markup import escape
     from rich.prompt import Confirm
 
     from vivace.harness.agent import run_episode
-    from vivace.harness.display import EpisodePrinter
+    from vivace.harness.display import EpisodePrinter, visible
     from vivace.harness.policies import load_policy
     from vivace.sandbox import SandboxError, SnapshotSource, open_backend
-    from vivace.sandbox.diff import export_changes
+    from vivace.sandbox.diff import changed_paths, export_changes
 
     if not repo.is_dir():
         err.print(f"[red]error:[/red] --repo {repo} is not a directory")
@@ -174,17 +175,18 @@ def agent(
             observer = None if as_json else EpisodePrinter(out)
             traj = await run_episode(policy, ws, request, cfg.agent, observer=observer)
             applied, skipped = False, []
-            if traj.diff and (apply or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):
+            changed = bool(changed_paths(traj.diff or ""))  # a diff may be only a note (ignored files left out)
+            if changed and (apply or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):
                 skipped = await export_changes(ws, traj.diff, repo)
                 applied = True
-            return traj, applied, skipped
+            return traj, applied, skipped, changed
         finally:
             await b.aclose()
 
     try:
-        traj, applied, skipped = asyncio.run(go())
+        traj, applied, skipped, changed = asyncio.run(go())
     except SandboxError as e:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(visible(str(e)))}")
         raise typer.Exit(2) from None
     if as_json:
         sys.stdout.write(
@@ -192,9 +194,10 @@ def agent(
         )
     elif applied:
         out.print(
-            f"[green]applied to {repo}[/green]" + (f"; not carried over: {', '.join(skipped)}" if skipped else "")
+            f"[green]applied to {repo}[/green]"
+            + (f"; not carried over: {escape(visible(', '.join(skipped)))}" if skipped else "")
         )
-    elif traj.diff:
+    elif changed:
         out.print(f"[dim]{repo} is unchanged (use --apply to write the changes)[/dim]")
     raise typer.Exit(1 if traj.stop_reason == "error" else 0)
 

@@ -10,6 +10,8 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
+from vivace.sandbox.diff import header_path
+
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 
 
@@ -32,11 +34,17 @@ def parse_patch(diff: str) -> list[FileChange]:
     changes: list[FileChange] = []
     current: FileChange | None = None
     new_line = 0
-    for line in diff.splitlines(keepends=True):
+    # Only "\n" ends a line in a diff: a content line may hold \r, \f or U+2028 (splitlines would break it).
+    lines = [line + "\n" for line in diff.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    for line in lines:
         if line.startswith("diff --git "):
             pair = line[len("diff --git ") :].rstrip("\n")
-            half = (len(pair) - 1) // 2
-            current = FileChange(path=pair[half + 1 :][2:] if pair[half + 1 :].startswith("b/") else pair)
+            path = header_path(pair)  # quoted names too
+            if path is None:  # a rename or an unusual header: the new side's name
+                half = (len(pair) - 1) // 2
+                path = pair[half + 1 :][2:] if pair[half + 1 :].startswith("b/") else pair
+            current = FileChange(path=path)
             changes.append(current)
         if current is None:
             continue

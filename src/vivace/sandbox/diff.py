@@ -3,20 +3,35 @@
 Backends tell which paths may have changed (overlayfs: whatever is in the upper layer;
 a plain copy: everything) and this module compares those paths between the two trees
 through ConfinedFS, so a command racing the diff cannot lead it outside the workspace.
-The output applies with `git apply`; binary files are noted, not dumped.
+The output applies with `git apply`; binary files are noted, not dumped. When the base is a
+git checkout, new files its ignore rules ignore (build output, node_modules/) are left out,
+as `git status` would leave them out, and a comment line at the top says how many.
+
+Not covered: ignore rules of a base without .git (a plain directory, a `git archive`
+snapshot) or inside a submodule, and .gitignore edits made in the workspace (the base's
+rules decide).
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import logging
 import os
+import posixpath
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
+from vivace.sandbox.base import NotAFileError, PathEscapeError, WorkspaceFileNotFound
 from vivace.sandbox.paths import ConfinedFS
 
+log = logging.getLogger(__name__)
+
 _NO_NEWLINE = "\\ No newline at end of file\n"
+# C escapes git uses in quoted path names; other control and non-ASCII bytes become \ooo.
+_ESCAPES = {7: "a", 8: "b", 9: "t", 10: "n", 11: "v", 12: "f", 13: "r", 0x22: '"', 0x5C: "\\"}
+_UNESCAPES = {v: k for k, v in _ESCAPES.items()}
 
 
 def ignored(rel: str, patterns: Iterable[str]) -> bool:
@@ -46,10 +61,54 @@ def _is_binary(data: bytes) -> bool:
 
 
 def _lines(data: bytes) -> list[str]:
-    lines = data.decode("utf-8").splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n" + _NO_NEWLINE
+    # Only "\n" ends a line for git; str.splitlines also breaks at \r, \f, \v, \x1c-\x1e, \x85
+    # and U+2028/2029, which shifts hunk line numbers and makes the diff fail to apply.
+    lines = [line + "\n" for line in data.decode("utf-8").split("\n")]
+    last = lines.pop()  # what follows the final "\n": empty when the file ends with one
+    if last != "\n":
+        lines.append(last + _NO_NEWLINE)
     return lines
+
+
+def quote_path(name: str) -> str:
+    """`name` as git writes it in a diff: C-quoted when it holds a quote, a backslash, a control
+    character or bytes that are not UTF-8 (os.fsencode's surrogates), else unchanged."""
+    raw = os.fsencode(name)
+    try:
+        raw.decode("utf-8")
+        plain = not any(b < 0x20 or b in (0x22, 0x5C, 0x7F) for b in raw)
+    except UnicodeDecodeError:
+        plain = False
+    if plain:
+        return name
+    out = []
+    for b in raw:
+        if b in _ESCAPES:
+            out.append("\\" + _ESCAPES[b])
+        elif b < 0x20 or b >= 0x7F:
+            out.append(f"\\{b:03o}")
+        else:
+            out.append(chr(b))
+    return '"' + "".join(out) + '"'
+
+
+def _unquote(text: str) -> tuple[bytes, str]:
+    """The bytes of the C-quoted name `text` opens with, and what follows its closing quote."""
+    out, i = bytearray(), 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            return bytes(out), text[i + 1 :]
+        if c != "\\":
+            out += c.encode()
+            i += 1
+        elif text[i + 1 : i + 2] in _UNESCAPES:
+            out.append(_UNESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(int(text[i + 1 : i + 4], 8) & 0xFF)
+            i += 4
+    raise ValueError(f"unterminated quoted name: {text!r}")
 
 
 def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS) -> str:
@@ -62,7 +121,7 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS) -> str:
         b_kind, b = "missing", None
     if a_kind == b_kind and a == b and a_mode == b_mode:
         return ""
-    header = [f"diff --git a/{rel} b/{rel}\n"]
+    header = [f"diff --git {quote_path('a/' + rel)} {quote_path('b/' + rel)}\n"]
     if a is None:
         header.append(f"new file mode {b_mode:o}\n")
     elif b is None:
@@ -71,8 +130,8 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS) -> str:
         header += [f"old mode {a_mode:o}\n", f"new mode {b_mode:o}\n"]
     if a == b:
         return "".join(header)
-    old_name = f"a/{rel}" if a is not None else "/dev/null"
-    new_name = f"b/{rel}" if b is not None else "/dev/null"
+    old_name = quote_path(f"a/{rel}") if a is not None else "/dev/null"
+    new_name = quote_path(f"b/{rel}") if b is not None else "/dev/null"
     if _is_binary(a or b"") or _is_binary(b or b""):
         return "".join(header) + f"Binary files {old_name} and {new_name} differ\n"
     body = difflib.unified_diff(_lines(a or b""), _lines(b or b""), old_name, new_name, n=3)
@@ -82,42 +141,103 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS) -> str:
 def tree_diff(base: Path, work: Path, candidates: Iterable[str], ignore: Iterable[str] = ()) -> str:
     ignore = list(ignore)
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
+    left_out = git_ignored(base, [p for p in paths if not os.path.lexists(os.path.join(base, p))])
     base_fs, work_fs = ConfinedFS(base), ConfinedFS(work)
-    return "".join(file_diff(rel, base_fs, work_fs) for rel in paths)
+    return _left_out_note(left_out) + "".join(file_diff(rel, base_fs, work_fs) for rel in paths if rel not in left_out)
+
+
+def git_ignored(base: Path, new_paths: list[str]) -> set[str]:
+    """Which of `new_paths` (absent from `base`) the ignore rules of the git checkout `base`
+    ignore: its .gitignore files, .git/info/exclude and the user's global excludes, as git
+    reads them. Empty when `base` is not a git checkout or git fails (nothing is left out)."""
+    if not new_paths or not os.path.lexists(os.path.join(base, ".git")):
+        return set()
+    # git refuses the whole batch for a path beyond a symlink or inside a submodule; keep those.
+    memo: dict[str, bool] = {}
+    askable = [p for p in new_paths if _plain_dirs(base, posixpath.dirname(p), memo)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}  # e.g. GIT_INDEX_FILE from a hook
+    argv = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", f"--git-dir={base}/.git"]
+    argv += [f"--work-tree={base}", "check-ignore", "-z", "--stdin"]  # tracked files are never "ignored"
+    try:
+        proc = subprocess.run(
+            argv, input=b"\0".join(map(os.fsencode, askable)), capture_output=True, env=env, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("git check-ignore in %s failed (%s); ignored files stay in the diff", base, e)
+        return set()
+    if proc.returncode not in (0, 1):  # 1: nothing ignored
+        log.warning("git check-ignore in %s failed: %s", base, proc.stderr.decode(errors="replace").strip())
+        return set()
+    return {os.fsdecode(p) for p in proc.stdout.split(b"\0") if p}
+
+
+def _plain_dirs(base: Path, rel_dir: str, memo: dict[str, bool]) -> bool:
+    """Whether every directory on `rel_dir` is, in `base`, missing or a real directory that is
+    not a submodule (a symlink or a .git inside)."""
+    if not rel_dir:
+        return True
+    if rel_dir not in memo:
+        here = os.path.join(base, rel_dir)
+        plain = not os.path.islink(here) and not os.path.lexists(os.path.join(here, ".git"))
+        memo[rel_dir] = plain and _plain_dirs(base, posixpath.dirname(rel_dir), memo)
+    return memo[rel_dir]
+
+
+def _left_out_note(left_out: set[str]) -> str:
+    """A comment line (`git apply` skips text before the first header) naming what was left out."""
+    if not left_out:
+        return ""
+    groups = sorted({quote_path(p.split("/", 1)[0] + ("/" if "/" in p else "")) for p in left_out})
+    shown = ", ".join(groups[:5]) + (", ..." if len(groups) > 5 else "")
+    n = len(left_out)
+    return f"# {n} new file{'s' * (n != 1)} left out of this diff: the repository's git ignore rules ignore them ({shown})\n"
 
 
 def changed_paths(diff_text: str) -> list[str]:
-    """The paths a diff made by `tree_diff` touches, in order (its headers are `a/P b/P`)."""
+    """The paths a diff made by `tree_diff` touches, in order (its headers are `a/P b/P`,
+    each name C-quoted by `quote_path` where needed)."""
     paths = []
-    for line in diff_text.splitlines():
-        if not line.startswith("diff --git "):
-            continue
-        pair = line[len("diff --git ") :]
-        half = (len(pair) - 1) // 2
-        a, b = pair[:half], pair[half + 1 :]
-        if a.startswith("a/") and b.startswith("b/") and a[2:] == b[2:]:
-            paths.append(a[2:])
+    for line in diff_text.split("\n"):  # content lines may hold \f, \r, U+2028: they are no line ends
+        if line.startswith("diff --git "):
+            rel = header_path(line[len("diff --git ") :])
+            if rel is not None:
+                paths.append(rel)
     return paths
+
+
+def header_path(pair: str) -> str | None:
+    """The path of a `diff --git A B` header (given without "diff --git "), None when A and B differ."""
+    if pair.startswith('"'):
+        try:
+            a, rest = _unquote(pair)
+            b, tail = _unquote(rest[1:]) if rest.startswith(' "') else (os.fsencode(rest[1:]), "")
+        except ValueError:
+            return None
+        ok = not tail and a.startswith(b"a/") and b.startswith(b"b/") and a[2:] == b[2:]
+        return os.fsdecode(a[2:]) if ok else None
+    half = (len(pair) - 1) // 2
+    a, b = pair[:half], pair[half + 1 :]
+    return a[2:] if a.startswith("a/") and b.startswith("b/") and a[2:] == b[2:] else None
 
 
 async def export_changes(workspace, diff_text: str, dest: Path) -> list[str]:
     """Make `dest` (the directory the workspace was made from) hold the workspace's version of
     every path in `diff_text`: changed and new files are copied (with their mode), deleted ones
-    removed. Writes are confined to `dest`. Returns the paths it could not carry over
-    (symlinks and other special files), which the caller should report."""
-    from vivace.sandbox.base import WorkspaceFileNotFound
-
+    removed, and directories those deletions emptied pruned, as `git apply` does. Writes are
+    confined to `dest`. Returns the paths it could not carry over (symlinks and other special
+    files), which the caller should report."""
     target = ConfinedFS(Path(dest))
-    skipped = []
+    skipped, emptied = [], set()
     for rel in changed_paths(diff_text):
         try:
             st = await workspace.stat(rel)
-        except WorkspaceFileNotFound:
+        except (WorkspaceFileNotFound, NotAFileError):  # NotAFileError: a parent is a file now
             st = None
         if st is None or st.kind == "dir":
             try:
                 target.remove(rel)
-            except WorkspaceFileNotFound:
+                emptied.add(posixpath.dirname(rel))
+            except (WorkspaceFileNotFound, NotAFileError):
                 pass
             continue
         if st.kind != "file":
@@ -127,4 +247,19 @@ async def export_changes(workspace, diff_text: str, dest: Path) -> list[str]:
             target.remove(rel, recursive=True)  # a symlink or directory the workspace replaced by a file
         target.write_bytes(rel, await workspace.read_bytes(rel))
         os.chmod(Path(dest) / rel, st.mode & 0o7777)
+    _prune_empty_dirs(target, emptied)
     return skipped
+
+
+def _prune_empty_dirs(target: ConfinedFS, dirs: set[str]) -> None:
+    """Remove each of `dirs` that is now empty, and its parents that this empties, never the
+    root: a package directory left empty would still import (as a namespace package)."""
+    for d in sorted(dirs, key=lambda d: d.count("/"), reverse=True):  # deepest first
+        while d:
+            try:
+                if target.stat(d).kind != "dir":
+                    break
+                target.remove(d)  # not recursive: fails on a directory that still holds something
+            except (NotAFileError, WorkspaceFileNotFound, PathEscapeError):
+                break
+            d = posixpath.dirname(d)

@@ -4,6 +4,7 @@ State directory layout (one per machine, shared by every process):
 
     snapshots/<key>/            materialised base snapshots (see snapshot.py)
     owners/<pid>-<start>-<nonce>/<ws>/  live workspaces of one backend instance
+    owners/<pid>-<start>-<nonce>/uses-<key>  a snapshot it handed out: never evicted meanwhile
     etc/                        the sandbox's synthetic /etc files (isolated backend)
 
 A process that dies without cleaning up (SIGKILL, OOM, power loss of a container) leaves
@@ -40,7 +41,7 @@ from vivace.sandbox.base import (
 from vivace.sandbox.diff import tree_diff
 from vivace.sandbox.linux import process_start_time
 from vivace.sandbox.paths import ConfinedFS
-from vivace.sandbox.snapshot import Snapshot, SnapshotSource, materialize
+from vivace.sandbox.snapshot import Snapshot, SnapshotSource, evict, materialize
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,16 @@ class LocalBackend(abc.ABC):
     def snapshot(self, source: SnapshotSource | str) -> Snapshot:
         if isinstance(source, str):
             source = SnapshotSource(path=source)
-        return materialize(source, self.state / "snapshots", self.file_owner)
+        # The claim lasts this backend's life: its pools may make workspaces of it at any time.
+        snap = materialize(source, self.state / "snapshots", self.file_owner, holder=self.owner_dir)
+        try:
+            evicted = evict(self.state / "snapshots", (self.state / "owners").iterdir())
+        except OSError as e:  # a full cache must not stop the work it caches
+            log.warning("could not evict old snapshots from %s: %s", self.state / "snapshots", e)
+        else:
+            if evicted:
+                log.info("evicted %d least recently used snapshots from the cache", len(evicted))
+        return snap
 
     async def create(self, snapshot: Snapshot) -> LocalWorkspace:
         ws_id = f"w{next(self._ids)}"

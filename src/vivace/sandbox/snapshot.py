@@ -6,10 +6,15 @@ a thousand workspaces of one task share one copy and every process on the machin
 it. Materialising writes to a temporary name and renames atomically: concurrent processes
 never see a half-built snapshot. Workspaces never write to it (overlayfs keeps it as the
 lower layer; the plain backend copies it).
+
+The cache is bounded: `evict` removes the least recently used snapshots beyond a byte budget,
+sparing those a live holder (a backend) has claimed and those used within the last hour.
+Beside each snapshot, `<key>.used` holds its size and its mtime is the last use.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import secrets
@@ -17,7 +22,9 @@ import shutil
 import stat
 import subprocess
 import tarfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -25,6 +32,15 @@ from typing import Literal
 from vivace.sandbox.base import SandboxError
 
 SourceKind = Literal["dir", "tar", "git"]
+
+# Enough for a training run's working set (hundreds of small task repos, or a few dozen
+# ~100 MB SWE-bench checkouts) to stay cached, while `vivace agent` on a repo that changes
+# between runs (each run is a new snapshot, .git and node_modules included) stops at this.
+MAX_CACHE_BYTES = 10 << 30
+# A snapshot used this recently is never evicted, whoever uses it: callers of `materialize`
+# that claim no use (task tree builders) copy out of it within seconds.
+MIN_IDLE_S = 3600.0
+CLAIM_PREFIX = "uses-"  # a holder directory's file `uses-<key>` claims that snapshot
 
 
 @dataclass(frozen=True)
@@ -50,8 +66,11 @@ class Snapshot:
     source: SnapshotSource
 
 
-def materialize(source: SnapshotSource, cache_dir: Path, owner: tuple[int, int] | None = None) -> Snapshot:
-    """Return the cached snapshot for `source`, building it on first use."""
+def materialize(
+    source: SnapshotSource, cache_dir: Path, owner: tuple[int, int] | None = None, holder: Path | None = None
+) -> Snapshot:
+    """Return the cached snapshot for `source`, building it on first use. With `holder` (a
+    directory that exists as long as its user may use the snapshot), `evict` spares it."""
     kind = source.resolved_kind()
     path = Path(source.path).expanduser().resolve()
     if not path.exists():
@@ -59,6 +78,12 @@ def materialize(source: SnapshotSource, cache_dir: Path, owner: tuple[int, int] 
     key = _key(kind, path, source.commit)
     if owner:
         key += f"-u{owner[0]}"  # ownership is part of what the cache holds
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _cache_lock(cache_dir, exclusive=False):  # an eviction sees this use, or ran before it
+        if holder:
+            (holder / f"{CLAIM_PREFIX}{key}").touch()
+        if (cache_dir / key).is_dir():
+            _record_use(cache_dir / key)
 
     def build(tmp: Path) -> None:
         if kind == "dir":
@@ -70,7 +95,9 @@ def materialize(source: SnapshotSource, cache_dir: Path, owner: tuple[int, int] 
         if owner:
             _chown_tree(tmp, owner)
 
-    return Snapshot(key=key, root=build_once(cache_dir / key, build), source=source)
+    root = build_once(cache_dir / key, build)
+    _record_use(root)  # a new snapshot's size
+    return Snapshot(key=key, root=root, source=source)
 
 
 def build_once(target: Path, build: Callable[[Path], None]) -> Path:
@@ -94,16 +121,112 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def evict(
+    cache_dir: Path, holders: Iterable[Path], max_bytes: int = MAX_CACHE_BYTES, min_idle_s: float = MIN_IDLE_S
+) -> list[str]:
+    """Remove least recently used snapshots until the cache holds at most `max_bytes`, sparing
+    those claimed in a `holders` directory and those used within `min_idle_s`; returns the
+    keys removed. Skips the round when another process is evicting or claiming."""
+    doomed = [Path(e) for e in _listdir(cache_dir) if ".evicted-" in e.name]  # left by a crash
+    removed = []
+    with _cache_lock(cache_dir, exclusive=True, wait=False) as locked:
+        for key in _victims(cache_dir, holders, max_bytes, min_idle_s) if locked else []:
+            doomed.append(cache_dir / f".{key}.evicted-{secrets.token_hex(4)}")
+            os.rename(cache_dir / key, doomed[-1])  # atomic: no one finds a half-removed snapshot
+            _used_file(cache_dir / key).unlink(missing_ok=True)
+            removed.append(key)
+    for trash in doomed:  # slow, and needs no lock once renamed away
+        shutil.rmtree(trash, ignore_errors=True)
+    return removed
+
+
+def _victims(cache_dir: Path, holders: Iterable[Path], max_bytes: int, min_idle_s: float) -> list[str]:
+    """The keys to evict, least recently used first, to bring the cache within `max_bytes`."""
+    roots = [Path(e) for e in _listdir(cache_dir) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+    entries = sorted((*_usage(root), root.name) for root in roots)  # (last use, bytes, key)
+    total = sum(size for _, size, _ in entries)
+    if total <= max_bytes:
+        return []
+    claimed = {e.name[len(CLAIM_PREFIX) :] for h in holders for e in _listdir(h) if e.name.startswith(CLAIM_PREFIX)}
+    victims = []
+    for last_use, size, key in entries:
+        if total <= max_bytes:
+            break
+        if key not in claimed and time.time() - last_use >= min_idle_s:
+            victims.append(key)
+            total -= size
+    return victims
+
+
+def _used_file(root: Path) -> Path:
+    return root.parent / f"{root.name}.used"
+
+
+def _record_use(root: Path) -> None:
+    """Mark `root` as used now, noting its size the first time."""
+    used = _used_file(root)
+    try:
+        os.utime(used)
+    except FileNotFoundError:
+        used.write_text(str(_tree_bytes(root)))
+
+
+def _usage(root: Path) -> tuple[float, int]:
+    """(last use, size in bytes) of a snapshot; one from before usage records counts as used
+    when built, and gets its record now."""
+    used = _used_file(root)
+    try:
+        return used.stat().st_mtime, int(used.read_text())
+    except (FileNotFoundError, ValueError):
+        size = _tree_bytes(root)
+        used.write_text(str(size))
+        os.utime(used, (root.stat().st_mtime,) * 2)
+        return root.stat().st_mtime, size
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def _listdir(d: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(d) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):  # a holder that just went away
+        return []
+
+
+@contextmanager
+def _cache_lock(cache_dir: Path, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+    """flock on the cache: claims take it shared, eviction exclusive; yields whether it is held."""
+    fd = os.open(cache_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _key(kind: SourceKind, path: Path, commit: str | None) -> str:
     h = hashlib.sha256(kind.encode())
     if kind == "dir":
-        h.update(str(path).encode())
+        # fsencode: a file name need not be UTF-8 (Python holds its stray bytes as surrogates).
+        h.update(os.fsencode(path))
         for dirpath, dirnames, filenames in os.walk(path):
             dirnames.sort()
             for name in sorted(filenames) + dirnames:
                 p = os.path.join(dirpath, name)
                 st = os.lstat(p)
-                h.update(f"{os.path.relpath(p, path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
+                h.update(os.fsencode(os.path.relpath(p, path)))
+                h.update(f"\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
     elif kind == "tar":
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
