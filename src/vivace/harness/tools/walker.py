@@ -72,16 +72,23 @@ def files(root):
     return sorted(out, key=lambda p: p.split("/"))
 
 
-def gitre(pat):
-    """A regex for one .gitignore pattern (no leading '!', no trailing '/'), matched against a whole path."""
+def pattern_re(pat, gitignore=False):
+    """A regex matching a whole path for a glob (`**`, `*`, `?`, `[...]`, `{a,b}`) or, with `gitignore`,
+    for one .gitignore pattern (no leading '!' or trailing '/'; `\\` escapes; `**` only as a whole segment)."""
     i, out = 0, ""
     while i < len(pat):
         c = pat[i]
-        if pat.startswith("**", i) and (i == 0 or pat[i - 1] == "/") and pat[i + 2 : i + 3] in ("/", ""):
-            out, i = out + ("(?:.*/)?" if pat[i + 2 : i + 3] == "/" else ".*"), i + 3
+        whole = (i == 0 or pat[i - 1] == "/") and pat[i + 2 : i + 3] in ("/", "")
+        if pat.startswith("**", i) and (whole or not gitignore):
+            slash = pat[i + 2 : i + 3] == "/"
+            out, i = out + ("(?:.*/)?" if slash else ".*"), i + (3 if slash else 2)
             continue
-        j = pat.find("]", i + (3 if pat[i + 1 : i + 2] in ("!", "^") else 2)) if c == "[" else -1
-        if c == "\\" and i + 1 < len(pat):
+        j = -1
+        if c == "[":
+            j = pat.find("]", i + (3 if pat[i + 1 : i + 2] in ("!", "^") else 2))
+        elif c == "{" and not gitignore:
+            j = pat.find("}", i)
+        if c == "\\" and gitignore and i + 1 < len(pat):
             out, i = out + re.escape(pat[i + 1]), i + 1
         elif c == "*":
             out += "[^/]*"
@@ -90,6 +97,9 @@ def gitre(pat):
         elif c == "[" and j > 0:
             body = pat[i + 1 : j]
             out += "[" + ("^" + body[1:] if body[:1] in ("!", "^") else body).replace("\\", "\\\\") + "]"
+            i = j
+        elif c == "{" and j > 0:
+            out += "(?:" + "|".join(pattern_re(x) for x in pat[i + 1 : j].split(",")) + ")"
             i = j
         else:
             out += re.escape(c)
@@ -121,7 +131,7 @@ def ignore_rules(path, base):
             continue
         anchored = "/" in line
         try:
-            rx = re.compile(gitre(line.lstrip("/")), re.DOTALL)
+            rx = re.compile(pattern_re(line.lstrip("/"), gitignore=True), re.DOTALL)
         except re.error:
             continue
         rules.append((base, rx, negated, dir_only, anchored))
@@ -170,39 +180,11 @@ def walk(root):
     return found
 
 
-def globre(pat):
-    i, out = 0, ""
-    while i < len(pat):
-        c = pat[i]
-        if pat.startswith("**/", i):
-            out, i = out + "(?:.*/)?", i + 3
-            continue
-        if pat.startswith("**", i):
-            out, i = out + ".*", i + 2
-            continue
-        j = pat.find("]" if c == "[" else "}", i + 2 if c == "[" else i) if c in "[{" else -1
-        if c == "*":
-            out += "[^/]*"
-        elif c == "?":
-            out += "[^/]"
-        elif c == "[" and j > 0:
-            body = pat[i + 1 : j]
-            out += "[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]"
-            i = j
-        elif c == "{" and j > 0:
-            out += "(?:" + "|".join(globre(x) for x in pat[i + 1 : j].split(",")) + ")"
-            i = j
-        else:
-            out += re.escape(c)
-        i += 1
-    return out
-
-
 def matcher(pat):
     if not pat:
         return lambda p: True
     pat = pat[2:] if pat.startswith("./") else pat.lstrip("/")
-    rx = re.compile(globre(pat))
+    rx = re.compile(pattern_re(pat))
     return lambda p: bool(rx.fullmatch(p if "/" in pat else p.rsplit("/", 1)[-1]))
 
 
