@@ -9,6 +9,7 @@ counts of embedded texts are exact.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,19 @@ async def test_codebase_search_tool_text(search, shop, backend):
     )
     await ctx.workspace.remove("zoo/zebra.py")
     assert await run(query="zebra giraffe") == "No results for 'zebra giraffe'."
+    for query in ("", "  \n"):  # refused as arguments, before any search (and by the backend itself)
+        result = parse_args(tool, {"query": query})
+        assert result.is_error and "the query is empty" in result.text
+        with pytest.raises(ValueError, match="the query is empty"):
+            await search.search(ctx.workspace, query, None, 5)
+
+
+async def test_file_name_not_utf8_is_indexed_under_its_real_name(search, shop):
+    name = os.fsdecode(b"caf\xe9_menu.py")  # undecodable byte kept as a surrogate (surrogateescape)
+    (shop / name).write_text("def list_coffee_menu_items():\n    return ['espresso', 'latte']\n")
+    state = await search.indexer.open(tree_mod.DirectorySource(shop, search.config))
+    hits = state.view.search("coffee menu items", 3, "dense")
+    assert hits[0].path == name and (shop / hits[0].path).is_file()
 
 
 async def test_odd_trees(search, backend, tmp_path):

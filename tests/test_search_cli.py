@@ -46,6 +46,43 @@ def test_index_build_then_search(tmp_path):
     assert len(list((cache / "bases").iterdir())) == 1  # the edit lives in an overlay, not a second base
 
 
+def test_build_after_edits_reports_and_saves_the_current_tree(tmp_path):
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    for i in range(12):
+        (repo / f"pkg/m{i}.py").parent.mkdir(parents=True, exist_ok=True)
+        (repo / f"pkg/m{i}.py").write_text(f"def helper_{i}(x):\n    return x + {i}\n")
+    (repo / "blob.bin").write_bytes(b"\x00\x01" * 100)
+    result = runner.invoke(app, ["index", "build", "--repo", str(repo), "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    assert "chunking files: 12/12" in result.output and "embedding chunks: 12/12" in result.output  # not a terminal
+    assert "12 files as 12 chunks (12 embedded now; 1 skipped" in result.output
+    (repo / "pkg/m0.py").unlink()
+    (repo / "pkg/m1.py").unlink()
+    (repo / "pkg/new.py").write_text("def fresh_one(x):\n    return x\n\n\ndef fresh_two(y):\n    return y\n")
+    code, out = invoke("index", "build", "--repo", str(repo), "--cache-dir", str(cache), "--json")
+    assert code == 0, out
+    built = json.loads(out)
+    assert (
+        built["files"] == 11 and built["chunks"] == 11 and built["chunks_embedded"] == 1 and built["files_skipped"] == 1
+    )
+    assert (cache / "bases" / built["root"] / "meta.json").is_file()  # the reported root is saved
+
+
+def test_markup_in_paths_and_queries_is_printed_as_is(tmp_path):
+    repo, cache = tmp_path / "repo", str(tmp_path / "cache")
+    (repo / "pages/blog").mkdir(parents=True)
+    (repo / "pages/blog/[slug].tsx").write_text(
+        "export default function BlogPostPage(slug: string) {\n  return slug;\n}\n"
+    )
+    code, out = invoke("index", "search", "BlogPostPage", "--repo", str(repo), "--cache-dir", cache, "--mode", "bm25")
+    assert code == 0 and out.startswith("pages/blog/[slug].tsx:1-3 (BlogPostPage)"), out
+    code, out = invoke("index", "search", "[/]", "--repo", str(repo), "--cache-dir", cache, "--mode", "bm25")
+    assert code == 0 and out == "No results for '[/]'.\n", out
+    for query in ("", "   "):
+        code, out = invoke("index", "search", query, "--repo", str(repo), "--cache-dir", cache)
+        assert code == 2 and "the query is empty" in out
+
+
 def test_index_errors(tmp_path):
     code, out = invoke("index", "search", "x", "--repo", str(tmp_path / "missing"))
     assert code == 2 and "is not a directory" in out
@@ -55,6 +92,15 @@ def test_index_errors(tmp_path):
         "index", "build", "--repo", str(tmp_path), "--model", str(tmp_path), "--cache-dir", str(tmp_path)
     )
     assert code == 2 and "not a sentence-transformers model directory" in out
+    (tmp_path / "a_file").write_text("")
+    code, out = invoke("index", "build", "--repo", str(tmp_path), "--cache-dir", str(tmp_path / "a_file"))
+    assert code == 2 and "--cache-dir" in out and "is not a directory" in out
+    (tmp_path / "bogus_model").mkdir()
+    (tmp_path / "bogus_model" / "config.json").write_text("{}")  # looks like a model until it loads
+    (tmp_path / "src.py").write_text("def f():\n    pass\n")
+    code, out = invoke("index", "build", "--repo", str(tmp_path), "--model", str(tmp_path / "bogus_model"),
+                       "--cache-dir", str(tmp_path / "cache"))  # fmt: skip
+    assert code == 2 and "could not load the embedding model" in out, out
     code, out = invoke("index", "train-embedder", "--traces", str(tmp_path / "none"))
     assert code == 2 and "does not exist" in out
 

@@ -257,3 +257,13 @@ def test_printer_passes_no_control_character_to_the_terminal():
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out), out
     # The reply, both calls' arguments, the first result, the edit's diff, the final diff and the error.
     assert out.count("\\x1b]0;PWNED\\x07\\x1b[2J") == 7, out
+
+
+def test_codebase_search_refuses_a_blank_query_before_searching():
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import parse_args
+
+    tool = next(t for t in default_tools() if t.name == "codebase_search")
+    for query in ("", "   \n"):
+        result = parse_args(tool, {"query": query})
+        assert result.is_error and "the query is empty" in result.text

@@ -6,13 +6,17 @@ unless files changed, and then only their changed chunks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from vivace.cli import LoggedProgress, app, err, out
@@ -31,11 +35,27 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON.")]
 def _config(model: str | None, cache_dir: Path | None, **kw: Any):
     from vivace.search.config import SearchConfig
 
+    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
+        err.print(f"[red]error:[/red] --cache-dir {escape(str(cache_dir))} is not a directory; pass a directory")
+        raise typer.Exit(2)
     updates = {k: v for k, v in {"model": model, "cache_dir": cache_dir, **kw}.items() if v is not None}
     try:
         return SearchConfig(**updates)
     except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+
+
+@contextlib.contextmanager
+def _model_errors() -> Iterator[None]:
+    """Exit 2 with the message when the model turns out unusable: it loads on first use, deep
+    inside a build or a search, not when the index is set up."""
+    from vivace.search.embed import EmbedderUnavailable
+
+    try:
+        yield
+    except EmbedderUnavailable as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
 
 
@@ -46,32 +66,51 @@ def _indexer(config):
     try:
         return Indexer(config, shared(config.model, config.cache_dir / "embeddings" if config.cache_dir else None))
     except EmbedderUnavailable as e:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
 
 
 def _repo(repo: Path) -> Path:
     if not repo.is_dir():
-        err.print(f"[red]error:[/red] {repo} is not a directory; pass the repository with --repo DIR")
+        err.print(f"[red]error:[/red] {escape(str(repo))} is not a directory; pass the repository with --repo DIR")
         raise typer.Exit(2)
     return repo.resolve()
 
 
-def _open(indexer, repo: Path, quiet: bool):
-    """The repository's index: its saved base (plus the files changed since), else a new build."""
+STAGES = {"chunked": "chunking files", "embedded": "embedding chunks"}
+
+
+class _Stopped(Exception):
+    """Ctrl-C: raised from the build's progress callback, between two embedding batches."""
+
+
+def _open(indexer, repo: Path, quiet: bool, share: bool = True):
+    """The repository's index: its saved base (plus the files changed since), else a new build.
+    `share`: reuse the last base of `repo` for a changed tree (False: `repo` gets its own base)."""
     from vivace.search.tree import DirectorySource
 
-    last = indexer.store.last_root(repo)
-    if last:
+    if share and (last := indexer.store.last_root(repo)):
         indexer.store.get(last)  # in memory now: a changed tree reuses it with an overlay
     progress = LoggedProgress(quiet=quiet, transient=True)
-    bar = progress.add_task("embedding chunks", total=None)
+    tasks: dict[str, Any] = {}  # stage -> its own task: a finished stage's count never hides the next one's
+    stop = threading.Event()
 
     def step(stage: str, done: int, total: int) -> None:
-        progress.update(bar, description=f"{stage} chunks", completed=done, total=total)
+        if stop.is_set():  # runs in the build's thread, which asyncio cannot cancel
+            raise _Stopped
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(STAGES.get(stage, stage), total=total)
+        progress.update(tasks[stage], completed=done, total=total)
 
-    with progress:
-        state = asyncio.run(indexer.open(DirectorySource(repo, indexer.config), step))
+    async def run():
+        try:
+            return await indexer.open(DirectorySource(repo, indexer.config), step, share)
+        except asyncio.CancelledError:  # Ctrl-C: stop the embedding thread instead of waiting for it
+            stop.set()
+            raise
+
+    with progress, _model_errors():
+        state = asyncio.run(run())
     indexer.store.set_last_root(repo, state.view.base.root)
     return state
 
@@ -81,20 +120,21 @@ def index_build(repo: RepoOpt, model: ModelOpt = None, cache_dir: CacheOpt = Non
     """Index DIR (chunk, embed, BM25); saved in the cache, keyed by the tree's Merkle root."""
     repo = _repo(repo)
     indexer = _indexer(_config(model, cache_dir))
-    t0 = time.perf_counter()
-    state = _open(indexer, repo, as_json)
-    base = state.view.base
+    t0, encoded = time.perf_counter(), indexer.cache.embedder.encoded  # the embedder may be shared in-process
+    state = _open(indexer, repo, as_json, share=False)  # this tree's own base, whatever was built before
     report = {
-        "repo": str(repo), "root": state.view.root, "files": len(state.view.tree.files), "chunks": len(base.chunks),
-        "chunks_embedded": indexer.cache.embedder.encoded, "seconds": time.perf_counter() - t0,
+        "repo": str(repo), "root": state.view.root, "files": len(state.view.tree.files),
+        "chunks": len(state.view.chunks()), "chunks_embedded": indexer.cache.embedder.encoded - encoded,
+        "files_skipped": state.skipped, "seconds": time.perf_counter() - t0,
         "cache_dir": str(indexer.config.cache_dir),
     }  # fmt: skip
     if as_json:
         out.print_json(json.dumps(report))
         return
+    skipped = f"; {report['files_skipped']} skipped (binary, too large or unreadable)" if state.skipped else ""
     out.print(
-        f"indexed {report['files']} files as {report['chunks']} chunks ({report['chunks_embedded']} embedded now) "
-        f"in {report['seconds']:.1f} s; saved under {report['cache_dir']}"
+        f"indexed {report['files']} files as {report['chunks']} chunks ({report['chunks_embedded']} embedded now"
+        f"{skipped}) in {report['seconds']:.1f} s; saved under {escape(report['cache_dir'])}"
     )
 
 
@@ -112,18 +152,22 @@ def index_search(
     from vivace.search.types import MODES
 
     if mode not in MODES:
-        err.print(f"[red]error:[/red] unknown --mode {mode!r}; modes: {', '.join(MODES)}")
+        err.print(f"[red]error:[/red] unknown --mode {escape(repr(mode))}; modes: {', '.join(MODES)}")
+        raise typer.Exit(2)
+    if not query.strip():
+        err.print("[red]error:[/red] the query is empty; say what to look for, in words or identifiers")
         raise typer.Exit(2)
     repo = _repo(repo)
     state = _open(_indexer(_config(model, cache_dir)), repo, as_json)
-    hits = state.view.search(query, k, mode)  # type: ignore[arg-type]
+    with _model_errors():
+        hits = state.view.search(query, k, mode)  # type: ignore[arg-type]
     if as_json:
         out.print_json(json.dumps([asdict(h) for h in hits]))
         return
     if not hits:
-        out.print(f"No results for {query!r}.")
+        out.print(f"No results for {query!r}.", markup=False, highlight=False)
     for h in hits:
-        out.print(f"[bold]{h.path}:{h.start_line}-{h.end_line}[/]" + (f" ({h.symbol})" if h.symbol else "")
+        out.print(f"[bold]{escape(h.path)}:{h.start_line}-{h.end_line}[/]" + (f" ({escape(h.symbol)})" if h.symbol else "")
                   + f"  [dim]{h.score:.4f}[/]", highlight=False)  # fmt: skip
         first = h.snippet_line or h.start_line
         for i, line in enumerate(h.snippet.split("\n")):
@@ -145,7 +189,7 @@ def index_bench(
     from vivace.search.bench import run_bench
 
     cfg = _config(model, None).model_copy(update={"cache_dir": cache_dir})
-    result = asyncio.run(run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{s}[/]")))
+    result = asyncio.run(run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{escape(s)}[/]")))
     if as_json:
         out.print_json(json.dumps(result))
         return
@@ -206,20 +250,22 @@ def index_train_embedder(
     from vivace.search.finetune import TrainConfig, train_embedder
 
     if not traces.exists():
-        err.print(f"[red]error:[/red] {traces} does not exist; pass a `vivace bench --out` directory with --traces")
+        err.print(
+            f"[red]error:[/red] {escape(str(traces))} does not exist; pass a `vivace bench --out` directory with --traces"
+        )
         raise typer.Exit(2)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, holdout=holdout, seed=seed)
     try:
-        report = train_embedder(traces, out_dir, model, cfg, state_dir, say=lambda s: err.print(f"[dim]{s}[/]"))
+        report = train_embedder(traces, out_dir, model, cfg, state_dir, say=lambda s: err.print(f"[dim]{escape(s)}[/]"))
     except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
     if as_json:
         out.print_json(json.dumps(report))
         return
     b, a = report["before"], report["after"]
     out.print(f"pairs: {report['train_pairs']} train, {report['heldout_pairs']} held out "
-              f"({report['heldout_tasks']} tasks); saved {report['model_dir']}")  # fmt: skip
+              f"({report['heldout_tasks']} tasks); saved {escape(str(report['model_dir']))}")  # fmt: skip
     out.print(
         f"held-out dense recall@5: {b['recall@5']:.3f} -> {a['recall@5']:.3f}; MRR {b['mrr']:.3f} -> {a['mrr']:.3f}"
     )

@@ -21,6 +21,7 @@ from vivace.search.config import SearchConfig
 from vivace.search.embed import EmbedderUnavailable, EmbeddingCache, shared
 from vivace.search.tree import Indexer, TreeState, WorkspaceSource
 from vivace.search.types import SearchHit
+from vivace.search.view import EMPTY_QUERY
 
 log = logging.getLogger(__name__)
 _AUTO: Any = object()
@@ -91,6 +92,8 @@ class HybridSearch:
     async def search(
         self, workspace: Workspace, query: str, target_directories: list[str] | None, k: int
     ) -> list[SearchHit]:
+        if not query.strip():  # refused before the workspace is scanned
+            raise ValueError(EMPTY_QUERY)
         state = await self.state(workspace)
         dirs = [d for d in (rel_path(t) for t in target_directories or []) if d is not None]
         if target_directories and not dirs:

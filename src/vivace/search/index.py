@@ -13,10 +13,12 @@ cheap next to embedding and keeps the format independent of bm25s' own.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
 import uuid
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -29,7 +31,9 @@ from vivace.search.merkle import MerkleTree
 from vivace.search.scan import text_hash
 
 FORMAT = 1
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
+Progress = Callable[[str, int, int], None]  # (stage, done, total); may raise to stop a build between batches
+DAMAGED = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile)  # what a bad file raises
+log = logging.getLogger(__name__)
 
 
 def embed_text(chunk: Chunk) -> str:
@@ -55,6 +59,7 @@ class BaseIndex:
     build_s: float = 0.0  # seconds the build took (chunk + embed + BM25); 0 for a loaded base
 
     def __init__(self, files: Mapping[str, str], chunks: list[Chunk], vectors: np.ndarray | None, model: str | None):
+        assert vectors is None or len(vectors) == len(chunks), "a base needs one vector per chunk"
         self.tree = MerkleTree(files)
         self.chunks = chunks
         self.vectors = vectors  # (len(chunks), dim) float32, L2-normalised; None: no embedder (BM25 only)
@@ -84,9 +89,12 @@ class BaseIndex:
         vectors = None
         if cache is not None:
             step = (lambda done, total: progress("embedded", done, total)) if progress else None
-            vectors = cache.embed([embed_text(c) for c in chunks], step)
-            cache.flush()
-        base = cls({p: text_hash(t) for p, t in texts.items()}, chunks, vectors, cache.embedder.id if cache else None)
+            try:
+                vectors = cache.embed([embed_text(c) for c in chunks], step)
+            finally:  # a build stopped half way keeps what it embedded: the next one resumes there
+                cache.flush()
+        model = cache.embedder.id if cache is not None else None  # not truthiness: an empty cache is falsy
+        base = cls({p: text_hash(t) for p, t in texts.items()}, chunks, vectors, model)
         base.build_s = time.perf_counter() - t0
         return base
 
@@ -109,17 +117,24 @@ class BaseIndex:
     def load(cls, directory: Path, model: str | None) -> BaseIndex | None:
         """The base saved in `directory`, or None when it is missing, damaged, of another format
         or made with another embedding model."""
+        directory = Path(directory)
+        if not (directory / "meta.json").is_file():
+            return None
         try:
-            meta = json.loads((Path(directory) / "meta.json").read_text())
+            meta = json.loads((directory / "meta.json").read_text())
             if meta.get("format") != FORMAT or meta.get("model") != model:
                 return None
-            rows = json.loads((Path(directory) / "chunks.json").read_text())
+            rows = json.loads((directory / "chunks.json").read_text())
             chunks = [Chunk(p, s, e, t, tuple(sy)) for p, s, e, sy, t in rows]
             vectors = None
             if model is not None:
-                vectors = np.load(Path(directory) / "vectors.npy").astype(np.float32)
-                if vectors.shape[0] != len(chunks):
-                    return None
-        except (OSError, ValueError, KeyError, TypeError):
+                vectors = np.load(directory / "vectors.npy").astype(np.float32)
+                if vectors.shape != (len(chunks), vectors.shape[-1]):
+                    raise ValueError(f"{vectors.shape[0]} vectors for {len(chunks)} chunks")
+            return cls(meta["files"], chunks, vectors, model)
+        except (*DAMAGED, AttributeError) as e:
+            log.warning(
+                "search cache: the index in %s is damaged (%s: %s); rebuilding it", directory, type(e).__name__, e
+            )
+            shutil.rmtree(directory, ignore_errors=True)  # saved bases are renamed in whole: it stays damaged
             return None
-        return cls(meta["files"], chunks, vectors, model)

@@ -6,16 +6,21 @@ workspace, it scans the workspace with one exec, so local, isolated and remote (
 workspaces are indexed the same way. It must therefore run on any python3 with the standard
 library alone.
 
-Files are those the search tools see: hidden files and directories and symlinks are skipped,
-.gitignore is honoured in git repositories (`git ls-files`), vendored dependency folders are
-skipped, and binary (a NUL byte in the first 8 KiB), oversized and unreadable files are
-counted but not indexed. Not guaranteed: a file that changes during a scan may be reported
-with its old stat and new text (the next scan sees the stat change and reads it again).
+Files are those the search tools see: hidden files and directories and symlinks are skipped;
+in a git repository, the files git lists (tracked, and untracked but not ignored: a tracked
+`build/` or `vendor/` is indexed), else every file outside vendored dependency and build
+folders (SKIP_DIRS); binary (a NUL byte in the first 8 KiB), oversized and unreadable files
+are counted but not indexed. git runs with `safe.directory=*` (the listing only reads), so a
+repository owned by another user still honours its .gitignore; where git fails in a repository
+all the same, a warning is logged and the walk's rules apply. Not guaranteed: a file that
+changes during a scan may be reported with its old stat and new text (the next scan sees the
+stat change and reads it again).
 """
 
 import base64
 import hashlib
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -23,7 +28,10 @@ import sys
 import time
 import zlib
 
-SKIP_DIRS = {"node_modules", "__pycache__", "venv", "site-packages", "target", "dist", "build", "vendor"}
+SKIP_DIRS = {"node_modules", "__pycache__", "venv", "site-packages", "target", "dist", "build", "vendor"}  # no git
+GIT_LIST = ["ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+log = logging.getLogger("vivace.search.scan")  # stdlib only: inside a workspace it prints to stderr
+_warned = set()  # roots whose git failure was already logged
 
 
 def text_hash(text):
@@ -31,14 +39,38 @@ def text_hash(text):
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
+def in_git_repo(root):
+    """Whether `root` is inside a git work tree (a .git directory or file above it)."""
+    d = os.path.abspath(root)
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return True
+        parent = os.path.dirname(d)
+        if parent == d:
+            return False
+        d = parent
+
+
+def git_files(root):
+    """The paths git lists under `root` (tracked, and untracked but not ignored); None when git
+    cannot list them (not a repository, no git, or git refused)."""
+    try:
+        r = subprocess.run(["git", "-c", "safe.directory=*", "-C", root, *GIT_LIST], capture_output=True)
+    except OSError as e:
+        r = subprocess.CompletedProcess([], 127, b"", str(e).encode())
+    if r.returncode == 0 and r.stdout:
+        return [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+    if r.returncode != 0 and root not in _warned and in_git_repo(root):
+        _warned.add(root)  # once per process: a long-lived index rescans on every query
+        why = r.stderr.decode("utf-8", "replace").strip().split("\n")[0][:300]
+        log.warning("git could not list the files of %s (%s); indexing without .gitignore", root, why)
+    return None
+
+
 def candidates(root):
     """(relative path, lstat) of the regular files under `root` that search may index, sorted."""
-    r = subprocess.run(
-        ["git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True
-    )
-    if r.returncode == 0 and r.stdout:
-        found = [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
-    else:
+    found = git_files(root)
+    if found is None:
         found = []
         for d, dirs, names in os.walk(root):
             dirs[:] = [x for x in dirs if not x.startswith(".") and x not in SKIP_DIRS]
@@ -46,7 +78,7 @@ def candidates(root):
             found += [n if rel == "." else rel + "/" + n for n in names]
     out = []
     for p in found:
-        if any(c.startswith(".") or c in SKIP_DIRS for c in p.split("/")):
+        if any(c.startswith(".") for c in p.split("/")):
             continue
         try:
             st = os.lstat(os.path.join(root, p))

@@ -11,6 +11,8 @@ for that directory (`vivace index build`).
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -18,6 +20,8 @@ from pathlib import Path
 
 from vivace.search.embed import EmbeddingCache
 from vivace.search.index import BaseIndex
+
+log = logging.getLogger(__name__)
 
 
 class BaseStore:
@@ -86,13 +90,22 @@ class BaseStore:
 
     def last_root(self, repo: Path) -> str | None:
         pointer = self._pointer(repo)
-        try:
-            return pointer.read_text().strip() or None if pointer else None
-        except OSError:
+        if pointer is None or not pointer.is_file():
             return None
+        try:
+            root = pointer.read_bytes().decode("ascii").strip()
+            if not re.fullmatch(r"[0-9a-f]{8,64}", root):
+                raise ValueError(f"not a Merkle root: {root[:40]!r}")
+        except (OSError, ValueError) as e:  # damaged: as if the directory had never been indexed
+            log.warning("search cache: ignoring damaged %s (%s)", pointer, e)
+            return None
+        return root
 
     def set_last_root(self, repo: Path, root: str) -> None:
         pointer = self._pointer(repo)
         if pointer is not None:
-            pointer.parent.mkdir(parents=True, exist_ok=True)
-            pointer.write_text(root + "\n")
+            try:
+                pointer.parent.mkdir(parents=True, exist_ok=True)
+                pointer.write_text(root + "\n")
+            except OSError as e:  # costs the next search a closest-base lookup, never a failure
+                log.warning("search cache: could not record the index of %s: %s", repo, e)

@@ -139,6 +139,7 @@ class TreeState:
     view: IndexView
     stats: dict[str, tuple[int, int]]  # path -> (size, mtime_ns) of every file the scan listed
     clock: int  # the source's clock (ns) at the last scan
+    skipped: int = 0  # files the first scan listed but could not index (binary, oversized, unreadable)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -160,24 +161,30 @@ class Indexer:
         locks = self._locks.setdefault(asyncio.get_running_loop(), {})
         return locks.setdefault(root, asyncio.Lock())
 
-    async def open(self, source: Source, progress: Progress | None = None) -> TreeState:
+    async def open(self, source: Source, progress: Progress | None = None, share: bool = True) -> TreeState:
+        """The source's index. `share`: a tree not indexed yet may reuse a similar base plus an
+        overlay (False: it gets a base of its own, saved under its root, as `index build` wants)."""
         listing = await source.scan(hashes=True)
         files = {p: h for p, _, _, h in listing["files"] if h}
         tree = MerkleTree(files)
-        base = await self.base_for(source, tree, progress)
+        base = await self.base_for(source, tree, progress, share)
         view = IndexView(base, self.cache)
         diff = base.tree.diff(tree)
         if diff:
             texts = await source.read([p for p, h in diff.items() if h is not None])
             await asyncio.to_thread(view.apply, {p: texts.get(p) if h is not None else None for p, h in diff.items()})
+            if self.cache is not None:  # the next process opening this tree reuses these vectors
+                await asyncio.to_thread(self.cache.flush)
         stats = {p: (size, mtime) for p, size, mtime, _ in listing["files"]}
-        return TreeState(view, stats, listing["clock"])
+        return TreeState(view, stats, listing["clock"], listing.get("skipped", 0))
 
-    async def base_for(self, source: Source, tree: MerkleTree, progress: Progress | None = None) -> BaseIndex:
-        """The base with `tree`'s root; else one sharing most of its files; else a new build."""
+    async def base_for(
+        self, source: Source, tree: MerkleTree, progress: Progress | None = None, share: bool = True
+    ) -> BaseIndex:
+        """The base with `tree`'s root; else (`share`) one sharing most of its files; else a new build."""
         async with self._root_lock(tree.root):
             base = await asyncio.to_thread(self.store.get, tree.root)
-            if base is None:
+            if base is None and share:
                 base = self.store.closest(tree.files, self.config.share_threshold)
             if base is None:
                 texts = await source.read(sorted(tree.files))

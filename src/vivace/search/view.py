@@ -31,6 +31,7 @@ RRF_K = 60  # reciprocal rank fusion: score = sum over retrievers of 1 / (RRF_K 
 CANDIDATES = 100  # per retriever, before fusion
 MIN_SIMILARITY = 0.15  # cosine below which a dense candidate is not a result
 SNIPPET_LINES = 5
+EMPTY_QUERY = "the query is empty; describe the code to find in words or identifiers"
 
 
 @dataclass
@@ -60,7 +61,9 @@ class IndexView:
     def apply(self, changes: Mapping[str, str | None]) -> int:
         """Record changed files (path -> text; None: deleted or not indexable); returns the number
         of chunks that had to be embedded (0 when every changed chunk was seen before)."""
-        before = self.cache.embedder.encoded if self.cache else 0
+        # `is not None`, never truthiness: an EmbeddingCache is a sized container, empty (falsy)
+        # until its shards load, and an overlay without vectors hides its files from dense search.
+        before = self.cache.embedder.encoded if self.cache is not None else 0
         updates: dict[str, _Overlay | None] = {}
         digests: dict[str, str | None] = {}
         for path, text in changes.items():
@@ -72,7 +75,7 @@ class IndexView:
                 updates[path] = None  # back to its base content
                 continue
             chunks = chunk_file(path, text) if text is not None else []
-            vectors = self.cache.embed([embed_text(c) for c in chunks]) if self.cache and chunks else None
+            vectors = self.cache.embed([embed_text(c) for c in chunks]) if self.cache is not None and chunks else None
             updates[path] = _Overlay(chunks, vectors, [doc_tokens(c) for c in chunks])
         with self._lock:
             for path, overlay in updates.items():
@@ -87,7 +90,7 @@ class IndexView:
                     self.files[path] = overlay
             self._visible = self._mask()
             self._merged = None
-        return (self.cache.embedder.encoded - before) if self.cache else 0
+        return (self.cache.embedder.encoded - before) if self.cache is not None else 0
 
     def _mask(self) -> np.ndarray | None:
         if not self.hidden:
@@ -102,14 +105,15 @@ class IndexView:
         with self._lock:
             if self._merged is None:
                 parts = [self.files[p] for p in sorted(self.files)]
+                chunks = [c for p in parts for c in p.chunks]
                 vecs = [p.vectors for p in parts if p.vectors is not None]
+                # row i of the vectors must be chunk i: a file without vectors among files with them
+                # would shift every later row onto another file's chunk
+                assert len(vecs) in (0, len(parts)), "overlay files with and without vectors"
+                vectors = np.concatenate(vecs) if vecs else None
+                assert vectors is None or len(vectors) == len(chunks), "overlay vectors and chunks differ"
                 tokens = [t for p in parts for t in p.tokens]
-                self._merged = _Overlay(
-                    [c for p in parts for c in p.chunks],
-                    np.concatenate(vecs) if vecs else None,
-                    tokens,
-                    Postings(tokens),
-                )
+                self._merged = _Overlay(chunks, vectors, tokens, Postings(tokens))
             return self._merged
 
     def chunks(self) -> list[Chunk]:
@@ -122,6 +126,8 @@ class IndexView:
         """The k best chunks for `query`, best first; `dirs` keeps paths under those directories."""
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; modes: {', '.join(MODES)}")
+        if not query.strip():  # every chunk would tie: the "results" would be arbitrary
+            raise ValueError(EMPTY_QUERY)
         if mode == "dense" and (self.cache is None or self.base.vectors is None):
             raise ValueError("dense search needs an embedding model; this index has none (use bm25)")
         overlay, visible = self._overlay(), self._visible
@@ -136,6 +142,7 @@ class IndexView:
         if mode in ("dense", "hybrid") and self.cache is not None and self.base.vectors is not None:
             q = self.cache.embedder.encode_query(query)
             over = overlay.vectors @ q if overlay.vectors is not None else np.zeros(0, np.float32)
+            assert len(over) == len(overlay.chunks), "overlay chunks without vectors in dense search"
             rankings.append(_top(self.base.vectors @ q, over, base_ok, over_ok, MIN_SIMILARITY))
         if len(rankings) == 1:
             best = rankings[0][:k]

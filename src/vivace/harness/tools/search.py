@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from vivace.harness.tools.base import EVERYTHING, Access, ToolArgs, ToolContext, ToolResult, truncate
 from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
@@ -414,6 +414,13 @@ class CodebaseSearchArgs(ToolArgs):
         None, description="Only search under these directories (workspace-relative); default: everywhere."
     )
     k: int = Field(10, ge=1, le=50, description="Maximum number of results.")
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, query: str) -> str:
+        if not query.strip():
+            raise ValueError("the query is empty; say what to look for (identifiers, words or a description)")
+        return query
 
 
 class CodebaseSearch:

@@ -1,0 +1,228 @@
+"""The semantic index at its edges, without the model: a base loaded from disk with a cache not
+loaded yet, damaged cache files, odd git repositories, and Ctrl-C during a build.
+
+The bag-of-words FakeEmbedder of test_search_index.py stands in for the model; each test that
+needs "another process" makes a fresh EmbeddingCache over the same directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from test_search_index import FakeEmbedder
+from vivace.search import scan
+from vivace.search.config import SearchConfig
+from vivace.search.embed import EmbeddingCache
+from vivace.search.index import BaseIndex
+from vivace.search.tree import DirectorySource, Indexer
+from vivace.search.view import IndexView
+
+FILES = {
+    "httpx/client.py": "def send_request(url, headers):\n    return url\n\n\ndef close_session(s):\n    return s\n",
+    "httpx/auth.py": "def basic_auth_header(user, password):\n    return user + password\n",
+    "web/cart.ts": "export function addToCart(item: string): string {\n  return item;\n}\n",
+} | {f"lib/util_{i}.py": f"def helper_{i}(x):\n    return x * {i}\n" for i in range(30)}  # most files stay
+ZEBRA = "def paint_zebra_stripes(canvas):\n    '''Paint zebra stripes on the canvas.'''\n    return canvas\n"
+
+
+def write(root, files):
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def indexer(cache_dir, embedder=None) -> Indexer:
+    """A fresh indexer over `cache_dir`, as a new process would make it (nothing loaded yet)."""
+    config = SearchConfig(cache_dir=cache_dir)
+    return Indexer(config, EmbeddingCache(embedder or FakeEmbedder(), cache_dir / "embeddings"))
+
+
+def check_hit(hit, root):
+    """The hit's lines are its file's lines (a vector row shifted onto another chunk fails this)."""
+    lines = (root / hit.path).read_text().split("\n")
+    assert hit.snippet.split("\n")[0] == lines[(hit.snippet_line or hit.start_line) - 1], hit
+
+
+def test_overlay_of_a_base_from_disk_is_in_dense_search(tmp_path):
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    write(repo, FILES)
+    first = indexer(cache)
+    root = asyncio.run(first.open(DirectorySource(repo, first.config))).view.root
+    # edit, add and rename, then open in "another process" that reuses the saved base with an overlay
+    write(repo, {"httpx/auth.py": FILES["httpx/auth.py"] + "\n\ndef digest_auth_nonce(n):\n    return n\n"})
+    write(repo, {"zoo/zebra.py": ZEBRA})
+    (repo / "web/cart.ts").rename(repo / "web/basket.ts")
+    second = indexer(cache)
+    second.store.get(root)
+    state = asyncio.run(second.open(DirectorySource(repo, second.config)))
+    assert state.view.base.root == root and state.view.root != root  # base + overlay, no new base
+    for query, path in [("paint zebra stripes canvas", "zoo/zebra.py"), ("digest auth nonce", "httpx/auth.py"),
+                        ("add to cart item", "web/basket.ts")]:  # fmt: skip
+        hits = state.view.search(query, 3, "dense")
+        assert hits and hits[0].path == path, (query, hits)
+        check_hit(hits[0], repo)
+    # the overlay's vectors were saved: a third process embeds nothing to open the same tree
+    third = indexer(cache)
+    third.store.get(root)
+    asyncio.run(third.open(DirectorySource(repo, third.config)))
+    assert third.cache.embedder.encoded == 0
+
+
+def test_long_running_view_keeps_overlay_vectors_aligned(tmp_path):
+    """The cache loads between two applies (another workspace's build): every overlay row still
+    belongs to its chunk, with and without a directory filter."""
+    base_texts = {p: t for p, t in FILES.items()}
+    saved = EmbeddingCache(FakeEmbedder(), tmp_path)
+    BaseIndex.build(base_texts, saved).save(tmp_path / "base")
+    cache = EmbeddingCache(FakeEmbedder(), tmp_path)  # not loaded yet, as in a new process
+    view = IndexView(BaseIndex.load(tmp_path / "base", "fake"), cache)
+    view.apply({"zoo/zebra.py": ZEBRA})
+    cache.embed(["something else in the process embeds a text"])
+    view.apply({"httpx/retry.py": "def retry_with_backoff(fn, attempts):\n    return fn()\n"})
+    view.apply({"web/cart.ts": None, "zoo/giraffe.py": "def feed_giraffe_leaves(tree):\n    return tree\n"})
+    for query, path, dirs in [("paint zebra stripes canvas", "zoo/zebra.py", None),
+                              ("retry with backoff attempts", "httpx/retry.py", ["httpx"]),
+                              ("feed giraffe leaves", "zoo/giraffe.py", ["zoo"]),
+                              ("paint zebra stripes", "zoo/zebra.py", ["zoo"])]:  # fmt: skip
+        hits = view.search(query, 3, "dense", dirs)
+        assert hits and hits[0].path == path, (query, hits)
+        assert hits[0].snippet.startswith("def " + hits[0].symbol), hits[0]
+
+
+# -- damaged cache files -------------------------------------------------------------------------
+
+
+def damage(cache, what: str) -> None:
+    base = next((cache / "bases").iterdir())
+    shard = next((cache / "embeddings" / "fake").glob("shard-*.npz"))
+    pointer = next((cache / "repos").iterdir())
+    if what == "vectors_empty":
+        (base / "vectors.npy").write_bytes(b"")
+    elif what == "vectors_junk":
+        (base / "vectors.npy").write_bytes(b"\x93NUMPY junk" * 10)
+    elif what.startswith("shard"):  # and no saved base, so the build reads the shard
+        shard.write_bytes({"shard_truncated": shard.read_bytes()[:100], "shard_empty": b""}.get(what, os.urandom(500)))
+        shutil.rmtree(base)
+    elif what == "pointer_binary":
+        pointer.write_bytes(b"\xff\xfe\x00garbage")
+
+
+@pytest.mark.parametrize(
+    "what", ["vectors_empty", "vectors_junk", "shard_truncated", "shard_empty", "shard_junk", "pointer_binary"]
+)
+def test_damaged_cache_files_are_rebuilt_with_a_warning(tmp_path, what, caplog):
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    write(repo, FILES)
+    first = indexer(cache)
+    state = asyncio.run(first.open(DirectorySource(repo, first.config)))
+    first.store.set_last_root(repo, state.view.root)
+    damage(cache, what)
+    caplog.set_level(logging.WARNING)
+    again = indexer(cache)
+    last = again.store.last_root(repo)  # what `vivace index search` does first
+    assert last == (None if what == "pointer_binary" else state.view.root)
+    again.store.get(last) if last else None
+    state = asyncio.run(again.open(DirectorySource(repo, again.config)))
+    assert state.view.search("basic auth header user password", 1, "dense")[0].path == "httpx/auth.py"
+    assert "damaged" in caplog.text
+    if what.startswith("shard"):  # the bad shard is gone, its texts embedded again and saved anew
+        assert again.cache.embedder.encoded == len(state.view.chunks())
+        caplog.clear()
+        EmbeddingCache(FakeEmbedder(), cache / "embeddings").embed(["x"])
+        assert "damaged" not in caplog.text
+
+
+def test_unwritable_cache_costs_a_warning_not_a_build(tmp_path, caplog):
+    (tmp_path / "file").write_text("not a directory")
+    cache = EmbeddingCache(FakeEmbedder(), tmp_path / "file")
+    base = BaseIndex.build(FILES, cache)  # flush cannot write: the build still succeeds
+    assert len(base.chunks) == len(base.vectors) and "could not save" in caplog.text
+
+
+# -- which files a git repository indexes --------------------------------------------------------
+
+
+def git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def test_git_repository_indexes_tracked_build_and_vendor_dirs(tmp_path):
+    write(tmp_path, {"pkg/build/ops.py": "a\n", "vendor/lib.py": "b\n", "dist/new.py": "c\n", "target/x.rs": "d\n",
+                     "src/main.py": "e\n", ".gitignore": "target/\n"})  # fmt: skip
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "pkg", "vendor", "src")
+    paths = [p for p, _ in scan.candidates(str(tmp_path))]
+    assert paths == ["dist/new.py", "pkg/build/ops.py", "src/main.py", "vendor/lib.py"]  # git's word, not SKIP_DIRS
+    plain = tmp_path.parent / f"{tmp_path.name}-plain"  # outside the repository
+    write(plain, {"build/ops.py": "a\n", "node_modules/m.js": "b\n", "src/main.py": "c\n"})
+    assert [p for p, _ in scan.candidates(str(plain))] == ["src/main.py"]  # no git: SKIP_DIRS
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the repository to another user")
+def test_repository_of_another_user_still_honours_gitignore(tmp_path):
+    write(tmp_path, {"kept.py": "a\n", "secret.py": "b\n", ".gitignore": "secret.py\n"})
+    git(tmp_path, "init", "-q")
+    for d, dirs, names in os.walk(tmp_path):
+        for name in [*dirs, *names, "."]:
+            os.chown(os.path.join(d, name), 65534, 65534, follow_symlinks=False)
+    assert [p for p, _ in scan.candidates(str(tmp_path))] == ["kept.py"]
+
+
+def test_git_failing_in_a_repository_is_logged(tmp_path, monkeypatch, caplog):
+    write(tmp_path, {"kept.py": "a\n", "secret.py": "b\n", ".gitignore": "secret.py\n"})
+    git(tmp_path, "init", "-q")
+    monkeypatch.setattr(scan, "GIT_LIST", ["ls-files", "--no-such-option"])
+    assert [p for p, _ in scan.candidates(str(tmp_path))] == ["kept.py", "secret.py"]  # the walk, as before
+    assert "indexing without .gitignore" in caplog.text
+    caplog.clear()
+    not_git = tmp_path.parent / f"{tmp_path.name}-plain"
+    write(not_git, {"a.py": "a\n"})
+    scan.candidates(str(not_git))
+    assert caplog.text == ""  # not a repository: nothing to warn about
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------------
+
+
+class SlowEmbedder(FakeEmbedder):
+    """8 texts per batch (the cache asks for batch_size * 8), 0.05 s per text; interrupts the
+    process (Ctrl-C) during its second batch."""
+
+    batch_size = 1
+
+    def encode(self, texts):
+        if self.calls == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05 * len(texts))
+        return super().encode(texts)
+
+
+def test_ctrl_c_stops_a_build_between_batches(tmp_path):
+    from vivace.cli_index import _open
+
+    repo = tmp_path / "repo"
+    write(repo, {f"m{i}.py": f"def func_{i}(x):\n    return x + {i}\n" for i in range(120)})
+    ix = indexer(tmp_path / "cache", SlowEmbedder())
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        _open(ix, repo, quiet=True, share=False)
+    assert time.perf_counter() - t0 < 4  # all 15 batches would take 6 s
+    assert 0 < ix.cache.embedder.encoded < 120
+    resumed = EmbeddingCache(FakeEmbedder(), tmp_path / "cache" / "embeddings")
+    resumed.embed(["x"])
+    assert len(resumed) == ix.cache.embedder.encoded + 1  # what was embedded before Ctrl-C was saved
+
+
+def test_empty_query_is_refused():
+    view = IndexView(BaseIndex.build(FILES, EmbeddingCache(FakeEmbedder())), EmbeddingCache(FakeEmbedder()))
+    for query in ("", "  \n\t"):
+        with pytest.raises(ValueError, match="the query is empty"):
+            view.search(query, 5, "hybrid")
