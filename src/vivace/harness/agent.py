@@ -83,7 +83,10 @@ async def run_episode(
             turns.append(turn)
             final = message.content or final
             if not message.tool_calls:
-                stop = _Stop("max_tokens" if reply.finish_reason == "length" else "done")
+                if reply.finish_reason == "content_filter":  # withheld, not answered: never scored as an answer
+                    stop = _Stop("error", "the endpoint's content filter withheld the reply")
+                else:
+                    stop = _Stop("max_tokens" if reply.finish_reason == "length" else "done")
                 break
             outcomes = await _within(
                 deadline, _run_calls(list(message.tool_calls), by_name, ctx, limits), "running tools"

@@ -27,10 +27,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vivace.harness.messages import AssistantTurn, Message, decode_call
+from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call
 from vivace.harness.policy import Conversation, Policy, PolicyError
 
 if TYPE_CHECKING:
@@ -152,57 +153,203 @@ def _replay_problem(turns: Any) -> str | None:
 
 
 class OpenAIPolicy:
-    """A chat-completions endpoint with tool calling (vLLM, SGLang, `vivace serve`, hosted APIs)."""
+    """A chat-completions endpoint with tool calling (vLLM, SGLang, `vivace serve`, hosted APIs).
 
-    def __init__(self, base_url: str, model: str | None, name: str, timeout_s: float = 600.0):
+    The reply is read from the raw JSON, leniently: servers differ (arguments as an object, calls
+    without ids, null usage), and whatever is malformed in the *model's* output becomes a tool
+    call with `error` set, which the loop answers with an error result. A server that answers
+    nothing usable (an error status once the client's retries are spent, no choices, no message,
+    a body that is not JSON) raises PolicyError naming what it said, which ends the episode.
+    The client retries 408/409/429/5xx answers, timeouts and connection errors `max_retries`
+    times with backoff (honouring Retry-After up to two minutes); nothing else is retried."""
+
+    def __init__(
+        self, base_url: str, model: str | None, name: str, timeout_s: float = 600.0, max_retries: int = 2
+    ) -> None:
         import openai  # lazy: only this policy needs the client
 
         self.name, self.model = name, model
         key = os.environ.get("OPENAI_API_KEY") or "EMPTY"  # local servers accept any key
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=2)
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries)
         self._openai = openai
 
     async def _model_name(self) -> str:
         if self.model is None:
+            hint = "; name the model as URL#MODEL"
             try:
                 models = [m.id async for m in self.client.models.list()]
             except self._openai.OpenAIError as e:
-                raise PolicyError(f"{self.name}: could not list models: {e}") from None
-            if len(models) != 1:
-                raise PolicyError(f"{self.name}: name the model as URL#MODEL; the server has: {', '.join(models)}")
+                raise PolicyError(f"{self.name}: could not list models: {_describe(e)}{hint}") from None
+            except (AttributeError, TypeError, ValueError) as e:  # a body that is not a model list
+                raise PolicyError(
+                    f"{self.name}: GET /models did not answer a model list ({type(e).__name__}: {e}){hint}"
+                ) from None
+            if len(models) != 1 or not isinstance(models[0], str) or not models[0]:
+                raise PolicyError(f"{self.name}: the server lists {', '.join(map(str, models)) or 'no models'}{hint}")
             self.model = models[0]
         return self.model
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
-        model = await self._model_name()
+        request: dict[str, Any] = {
+            "model": await self._model_name(),
+            "messages": [_for_api(m) for m in conversation.messages],
+            "max_tokens": conversation.max_turn_tokens,
+        }
+        if conversation.tools:  # OpenAI refuses an empty list ("tools: expected at least 1 item")
+            request["tools"] = conversation.tools
         try:
-            response = await self.client.chat.completions.create(
-                model=model,
-                messages=[_for_api(m) for m in conversation.messages],  # type: ignore[misc]
-                tools=conversation.tools,  # type: ignore[arg-type]
-                max_tokens=conversation.max_turn_tokens,
-            )
+            raw = await self.client.chat.completions.with_raw_response.create(**request)
         except self._openai.OpenAIError as e:
-            raise PolicyError(f"{self.name}: the endpoint failed: {type(e).__name__}: {e}") from None
-        if not response.choices:
-            raise PolicyError(f"{self.name}: the endpoint returned no choices")
-        choice = response.choices[0]
-        calls = tuple(
-            decode_call(c.id or f"call_{i}", c.function.name, c.function.arguments)
-            for i, c in enumerate(choice.message.tool_calls or ())
-            if getattr(c, "function", None) is not None
+            raise PolicyError(f"{self.name}: the endpoint failed: {_describe(e)}") from None
+        response = raw.http_response
+        try:
+            body = json.loads(response.content)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            kind = response.headers.get("content-type", "no content type")
+            raise PolicyError(
+                f"{self.name}: the endpoint's answer is not JSON (HTTP {response.status_code}, {kind}): "
+                f"{_clip(response.text)!r}"
+            ) from None
+        return _completion_turn(body, self.name, bool(conversation.tools))
+
+
+_CONTEXT_TOO_LONG = re.compile(
+    r"context[ _](?:length|window|size)|maximum context|prompt is too long|longer than the model|max_new_tokens` must be <=",
+    re.IGNORECASE,
+)
+_ERROR_CODE = re.compile(r"^Error code: \d+(?: - |$)")  # the openai client's prefix of the server's message
+_LONGEST_RETRY_AFTER_S = 120  # openai._constants.MAX_RETRY_AFTER_DELAY: a longer wait is not retried
+_TOOL_CALL_MARKUP = re.compile(r"<tool_call>\s*\{")  # chat.TOOL_CALL_OPEN and a JSON object, without transformers
+
+
+def _describe(e: Exception) -> str:
+    """What went wrong with a request, for the episode's error: the HTTP status and the server's
+    message, how many attempts were made, and the cause when it is a common one (a context
+    overflow, a redirect that turned the POST into a GET)."""
+    request = getattr(e, "request", None)
+    retries = request.headers.get("x-stainless-retry-count", "") if request is not None else ""
+    tries = 1 + int(retries) if retries.isdigit() else 0  # the client numbers its retries in this header
+    attempts = f"after {tries} attempt{'s' * (tries != 1)}" if tries else "after the client's retries"
+    status = getattr(e, "status_code", None)
+    if status is None:  # no HTTP answer: timeout, connection refused, too many redirects
+        cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
+        return f"{type(e).__name__} {attempts}: {_clip(str(e))}{cause}"
+    response = getattr(e, "response", None)
+    said = _clip(_ERROR_CODE.sub("", str(getattr(e, "message", None) or e)))
+    if 400 <= status < 500 and _CONTEXT_TOO_LONG.search(said):
+        return (
+            f"HTTP {status}: the conversation no longer fits the model's context window (the prompt plus "
+            f"max_turn_tokens for the reply); the server said: {said}"
         )
-        usage = response.usage
-        return AssistantTurn(
-            Message("assistant", choice.message.content or "", calls),
-            finish_reason=choice.finish_reason or "stop",
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
+    text = f"HTTP {status} ({type(e).__name__}) {attempts}"
+    wait = (getattr(response, "headers", None) or {}).get("retry-after", "")
+    if wait.replace(".", "", 1).isdigit() and float(wait) > _LONGEST_RETRY_AFTER_S:
+        text += f" (it asked to retry after {wait} s, longer than the client waits, so it was not retried)"
+    history = getattr(response, "history", None) or []
+    if history:
+        text += (
+            f"; the request to {history[0].request.url} was redirected to {response.url} (a 301/302 turns the "
+            "POST into a GET): use the URL it redirects to"
         )
+    return f"{text}: {said}" if said else text
+
+
+def _completion_turn(body: Any, name: str, tools_offered: bool) -> AssistantTurn:
+    """The first choice of a chat-completions body as an AssistantTurn. What the server sends
+    around the model's output must be there (a choice with a message); the model's output itself
+    is taken as it comes, malformed calls becoming error calls."""
+    if not isinstance(body, dict):
+        raise PolicyError(f"{name}: the endpoint answered a JSON {type(body).__name__}, not a chat completion")
+    if body.get("error"):  # some proxies answer HTTP 200 with an error object
+        error = body["error"]
+        said = error.get("message", error) if isinstance(error, dict) else error
+        raise PolicyError(f"{name}: the endpoint answered with an error: {_clip(str(said))}")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise PolicyError(f"{name}: the endpoint returned no choices: {_clip(json.dumps(body))}")
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise PolicyError(f"{name}: the endpoint's choice has no message: {_clip(json.dumps(choices[0]))}")
+    finish = choice.get("finish_reason")
+    finish = finish if isinstance(finish, str) and finish else "stop"
+    content = _content_text(message.get("content"))
+    raw_calls = message.get("tool_calls") or []
+    raw_calls = raw_calls if isinstance(raw_calls, list) else [raw_calls]
+    calls = tuple(_call(c, call_id, finish) for c, call_id in zip(raw_calls, _call_ids(raw_calls), strict=True))
+    if not calls and tools_offered and _TOOL_CALL_MARKUP.search(content):
+        # The server's tool parser gave up on the model's markup and passed it on as text (vLLM's
+        # hermes parser does so for one bad block), or the server parses no calls at all: parse it
+        # here, so a broken call is answered with an error instead of taken for the final answer
+        # (a tag followed by JSON only: an answer that merely names the tag stays the answer).
+        from vivace.harness.chat import parse_text  # lazy: imports transformers
+
+        parsed, _ = parse_text(content, finish_reason=finish)
+        content, calls = parsed.content, parsed.tool_calls
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    return AssistantTurn(
+        Message("assistant", content, calls),
+        finish_reason=finish,
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        meta={"reasoning": reasoning} if isinstance(reasoning, str) and reasoning else {},
+    )
+
+
+def _call(raw: Any, call_id: str, finish: str) -> ToolCall:
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(fn, dict):
+        return ToolCall(call_id, "", raw, "the tool call has no function (a name and arguments)")
+    arguments = fn.get("arguments")
+    call = decode_call(call_id, fn.get("name"), {} if arguments is None else arguments)
+    if call.error is not None and finish == "length":
+        return ToolCall(call.id, call.name, call.arguments, f"{call.error}; the reply was cut off by the token limit")
+    return call
+
+
+def _call_ids(raw_calls: list[Any]) -> list[str]:
+    """One id per call, unique in the turn: the server's where it gave a new one, else `call_N`
+    (each result must answer exactly one call, and strict servers refuse repeated ids)."""
+    given = {c["id"] for c in raw_calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
+    ids: list[str] = []
+    for i, c in enumerate(raw_calls):
+        call_id = c.get("id") if isinstance(c, dict) else None
+        if not isinstance(call_id, str) or not call_id or call_id in ids:
+            call_id, n = f"call_{i}", 0
+            while call_id in given or call_id in ids:
+                n += 1
+                call_id = f"call_{i}_{n}"
+        ids.append(call_id)
+    return ids
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string, null, or a list of text parts (some servers)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _clip(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _for_api(message: Message) -> dict[str, Any]:
+    """A message as the request sends it. Strict servers refuse what the harness keeps for its own
+    record: a tool message's `name`, and arguments that are not a JSON object (older vLLM and
+    SGLang parse every past call's arguments and fail the request, so one broken call would fail
+    every later turn). A malformed call is sent with `{}`; its error result says what was wrong."""
     out = message.to_openai()
     if message.role == "tool":
-        out.pop("name", None)  # not part of the chat-completions tool message; strict servers refuse it
+        out.pop("name", None)
+    for call, sent in zip(message.tool_calls, out.get("tool_calls", ()), strict=True):
+        if call.error is not None or not isinstance(call.arguments, dict):
+            sent["function"]["arguments"] = "{}"
     return out

@@ -1,0 +1,442 @@
+"""OpenAIPolicy against a fake chat-completions server that answers what real servers answer,
+odd replies included: malformed model output must come back to the model as an error result
+(the episode goes on), a server that answers nothing usable must end the episode with a clear
+reason, transient errors are retried a bounded number of times, and every request the policy
+sends must pass a strict server's checks (`strict_problems`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from conftest import make_backend
+from vivace.config import AgentConfig
+from vivace.harness.agent import run_episode
+from vivace.harness.messages import Message, ToolCall
+from vivace.harness.policies import OpenAIPolicy
+from vivace.harness.policy import Conversation, PolicyError
+from vivace.sandbox.background import BackgroundServer
+
+# --- the fake server --------------------------------------------------------------------------
+
+
+def completion(message: dict | None, finish_reason: str | None = "stop", usage: Any = "default") -> dict:
+    """A chat-completions body whose first choice holds `message` (left out when None)."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}
+    if message is not None:
+        choice["message"] = {"role": "assistant", **message}
+    body: dict[str, Any] = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "fake-1",
+        "choices": [choice],
+    }
+    if usage == "default":
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def calls(*tool_calls: dict, content: str | None = None, finish_reason: str | None = "tool_calls") -> dict:
+    return completion({"content": content, "tool_calls": list(tool_calls)}, finish_reason)
+
+
+def call(id_: Any, name: Any, arguments: Any) -> dict:
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+DONE = completion({"content": "Done."})
+
+
+def strict_problems(body: dict) -> list[str]:
+    """What a strict server refuses in a request: OpenAI (an empty tools list, null fields, a tool
+    message answering no call of the assistant message before it, repeated call ids) and older
+    vLLM/SGLang (which json.loads every past call's arguments and need an object)."""
+    problems = []
+    if "tools" in body and not body["tools"]:
+        problems.append("tools: empty array")
+    pending: list[str] = []
+    for i, m in enumerate(body["messages"]):
+        problems += [f"messages[{i}].{k} is null" for k, v in m.items() if v is None]
+        if m["role"] == "tool":
+            if m.get("tool_call_id") not in pending:
+                problems.append(f"messages[{i}]: tool_call_id {m.get('tool_call_id')!r} answers no pending call")
+            else:
+                pending.remove(m["tool_call_id"])
+            continue
+        pending = []
+        for c in m.get("tool_calls") or ():
+            args = c["function"]["arguments"]
+            try:
+                ok = isinstance(args, str) and isinstance(json.loads(args), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                problems.append(f"messages[{i}]: arguments {args!r} is not a JSON string of an object")
+            if c["id"] in pending:
+                problems.append(f"messages[{i}]: tool call id {c['id']!r} is repeated")
+            pending.append(c["id"])
+    return problems
+
+
+class Endpoint:
+    """Answers each chat request with the next scripted reply (the last one repeats): a dict is a
+    200 JSON body, a Response is sent as it is, a callable is awaited for the Response. Requests
+    a strict server would refuse get a 400 (and are recorded in `refused`)."""
+
+    def __init__(self) -> None:
+        self.replies: list[Any] = [DONE]
+        self.requests: list[dict] = []
+        self.refused: list[list[str]] = []
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self.complete)
+        self.app.post("/moved/v1/chat/completions")(lambda: DONE)
+        self.app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": "fake-1", "object": "model"}]})
+
+    async def complete(self, request: Request) -> Any:
+        body = await request.json()
+        self.requests.append(body)
+        if problems := strict_problems(body):
+            self.refused.append(problems)
+            return JSONResponse({"error": {"message": "; ".join(problems), "type": "invalid_request_error"}}, 400)
+        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        if isinstance(reply, Response):
+            return reply
+        return await reply() if callable(reply) else JSONResponse(reply)
+
+
+@pytest.fixture(scope="module")
+def server():
+    fake = Endpoint()
+    background = BackgroundServer(fake.app).start()
+    yield fake, background.url
+    background.stop(10)
+
+
+@pytest.fixture
+def endpoint(server):
+    """The fake with an empty record, and a policy over it (short timeout, quick retries)."""
+    fake, url = server
+    fake.replies, fake.requests, fake.refused = [DONE], [], []
+    return fake, OpenAIPolicy(f"{url}/v1", "fake-1", name="fake", timeout_s=5.0)
+
+
+@pytest.fixture
+async def ws(repo, state_dir):
+    backend = make_backend("plain", state_dir)
+    workspace = await backend.create(backend.snapshot(str(repo)))
+    yield workspace
+    await backend.aclose()
+
+
+def conversation(tools: bool = True) -> Conversation:
+    schema = {"type": "function", "function": {"name": "list_dir", "parameters": {"type": "object"}}}
+    return Conversation([Message("system", "s"), Message("user", "u")], tools=[schema] if tools else [])
+
+
+# --- malformed model output: an error result, and the episode goes on ---------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"id": "a", "type": "function", "function": None},
+        {"id": "a", "type": "function"},
+    ],
+    ids=["function-null", "function-missing"],
+)
+async def test_call_without_a_function_is_an_error_result_not_the_final_answer(ws, endpoint, bad):
+    fake, policy = endpoint
+    fake.replies = [calls(bad, call("b", "read_file", '{"path": "pkg/calc.py"}')), DONE]
+    traj = await run_episode(policy, ws, "read calc")
+    assert traj.stop_reason == "done" and len(traj.turns) == 2 and traj.final_message == "Done."
+    dropped, read = traj.turns[0].tool_calls
+    assert dropped.format_error and "no function" in dropped.result and dropped.arguments == bad
+    assert "def add" in read.result
+    assert fake.refused == []
+
+
+@pytest.mark.parametrize(
+    "arguments,said",
+    [('{"path": "pkg/calc.py"', "not valid JSON"), ("[1, 2]", "got list"), ('"pkg"', "got str"), ("3", "got int")],
+    ids=["invalid-json", "array", "string", "number"],
+)
+async def test_malformed_arguments_are_answered_and_sent_back_as_an_object(ws, endpoint, arguments, said):
+    fake, policy = endpoint
+    fake.replies = [calls(call("a", "read_file", arguments)), DONE]
+    traj = await run_episode(policy, ws, "read calc")
+    assert traj.stop_reason == "done" and len(traj.turns) == 2, traj.error
+    record = traj.turns[0].tool_calls[0]
+    assert record.format_error and said in record.result
+    assert record.arguments == (arguments if said == "not valid JSON" else json.loads(arguments))  # as said
+    assert fake.refused == []  # a strict server took the next request
+    sent = fake.requests[1]["messages"][2]["tool_calls"][0]
+    assert sent == {"id": "a", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+
+
+async def test_repeated_call_ids_are_made_unique(ws, endpoint):
+    fake, policy = endpoint
+    fake.replies = [calls(call("a", "list_dir", "{}"), call("a", "read_file", '{"path": "README.md"}')), DONE]
+    traj = await run_episode(policy, ws, "look")
+    assert traj.stop_reason == "done" and fake.refused == [], traj.error
+    first, second = traj.turns[0].tool_calls
+    assert first.id == "a" and second.id not in ("a", "") and "# demo" in second.result
+    answered = [m["tool_call_id"] for m in fake.requests[1]["messages"] if m["role"] == "tool"]
+    assert answered == [first.id, second.id]
+
+
+def test_call_ids_keep_the_servers_where_unique():
+    from vivace.harness.policies import _call_ids
+
+    raw = [{"id": "call_1"}, {}, {"id": None}, {"id": "call_1"}, {"id": 7}, {"id": ["x"]}, "?", {"id": "x"}]
+    ids = _call_ids(raw)
+    assert ids[0] == "call_1" and ids[-1] == "x" and len(set(ids)) == len(ids)
+    assert all(isinstance(i, str) and i for i in ids)
+
+
+async def test_tool_call_markup_left_in_content_is_parsed_not_taken_for_the_answer(ws, endpoint):
+    # vLLM's hermes parser passes a turn on as plain text when one block is broken (or when the
+    # server runs without a tool parser): the calls must still run or be answered with an error.
+    fake, policy = endpoint
+    broken = '<tool_call>\n{"name": "read_file", "arguments": {"path": "pkg/calc.py"}\n</tool_call>'
+    good = 'Reading.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "pkg/calc.py"}}\n</tool_call>'
+    fake.replies = [completion({"content": broken}), completion({"content": good}), DONE]
+    traj = await run_episode(policy, ws, "read calc")
+    assert traj.stop_reason == "done" and len(traj.turns) == 3 and traj.final_message == "Done."
+    assert traj.turns[0].tool_calls[0].format_error and "not valid JSON" in traj.turns[0].tool_calls[0].result
+    assert traj.turns[1].content == "Reading." and "def add" in traj.turns[1].tool_calls[0].result
+    assert fake.refused == []
+
+
+async def test_an_answer_that_names_the_tool_call_tag_stays_the_answer(ws, endpoint):
+    fake, policy = endpoint
+    fake.replies = [completion({"content": "The parser now rejects a nested `<tool_call>` tag."})]
+    traj = await run_episode(policy, ws, "fix the parser")
+    assert traj.stop_reason == "done" and traj.final_message.endswith("nested `<tool_call>` tag.")
+
+
+async def test_call_cut_off_by_the_token_limit_says_so(ws, endpoint):
+    fake, policy = endpoint
+    fake.replies = [calls(call("a", "read_file", '{"path": "pkg/ca'), finish_reason="length"), DONE]
+    traj = await run_episode(policy, ws, "read calc")
+    assert traj.stop_reason == "done" and traj.turns[0].finish_reason == "length"
+    assert "cut off by the token limit" in traj.turns[0].tool_calls[0].result
+
+
+async def test_null_arguments_mean_no_arguments(endpoint):
+    fake, policy = endpoint
+    fake.replies = [calls(call("a", "list_dir", None), {"id": "b", "type": "function", "function": {"name": "grep"}})]
+    reply = await policy.act(conversation())
+    assert [(c.name, c.arguments, c.error) for c in reply.message.tool_calls] == [
+        ("list_dir", {}, None),
+        ("grep", {}, None),
+    ]
+
+
+# --- odd but valid replies ----------------------------------------------------------------------
+
+
+ODD_REPLIES = {
+    "content-null-with-calls": calls(call("a", "list_dir", "{}")),
+    "arguments-empty-string": calls(call("a", "list_dir", "")),
+    "arguments-an-object": calls(call("a", "list_dir", {"path": "pkg"})),
+    "ids-missing": calls(
+        {"type": "function", "function": {"name": "list_dir", "arguments": "{}"}},
+        {"id": None, "type": "function", "function": {"name": "list_dir", "arguments": '{"path": "pkg"}'}},
+    ),
+    "finish-reason-null": calls(call("a", "list_dir", "{}"), finish_reason=None),
+    "name-missing": calls({"id": "a", "type": "function", "function": {"arguments": "{}"}}),
+    "name-null": calls(call("a", None, "{}")),
+    "unknown-tool": calls(call("a", "rm_rf", "{}")),
+}
+
+
+@pytest.mark.parametrize("reply", ODD_REPLIES.values(), ids=ODD_REPLIES.keys())
+async def test_odd_replies_go_on_and_every_request_is_strictly_valid(ws, endpoint, reply):
+    fake, policy = endpoint
+    fake.replies = [reply, DONE]
+    traj = await run_episode(policy, ws, "look")
+    assert traj.stop_reason == "done" and len(traj.turns) == 2 and traj.error is None, traj.error
+    records = traj.turns[0].tool_calls
+    assert records and len({r.id for r in records}) == len(records)
+    broken = reply["choices"][0]["message"]["tool_calls"][0]["function"].get("name") in (None, "rm_rf")
+    assert all(r.format_error == broken for r in records)
+    assert fake.refused == []
+
+
+async def test_content_filter_and_reasoning_are_recorded(endpoint):
+    fake, policy = endpoint
+    fake.replies = [completion({"content": None, "reasoning_content": "thinking"}, "content_filter")]
+    reply = await policy.act(conversation())
+    assert (reply.message.content, reply.finish_reason, reply.meta) == ("", "content_filter", {"reasoning": "thinking"})
+    fake.replies = [completion({"content": "ok", "reasoning": "newer vLLM's field"})]
+    assert (await policy.act(conversation())).meta == {"reasoning": "newer vLLM's field"}
+
+
+async def test_a_filtered_reply_ends_the_episode_as_an_error_not_an_answer(ws, endpoint):
+    fake, policy = endpoint
+    fake.replies = [completion({"content": "partial"}, "content_filter")]
+    traj = await run_episode(policy, ws, "x")
+    assert traj.stop_reason == "error" and "content filter" in traj.error
+
+
+@pytest.mark.parametrize(
+    "usage", [None, {}, {"prompt_tokens": None, "completion_tokens": None}, {"prompt_tokens": "9"}]
+)
+async def test_usage_missing_or_null_counts_as_zero(ws, endpoint, usage):
+    fake, policy = endpoint
+    fake.replies = [completion({"content": "Done."}, usage=usage)]
+    traj = await run_episode(policy, ws, "x")
+    assert traj.stop_reason == "done" and traj.error is None, traj.error
+    assert (traj.turns[0].prompt_tokens, traj.turns[0].completion_tokens) == (0, 0)
+
+
+async def test_no_tools_sends_no_tools_field(ws, endpoint):
+    fake, policy = endpoint
+    traj = await run_episode(policy, ws, "just answer", tools=[])
+    assert traj.stop_reason == "done" and fake.refused == [], traj.error
+    assert "tools" not in fake.requests[0]
+
+
+def test_request_form_for_strict_servers():
+    from vivace.harness.policies import _for_api
+
+    history = [
+        Message("system", "s"),
+        Message("user", "u"),
+        Message("assistant", "", (ToolCall("a", "read_file", {"path": "x"}), ToolCall("b", "", "raw", "no name"))),
+        Message("tool", "text", tool_call_id="a", name="read_file"),
+        Message("tool", "Error: ...", tool_call_id="b", name=""),
+    ]
+    body = {"messages": [_for_api(m) for m in history], "tools": [{}]}
+    assert strict_problems(body) == []
+    assert body["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"path": "x"}'
+    assert "name" not in body["messages"][3]
+
+
+# --- a server that answers nothing usable: a clear stop -----------------------------------------
+
+
+UNUSABLE = {
+    "no-choices": ({**DONE, "choices": []}, "returned no choices"),
+    "choices-missing": ({"id": "x", "object": "chat.completion"}, "returned no choices"),
+    "message-missing": (completion(None), "choice has no message"),
+    "message-null": ({**DONE, "choices": [{"index": 0, "message": None, "finish_reason": "stop"}]}, "has no message"),
+    "error-object-200": (
+        {"error": {"message": "upstream overloaded", "code": 502}},
+        "with an error: upstream overloaded",
+    ),
+    "a-json-list": ([DONE], "answered a JSON list"),
+    "html": (Response("<html>Bad Gateway</html>", media_type="text/html"), "answer is not JSON (HTTP 200, text/html"),
+    "broken-json": (Response('{"choices": [', media_type="application/json"), "answer is not JSON"),
+}
+
+
+@pytest.mark.parametrize("reply,said", UNUSABLE.values(), ids=UNUSABLE.keys())
+async def test_unusable_answer_ends_the_episode_with_a_clear_error(ws, endpoint, reply, said):
+    fake, policy = endpoint
+    fake.replies = [calls(call("a", "list_dir", "{}")), reply]
+    traj = await run_episode(policy, ws, "look")
+    assert traj.stop_reason == "error" and said in traj.error and traj.error.startswith("fake: "), traj.error
+    assert len(traj.turns) == 1 and traj.turns[0].tool_calls[0].name == "list_dir"  # the turn before is kept
+
+
+def _status(code: int, message: str, retry_after: str | None = None) -> JSONResponse:
+    headers = {"Retry-After": retry_after} if retry_after is not None else None
+    return JSONResponse({"error": {"message": message, "type": "server_error"}}, code, headers)
+
+
+@pytest.mark.parametrize("code", [429, 500, 503])
+async def test_transient_errors_are_retried_then_end_the_episode(ws, endpoint, code):
+    fake, policy = endpoint
+    fake.replies = [_status(code, "busy", retry_after="0.05")]
+    traj = await run_episode(policy, ws, "x")
+    assert len(fake.requests) == 3  # the first try and the client's two retries
+    assert traj.stop_reason == "error" and f"HTTP {code}" in traj.error and "after 3 attempts: busy" in traj.error
+
+
+async def test_retry_with_backoff_recovers(ws, endpoint):
+    fake, policy = endpoint
+    fake.replies = [_status(503, "loading"), _status(429, "slow down", retry_after="0.1"), DONE]
+    t0 = time.monotonic()
+    traj = await run_episode(policy, ws, "x")
+    assert traj.stop_reason == "done" and len(fake.requests) == 3
+    assert time.monotonic() - t0 >= 0.4  # backed off: ~0.5 s, then the 0.1 s the server asked for
+
+
+async def test_retry_after_beyond_what_the_client_waits_is_not_waited_for(endpoint):
+    fake, policy = endpoint
+    fake.replies = [_status(503, "maintenance", retry_after="3600")]
+    t0 = time.monotonic()
+    with pytest.raises(PolicyError, match="after 1 attempt .*retry after 3600 s.*not retried"):
+        await policy.act(conversation())
+    assert len(fake.requests) == 1 and time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "This model's maximum context length is 32768 tokens. However, you requested 40000 tokens "
+        "(35904 in the messages, 4096 in the completion).",  # vLLM
+        "The input (40000 tokens) is longer than the model's context length (32768 tokens).",  # SGLang
+        "the request exceeds the available context size, try increasing it",  # llama.cpp
+    ],
+)
+async def test_context_overflow_ends_the_episode_at_once_with_a_clear_reason(ws, endpoint, said):
+    fake, policy = endpoint
+    fake.replies = [calls(call("a", "list_dir", "{}")), JSONResponse({"object": "error", "message": said}, 400)]
+    traj = await run_episode(policy, ws, "x")
+    assert len(fake.requests) == 2 and len(traj.turns) == 1  # a 400 is not retried
+    assert traj.stop_reason == "error" and "no longer fits the model's context window" in traj.error
+    assert said[:40] in traj.error
+
+
+async def test_timeout_is_retried_a_bounded_number_of_times(ws, server):
+    fake, url = server
+    fake.replies, fake.requests, fake.refused = [lambda: asyncio.sleep(1.5)], [], []
+    policy = OpenAIPolicy(f"{url}/v1", "fake-1", name="fake", timeout_s=0.2)
+    t0 = time.monotonic()
+    traj = await run_episode(policy, ws, "x")
+    assert traj.stop_reason == "error" and "APITimeoutError after 3 attempts" in traj.error
+    assert len(fake.requests) == 3 and time.monotonic() - t0 < 6
+
+
+async def test_episode_wall_clock_bounds_a_slow_endpoint(ws, server):
+    fake, url = server
+    fake.replies, fake.requests, fake.refused = [lambda: asyncio.sleep(1.5)], [], []
+    t0 = time.monotonic()
+    traj = await run_episode(OpenAIPolicy(f"{url}/v1", "fake-1", name="fake"), ws, "x", AgentConfig(max_wall_s=0.5))
+    assert traj.stop_reason == "timeout" and time.monotonic() - t0 < 2
+
+
+async def test_redirects(endpoint):
+    fake, policy = endpoint
+    fake.replies = [RedirectResponse("/moved/v1/chat/completions", 307)]  # keeps the POST: followed
+    assert (await policy.act(conversation())).message.content == "Done."
+    fake.replies = [RedirectResponse("/moved/v1/chat/completions", 302)]  # turns it into a GET
+    with pytest.raises(PolicyError, match="HTTP 405.*redirected to http://.*/moved/v1/chat/completions"):
+        await policy.act(conversation())
+
+
+@pytest.mark.parametrize(
+    "models,said",
+    [([], "lists no models"), (["a", "b"], "lists a, b"), ([{"object": "model"}], "lists None")],
+    ids=["none", "two", "no-id"],
+)
+async def test_model_must_be_named_unless_the_server_lists_exactly_one(models, said):
+    app = FastAPI()
+    app.get("/v1/models")(lambda: {"object": "list", "data": [m if isinstance(m, dict) else {"id": m} for m in models]})
+    background = BackgroundServer(app).start()
+    try:
+        with pytest.raises(PolicyError, match=f"{said}; name the model as URL#MODEL"):
+            await OpenAIPolicy(f"{background.url}/v1", None, name="fake").act(conversation())
+    finally:
+        background.stop(10)
