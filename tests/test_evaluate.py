@@ -277,3 +277,28 @@ def test_report_command_runs_the_evaluation(tasks, tmp_path, state_dir, monkeypa
     assert len((tmp_path / "eval" / "results.jsonl").read_text().splitlines()) == 4
     result = CliRunner().invoke(app, [*args, "--samples", "0"])
     assert result.exit_code == 2 and "--samples" in result.output
+
+
+def test_an_interrupted_report_leaves_the_previous_one_in_place(tasks, tmp_path, state_dir, monkeypatch):
+    """Ctrl-C during `vivace train report`: the earlier report stays at the top of the run (not
+    moved to reports/N/ with nothing in its place), the command says so and exits 130."""
+    cfg = load_preset("tiny", train={"model": BEFORE, "eval_baselines": []})
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    _metrics(tmp_path, steps=2)
+    monkeypatch.setattr("vivace.rl.evaluate.trained_policy", lambda run_dir: AFTER)
+    monkeypatch.setattr("vivace.rl.evaluate.held_out_tasks", lambda cfg, n, split: tasks[:n])
+    args = ["train", "report", str(tmp_path), "--tasks", "1", "--samples", "1", "--backend", "plain",
+            "--state-dir", str(state_dir)]  # fmt: skip
+    assert CliRunner().invoke(app, args).exit_code == 0
+    first = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    async def interrupted(*args, **kwargs):
+        (tmp_path / "eval").mkdir(exist_ok=True)
+        (tmp_path / "eval" / "results.jsonl").write_text("{}\n")  # a partial new one
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("vivace.rl.evaluate.run_benchmark", interrupted)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 130 and "Traceback" not in result.output, result.output
+    assert "report stopped; the previous report is still at" in result.output
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == first

@@ -515,3 +515,157 @@ def test_train_refuses_bad_inputs_before_making_the_run_directory(case, tmp_path
     result = CliRunner().invoke(app, ["train", "--local", "--config", str(config), "--backend", "plain"])
     assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
     assert not (tmp_path / "runs").exists()
+
+
+# ---- `vivace train` and `--resume` from the command line: stops, refusals, locks, write errors ----
+
+
+def _cli_run(tmp_path, monkeypatch, *args, workers=None, steps=2):
+    """`vivace train --local` on scripted workers (`workers()` makes them); the run is runs/t."""
+    from typer.testing import CliRunner
+
+    import vivace.rl.workers as rl_workers
+    from vivace.cli import app
+
+    monkeypatch.setattr(rl_workers, "LocalWorkers", lambda cfg: (workers or (lambda: ScriptedWorkers(seed=12)))())
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"train": {"steps": steps, "tasks_per_step": 2, "group_size": 3,
+                                            "checkpoint_every": 100, "eval_tasks": 0,
+                                            "runs_dir": str(tmp_path / "runs")}}))  # fmt: skip
+    base = ["train", "--local", "--backend", "plain"]
+    if "--resume" not in args:
+        base += ["--preset", "smoke", "--config", str(config), "--name", "t"]
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        return CliRunner().invoke(app, [*base, *args])
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_says_where_the_run_stopped_and_exits_130(tmp_path, monkeypatch):
+    """One Ctrl-C: the step in flight is saved, and the run says the step, the checkpoint and the exact
+    resume command, with 130 (not 0: the run did not reach its steps)."""
+    result = _cli_run(tmp_path, monkeypatch, workers=lambda: _SignalledWorkers(signal.SIGINT), steps=4)
+    run_dir = (tmp_path / "runs" / "t").resolve()
+    assert result.exit_code == 130, result.output
+    assert "stopped by Ctrl-C at step 1/4" in result.output and str(run_dir / "checkpoints" / "step_1") in result.output
+    assert f"`vivace train --resume {run_dir}`" in result.output
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "interrupted"
+
+
+@pytest.mark.parametrize("option", [["--preset", "tiny"], ["--config", "cfg.json"], ["--name", "other"]])
+def test_resume_refuses_options_that_its_config_json_overrides(option, tmp_path, monkeypatch):
+    assert _cli_run(tmp_path, monkeypatch).exit_code == 0
+    option = [str(tmp_path / o) if o == "cfg.json" else o for o in option]
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(tmp_path / "runs" / "t"), *option)
+    assert result.exit_code == 2, result.output
+    assert f"{option[0]} cannot be given with --resume" in result.output and "config.json" in result.output
+    assert "--steps and --seed" in result.output
+
+
+def test_resume_of_a_complete_run_touches_nothing_and_steps_extend_it(tmp_path, monkeypatch):
+    """A finished run resumed again says so and exits 0 before making workers or writing a file;
+    --steps extends it and is saved, so the plain resume command then finds it complete."""
+    assert _cli_run(tmp_path, monkeypatch).exit_code == 0
+    run_dir = tmp_path / "runs" / "t"
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+    def no_workers():
+        raise AssertionError("workers were made for a complete run")
+
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(run_dir), workers=no_workers)
+    assert result.exit_code == 0 and "run already complete at step 2 (give --steps M to extend)" in result.output
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(run_dir), "--steps", "3")
+    assert result.exit_code == 0, result.output
+    assert "from step 2" in result.output
+    assert json.loads((run_dir / "config.json").read_text())["train"]["steps"] == 3
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(run_dir), workers=no_workers)
+    assert result.exit_code == 0 and "run already complete at step 3" in result.output
+
+
+def test_resume_says_when_it_restarts_from_step_0(tmp_path, monkeypatch):
+    assert _cli_run(tmp_path, monkeypatch).exit_code == 0
+    run_dir = tmp_path / "runs" / "t"
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints")
+    (run_dir / "checkpoints" / "step_1").mkdir(parents=True)  # a save cut off before its state.json
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(run_dir))
+    assert result.exit_code == 0, result.output
+    assert "from step 0" in result.output and "incomplete" in result.output
+
+
+def test_a_second_process_on_the_same_run_is_refused_naming_the_holder(tmp_path, monkeypatch):
+    import fcntl
+
+    assert _cli_run(tmp_path, monkeypatch).exit_code == 0
+    run_dir = tmp_path / "runs" / "t"
+    with (run_dir / ".lock").open("w") as held:  # another process's lock (flock is per open file)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242")
+        held.flush()
+        result = _cli_run(tmp_path, monkeypatch, "--resume", str(run_dir), "--steps", "3")
+        assert result.exit_code == 2 and "pid 4242" in result.output, result.output
+        assert json.loads((run_dir / "config.json").read_text())["train"]["steps"] == 2  # nothing changed
+    assert _cli_run(tmp_path, monkeypatch, "--resume", str(run_dir), "--steps", "3").exit_code == 0
+
+
+class _DiskFullWorkers(ScriptedWorkers):
+    async def save(self, path: Path):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device", str(path / "model"))
+
+
+def test_a_write_error_ends_the_run_with_one_line_saying_how_to_resume(tmp_path, monkeypatch):
+    result = _cli_run(tmp_path, monkeypatch, workers=lambda: _DiskFullWorkers(seed=12))
+    run_dir = (tmp_path / "runs" / "t").resolve()
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    said = " ".join(result.output.split())
+    assert "cannot write" in said and "No space left on device" in said and "last complete checkpoint is none" in said
+    assert f"`vivace train --resume {run_dir}`" in said
+
+
+def test_resume_refuses_a_directory_it_cannot_write(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    assert _cli_run(tmp_path, monkeypatch).exit_code == 0
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(tmp_path / "runs" / "t"), "--steps", "3")
+    assert result.exit_code == 2 and "Read-only file system" in result.output, result.output
+
+
+def test_state_json_and_metrics_are_whole_or_untouched_when_a_write_is_cut(tmp_path, monkeypatch):
+    """A kill between writing and renaming leaves no truncated state.json (latest_checkpoint would take
+    it) and the old metrics.jsonl, not part of it."""
+    import vivace.rl.controller as controller
+
+    class Order:
+        def state(self):
+            return {}
+
+    class Pipe:
+        position = 0
+
+        def pending_positions(self):
+            return []
+
+    def killed(src, dst):
+        raise KeyboardInterrupt
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3)))
+    monkeypatch.setattr(controller.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(controller._checkpoint(tmp_path, ScriptedWorkers(), 1, Pipe(), Order()))
+    assert controller.latest_checkpoint(tmp_path) is None
+    with pytest.raises(KeyboardInterrupt):
+        controller._truncate_metrics(tmp_path, 1)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["metrics.jsonl", "rng.pt"]

@@ -4,17 +4,29 @@ before/after evaluation of a finished run, rl/evaluate.py) and `vivace train ben
 
 A run that completes its steps with `train.eval_tasks > 0` ends with the same evaluation; its
 report's path is the last line printed (with --json: the "report" key of the summary line).
-Ctrl-C ends a run after the step in flight, with a checkpoint, and still evaluates it; a second
-Ctrl-C stops at once and says how to resume or report. SIGTERM (a scheduler's time limit or preemption,
-`timeout`, `kill`) does the same without the evaluation, and exits 143."""
+Ctrl-C ends a run after the step in flight, with a checkpoint, still evaluates it, says the step
+reached and how to resume, and exits 130; a second Ctrl-C stops at once and says how to resume or
+report. SIGTERM (a scheduler's time limit or preemption, `timeout`, `kill`) does the same without
+the evaluation, and exits 143.
+
+`--resume RUN` uses the run's own config.json (--config, --preset and --name are refused; --steps and
+--seed may change, and are saved into it so a later plain `--resume RUN` finishes the run); a run
+already at its steps is left untouched. A run holds an exclusive lock on RUN/.lock while it lives: a
+second one on the same directory is refused (exit 2). A directory that cannot be written (disk full,
+read-only) is refused before a resume (exit 2); met during a run it ends it with one line naming the
+file, the last complete checkpoint and the resume command, and exit 1: the run was accepted and failed,
+as a failing trainer does."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
+import os
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -69,29 +81,36 @@ def train_command(
     if ctx.invoked_subcommand is not None:
         return
     from vivace.rl.controller import (
-        NoExpertData,
-        TrainerFailed,
         check_model,
         check_sft_data,
-        latest_checkpoint,
         load_run_config,
         new_run_dir,
-        train,
         training_tasks,
+        write_atomic,
     )
     from vivace.rl.evaluate import held_out_tasks
-    from vivace.rl.workers import LocalWorkers, RayWorkers
 
+    lock = None
     try:
         if resume is not None:
-            cfg = load_run_config(resume)
+            # By the source's name: typer ships its own copy of click, whose enum is not click's.
+            given = [f"--{o.removesuffix('_file')}" for o in ("preset", "config_file", "name")
+                     if getattr(ctx.get_parameter_source(o), "name", "DEFAULT") != "DEFAULT"]  # fmt: skip
+            if given:
+                raise _Refused(f"{' and '.join(given)} cannot be given with --resume: the run's own "
+                               f"{resume / 'config.json'} is used; only --steps and --seed may change")  # fmt: skip
+            saved = load_run_config(resume)
             run_dir = resume.resolve()
+            _check_writable(run_dir)
+            cfg = saved.model_copy(deep=True)
         else:
             cfg = load_config(preset, config_file)
         if steps is not None:
             cfg.train.steps = steps
         if seed is not None:
             cfg.train.seed = seed
+        if resume is not None and _already_complete(run_dir, cfg.train.steps):
+            return
         cfg = with_sandbox_options(cfg, backend, state_dir)
         # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
         tasks = training_tasks(cfg)
@@ -100,9 +119,28 @@ def train_command(
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
             run_dir = new_run_dir(cfg, name)
+        lock = _lock_run(run_dir)
+        if resume is not None:
+            if (steps is not None and steps != saved.train.steps) or (seed is not None and seed != saved.train.seed):
+                # Saved, so the plain `--resume RUN` that a stop prints finishes the run as extended.
+                saved.train.steps, saved.train.seed = cfg.train.steps, cfg.train.seed
+                write_atomic(run_dir / "config.json", saved.model_dump_json(indent=2))
+            err.print(_resume_point(run_dir))
+    except _Refused as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
     except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (new_run_dir's FileExistsError)
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+    with lock:
+        _train_locked(cfg, run_dir, resume is not None, tasks, eval_tasks, address, local, as_json)
+
+
+def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, eval_tasks: list, address: str | None,
+                  local: bool, as_json: bool) -> None:  # fmt: skip
+    """The run itself, while this process holds the run directory's lock."""
+    from vivace.rl.controller import NoExpertData, TrainerFailed, latest_checkpoint, train
+    from vivace.rl.workers import LocalWorkers, RayWorkers
 
     if cfg.sandbox.backend == "auto" and address is None:
         cfg.sandbox.backend = _sandbox_here(cfg)  # not saved: a resume elsewhere decides again
@@ -145,7 +183,7 @@ def train_command(
 
     def run() -> dict:
         with live or contextlib.nullcontext(), _stop_signals(stop, received, stopping):
-            return asyncio.run(train(cfg, run_dir, resume=resume is not None, workers=workers, tasks=tasks,
+            return asyncio.run(train(cfg, run_dir, resume=resume, workers=workers, tasks=tasks,
                                      on_step=on_step, stop=stop.is_set, on_note=err.print))  # fmt: skip
 
     try:
@@ -162,9 +200,17 @@ def train_command(
             "no checkpoint was written")  # fmt: skip
         err.print(f"[yellow]stopped:[/] {where}.")
         raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
+    except OSError as e:  # disk full, a read-only directory: the run cannot go on here, and says where it stands
+        what = _shown(Path(e.filename)) if e.filename else _shown(run_dir)
+        last = latest_checkpoint(run_dir)
+        err.print(f"[red]error:[/] cannot write {what}: {e.strerror or e}; the last complete checkpoint is "
+                  f"{f'step {_step_of(last)}' if last else 'none (the run restarts from step 0)'}; after fixing it, "
+                  f"resume with `vivace train --resume {run_dir}`")  # fmt: skip
+        raise typer.Exit(1) from None
+    stopped = summary.get("stopped_by") == "interrupted"  # before the configured steps
     if received and received[0] == signal.SIGTERM:  # the machine is going away: no time for the evaluation
-        err.print(f"[yellow]stopped by SIGTERM:[/] the last checkpoint is {latest_checkpoint(run_dir)}; continue "
-                  f"with `vivace train --resume {run_dir}`, or evaluate it with `vivace train report {_shown(run_dir)}`.")  # fmt: skip
+        err.print(f"[yellow]stopped by SIGTERM {_stopped_at(run_dir, cfg)}; continue with "
+                  f"`vivace train --resume {run_dir}`, or evaluate it with `vivace train report {_shown(run_dir)}`.")  # fmt: skip
         raise typer.Exit(128 + signal.SIGTERM)
     report = None
     if eval_tasks:
@@ -180,10 +226,86 @@ def train_command(
             raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     if as_json:
         print(json.dumps({"summary": summary, **({"report": str(report)} if report else {})}))
-        return
-    out.print_json(json.dumps(summary))
-    if report:
-        print(f"report: {report}")  # plain print: one unwrapped line, whatever the terminal width
+    else:
+        out.print_json(json.dumps(summary))
+        if report:
+            print(f"report: {report}")  # plain print: one unwrapped line, whatever the terminal width
+    if stopped:  # Ctrl-C before the configured steps: said like SIGTERM, and a status a script can tell apart
+        err.print(f"[yellow]stopped by Ctrl-C {_stopped_at(run_dir, cfg)}; continue with "
+                  f"`vivace train --resume {run_dir}`.")  # fmt: skip
+        raise typer.Exit(128 + signal.SIGINT)
+
+
+class _Refused(Exception):
+    """A resume or a new run this command will not start (exit 2, no traceback)."""
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step_"))
+
+
+def _stopped_at(run_dir: Path, cfg: VivaceConfig) -> str:
+    from vivace.rl.controller import latest_checkpoint
+
+    last = latest_checkpoint(run_dir)
+    step = _step_of(last) if last else 0
+    return f"at step {step}/{cfg.train.steps}:[/] the last checkpoint is {last}"
+
+
+def _already_complete(run_dir: Path, steps: int) -> bool:
+    """Says so when the run's last checkpoint is at (or past) `steps`: a resume would train nothing, and
+    must not rewrite its summary or add an empty TensorBoard file."""
+    from vivace.rl.controller import latest_checkpoint
+
+    last = latest_checkpoint(run_dir)
+    if last is None or _step_of(last) < steps:
+        return False
+    err.print(f"run already complete at step {_step_of(last)} (give --steps M to extend)")
+    return True
+
+
+def _check_writable(run_dir: Path) -> None:
+    """A file made and removed in the run directory (permission bits alone do not say it for root, a
+    read-only mount or a full disk): a resume that could not write its first checkpoint is refused."""
+    try:
+        with tempfile.TemporaryFile(dir=run_dir) as f:
+            f.write(b"x")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise _Refused(f"cannot write {run_dir}: {e.strerror or e}; fix it (permissions, a read-only mount, "
+                       f"free space) and resume again with `vivace train --resume {run_dir}`") from None  # fmt: skip
+
+
+def _resume_point(run_dir: Path) -> str:
+    """Where a resume starts, in words: the last complete checkpoint, or step 0 (and why)."""
+    from vivace.rl.controller import _checkpoint_dirs, latest_checkpoint
+
+    last = latest_checkpoint(run_dir)
+    if last is not None:
+        return f"resuming {_shown(run_dir)} from step {_step_of(last)} ({_shown(last)})"
+    if dirs := _checkpoint_dirs(run_dir):
+        return (f"resuming {_shown(run_dir)} from step 0: its only checkpoint, {_shown(dirs[-1][1])}, is incomplete "
+                "(no state.json; the save was cut off)")  # fmt: skip
+    return f"resuming {_shown(run_dir)} from step 0: it has no checkpoint yet"
+
+
+def _lock_run(run_dir: Path) -> contextlib.AbstractContextManager:
+    """An exclusive lock on RUN/.lock for the life of the run (released when the process ends, however it
+    ends): a second `vivace train --resume RUN` while one runs would interleave metrics and checkpoints."""
+    f = (run_dir / ".lock").open("a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise _Refused(f"{run_dir} is in use by another `vivace train` (pid {holder}); wait for it to end, or "
+                       "stop it first") from None  # fmt: skip
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f  # a file is its own context manager: closing it releases the lock
 
 
 def _sandbox_here(cfg: VivaceConfig) -> str:
@@ -272,7 +394,7 @@ def report_command(
 ) -> None:
     """Benchmark a run's starting policy and its last checkpoint (and the baselines) on held-out
     tasks; write report.md, report.json and report.html into the run directory (an earlier report
-    moves to RUN/reports/N/)."""
+    moves to RUN/reports/N/, and back if the new one does not complete; Ctrl-C exits 130)."""
     from vivace.rl.controller import load_run_config
     from vivace.rl.evaluate import held_out_tasks, markdown_report, trained_policy
 
@@ -291,7 +413,15 @@ def report_command(
     except ValueError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
-    report, path = _evaluate(cfg, run_dir.resolve(), chosen)
+    try:
+        report, path = _evaluate(cfg, run_dir.resolve(), chosen)
+    except KeyboardInterrupt:  # evaluate_run has put the earlier report back
+        previous = run_dir / "report.md"
+        where = (
+            f"the previous report is still at {_shown(previous)}" if previous.is_file() else "there was no earlier one"
+        )
+        err.print(f"[yellow]report stopped;[/] {where}")
+        raise typer.Exit(128 + signal.SIGINT) from None
     if as_json:
         print(json.dumps({"report": str(path), **report}))
         return

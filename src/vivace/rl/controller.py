@@ -29,6 +29,7 @@ ranks), or in this process (`LocalWorkers`).
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
@@ -218,6 +219,7 @@ def _checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (one with state.json), or None."""
     complete = [p for _, p in _checkpoint_dirs(run_dir) if (p / "state.json").is_file()]
     return complete[-1] if complete else None
 
@@ -408,7 +410,7 @@ async def _checkpoint(
     torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
     state = {"step": step, "data_position": pipeline.position, "pending": pipeline.pending_positions(),
              "order": order.state()}  # fmt: skip
-    (path / "state.json").write_text(json.dumps(state))  # written last: complete
+    write_atomic(path / "state.json", json.dumps(state))  # written last, whole or not at all: complete
     if keep is not None:
         _prune_checkpoints(run_dir, keep)
 
@@ -428,7 +430,23 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
     path = run_dir / "metrics.jsonl"
     if path.exists():
         keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in keep))
+        write_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds `text` whole or keeps what it held: written beside it, then renamed over it, so a
+    kill mid-write leaves no truncated file (a state.json that `latest_checkpoint` would take, half a
+    metrics.jsonl)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped_by: str = "steps") -> dict[str, Any]:

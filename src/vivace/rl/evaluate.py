@@ -36,7 +36,8 @@ both of their episodes or in neither (docs/benchmarks.md). With a few changed ta
 significant (4 to 0 gives p = 0.125); the report says so rather than leaving a rate to be over-read.
 
 A report made again (`vivace train report RUN --tasks N --samples K`) moves the earlier one and its
-episodes into RUN/reports/1/, 2/, ... first.
+episodes into RUN/reports/1/, 2/, ...; if the new one fails or is interrupted, the earlier one is put
+back (a hard kill mid-report can still leave it only under reports/).
 
 Last, how far training moved the policy (rl.shift): how many paired episodes are token for token the
 same, where the others part, and KL(before ‖ after) on the starting policy's sampled tokens. A flat
@@ -45,6 +46,7 @@ success count then reads as "the episodes changed but not their outcome" or as "
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -152,7 +154,15 @@ async def evaluate_run(
     # Scripted baselines act the same in every episode of a task: one each says it all.
     once = {b for b in baselines if deterministic(b)} - {before, after}
     out_dir = run_dir / "eval"
-    keep_previous_report(run_dir)
+    kept = keep_previous_report(run_dir)
+    try:
+        return await _evaluate_into(cfg, run_dir, out_dir, roles, specs, once, tasks, concurrency, progress)
+    except BaseException:  # failed or interrupted (Ctrl-C): the earlier report goes back where it was
+        restore_previous_report(run_dir, kept)
+        raise
+
+
+async def _evaluate_into(cfg, run_dir, out_dir, roles, specs, once, tasks, concurrency, progress) -> dict[str, Any]:
     shutil.rmtree(out_dir, ignore_errors=True)  # results.jsonl is appended to: a rerun starts clean
     samples = cfg.train.eval_samples
     total = sum(1 if s in once else samples for s in specs) * len(tasks)
@@ -168,7 +178,7 @@ async def evaluate_run(
     rows = await run_benchmark(specs, tasks, cfg, out_dir, concurrency, on_done, samples, once)
     report = build_report(run_dir, roles, tasks, rows, out_dir, time.monotonic() - t0)
     report["temperature"] = cfg.engine.temperature
-    report["shift"] = measure_shift(rows, before, after, out_dir, cfg)
+    report["shift"] = measure_shift(rows, roles["before"], roles["after"], out_dir, cfg)
     report["samples"] = samples
     report["once"] = sorted(once) if samples > 1 else []  # policies that ran one episode per task
     write_report(run_dir, report)
@@ -190,6 +200,24 @@ def keep_previous_report(run_dir: Path) -> Path | None:
         if p.exists():
             p.rename(dest / p.name)
     return dest
+
+
+def restore_previous_report(run_dir: Path, kept: Path | None) -> None:
+    """Undo `keep_previous_report` when the new report did not complete: the partial one (its eval/,
+    no report files yet) is dropped and the earlier one is back at the top of run_dir."""
+    if kept is None:
+        return
+    for name in ("report.json", "report.md", "report.html", "eval"):
+        if (kept / name).exists():
+            target = run_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+            (kept / name).rename(target)
+    kept.rmdir()
+    with contextlib.suppress(OSError):  # reports/ stays when it holds other reports
+        kept.parent.rmdir()
 
 
 def measure_shift(
