@@ -78,6 +78,12 @@ async def plain_backend(state_dir):
     await backend.aclose()
 
 
+@pytest.fixture
+async def plain_ws(plain_backend, repo):
+    """A plain-backend workspace of the bundled test repo (for tests of the loop, not of isolation)."""
+    return await plain_backend.create(plain_backend.snapshot(str(repo)))
+
+
 @dataclass
 class EnvServer:
     url: str

@@ -12,7 +12,6 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from conftest import make_backend
 from vivace.config import AgentConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
@@ -24,11 +23,8 @@ from vivace.harness.trajectory import Trajectory
 
 
 @pytest.fixture
-async def ws(repo, state_dir):
-    backend = make_backend("plain", state_dir)
-    workspace = await backend.create(backend.snapshot(str(repo)))
-    yield workspace
-    await backend.aclose()
+def ws(plain_ws):
+    return plain_ws
 
 
 def call(name: str, **arguments) -> dict:

@@ -15,7 +15,6 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from conftest import make_backend
 from vivace.config import AgentConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import Message, ToolCall
@@ -130,11 +129,8 @@ def endpoint(server):
 
 
 @pytest.fixture
-async def ws(repo, state_dir):
-    backend = make_backend("plain", state_dir)
-    workspace = await backend.create(backend.snapshot(str(repo)))
-    yield workspace
-    await backend.aclose()
+def ws(plain_ws):
+    return plain_ws
 
 
 def conversation(tools: bool = True) -> Conversation:
