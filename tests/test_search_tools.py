@@ -103,6 +103,9 @@ async def test_glob_agrees_with_grep_on_symlinked_and_ignored_directories(ctx, t
         assert (await _run(ctx, grep, pattern="DEEP", path="link_dir")).text == "link_dir/deep.py:1:DEEP = 1"
         got = await _run(ctx, grep, pattern="DEEP", path="node_modules")
         assert got.text == "node_modules/pkg/m.js:1:DEEP = 2", (use_rg, got.text)
+        # A symlink named explicitly that leads outside is refused, by rg (which would follow it) too.
+        got = await _run(ctx, grep, pattern="DEEP", path="out_dir")
+        assert got.is_error and "DEEP = 4" not in got.text, (use_rg, got.text)
 
 
 GITIGNORE_TREE = {

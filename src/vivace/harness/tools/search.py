@@ -40,7 +40,7 @@ from pydantic import Field, field_validator
 
 from vivace.harness.tools.base import EVERYTHING, Access, ToolArgs, ToolContext, ToolResult, truncate
 from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
-from vivace.sandbox.base import Workspace
+from vivace.sandbox.base import PathEscapeError, SandboxError, Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.search.lexical import tokenize
 from vivace.search.types import SearchHit
@@ -67,6 +67,23 @@ def rel_path(path: str) -> str | None:
         return None
     p = posixpath.normpath(p)
     return None if p == ".." or p.startswith("../") else p
+
+
+async def _leads_outside(ws: Workspace, path: str) -> bool:
+    """Whether `path` is a symlink (or passes one) leading outside the workspace. rg follows a path
+    named explicitly, so it is checked here, through the workspace's confined file API. A remote
+    workspace has no such call, and there rg still follows it (inside the isolated sandbox that
+    reaches only the sandbox's own files)."""
+    realpath = getattr(getattr(ws, "fs", None), "realpath", None)
+    if path == "." or not callable(realpath):
+        return False
+    try:
+        await asyncio.to_thread(realpath, path)
+    except PathEscapeError:
+        return True
+    except (SandboxError, OSError):  # missing or unreadable: rg reports it as before
+        return False
+    return False
 
 
 def _outside(path: str) -> ToolResult:
@@ -133,7 +150,7 @@ class Grep:
 
     async def run(self, args: GrepArgs, ctx: ToolContext) -> ToolResult:
         path = rel_path(args.path)
-        if path is None:
+        if path is None or await _leads_outside(ctx.workspace, path):
             return _outside(args.path)
         before = args.context_before if args.context_before is not None else (args.context or 0)
         after = args.context_after if args.context_after is not None else (args.context or 0)
