@@ -81,8 +81,7 @@ def train_command(
     if ctx.invoked_subcommand is not None:
         return
     from vivace.rl.controller import (
-        check_model,
-        check_sft_data,
+        check_model_and_data,
         load_run_config,
         new_run_dir,
         training_tasks,
@@ -114,8 +113,7 @@ def train_command(
         cfg = with_sandbox_options(cfg, backend, state_dir)
         # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
         tasks = training_tasks(cfg)
-        check_model(cfg)
-        check_sft_data(cfg)
+        check_model_and_data(cfg)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
             run_dir = new_run_dir(cfg, name)

@@ -80,21 +80,16 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
     return tasks
 
 
-def check_model(cfg: VivaceConfig) -> None:
-    """train.model's tokenizer, read before the run directory exists: a wrong path or a directory
-    without tokenizer files stops here, not in a trainer rank (the weights are read there)."""
+def check_model_and_data(cfg: VivaceConfig) -> None:
+    """train.model's tokenizer, and train.sft_data read as the trainer will read it, before the run
+    directory exists: a wrong model path or a bad data file stops here, not in a trainer rank after
+    the first rollouts (the weights are read there)."""
     from vivace.model.checkpoint import load_tokenizer
 
-    load_tokenizer(cfg.train.model)
-
-
-def check_sft_data(cfg: VivaceConfig) -> None:
-    """train.sft_data, read as the trainer will read it: a bad file must stop the run before its
-    directory exists, not inside a trainer rank after the first rollouts."""
     tc = cfg.train
+    vocab = len(load_tokenizer(tc.model))
     if tc.sft_data is None or tc.sft_coef == 0:  # the trainer does not read it
         return
-    from vivace.model.checkpoint import load_tokenizer
     from vivace.rl.sft_train import read_episodes
 
     path = Path(tc.sft_data)
@@ -102,7 +97,7 @@ def check_sft_data(cfg: VivaceConfig) -> None:
         what = "is a directory" if path.is_dir() else "does not exist"
         raise ValueError(f"{path}: train.sft_data {what}; give a JSONL file made by `vivace sft data`, or null")
     # Ids are checked against the tokenizer, as `vivace sft train` does: one beyond it is no token of this model.
-    read_episodes(path, len(load_tokenizer(tc.model)))  # an SftDataError (a ValueError) naming file and line
+    read_episodes(path, vocab)  # an SftDataError (a ValueError) naming file and line
 
 
 class TaskOrder:

@@ -216,6 +216,8 @@ class LocalBackend(abc.ABC):
             source = SnapshotSource(path=source)
         # The claim lasts this backend's life: its pools may make workspaces of it at any time.
         snap = materialize(source, self.state / "snapshots", self.file_owner, holder=self.owner_dir)
+        if not snap.built:  # the cache grows only when a snapshot is built: nothing to evict
+            return snap
         try:
             evicted = evict(self.state / "snapshots", (self.state / "owners").iterdir())
         except OSError as e:  # a full cache must not stop the work it caches

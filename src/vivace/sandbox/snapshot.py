@@ -25,7 +25,7 @@ import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -64,6 +64,7 @@ class Snapshot:
     key: str  # content-derived cache key
     root: Path  # the materialised tree; never written after creation
     source: SnapshotSource
+    built: bool = field(default=False, compare=False)  # this call built it (the cache grew)
 
 
 def materialize(
@@ -82,7 +83,8 @@ def materialize(
     with _cache_lock(cache_dir, exclusive=False):  # an eviction sees this use, or ran before it
         if holder:
             (holder / f"{CLAIM_PREFIX}{key}").touch()
-        if (cache_dir / key).is_dir():
+        cached = (cache_dir / key).is_dir()
+        if cached:
             _record_use(cache_dir / key)
 
     def build(tmp: Path) -> None:
@@ -95,9 +97,11 @@ def materialize(
         if owner:
             _chown_tree(tmp, owner)
 
+    if cached:
+        return Snapshot(key=key, root=cache_dir / key, source=source)
     root = build_once(cache_dir / key, build)
     _record_use(root)  # a new snapshot's size
-    return Snapshot(key=key, root=root, source=source)
+    return Snapshot(key=key, root=root, source=source, built=True)
 
 
 def build_once(target: Path, build: Callable[[Path], None]) -> Path:
