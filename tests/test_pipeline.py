@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -429,18 +431,40 @@ def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, cap
 
 
 def test_the_local_ray_cluster_is_started_out_of_ctrl_c_and_sigterm_reach():
-    """Processes started under `signal_handler(SIG_IGN, ...)` (Ray's daemons and actors) inherit the
-    ignored SIGINT and SIGTERM, so a terminal's Ctrl-C or a job-wide SIGTERM (`timeout`, Slurm) reaches
-    only the driver, which then ends the run cleanly."""
-    from vivace.signals import signal_handler
+    """Processes started under `blocked_in_children` (Ray's daemons and actors) inherit SIGINT and SIGTERM
+    blocked, so a terminal's Ctrl-C or a job-wide SIGTERM (`timeout`, Slurm) cannot reach them even where
+    they install a handler of their own (Ray's catch SIGTERM; the old ignored disposition did not survive
+    that). The driver loses nothing: a signal that arrives meanwhile runs its handler by the block's end,
+    and a handler installed inside the block (ray.init's) is undone first."""
+    from vivace.signals import blocked_in_children
 
-    code = "import signal; print(*(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)))"
-    before = [signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM, signal.SIG_DFL)]
+    # The child installs its own SIGTERM handler, as Ray's processes do, then says whether it is blocked.
+    code = (
+        "import signal, sys; signal.signal(signal.SIGTERM, lambda *a: print('caught', flush=True)); "
+        "print(*(s in signal.pthread_sigmask(signal.SIG_BLOCK, []) for s in (signal.SIGINT, signal.SIGTERM)), "
+        "flush=True); sys.stdin.readline()"
+    )
+    got = []
+    before = [signal.signal(signal.SIGINT, lambda s, f: got.append(s)), signal.signal(signal.SIGTERM, signal.SIG_DFL)]
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     try:
-        with signal_handler(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
-            assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "True True\n"
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "False False\n"
+        with blocked_in_children():
+            child = subprocess.Popen(
+                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            signal.signal(signal.SIGTERM, lambda s, f: got.append("ray's"))  # as ray.init does
+            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C while Ray starts
+        assert got == [signal.SIGINT]  # handled, by the driver's own handler, no later than the block's end
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # ray.init's handler undone
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+        assert child.stdout.readline() == "True True\n"
+        child.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert child.poll() is None  # neither killed nor interrupted: the signal waits, blocked
+        child.communicate("\n", timeout=10)
+        assert child.returncode == 0
+        after = subprocess.run([sys.executable, "-c", code], input="\n", capture_output=True, text=True)
+        assert after.stdout == "False False\n"
     finally:
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGTERM, before[1])

@@ -36,18 +36,22 @@ async def test_toolchain_python_and_pytest_available(make_workspace):
 
 
 async def test_commands_start_with_default_signals(make_workspace):
-    """Whatever the launcher ignores (Ray's actors ignore SIGINT under `vivace train`, nohup SIGHUP), a
-    command starts as in a shell: a task's tests that rely on Ctrl-C or SIGHUP behave the same."""
+    """Whatever the launcher ignores or blocks (Ray's processes block SIGINT and SIGTERM under `vivace
+    train`, nohup ignores SIGHUP), a command starts as in a shell: a task's tests that rely on Ctrl-C,
+    SIGTERM (`timeout`) or SIGHUP behave the same."""
     ws = await make_workspace()
     before = [signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGHUP, signal.SIG_IGN)]
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
     try:
-        r = await ws.exec(["grep", "SigIgn", "/proc/self/status"])
+        r = await ws.exec(["grep", "-E", "SigIgn|SigBlk", "/proc/self/status"])
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGHUP, before[1])
-    label, mask = r.stdout.split()
+    masks = dict(line.split() for line in r.stdout.splitlines())
     # Standard signals 1-31 (bit n-1); 32 and 33 are glibc's own, which no program can reset or set.
-    assert r.exit_code == 0 and label == "SigIgn:" and int(mask, 16) & ((1 << 31) - 1) == 0, r.stdout + r.stderr
+    assert r.exit_code == 0 and set(masks) == {"SigIgn:", "SigBlk:"}, r.stdout + r.stderr
+    assert all(int(m, 16) & ((1 << 31) - 1) == 0 for m in masks.values()), r.stdout
 
 
 async def test_timeout_reports_and_returns(make_workspace):

@@ -26,3 +26,24 @@ def signal_handler(handler, signums: tuple[int, ...] = (signal.SIGINT,)):
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def blocked_in_children(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+    """Processes started in the block (from this thread, or from threads it starts) begin with these
+    signals blocked, which survives exec, so a terminal's Ctrl-C to the foreground process group or a
+    job-wide SIGTERM (`timeout`, Slurm, systemd) never reaches them, even where they install their own
+    handlers (Ray's daemons and actors catch SIGTERM, so an ignored disposition is not enough).
+
+    This process loses none of them: a signal that arrives meanwhile runs the handler it had before
+    the block, at the latest when the block ends. Handlers installed inside the block are undone first
+    (ray.init puts its own on SIGTERM). Off the main thread only the mask changes."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.getsignal(s) for s in signums} if main else {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # pending signals are delivered here

@@ -38,7 +38,7 @@ from vivace.harness.chat import ChatFormat
 from vivace.inference.samplers import sampling_params
 from vivace.rl.rollout import EpisodeResult, run_attempt
 from vivace.rl.trainer import Sample, Trainer
-from vivace.signals import signal_handler
+from vivace.signals import blocked_in_children
 from vivace.tasks.format import Task
 
 ROLLOUT_CLOSE_TIMEOUT_S = 30.0
@@ -208,12 +208,13 @@ class RayWorkers:
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
-            # The local cluster's processes start with SIGINT and SIGTERM ignored: a terminal's Ctrl-C
+            # The local cluster's processes start with SIGINT and SIGTERM blocked: a terminal's Ctrl-C
             # goes to the whole foreground process group, and `timeout`, systemd and Slurm send SIGTERM
-            # to every process of the job; either would kill the actors before the driver (the CLI)
-            # could end the run cleanly after the step in flight. ray.init's own SIGTERM handlers in
-            # the driver are undone. Sandboxed commands start with default signals (sandbox/process.py).
-            with signal_handler(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
+            # to every process of the job; either would kill the daemons and actors before the driver
+            # (the CLI) could end the run cleanly after the step in flight. The driver itself keeps its
+            # handlers: a Ctrl-C while Ray starts is not lost. Sandboxed commands start with default
+            # signals (sandbox/process.py).
+            with blocked_in_children((signal.SIGINT, signal.SIGTERM)):
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train

@@ -71,10 +71,11 @@ def exit_status(returncode: int) -> int:
 
 @functools.cache
 def default_signals() -> tuple[str, ...]:
-    """The argv prefix that starts a command with every signal at its default action (GNU env 8.31+;
-    empty where env lacks the option). A process inherits the signals its launcher ignores: under
-    `vivace train` that is SIGINT (Ray's actors ignore it, so a terminal's Ctrl-C reaches only the
-    driver), under nohup SIGHUP. A task's tests must behave as they would in a shell."""
+    """The argv prefix that starts a command with every signal at its default action and none blocked
+    (GNU env 8.31+; empty where env lacks the option). A process inherits the signals its launcher
+    ignores or blocks: under `vivace train` SIGINT and SIGTERM are blocked in Ray's processes (so a
+    terminal's Ctrl-C reaches only the driver), under nohup SIGHUP is ignored. A task's tests must
+    behave as they would in a shell."""
     env = shutil.which("env")
     if env and subprocess.run([env, "--default-signal", "true"], capture_output=True).returncode == 0:
         return (env, "--default-signal")
