@@ -67,7 +67,7 @@ def test_agent_apply_writes_exactly_the_diff(setup, tmp_path):
     result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["applied"] and report["not_applied"] == []
+    assert report["applied"] and report["not_applied"] == {}
     diff = report["trajectory"]["diff"]
     assert "pkg/new.py" in diff and "README.md" in diff
     candidates = set(walk_files(original)) | set(walk_files(work))

@@ -194,3 +194,42 @@ async def test_backend_never_evicts_a_snapshot_in_use(tmp_path, monkeypatch):
     finally:
         await live.aclose()
         await other.aclose()
+
+
+# -- 5: --apply after the developer went on working in the repository ------------------------
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_apply_never_overwrites_what_changed_in_the_repository_meanwhile(kind, tmp_path, state_dir):
+    """The agent runs for minutes on a snapshot; the developer keeps editing. Apply merges a file both
+    changed when the changes merge, and otherwise leaves the developer's version and says so."""
+    lines = "".join(f"line {i}\n" for i in range(1, 21))
+    files = {"merge.py": lines, "clash.py": "x = 1\n", "gone_here.py": "a\n", "gone_there.py": "b\n",
+             "same.py": "s = 1\n", "agent_only.py": "q = 1\n", "bin.dat": "\0\1\2"}  # fmt: skip
+    repo = _git_repo(tmp_path / "repo", {k: v.encode() for k, v in files.items()})
+    backend = make_backend(kind, state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        snapshot = ws.snapshot.root
+        await ws.exec(
+            "sed -i 's/^line 2$/agent 2/' merge.py && echo 'x = 2' > clash.py && echo edited > gone_here.py && "
+            "rm gone_there.py && echo 's = 2' > same.py && echo 'q = 2' > agent_only.py && echo new > new.py && "
+            "printf '\\0\\3' > bin.dat"
+        )
+        diff = await ws.diff()
+        # Meanwhile, in the repository:
+        (repo / "merge.py").write_text(lines.replace("line 19\n", "mine 19\n"))
+        (repo / "clash.py").write_text("x = 3\n")
+        (repo / "gone_here.py").unlink()
+        (repo / "gone_there.py").write_text("b, edited\n")
+        (repo / "same.py").write_text("s = 2\n")
+        (repo / "bin.dat").write_bytes(b"\0\4")
+        left = await export_changes(ws, diff, repo, base=snapshot)
+    finally:
+        await backend.aclose()
+    assert sorted(left) == ["bin.dat", "clash.py", "gone_here.py", "gone_there.py"]
+    assert all("changed in" in why for why in left.values())
+    merged = (repo / "merge.py").read_text()
+    assert merged == lines.replace("line 2\n", "agent 2\n").replace("line 19\n", "mine 19\n")
+    assert (repo / "clash.py").read_text() == "x = 3\n" and not (repo / "gone_here.py").exists()
+    assert (repo / "gone_there.py").read_text() == "b, edited\n" and (repo / "bin.dat").read_bytes() == b"\0\4"
+    assert (repo / "same.py").read_text() == "s = 2\n"  # the same change on both sides
+    assert (repo / "agent_only.py").read_text() == "q = 2\n" and (repo / "new.py").read_text() == "new\n"

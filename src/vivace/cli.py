@@ -174,29 +174,26 @@ def agent(
             ws = await b.create(b.snapshot(SnapshotSource(path=str(repo))))
             observer = None if as_json else EpisodePrinter(out)
             traj = await run_episode(policy, ws, request, cfg.agent, observer=observer)
-            applied, skipped = False, []
+            applied, left = False, {}
             changed = bool(changed_paths(traj.diff or ""))  # a diff may be only a note (ignored files left out)
             if changed and (apply or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):
-                skipped = await export_changes(ws, traj.diff, repo)
+                left = await export_changes(ws, traj.diff, repo, base=ws.snapshot.root)
                 applied = True
-            return traj, applied, skipped, changed
+            return traj, applied, left, changed
         finally:
             await b.aclose()
 
     try:
-        traj, applied, skipped, changed = asyncio.run(go())
+        traj, applied, left, changed = asyncio.run(go())
     except SandboxError as e:
         err.print(f"[red]error:[/red] {escape(visible(str(e)))}")
         raise typer.Exit(2) from None
     if as_json:
-        sys.stdout.write(
-            json.dumps({"trajectory": traj.model_dump(), "applied": applied, "not_applied": skipped}) + "\n"
-        )
+        sys.stdout.write(json.dumps({"trajectory": traj.model_dump(), "applied": applied, "not_applied": left}) + "\n")
     elif applied:
-        out.print(
-            f"[green]applied to {repo}[/green]"
-            + (f"; not carried over: {escape(visible(', '.join(skipped)))}" if skipped else "")
-        )
+        out.print(f"[green]applied to {repo}[/green]" + ("; not applied (the diff above has them):" if left else ""))
+        for path, why in left.items():
+            out.print(f"  {escape(visible(path))}: {escape(visible(why))}")
     elif changed:
         out.print(f"[dim]{repo} is unchanged (use --apply to write the changes)[/dim]")
     raise typer.Exit(1 if traj.stop_reason == "error" else 0)
