@@ -196,6 +196,43 @@ async def test_backend_never_evicts_a_snapshot_in_use(tmp_path, monkeypatch):
         await other.aclose()
 
 
+def test_a_changed_directory_is_snapshotted_again_sharing_its_unchanged_files(tmp_path):
+    """A new snapshot of a directory hard-links what did not change since the last one (no second copy of
+    a virtualenv), copies what did, and never links the source's own files (the developer's edits must
+    not reach a snapshot). Links that cannot be made fall back to copies."""
+    repo = tmp_path / "repo"
+    (repo / "venv").mkdir(parents=True)
+    for i in range(5):
+        (repo / "venv" / f"lib{i}.py").write_text(f"lib {i}\n" * 100)
+    (repo / "app.py").write_text("x = 1\n")
+    (repo / "run.sh").write_text("echo\n")
+    cache = tmp_path / "cache"
+    first = materialize(SnapshotSource(str(repo)), cache)
+    (repo / "app.py").write_text("x = 22\n")
+    os.chmod(repo / "run.sh", 0o755)  # a mode change is a change
+    (repo / "new.py").write_text("n\n")
+    second = materialize(SnapshotSource(str(repo)), cache)
+    assert second.key != first.key and second.built
+
+    def ino(root: Path, rel: str) -> int:
+        return (root / rel).stat().st_ino
+
+    assert all(ino(second.root, f"venv/lib{i}.py") == ino(first.root, f"venv/lib{i}.py") for i in range(5))
+    assert ino(second.root, "app.py") != ino(first.root, "app.py") and ino(second.root, "run.sh") != ino(
+        first.root, "run.sh"
+    )
+    assert not any(ino(second.root, rel) == ino(repo, rel) for rel in ["app.py", "new.py", "venv/lib0.py"])
+    assert (second.root / "app.py").read_text() == "x = 22\n" and (first.root / "app.py").read_text() == "x = 1\n"
+    assert (second.root / "run.sh").stat().st_mode & 0o111 and (second.root / "new.py").read_text() == "n\n"
+
+    shutil.rmtree(second.root)  # the newest snapshot is gone (evicted): the next one is a plain copy
+    (repo / "app.py").write_text("x = 333\n")
+    third = materialize(SnapshotSource(str(repo)), cache)
+    assert (third.root / "app.py").read_text() == "x = 333\n"
+    assert (third.root / "venv/lib3.py").read_text() == "lib 3\n" * 100
+    assert (third.root / "venv/lib3.py").stat().st_nlink == 1
+
+
 # -- 5: --apply after the developer went on working in the repository ------------------------
 @pytest.mark.parametrize("kind", BACKENDS)
 async def test_apply_never_overwrites_what_changed_in_the_repository_meanwhile(kind, tmp_path, state_dir):

@@ -10,6 +10,13 @@ lower layer; the plain backend copies it).
 The cache is bounded: `evict` removes the least recently used snapshots beyond a byte budget,
 sparing those a live holder (a backend) has claimed and those used within the last hour.
 Beside each snapshot, `<key>.used` holds its size and its mtime is the last use.
+
+A directory that changed since its last snapshot (`vivace agent` on a repository being worked on)
+is snapshotted again, but a file unchanged since that snapshot (same size, mtime and mode: the
+key's own test) is hard-linked from it instead of copied, so a repository with a 2 GB virtualenv
+costs its changed files, not 2 GB and half a minute, per run. `.source-<hash>` names the newest
+snapshot of each directory. Snapshots are never written, so sharing their files is safe; the
+source's own files are never linked.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ SourceKind = Literal["dir", "tar", "git"]
 
 # Enough for a training run's working set (hundreds of small task repos, or a few dozen
 # ~100 MB SWE-bench checkouts) to stay cached, while `vivace agent` on a repo that changes
-# between runs (each run is a new snapshot, .git and node_modules included) stops at this.
+# between runs (each run is a new snapshot, sharing the files that did not change) stops at this.
 MAX_CACHE_BYTES = 10 << 30
 # A snapshot used this recently is never evicted, whoever uses it: callers of `materialize`
 # that claim no use (task tree builders) copy out of it within seconds.
@@ -76,9 +83,8 @@ def materialize(
     path = Path(source.path).expanduser().resolve()
     if not path.exists():
         raise SandboxError(f"snapshot source {source.path!r} does not exist")
-    key = _key(kind, path, source.commit)
-    if owner:
-        key += f"-u{owner[0]}"  # ownership is part of what the cache holds
+    owned = f"-u{owner[0]}" if owner else ""  # ownership is part of what the cache holds
+    key = _key(kind, path, source.commit) + owned
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _cache_lock(cache_dir, exclusive=False):  # an eviction sees this use, or ran before it
         if holder:
@@ -87,9 +93,11 @@ def materialize(
         if cached:
             _record_use(cache_dir / key)
 
+    newest = cache_dir / f".source-{hashlib.sha256(os.fsencode(path) + owned.encode()).hexdigest()[:24]}"
+
     def build(tmp: Path) -> None:
         if kind == "dir":
-            shutil.copytree(path, tmp, symlinks=True, ignore=_special_files, dirs_exist_ok=True)
+            _copy_dir(path, tmp, _snapshot_named(cache_dir, newest))
         elif kind == "tar":
             _extract_tar(path, tmp)
         else:
@@ -101,7 +109,46 @@ def materialize(
         return Snapshot(key=key, root=cache_dir / key, source=source)
     root = build_once(cache_dir / key, build)
     _record_use(root)  # a new snapshot's size
+    if kind == "dir":
+        _write_atomically(newest, key)
     return Snapshot(key=key, root=root, source=source, built=True)
+
+
+def _snapshot_named(cache_dir: Path, pointer: Path) -> Path | None:
+    """The snapshot whose key `pointer` holds, if it is still cached."""
+    try:
+        key = pointer.read_text().strip()
+    except OSError:
+        return None
+    return cache_dir / key if key and not key.startswith(".") and (cache_dir / key).is_dir() else None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _copy_dir(src: Path, dest: Path, previous: Path | None) -> None:
+    """Copy directory `src` into `dest`, hard-linking each file unchanged since `previous` (an earlier
+    snapshot of `src`) from it. A link that fails (that snapshot evicted meanwhile, a link limit)
+    falls back to a copy."""
+
+    def copy(s: str, d: str) -> None:
+        if previous is not None:
+            old = previous / os.path.relpath(s, src)
+            try:
+                now, then = os.lstat(s), os.lstat(old)
+                if stat.S_ISREG(then.st_mode) and (now.st_size, now.st_mtime_ns, now.st_mode) == (
+                    then.st_size, then.st_mtime_ns, then.st_mode
+                ):  # fmt: skip
+                    os.link(old, d)
+                    return
+            except OSError:
+                pass
+        shutil.copy2(s, d)
+
+    shutil.copytree(src, dest, symlinks=True, ignore=_special_files, dirs_exist_ok=True, copy_function=copy)
 
 
 def build_once(target: Path, build: Callable[[Path], None]) -> Path:
@@ -189,10 +236,12 @@ def _usage(root: Path) -> tuple[float, int]:
 
 
 def _tree_bytes(root: Path) -> int:
+    """Disk the tree holds, a file shared with other snapshots (hard links) counted by its share."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
-            total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            st = os.lstat(os.path.join(dirpath, name))
+            total += st.st_blocks * 512 // (st.st_nlink if stat.S_ISREG(st.st_mode) else 1)
     return total
 
 
