@@ -6,11 +6,15 @@ The Workspace contract itself runs over HTTP through conftest's `make_workspace[
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +22,8 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 
-from vivace.config import ServerConfig, VivaceConfig
+from conftest import ISOLATION_PROBLEM, make_backend
+from vivace.config import PoolConfig, ServerConfig, VivaceConfig
 from vivace.sandbox import (
     NotAFileError,
     PathEscapeError,
@@ -29,8 +34,9 @@ from vivace.sandbox import (
 )
 from vivace.sandbox import server as server_mod
 from vivace.sandbox.background import BackgroundServer
-from vivace.sandbox.client import EnvClient
+from vivace.sandbox.client import EnvClient, RemoteWorkspace
 from vivace.sandbox.isolated import probe
+from vivace.sandbox.server import create_app
 
 
 @pytest.fixture
@@ -114,8 +120,6 @@ async def test_errors_round_trip_as_the_same_classes(env_server, client, repo):
         assert (r.status_code, r.json()["error"]["kind"]) == (410, "closed")
         assert (await http.delete(f"/v1/workspaces/{ws.id}")).status_code == 204  # idempotent
     # A second handle on the closed workspace hears it from the server, not from its own flag.
-    from vivace.sandbox.client import RemoteWorkspace
-
     with pytest.raises(WorkspaceClosedError):
         await RemoteWorkspace(client, ws.id, 60, {}).exec("true")
     with pytest.raises(UnknownWorkspace):
@@ -158,6 +162,124 @@ async def test_200_concurrent_clients(env_server, client, repo):
     metrics = await client.metrics()
     assert metrics["live"] == 0
     assert all(p["live"] == 0 and p["backend"]["live"] == 0 for p in metrics["pools"])
+
+
+async def test_os_errors_and_bad_requests_come_back_as_json_errors(env_server, client, repo):
+    ws = await client.create(str(repo))
+    # The in-process backend raises these OSErrors; over HTTP they were a bare 500 page.
+    with pytest.raises(OSError, match="File name too long") as e:
+        await ws.write_bytes("a" * 300, b"x")
+    assert e.value.errno == errno.ENAMETOOLONG and not isinstance(e.value, SandboxError)
+    with pytest.raises(OSError, match="Argument list too long") as e:
+        await ws.exec("echo " + "a" * 200_000)  # over the kernel's 128 KiB per argument
+    assert e.value.errno == errno.E2BIG
+    async with _raw(env_server, env_server.token) as http:
+        r = await http.put(f"/v1/workspaces/{ws.id}/file", params={"path": "b" * 300}, content=b"x")
+        assert (r.status_code, r.json()["error"]["kind"], r.json()["error"]["errno"]) == (400, "os_error", 36)
+        # An infinite timeout failed on the plain backend (int(inf)) with a 500.
+        r = await http.post(f"/v1/workspaces/{ws.id}/exec", content=b'{"cmd": "true", "timeout": 1e999}')
+        assert (r.status_code, r.json()["error"]["kind"]) == (422, "invalid_request")
+        for method in ("GET", "PATCH"):  # no such route, no such method: the same error body
+            r = await http.request(method, "/v1/no-such-route" if method == "GET" else f"/v1/workspaces/{ws.id}")
+            assert (r.status_code, r.json()["error"]["kind"]) == ((404, 405)[method == "PATCH"], "unknown_route")
+    await ws.close()
+
+
+async def test_names_that_are_not_utf8_round_trip(env_server, client, repo):
+    """The in-process API names such a file with surrogate escapes (os.fsdecode); so must HTTP."""
+    ws = await client.create(str(repo))
+    await ws.exec(["/bin/sh", "-c", "printf x > \"$(printf 'caf\\351')\""])
+    made = "caf\udce9"
+    assert made in {e.name for e in await ws.list(".")}  # was a 400 for the whole directory
+    assert await ws.read_bytes(made) == b"x"
+    assert (await ws.stat(made)).path == made
+    blob = bytes(range(256))
+    await ws.write_bytes("bin\udcff/\udcfe.dat", blob)
+    assert await ws.read_bytes("bin\udcff/\udcfe.dat") == blob
+    # On disk the name is the escaped bytes (\377/\376), not U+FFFD.
+    assert (await ws.exec("wc -c < \"$(printf 'bin\\377/\\376.dat')\"")).stdout.strip() == "256"
+    assert "caf\\351" in await ws.diff()  # git's quoting of the name, as in-process
+    await ws.remove("bin\udcff", recursive=True)
+    await ws.remove(made)
+    # Plain UTF-8 and query-special characters still mean themselves.
+    for name in ("ü ß+&=%#?.txt", "a b/c+d.txt"):
+        await ws.write_bytes(name, name.encode())
+        assert await ws.read_bytes(name) == name.encode()
+    await ws.close()
+
+
+def _running(marker: str) -> bool:
+    """Whether any process on this machine has `marker` in its command line."""
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+async def test_client_hanging_up_kills_its_command(env_server, client, repo):
+    """As cancelling `exec` in-process kills the command, so does a client that hangs up."""
+    ws = await client.create(str(repo))
+    marker = f"sleep {30 + os.getpid() % 1000 / 1000:.3f}"  # unique on this machine
+    async with _raw(env_server, env_server.token) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(f"/v1/workspaces/{ws.id}/exec", json={"cmd": marker}, timeout=1.5)
+    deadline = time.monotonic() + 10
+    while _running(marker) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not _running(marker), "the command outlived its client"
+    # The same through the client: cancelling the call cancels the command.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(ws.exec(marker), 1.5)
+    deadline = time.monotonic() + 10
+    while _running(marker) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not _running(marker)
+    assert (await ws.exec("echo still usable")).stdout == "still usable\n"
+    await ws.close()
+
+
+async def test_client_hanging_up_while_queued_frees_its_place(repo, tmp_path):
+    """A create abandoned while the pool is full used to make a workspace for nobody, holding a
+    slot until the server stopped; with max_live=1 the next create then waited forever."""
+    backend = make_backend("plain" if ISOLATION_PROBLEM else "isolated", tmp_path / "state")
+    server = BackgroundServer(create_app(backend, PoolConfig(max_live=1), "t", own_backend=True)).start()
+    try:
+        async with EnvClient(server.url, "t") as c:
+            first = await c.create(str(repo))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(c.create(str(repo)), 1.0)  # queued behind `first`, then abandoned
+            await first.close()
+            second = await asyncio.wait_for(c.create(str(repo)), 20)
+            assert (await second.exec("echo ok")).stdout == "ok\n"
+            metrics = await c.metrics()
+            assert metrics["live"] == 1 and metrics["pools"][0]["live"] == 1
+            assert metrics["pools"][0]["backend"]["created"] <= 3  # the abandoned one at most made and closed
+            await second.close()
+            assert (await c.metrics())["pools"][0]["live"] == 0
+    finally:
+        server.stop()
+
+
+async def test_client_rejects_a_success_that_is_not_the_servers(tmp_path):
+    """Another service on the port, or a proxy's login page, answers 200: a SandboxError, not a KeyError."""
+    bodies = {"html": (b"<html>login</html>", "text/html"), "json": (b'{"hello": 1}', "application/json")}
+    for body, ctype in bodies.values():
+        client = EnvClient("http://env.invalid", "t")
+        await client.aclose()
+        transport = httpx.MockTransport(
+            lambda _, b=body, t=ctype: httpx.Response(200, content=b, headers={"content-type": t})
+        )
+        client._http = httpx.AsyncClient(base_url="http://env.invalid", transport=transport)
+        with pytest.raises(SandboxError, match="unexpected response from http://env.invalid/v1/workspaces"):
+            await client.create("/repo")
+        ws = RemoteWorkspace(client, "w0-x", 60, {})
+        for call in (ws.exec("true"), ws.list("."), ws.stat("a"), ws.diff()):
+            with pytest.raises(SandboxError, match="unexpected response"):
+                await call
+        await client.aclose()
 
 
 def test_binds_loopback_by_default():
@@ -217,6 +339,63 @@ def test_serve_prints_token_binds_loopback_and_cleans_up(tmp_path, repo):
         assert proc.wait(30) in (0, -signal.SIGTERM), log.read_text()
     assert "Application shutdown complete" in log.read_text()
     assert not any((state / "owners").iterdir()), "shutdown must close the workspaces it handed out"
+
+
+def test_sandbox_serve_command_reads_config_and_cleans_up_when_forced(tmp_path, repo):
+    """The real command with --config, stopped by Ctrl-C twice while a command runs (uvicorn's "force
+    quit"): uvicorn then skips the app's shutdown, which left every workspace behind."""
+    from vivace.sandbox.linux import Cgroups
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state, config = tmp_path / "state", tmp_path / "serve.json"
+    config.write_text(json.dumps({"pool": {"max_live": 3}, "sandbox": {"timeout_s": 77}}))
+    kind = "plain" if ISOLATION_PROBLEM else "isolated"
+    argv = [sys.executable, "-m", "vivace.cli", "sandbox", "serve", "--port", str(port), "--token", "tok"]
+    argv += ["--state-dir", str(state), "--backend", kind, "--config", str(config)]
+    log = tmp_path / "server.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(argv, stderr=err, stdout=err)
+    url, headers = f"http://127.0.0.1:{port}", {"Authorization": "Bearer tok"}
+    marker = f"sleep {60 + os.getpid() % 1000 / 1000:.3f}"
+    try:
+        for _ in range(600):
+            try:
+                httpx.get(f"{url}/v1/health", timeout=1).raise_for_status()
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.1)
+        r = httpx.post(f"{url}/v1/workspaces", json={"source": {"path": str(repo)}}, headers=headers, timeout=30)
+        ws_id, timeout_s = r.raise_for_status().json()["id"], r.json()["timeout_s"]
+        assert timeout_s == 77  # the config file's, not the preset's
+        assert httpx.get(f"{url}/v1/metrics", headers=headers).json()["pools"][0]["max_live"] == 3
+
+        def run_command() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the server goes away under it
+                httpx.post(f"{url}/v1/workspaces/{ws_id}/exec", json={"cmd": marker}, headers=headers, timeout=90)
+
+        threading.Thread(target=run_command, daemon=True).start()
+        for _ in range(100):
+            if _running(marker):
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        for _ in range(100):
+            if "force quit" in log.read_text():
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not _running(marker)
+    assert not any((state / "owners").iterdir()), "a forced shutdown must still close every workspace"
+    if kind == "isolated":
+        assert not [n for n in Cgroups().names() if n.startswith(f"{proc.pid}-")]
 
 
 @pytest.mark.slow

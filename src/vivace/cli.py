@@ -373,11 +373,12 @@ def sandbox_serve(
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
+    config_file: ConfigOpt = None,
 ) -> None:
     """Serve workspaces over HTTP (token-authenticated, loopback by default)."""
     from vivace.sandbox.server import serve
 
-    cfg = _config(preset, backend, state_dir)
+    cfg = _config(preset, backend, state_dir, config_file)
     updates = {k: v for k, v in {"host": host, "port": port, "token": token}.items() if v is not None}
     cfg.server = ServerConfig.model_validate({**cfg.server.model_dump(), **updates})
     serve(cfg)

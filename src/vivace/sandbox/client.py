@@ -7,12 +7,15 @@ the in-process backend (chosen by the error's `kind`), so callers cannot tell th
 
 Not guaranteed: retries (a request that failed in transit is not repeated: exec is not
 idempotent), and translating transport failures (refused connection, timeout) -- those
-surface as `httpx.TransportError`. Any other HTTP error becomes a `SandboxError`.
+surface as `httpx.TransportError`. Any other HTTP error, and a success whose body is not
+what the server sends (another service on that port, a proxy's page), becomes a
+`SandboxError`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -41,7 +44,27 @@ def _raise_for(response: httpx.Response) -> None:
         raise SandboxError(f"HTTP {response.status_code}: {response.text[:500]}") from None
     if kind == "invalid_argument":
         raise ValueError(message)  # what LocalWorkspace raises for a bad env name or argv
+    if kind == "os_error" and isinstance(err.get("errno"), int):
+        raise OSError(err["errno"], message)  # the same subclass (FileNotFoundError, ...) and str as in-process
     raise ERRORS_BY_KIND.get(kind, SandboxError)(message)
+
+
+def _json(response: httpx.Response, build: Any = dict) -> Any:
+    """`build(body)`; a body that is not the server's JSON is a SandboxError naming the URL."""
+    try:
+        return build(response.json())
+    except (ValueError, KeyError, TypeError) as e:
+        raise SandboxError(
+            f"unexpected response from {response.request.url} (not a vivace environment server?): "
+            f"{type(e).__name__}: {e}; body: {response.text[:200]!r}"
+        ) from None
+
+
+def _path_query(path: str, **extra: str) -> str:
+    """`?path=...` with the path's bytes percent-encoded, so a name that is not UTF-8 (surrogate
+    escapes, as the in-process API gives it) reaches the server intact; httpx's `params` cannot."""
+    query = [("path", path), *extra.items()]
+    return "?" + "&".join(f"{k}={quote(v.encode('utf-8', 'surrogateescape'), safe='')}" for k, v in query)
 
 
 class EnvClient:
@@ -73,14 +96,16 @@ class EnvClient:
         # No read limit: the server makes callers wait while its pool is at max_live, as the
         # local pool does; only connecting is bounded.
         timeout = httpx.Timeout(None, connect=self._http.timeout.connect)
-        info = (await self.request("POST", "/v1/workspaces", json=body, timeout=timeout)).json()
-        return RemoteWorkspace(self, info["id"], float(info.get("timeout_s") or self.timeout), info)
+        response = await self.request("POST", "/v1/workspaces", json=body, timeout=timeout)
+        return _json(
+            response, lambda info: RemoteWorkspace(self, info["id"], float(info.get("timeout_s") or self.timeout), info)
+        )
 
     async def metrics(self) -> dict[str, Any]:
-        return (await self.request("GET", "/v1/metrics")).json()
+        return _json(await self.request("GET", "/v1/metrics"))
 
     async def health(self) -> dict[str, Any]:
-        return (await self.request("GET", "/v1/health")).json()
+        return _json(await self.request("GET", "/v1/health"))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -120,32 +145,31 @@ class RemoteWorkspace(TextFilesMixin):
         # `timeout or None`: 0 means "the default", as in LocalWorkspace (the server refuses 0).
         body = {"cmd": cmd, "timeout": timeout or None, "env": env}
         r = await self._call("POST", "/exec", json=body, timeout=httpx.Timeout(limit, connect=30.0))
-        return ExecResult(**r.json())
+        return _json(r, lambda d: ExecResult(**d))
 
     async def read_bytes(self, path: str) -> bytes:
-        return (await self._call("GET", "/file", params={"path": path})).content
+        return (await self._call("GET", "/file" + _path_query(path))).content
 
     async def write_bytes(self, path: str, data: bytes) -> None:
         await self._call(
             "PUT",
-            "/file",
-            params={"path": path},
+            "/file" + _path_query(path),
             content=bytes(data),
             headers={"Content-Type": "application/octet-stream"},
         )
 
     async def list(self, path: str = ".") -> list[DirEntry]:
-        r = await self._call("GET", "/list", params={"path": path})
-        return [DirEntry(**e) for e in r.json()["entries"]]
+        r = await self._call("GET", "/list" + _path_query(path))
+        return _json(r, lambda d: [DirEntry(**e) for e in d["entries"]])
 
     async def remove(self, path: str, recursive: bool = False) -> None:
-        await self._call("DELETE", "/file", params={"path": path, "recursive": str(recursive).lower()})
+        await self._call("DELETE", "/file" + _path_query(path, recursive=str(recursive).lower()))
 
     async def stat(self, path: str) -> FileStat:
-        return FileStat(**(await self._call("GET", "/stat", params={"path": path})).json())
+        return _json(await self._call("GET", "/stat" + _path_query(path)), lambda d: FileStat(**d))
 
     async def diff(self) -> str:
-        return (await self._call("GET", "/diff")).json()["diff"]
+        return _json(await self._call("GET", "/diff"), lambda d: d["diff"])
 
     async def close(self) -> None:
         if self.closed:

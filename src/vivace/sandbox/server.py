@@ -3,15 +3,21 @@
 `create_app` serves one backend: a `WorkspacePool` per snapshot key, made on first use from
 the request's source (paths name files on the *server's* machine), and the workspace API
 under /v1. Every route except GET /v1/health needs `Authorization: Bearer <token>`; errors
-come back as {"error": {"kind", "message"}} with the stable `kind` of base.py's errors, so
-`client.py` re-raises the same exception classes as the in-process backend.
+come back as {"error": {"kind", "message"}} with the stable `kind` of base.py's errors (an
+OSError as kind "os_error" with its "errno"), so `client.py` re-raises the same exception
+classes as the in-process backend. File names that are not UTF-8 travel as the in-process
+API spells them (surrogate escapes): percent-encoded bytes in the `path` query, \\udcXX
+escapes in JSON.
 
 Guarantees: a request without the right token is refused before any handler runs; closing
-is idempotent; shutdown closes every workspace the server handed out. Not guaranteed: TLS
-(bind to loopback, or put it behind a proxy), isolation between token holders (a token
-holder may snapshot any path the server can read and use every workspace), and reaping of
-workspaces whose client vanished without closing them (they hold a pool slot until closed
-or until the server stops).
+is idempotent; a client that hangs up during an exec or a create cancels it, as cancelling
+the call in-process would (the command is killed; a create waiting for a pool slot leaves
+the queue; a workspace made for nobody is closed); shutdown closes every workspace the
+server handed out, also when forced (a second Ctrl-C). Not guaranteed: TLS (bind to
+loopback, or put it behind a proxy), isolation between token holders (a token holder may
+snapshot any path the server can read and use every workspace), a bound on JSON request
+bodies (only file uploads are capped), and reaping of workspaces whose client vanished
+without closing them (they hold a pool slot until closed or until the server stops).
 """
 
 from __future__ import annotations
@@ -19,19 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import os
 import secrets
 import sys
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal
+from urllib.parse import parse_qsl
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
 from vivace.sandbox.base import SandboxError, Unauthorized, UnknownWorkspace, WorkspaceClosedError
@@ -63,12 +72,65 @@ class CreateBody(_Body):
 
 class ExecBody(_Body):
     cmd: str | list[str]
-    timeout: float | None = Field(None, gt=0)
+    timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
     env: dict[str, str] | None = None
 
 
-def error_response(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status, headers=headers or None)
+class AsciiJSON(JSONResponse):
+    """JSON with every non-ASCII character escaped: a file name that is not UTF-8 (a str with
+    surrogate escapes, as the in-process API gives it) cannot be encoded as UTF-8, but its
+    \\udcXX escape is valid JSON, and Python's json reads it back to the same str."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def error_response(
+    status: int, kind: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+) -> AsciiJSON:
+    return AsciiJSON({"error": {"kind": kind, "message": message, **extra}}, status_code=status, headers=headers)
+
+
+def query_path(request: Request, path: str = ".") -> str:
+    """The `path` query parameter with bytes that are not UTF-8 kept as surrogate escapes (how the
+    in-process API names such files); FastAPI's own parsing would replace them with U+FFFD."""
+    query = request.scope["query_string"].decode("latin-1")  # latin-1: one char per byte, reversible
+    for key, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
+        if key == "path":
+            return value.encode("latin-1").decode("utf-8", "surrogateescape")
+    return path
+
+
+def required_query_path(request: Request, path: str) -> str:  # `path: str`: missing is a 422
+    return query_path(request, path)
+
+
+async def _hangup(request: Request) -> None:
+    """Returns once the client has closed the connection (call it after the body is read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_hung_up(request: Request, work: Awaitable[Any]) -> tuple[asyncio.Future[Any], bool]:
+    """Run `work` until it ends or the client hangs up; then it is cancelled, as the in-process
+    call would be (a running command is killed). The finished task, and whether the client left."""
+    task = asyncio.ensure_future(work)
+    hangup = asyncio.ensure_future(_hangup(request))
+    try:
+        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hangup.cancel()
+        if not task.done():
+            task.cancel()  # the client left (or this handler was cancelled: the server is stopping)
+    await asyncio.wait({task})  # let the cancelled call clean up (kill the command) first
+    if not task.cancelled():
+        task.exception()  # retrieved here: when the client has left, nobody else looks at it
+    return task, hangup.done() and not hangup.cancelled()
+
+
+def hung_up_response() -> Response:
+    # Nobody reads it: uvicorn drops a response for a closed connection. 499 as nginx logs it.
+    return error_response(499, "client_closed", "the client closed the connection; the call was cancelled")
 
 
 class TokenGate:
@@ -84,7 +146,7 @@ class TokenGate:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] != HEALTH_PATH and not self._allowed(scope):
             await error_response(
-                401, Unauthorized.kind, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"}
+                401, Unauthorized.kind, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
             )(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -188,21 +250,42 @@ def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, ow
         raise ValueError("the environment server needs a non-empty token")
     reg = Registry(backend, pool_config)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
+    async def close_all() -> None:  # idempotent: ClosingServer calls it again after the lifespan's shutdown
         await reg.aclose()
         if own_backend:
             await backend.aclose()
 
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await close_all()
+
     # No /docs or /openapi.json: they would be unauthenticated surface for no benefit here.
-    app = FastAPI(title="vivace environment server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="vivace environment server",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        default_response_class=AsciiJSON,
+    )
     app.add_middleware(TokenGate, token=token)
     app.state.registry = reg
+    app.state.close_all = close_all
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
         return error_response(STATUS_BY_KIND.get(e.kind, 400), e.kind, str(e))
+
+    @app.exception_handler(OSError)  # a name too long, a full workspace disk, an argv over the kernel's limit
+    async def _os_error(_: Request, e: OSError) -> JSONResponse:
+        message = f"{e.strerror}: {e.filename!r}" if e.strerror and e.filename else e.strerror or str(e)
+        return error_response(400, "os_error", message, errno=e.errno)
+
+    @app.exception_handler(HTTPException)  # no such route or method: a client of another version
+    async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return error_response(e.status_code, "unknown_route" if e.status_code in (404, 405) else "http_error", message)
 
     @app.exception_handler(ValueError)  # what the backend raises for a bad argument (env name, empty argv)
     async def _value_error(_: Request, e: ValueError) -> JSONResponse:
@@ -221,23 +304,27 @@ def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, ow
         return reg.metrics()
 
     @app.post("/v1/workspaces")
-    async def create(body: CreateBody) -> dict[str, Any]:
-        ws_id = await reg.create(SnapshotSource(**body.source.model_dump()))
+    async def create(body: CreateBody, request: Request) -> Any:
+        task, hung_up = await unless_hung_up(request, reg.create(SnapshotSource(**body.source.model_dump())))
+        if hung_up:
+            if not task.cancelled() and task.exception() is None:
+                await reg.close(task.result())  # made as the client left: nobody knows its id
+            return hung_up_response()
         info = {"backend": backend.name, "isolated": backend.isolated, "timeout_s": backend.config.timeout_s}
-        return {"id": ws_id, **info}
+        return {"id": task.result(), **info}
 
     @app.post("/v1/workspaces/{ws_id}/exec")
-    async def exec_(ws_id: str, body: ExecBody) -> dict[str, Any]:
-        result = await reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env)
-        return result.to_dict()
+    async def exec_(ws_id: str, body: ExecBody, request: Request) -> Any:
+        task, hung_up = await unless_hung_up(request, reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env))
+        return hung_up_response() if hung_up else task.result().to_dict()
 
     @app.get("/v1/workspaces/{ws_id}/file")
-    async def read(ws_id: str, path: str) -> Response:
+    async def read(ws_id: str, path: str = Depends(required_query_path)) -> Response:
         data = await reg.get(ws_id).read_bytes(path)
         return Response(content=data, media_type="application/octet-stream")
 
     @app.put("/v1/workspaces/{ws_id}/file", status_code=204)
-    async def write(ws_id: str, path: str, request: Request) -> Response:
+    async def write(ws_id: str, request: Request, path: str = Depends(required_query_path)) -> Response:
         ws = reg.get(ws_id)
         data = await _read_body(request)
         if data is None:
@@ -246,16 +333,16 @@ def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, ow
         return Response(status_code=204)
 
     @app.delete("/v1/workspaces/{ws_id}/file", status_code=204)
-    async def remove(ws_id: str, path: str, recursive: bool = False) -> Response:
+    async def remove(ws_id: str, path: str = Depends(required_query_path), recursive: bool = False) -> Response:
         await reg.get(ws_id).remove(path, recursive=recursive)
         return Response(status_code=204)
 
     @app.get("/v1/workspaces/{ws_id}/list")
-    async def list_(ws_id: str, path: str = ".") -> dict[str, Any]:
+    async def list_(ws_id: str, path: str = Depends(query_path)) -> dict[str, Any]:
         return {"entries": [e.to_dict() for e in await reg.get(ws_id).list(path)]}
 
     @app.get("/v1/workspaces/{ws_id}/stat")
-    async def stat(ws_id: str, path: str) -> dict[str, Any]:
+    async def stat(ws_id: str, path: str = Depends(required_query_path)) -> dict[str, Any]:
         return (await reg.get(ws_id).stat(path)).to_dict()
 
     @app.get("/v1/workspaces/{ws_id}/diff")
@@ -278,6 +365,16 @@ def resolve_token(server: ServerConfig) -> tuple[str, bool]:
     return secrets.token_urlsafe(24), True
 
 
+class ClosingServer(uvicorn.Server):
+    """uvicorn skips the app's shutdown when forced to exit (a second Ctrl-C while commands still
+    run, which its "CTRL+C to force quit" invites): close the workspaces anyway, killing their
+    commands, before the process ends."""
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        await super().shutdown(sockets)
+        await self.config.app.state.close_all()  # idempotent: a no-op after a graceful shutdown
+
+
 def serve(config: VivaceConfig) -> None:
     """Run the server in the foreground until interrupted (the `vivace sandbox serve` command)."""
     token, generated = resolve_token(config.server)
@@ -291,4 +388,10 @@ def serve(config: VivaceConfig) -> None:
     if config.server.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("environment server bound to %s: reachable from the network, without TLS", config.server.host)
     app = create_app(open_backend(config.sandbox), config.pool, token, own_backend=True)
-    uvicorn.run(app, host=config.server.host, port=config.server.port, backlog=2048, timeout_graceful_shutdown=30)
+    server = ClosingServer(
+        uvicorn.Config(
+            app, host=config.server.host, port=config.server.port, backlog=2048, timeout_graceful_shutdown=30
+        )
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is how it stops
+        server.run()
