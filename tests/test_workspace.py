@@ -27,6 +27,9 @@ async def test_exec_argv_form_and_env(make_workspace):
     ws = await make_workspace()
     r = await ws.exec(["sh", "-c", 'printf "%s" "$GREETING"'], env={"GREETING": "hi there"})
     assert r.stdout == "hi there"
+    # A PATH of the caller's own is the command's: the sandbox's launcher does not depend on it.
+    r = await ws.exec(["/bin/sh", "-c", 'printf "%s" "$PATH"'], env={"PATH": "/nowhere"})
+    assert (r.exit_code, r.stdout) == (0, "/nowhere"), r.stderr
 
 
 async def test_toolchain_python_and_pytest_available(make_workspace):

@@ -101,6 +101,8 @@ class IsolatedBackend(LocalBackend):
         self.attach_per_exec = self._can_attach_detached()
         self.toolchain = toolchain_dirs(config)
         self._bwrap_prefix = self._static_bwrap_args()
+        # By its path: bwrap finds the next program through the command's PATH, which a caller may set.
+        self._setpriv = shutil.which("setpriv") or "setpriv"
         self._trial_run()
 
     def _can_attach_detached(self) -> bool:
@@ -185,7 +187,7 @@ class IsolatedBackend(LocalBackend):
         for key, value in command_env(self.toolchain, "/tmp", env).items():
             bwrap += ["--setenv", key, value]
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
-        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
+        drop = [self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
         return [*bwrap, "--", *drop, *argv]
 
