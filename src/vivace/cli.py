@@ -369,7 +369,13 @@ def _bench_scaling(steps_text: str, files: int, as_json: bool, cfg: VivaceConfig
 def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port.")] = None,
-    token: Annotated[str | None, typer.Option(help="Bearer token (default: $VIVACE_SANDBOX_TOKEN or random).")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Bearer token (default: $VIVACE_SANDBOX_TOKEN or random). Prefer the variable: other users of "
+            "the machine can read a command line (ps)."
+        ),
+    ] = None,
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
