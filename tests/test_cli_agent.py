@@ -4,7 +4,13 @@ and then it holds exactly the diff the agent made."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +18,7 @@ from typer.testing import CliRunner
 from conftest import ISOLATION_PROBLEM
 from vivace.cli import app
 from vivace.sandbox.diff import tree_diff, walk_files
+from vivace.sandbox.process import default_signals
 
 BACKEND = "plain" if ISOLATION_PROBLEM else "isolated"
 
@@ -116,3 +123,42 @@ def test_only_ignored_output_is_no_change_to_apply(setup, tmp_path):
     assert result.exit_code == 0, result.output
     assert "1 new file left out" in " ".join(result.output.split()) and "applied to" not in result.output
     assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_keeps_what_the_agent_did_so_far(setup, tmp_path, as_json):
+    """Ctrl-C during a command kills it and shows the changes made so far instead of losing them; even
+    with --apply they are applied only after a yes (not here: no terminal), and the exit is 130."""
+    work, args = setup
+    script = tmp_path / "slow.json"
+    marker = f"sleep {60 + os.getpid() % 1000 / 1000:.3f}"  # unique on this machine
+    slow = {"name": "run_terminal_cmd", "arguments": {"command": f"echo partial > half.py; {marker}"}}
+    script.write_text(json.dumps([{"tool_calls": [slow]}, {"content": "never reached"}]))
+    args[args.index("--model") + 1] = f"scripted:replay:{script}"
+    before = snapshot(work)
+    argv = [sys.executable, "-c", "from vivace.cli import main; main()", "agent", "go", *args, "--apply"]
+    # As from a terminal: default signal handling, whatever ran the tests.
+    proc = subprocess.Popen([*default_signals(), *argv, *(["--json"] if as_json else [])], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _running(marker) and time.monotonic() < deadline:  # the command has started
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
+    assert snapshot(work) == before and not _running(marker)
+    if as_json:
+        report = json.loads(out)
+        assert report["interrupted"] and not report["applied"] and "+partial" in report["diff"]
+    else:
+        assert "interrupted" in out and "+partial" in out and "applied only after a yes" in out
+
+
+def _running(cmdline: str) -> bool:
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().replace(b"\0", b" ").strip() == cmdline.encode():
+                return True
+        except OSError:
+            pass
+    return False

@@ -150,7 +150,7 @@ def agent(
     from rich.prompt import Confirm
 
     from vivace.harness.agent import run_episode
-    from vivace.harness.display import EpisodePrinter, visible
+    from vivace.harness.display import EpisodePrinter, colour_diff, visible
     from vivace.harness.policies import load_policy
     from vivace.sandbox import SandboxError, SnapshotSource, open_backend
     from vivace.sandbox.diff import changed_paths, export_changes
@@ -173,30 +173,46 @@ def agent(
         try:
             ws = await b.create(b.snapshot(SnapshotSource(path=str(repo))))
             observer = None if as_json else EpisodePrinter(out)
-            traj = await run_episode(policy, ws, request, cfg.agent, observer=observer)
+            try:
+                traj = await run_episode(policy, ws, request, cfg.agent, observer=observer)
+                diff, interrupted = traj.diff or "", False
+            except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, killing the command in flight
+                if asyncio.current_task().uncancel():  # cancelled for another reason as well
+                    raise
+                # Nothing the agent did is lost: its changes so far are shown, and applied only after a yes
+                # (a second Ctrl-C stops at once).
+                traj, diff, interrupted = None, await ws.diff(), True
+                if not as_json:
+                    out.rule("[bold yellow]interrupted[/bold yellow]: the changes so far", align="left", style="dim")
+                    out.print(colour_diff(diff) if diff else "[dim](no changes)[/dim]")
             applied, left = False, {}
-            changed = bool(changed_paths(traj.diff or ""))  # a diff may be only a note (ignored files left out)
-            if changed and (apply or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):
-                left = await export_changes(ws, traj.diff, repo, base=ws.snapshot.root)
+            changed = bool(changed_paths(diff))  # a diff may be only a note (ignored files left out)
+            if changed and ((apply and not interrupted) or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):  # fmt: skip
+                left = await export_changes(ws, diff, repo, base=ws.snapshot.root)
                 applied = True
-            return traj, applied, left, changed
+            return traj, diff, applied, left, changed
         finally:
             await b.aclose()
 
     try:
-        traj, applied, left, changed = asyncio.run(go())
+        traj, diff, applied, left, changed = asyncio.run(go())
     except SandboxError as e:
         err.print(f"[red]error:[/red] {escape(visible(str(e)))}")
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # a second Ctrl-C
+        err.print(f"[yellow]stopped:[/yellow] {repo} is unchanged")
+        raise typer.Exit(130) from None
     if as_json:
-        sys.stdout.write(json.dumps({"trajectory": traj.model_dump(), "applied": applied, "not_applied": left}) + "\n")
+        shown = {"trajectory": traj.model_dump()} if traj else {"interrupted": True, "diff": diff}
+        sys.stdout.write(json.dumps({**shown, "applied": applied, "not_applied": left}) + "\n")
     elif applied:
         out.print(f"[green]applied to {repo}[/green]" + ("; not applied (the diff above has them):" if left else ""))
         for path, why in left.items():
             out.print(f"  {escape(visible(path))}: {escape(visible(why))}")
     elif changed:
-        out.print(f"[dim]{repo} is unchanged (use --apply to write the changes)[/dim]")
-    raise typer.Exit(1 if traj.stop_reason == "error" else 0)
+        hint = "an interrupted run is applied only after a yes" if traj is None else "use --apply to write the changes"
+        out.print(f"[dim]{repo} is unchanged ({hint})[/dim]")
+    raise typer.Exit(130 if traj is None else 1 if traj.stop_reason == "error" else 0)
 
 
 @app.command()
