@@ -21,10 +21,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import Message, ToolCall
-from vivace.harness.policy import SamplingParams
+from vivace.harness.policy import Completion, SamplingParams
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
-from vivace.inference.engine import AsyncEngine, Engine
+from vivace.inference.engine import AsyncEngine, Engine, TopCompletion
 from vivace.inference.samplers import HttpSampler
 from vivace.inference.server import create_app
 from vivace.model.checkpoint import load_model, save_checkpoint, tiny_config
@@ -146,6 +146,179 @@ def test_openai_client_streams(server):
     assert finish == "tool_calls" and usage.completion_tokens > 10
 
 
+def collect(stream) -> tuple[dict[int, dict], object]:
+    """Each streamed choice put together from the openai client's chunks, and the usage."""
+    choices: dict[int, dict] = {}
+    usage = None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            got = choices.setdefault(c.index, {"content": "", "calls": {}, "finish": None, "logprobs": []})
+            got["content"] += c.delta.content or ""
+            for tc in c.delta.tool_calls or ():
+                call = got["calls"].setdefault(tc.index, {"name": "", "arguments": ""})
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+            got["finish"] = c.finish_reason or got["finish"]
+            got["logprobs"] += c.logprobs.content or [] if c.logprobs else []
+    return choices, usage
+
+
+def as_streamed(choice) -> dict:
+    """A whole reply's choice in `collect`'s form."""
+    calls = choice.message.tool_calls or []
+    return {
+        "content": choice.message.content or "",
+        "calls": {i: {"name": t.function.name, "arguments": t.function.arguments} for i, t in enumerate(calls)},
+        "finish": choice.finish_reason,
+        "logprobs": list(choice.logprobs.content or []) if choice.logprobs else [],
+    }
+
+
+def assert_same_choices(got: dict[int, dict], expected: dict[int, dict]) -> None:
+    """`collect`'s choices equal, logprobs to 1e-5: a second run's batches differ (its prompt comes
+    from the prefix cache), and so do the last bits of its logits."""
+
+    def tokens(choices: dict[int, dict]) -> dict:
+        return {i: {**c, "logprobs": [(e.token, [a.token for a in e.top_logprobs]) for e in c["logprobs"]]}
+                for i, c in choices.items()}  # fmt: skip
+
+    def logprobs(choices: dict[int, dict]) -> list[float]:
+        return [
+            x
+            for c in choices.values()
+            for e in c["logprobs"]
+            for x in (e.logprob, *(a.logprob for a in e.top_logprobs))
+        ]
+
+    assert tokens(got) == tokens(expected)
+    assert logprobs(got) == pytest.approx(logprobs(expected), abs=1e-5)
+
+
+WRITE = {"type": "function", "function": {"name": "write_file", "description": "Write a file.",
+         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tools", "tool_choice", "opening"),
+    [
+        (TOOLS, "required", "<tool_call>\n"),
+        (TOOLS, {"type": "function", "function": {"name": "read_file"}}, '<tool_call>\n{"name": "read_file", "arguments":'),
+        ([*TOOLS, WRITE], {"type": "function", "function": {"name": "write_file"}},
+         '<tool_call>\n{"name": "write_file", "arguments":'),
+    ],
+    ids=["required", "named", "named-unlikely"],
+)  # fmt: skip
+def test_openai_client_forces_a_tool_call(server, tools, tool_choice, opening):
+    """The reply opens the call however unlikely the model finds it (the taught model answers with
+    content first, and was never taught to call write_file). What follows is the model's: a parsed
+    call (of the named function), or the malformed-call reply, which begins with the forced opening."""
+    c = client(server)
+    kw = {"model": "taught", "messages": MESSAGES, "tools": tools, "tool_choice": tool_choice, "temperature": 0,
+          "max_tokens": 60}  # fmt: skip
+    choice = c.chat.completions.create(**kw).choices[0]
+    named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.tool_calls[0].function.name == (named or choice.message.tool_calls[0].function.name)
+    else:
+        assert choice.message.content.startswith(opening) and choice.finish_reason in ("stop", "length")
+    if named == "read_file":  # what it was taught to call: the forced opening leads to a real call
+        assert json.loads(choice.message.tool_calls[0].function.arguments) in ({"path": "a.py"}, {"path": "b.py"})
+    streamed, _ = collect(c.chat.completions.create(**kw, stream=True))
+    assert streamed == {0: as_streamed(choice)}
+
+
+def test_openai_client_n_choices_share_one_prefill(server):
+    c = client(server)
+    words = " ".join(f"w{i}" for i in range(80))  # a prompt no earlier request began with
+    messages = [MESSAGES[0], {"role": "user", "content": f"Compare a.py and b.py. {words}"}]
+    kw = {"model": "taught", "messages": messages, "tools": TOOLS, "n": 4, "temperature": 1.0, "seed": 11,
+          "max_tokens": 12, "logprobs": True}  # fmt: skip
+    before = httpx.get(f"{server.url}/metrics").json()["prefill_tokens"]
+    reply = c.chat.completions.create(**kw)
+    prefilled = httpx.get(f"{server.url}/metrics").json()["prefill_tokens"] - before
+    assert [ch.index for ch in reply.choices] == [0, 1, 2, 3]
+    assert prefilled <= reply.usage.prompt_tokens + 3  # once; the others copy it and compute their last token
+    # every choice's sampled tokens (its end-of-turn token, when it ended with one, is not in logprobs)
+    sampled = sum(len(ch.logprobs.content) + (ch.finish_reason != "length") for ch in reply.choices)
+    assert reply.usage.completion_tokens == sampled
+    assert len({ch.message.content for ch in reply.choices}) > 1  # independent samples, not copies
+    streamed, usage = collect(c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    # Seeded per choice, so the same tokens; the logprobs to float noise (this time the prompt's keys come
+    # from the prefix cache, so the batches differ).
+    assert_same_choices(streamed, {i: as_streamed(ch) for i, ch in enumerate(reply.choices)})
+    assert (usage.prompt_tokens, usage.completion_tokens) == (reply.usage.prompt_tokens, sampled)
+
+
+def test_openai_client_top_logprobs_are_the_models_distribution(server, taught):
+    path, chat, prompt, target = taught
+    c = client(server)
+    kw = {"model": "taught", "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "logprobs": True,
+          "top_logprobs": 5}  # fmt: skip
+    whole = c.chat.completions.create(**kw).choices[0]
+    entries = whole.logprobs.content
+    assert len(entries) == len(target) - 1  # every sampled token but the end of turn
+    for e in entries:  # greedy: the chosen token is the likeliest alternative, with its logprob
+        assert len(e.top_logprobs) == 5 and (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)
+        assert [a.logprob for a in e.top_logprobs] == sorted((a.logprob for a in e.top_logprobs), reverse=True)
+    streamed, _ = collect(c.chat.completions.create(**kw, stream=True))
+    assert_same_choices(streamed, {0: as_streamed(whole)})
+    # Sampled at T = 0.7: the alternatives are the top of log_softmax(logits / 0.7) of a plain forward pass.
+    out = c.completions.create(model="taught", prompt=prompt, max_tokens=8, temperature=0.7, seed=2, logprobs=3)
+    ids, logprobs = out.choices[0].token_ids, out.choices[0].logprobs
+    with torch.no_grad():
+        logits = load_model(str(path)).model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    ref = torch.log_softmax(logits / 0.7, dim=-1)
+    by_text: dict[str, list[int]] = {}
+    for t in range(ref.shape[-1]):
+        by_text.setdefault(chat.decode([t]), []).append(t)
+    for i, (t, top) in enumerate(zip(ids, logprobs.top_logprobs, strict=True)):
+        assert abs(logprobs.token_logprobs[i] - ref[i, t].item()) < 1e-4
+        third = ref[i].topk(3).values[-1].item()
+        assert len(top) <= 3 and max(top.values()) == pytest.approx(ref[i].max().item(), abs=1e-4)
+        for text, lp in top.items():
+            assert lp == pytest.approx(max(ref[i, by_text[text]]).item(), abs=1e-4) and lp >= third - 1e-4
+
+
+def test_engine_top_logprobs_are_the_reported_distribution_and_change_nothing_else(taught):
+    """(The engine's side of top_logprobs; here, not in test_engine.py, to share the taught model.)
+    Alternatives asked by some requests of a batch: every request's tokens and logprobs are those of
+    a run where none asked; each alternative's logprob is log_softmax(logits / T) of a plain forward
+    pass, most likely first; a sampled token among them has its own logprob there."""
+    path, _, prompt, _ = taught
+    model = load_model(str(path)).model
+    g = torch.Generator().manual_seed(5)
+    ps = [prompt] + [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (3, 40, 100, 17, 60)]
+    temps = [1.0, 0.7, 0.0, 1.3, 1.0, 0.5]
+    params = [SamplingParams(max_tokens=10, temperature=t, seed=i) for i, t in enumerate(temps)]
+    asks = [4, 0, 1, 0, 20, 3]
+    plain = Engine(model, max_batch=6).run(ps, params)
+    engine = Engine(model, max_batch=6)
+    reqs = [engine.add(p, sp, top_logprobs=k) for p, sp, k in zip(ps, params, asks, strict=True)]
+    while engine.has_work:
+        engine.step()
+    for p, sp, k, req, ref in zip(ps, params, asks, reqs, plain, strict=True):
+        done = req.completion()
+        assert done.token_ids == ref.token_ids and done.logprobs == pytest.approx(ref.logprobs, abs=1e-6)
+        if not k:
+            assert type(done) is Completion and req.top == []
+            continue
+        assert isinstance(done, TopCompletion) and [len(t) for t in done.top] == [k] * len(done.token_ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([p + done.token_ids])).logits[0, len(p) - 1 : -1].float()
+        expected = torch.log_softmax(logits / (sp.temperature or 1.0), dim=-1)
+        for i, (tok, lp, top) in enumerate(zip(done.token_ids, done.logprobs, done.top, strict=True)):
+            values = [v for _, v in top]
+            assert values == sorted(values, reverse=True)
+            assert values == pytest.approx(expected[i].topk(k).values.tolist(), abs=1e-4)
+            assert all(abs(v - expected[i, t].item()) < 1e-4 for t, v in top)
+            if tok in dict(top):
+                assert dict(top)[tok] == pytest.approx(lp, abs=1e-6)
+            if sp.temperature == 0:
+                assert top[0][0] == tok
+
+
 async def test_token_completions_and_http_sampler(server, taught):
     _, _, prompt, target = taught
     sampler = HttpSampler(f"{server.url}/v1", "taught")
@@ -166,7 +339,7 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(server):
         (b"{not json", 400, "invalid request"),
         (json.dumps({"model": "other", "messages": MESSAGES}).encode(), 404, "not served here"),
         (json.dumps({"model": "taught", "messages": []}).encode(), 400, "messages"),
-        (json.dumps({"model": "taught", "messages": MESSAGES, "n": 3}).encode(), 400, "n"),
+        (json.dumps({"model": "taught", "messages": MESSAGES, "n": 17}).encode(), 400, "n"),
         (json.dumps({"model": "taught", "messages": [{"content": "x"}]}).encode(), 400, "role"),
         (json.dumps({"model": "taught", "messages": [{"role": "user", "content": "word " * 9000}]}).encode(),
          400, "context"),

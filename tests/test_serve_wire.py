@@ -10,11 +10,14 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 from fastapi.testclient import TestClient
 
 from vivace.harness.chat import ChatFormat
-from vivace.harness.policy import Completion
+from vivace.harness.policy import Completion, derive_seed
+from vivace.inference.detokenize import Detokenizer
+from vivace.inference.engine import TopCompletion
 from vivace.inference.server import create_app
 from vivace.model.tokenizer import reference_tokenizer
 from vivace.sandbox.background import BackgroundServer
@@ -26,7 +29,8 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 
 
 class ScriptedEngine:
-    """Answers every request with `ids`; `hold` makes a request wait until it is cancelled."""
+    """Answers every request with `ids` (logprob -0.5 each; asked for alternatives, the token itself
+    then the ids after it, at -0.5, -1.5, …); `hold` makes a request wait until it is cancelled."""
 
     version = 0
 
@@ -43,11 +47,13 @@ class ScriptedEngine:
     def metrics(self) -> dict:
         return {}
 
-    def _completion(self, ids: list[int]) -> Completion:
+    def _completion(self, ids: list[int], top: int = 0) -> Completion:
         finish = "stop" if ids and ids[-1] in CHAT.stop_ids else "length"
+        if top:
+            return TopCompletion(list(ids), [-0.5] * len(ids), finish, 0, top=tuple(alternatives(t, top) for t in ids))
         return Completion(list(ids), [-0.5] * len(ids), finish, 0)
 
-    async def generate(self, prompt, sp) -> Completion:
+    async def generate(self, prompt, sp, top_logprobs: int = 0) -> Completion:
         self.prompts.append(prompt)
         self.params.append(sp)
         if self.hold:
@@ -56,19 +62,24 @@ class ScriptedEngine:
             except asyncio.CancelledError:
                 self.cancelled += 1
                 raise
-        return self._completion(self.ids)
+        return self._completion(self.ids, top_logprobs)
 
-    async def stream(self, prompt, sp):
+    async def stream(self, prompt, sp, top_logprobs: int = 0):
         self.prompts.append(prompt)
+        self.params.append(sp)
         done = 0
         try:
             for t in self.ids:
                 done += 1
-                yield (t, -0.5)
-            yield self._completion(self.ids)
+                yield (t, -0.5, alternatives(t, top_logprobs)) if top_logprobs else (t, -0.5)
+            yield self._completion(self.ids, top_logprobs)
         finally:
             if done < len(self.ids):
                 self.cancelled += 1
+
+
+def alternatives(token: int, k: int) -> tuple[tuple[int, float], ...]:
+    return tuple((token + i, -0.5 - i) for i in range(k))
 
 
 @pytest.fixture
@@ -87,18 +98,54 @@ def whole(client, **body) -> dict:
     return r.json()["choices"][0]
 
 
-def streamed(client, **body) -> tuple[str, list[dict], str]:
+def stream_choices(client, **body) -> tuple[dict[int, dict], dict | None]:
+    """Each streamed choice put together ({index: content, calls, finish, logprobs, deltas}), and the usage."""
     r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "stream": True, **body})
     assert r.status_code == 200, r.text
     lines = [line for line in r.text.splitlines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    content, calls, finish = "", [], None
+    choices: dict[int, dict] = {}
+    usage = None
     for line in lines[:-1]:
-        for choice in json.loads(line[6:])["choices"]:
-            content += choice["delta"].get("content") or ""
-            calls += choice["delta"].get("tool_calls") or []
-            finish = choice["finish_reason"] or finish
-    return content, [{k: v for k, v in c.items() if k != "index"} for c in calls], finish
+        data = json.loads(line[6:])
+        usage = data.get("usage") or usage
+        for choice in data["choices"]:
+            c = choices.setdefault(
+                choice["index"], {"content": "", "calls": [], "finish": None, "logprobs": [], "deltas": []}
+            )
+            c["deltas"].append(choice["delta"].get("content") or "")
+            c["content"] += c["deltas"][-1]
+            c["calls"] += [
+                {k: v for k, v in x.items() if k != "index"} for x in choice["delta"].get("tool_calls") or []
+            ]
+            c["finish"] = choice["finish_reason"] or c["finish"]
+            c["logprobs"] += (choice.get("logprobs") or {}).get("content") or []
+    return choices, usage
+
+
+def streamed(client, **body) -> tuple[str, list[dict], str]:
+    choices, _ = stream_choices(client, **body)
+    assert list(choices) == [0]
+    return choices[0]["content"], choices[0]["calls"], choices[0]["finish"]
+
+
+def streamed_choice(client, **body) -> dict:
+    choices, _ = stream_choices(client, **body)
+    return choices[0]
+
+
+def assert_same_reply(whole_choice: dict, streamed_choice: dict) -> None:
+    """A streamed choice says what the whole reply's choice says: content, calls, finish, logprobs."""
+    message = whole_choice["message"]
+    assert streamed_choice["content"] == (message["content"] or "")
+    assert streamed_choice["calls"] == message.get("tool_calls", [])
+    assert streamed_choice["finish"] == whole_choice["finish_reason"]
+    assert streamed_choice["logprobs"] == (whole_choice.get("logprobs") or {}).get("content", [])
+
+
+def openai_client(client: TestClient) -> openai.OpenAI:
+    """The official client, talking to the app in this process (TestClient is an httpx.Client)."""
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0)
 
 
 OUTPUTS = [
@@ -112,16 +159,15 @@ OUTPUTS = [
 ]
 
 
+@pytest.mark.parametrize("options", [{}, {"logprobs": True, "top_logprobs": 2}], ids=["plain", "logprobs"])
 @pytest.mark.parametrize("text", OUTPUTS)
-def test_streamed_reply_equals_whole_reply(served, text):
+def test_streamed_reply_equals_whole_reply(served, text, options):
     engine, client = served
     says(engine, text)
-    one = whole(client, tools=TOOLS)
-    content, calls, finish = streamed(client, tools=TOOLS)
-    assert content == (one["message"]["content"] or "")
-    assert calls == one["message"].get("tool_calls", [])
-    assert finish == one["finish_reason"]
-    assert content == content.strip()
+    one = whole(client, tools=TOOLS, **options)
+    choices, _ = stream_choices(client, tools=TOOLS, **options)
+    assert_same_reply(one, choices[0])
+    assert choices[0]["content"] == choices[0]["content"].strip()
 
 
 def test_malformed_call_keeps_its_text(served):
@@ -213,11 +259,18 @@ BAD = [
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]}, "assistant"),
     ({"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]}, "tool_call_id"),
     ({"messages": USER, "tools": [{"type": "function", "function": "f"}]}, "tools[0]"),
-    ({"messages": USER, "tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
-    ({"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    ({"messages": USER, "tool_choice": "required"}, "needs tools"),
+    ({"messages": USER, "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice 'sometimes' is not supported"),
+    ({"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "function 'g', which is not in tools (given: 'f')"),
+    ({"messages": USER, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "not in tools"),
+    ({"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+    ({"messages": USER, "tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {}}},
      "tool_choice"),
-    ({"messages": USER, "top_logprobs": 3, "logprobs": True}, "top_logprobs"),
-    ({"messages": USER, "logprobs": True, "stream": True}, "stream"),
+    ({"messages": USER, "top_logprobs": 3}, "top_logprobs needs logprobs"),
+    ({"messages": USER, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"messages": USER, "n": 0}, "n"),
+    ({"messages": USER, "n": 17}, "n: Input should be less than or equal to 16"),
     ({"messages": USER, "max_tokens": "5"}, "max_tokens"),
     ({"messages": USER, "stream": "no"}, "stream"),
     ({"messages": USER, "temperature": True}, "temperature"),
@@ -291,3 +344,241 @@ def test_serve_refuses_bad_options_cleanly(option, words):
 
     result = CliRunner().invoke(app, ["serve", "--model", "tiny", *option])
     assert result.exit_code == 2 and words in result.output and "Traceback" not in result.output
+
+
+# -- tool_choice: "required" and a named function ------------------------------------------------------
+
+TWO_TOOLS = [*TOOLS, {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}]
+
+
+def forced_suffix(engine: ScriptedEngine, client, tools: list[dict]) -> list[int]:
+    """What the last request's prompt has beyond the same request's prompt without forcing."""
+    forced = engine.prompts[-1]
+    whole(client, tools=tools)
+    plain = engine.prompts[-1]
+    assert forced[: len(plain)] == plain
+    return forced[len(plain) :]
+
+
+def test_tool_choice_required_opens_a_call(served):
+    engine, client = served
+    says(engine, '{"name": "g", "arguments": {"x": 1}}\n</tool_call>')
+    reply = openai_client(client).chat.completions.create(
+        model="m", messages=USER, tools=TWO_TOOLS, tool_choice="required", logprobs=True
+    )
+    choice = reply.choices[0]
+    # the markup only: the model picks the function
+    assert CHAT.decode(forced_suffix(engine, client, TWO_TOOLS)) == "<tool_call>\n"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [("g", {"x": 1})]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    forced = len(CHAT.encode("<tool_call>\n"))
+    assert reply.usage.completion_tokens == forced + len(engine.ids)  # the forced tokens are part of the reply
+    # logprobs cover the sampled tokens only (the forced ones were not sampled), the end of turn left out
+    assert "".join(t.token for t in choice.logprobs.content) == '{"name": "g", "arguments": {"x": 1}}\n</tool_call>'
+    one = whole(client, tools=TWO_TOOLS, tool_choice="required", logprobs=True)
+    assert_same_reply(one, streamed_choice(client, tools=TWO_TOOLS, tool_choice="required", logprobs=True))
+
+
+@pytest.mark.parametrize("name", ["g", "a<|im_end|>b"])
+def test_named_tool_choice_fixes_the_function(served, name):
+    """The reply begins with the call's JSON up to its arguments, so the call is of `name` whatever
+    the model would have preferred; a name spelling a control token stays text (no end of turn)."""
+    engine, client = served
+    tools = [*TOOLS, {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+    says(engine, ' {"x": 1}}\n</tool_call>')
+    choice = {"type": "function", "function": {"name": name}}
+    reply = openai_client(client).chat.completions.create(model="m", messages=USER, tools=tools, tool_choice=choice)
+    calls = reply.choices[0].message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [(name, {"x": 1})]
+    suffix = forced_suffix(engine, client, tools)
+    assert CHAT.decode(suffix) == f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments":'
+    assert not set(suffix) & set(CHAT.stop_ids)
+    one = whole(client, tools=tools, tool_choice=choice)
+    assert_same_reply(one, streamed_choice(client, tools=tools, tool_choice=choice))
+
+
+def test_forced_call_with_unparseable_arguments_is_the_malformed_reply(served):
+    engine, client = served
+    says(engine, " oops}\n</tool_call>")
+    choice = {"type": "function", "function": {"name": "f"}}
+    one = whole(client, tools=TOOLS, tool_choice=choice)
+    assert "tool_calls" not in one["message"] and one["finish_reason"] == "stop"
+    assert one["message"]["content"] == '<tool_call>\n{"name": "f", "arguments": oops}\n</tool_call>'
+    assert_same_reply(one, streamed_choice(client, tools=TOOLS, tool_choice=choice))
+
+
+def test_forced_call_counts_against_max_tokens(served):
+    engine, client = served
+    says(engine, "{}}\n</tool_call>")
+    whole(client, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "f"}}, max_tokens=20)
+    forced = len(CHAT.encode('<tool_call>\n{"name": "f", "arguments":'))
+    assert engine.params[-1].max_tokens == 20 - forced
+
+
+PLAIN_CALLS = (  # a chat template that writes tool calls without <tool_call> blocks
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + (m.content or '') }}"
+    "{%- for c in m.tool_calls or [] %}{{ 'CALL ' + c.function.name + ' ' + (c.function.arguments | tojson) }}"
+    "{%- endfor %}{{ '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_tool_choice_that_the_template_cannot_force_is_refused():
+    engine = ScriptedEngine()
+    says(engine, "ok")
+    client = TestClient(create_app(engine, ChatFormat(reference_tokenizer(), template=PLAIN_CALLS), "m"))
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        r = client.post(
+            "/v1/chat/completions", json={"model": "m", "messages": USER, "tools": TOOLS, "tool_choice": choice}
+        )
+        assert r.status_code == 400 and "does not write a tool call as <tool_call>" in r.json()["error"]["message"]
+    assert engine.prompts == []  # nothing was generated
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "tools": TOOLS})
+    assert r.status_code == 200  # "auto" needs no forcing
+
+
+# -- n choices ------------------------------------------------------------------------------------------
+
+
+def test_n_choices_whole_and_streamed(served):
+    engine, client = served
+    says(engine, "Hello world")
+    reply = openai_client(client).chat.completions.create(model="m", messages=USER, n=3, seed=7)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.message.content for c in reply.choices] == ["Hello world"] * 3
+    assert [p.seed for p in engine.params[-3:]] == [7, derive_seed(7, 1), derive_seed(7, 2)]  # each its own draw
+    prompt = len(engine.prompts[-1])
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (prompt, 3 * len(engine.ids))
+    stream = openai_client(client).chat.completions.create(
+        model="m", messages=USER, n=3, stream=True, stream_options={"include_usage": True}
+    )
+    content: dict[int, str] = {}
+    usage = None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            content[c.index] = content.get(c.index, "") + (c.delta.content or "")
+    assert content == {0: "Hello world", 1: "Hello world", 2: "Hello world"}
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt, 3 * len(engine.ids))
+    r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "n": 2}).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["completion_tokens"] == 2 * len(engine.ids)
+
+
+def test_a_failing_choice_fails_the_request_and_stops_the_others():
+    engine = ScriptedEngine()
+    engine.hold = True
+    calls = 0
+    hold = engine.generate
+
+    async def one_bad(prompt, sp, top_logprobs=0):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ValueError("bad choice")
+        return await hold(prompt, sp, top_logprobs)
+
+    engine.generate = one_bad
+    client = TestClient(create_app(engine, CHAT, "m"))
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "n": 3})
+    assert r.status_code == 400 and "bad choice" in r.json()["error"]["message"]
+    assert engine.cancelled == 2  # the two held choices were cancelled, not left generating
+
+
+# -- logprobs -------------------------------------------------------------------------------------------
+
+
+def test_top_logprobs_whole_and_streamed(served):
+    engine, client = served
+    says(engine, "Hello world")
+    reply = openai_client(client).chat.completions.create(model="m", messages=USER, logprobs=True, top_logprobs=3)
+    entries = reply.choices[0].logprobs.content
+    assert "".join(e.token for e in entries) == "Hello world"
+    for e, t in zip(entries, engine.ids, strict=False):
+        assert [(a.token, a.logprob) for a in e.top_logprobs] == [
+            (CHAT.decode([x]), lp) for x, lp in alternatives(t, 3)
+        ]
+        assert e.top_logprobs[0].bytes == list(e.top_logprobs[0].token.encode())
+    streamed_entries = [
+        e
+        for chunk in openai_client(client).chat.completions.create(
+            model="m", messages=USER, logprobs=True, top_logprobs=3, stream=True
+        )
+        for c in chunk.choices
+        for e in (c.logprobs.content if c.logprobs else ())
+    ]
+    assert streamed_entries == entries
+    assert all(e["top_logprobs"] == [] for e in whole(client, logprobs=True)["logprobs"]["content"])
+
+
+def test_completion_top_logprobs(served):
+    engine, client = served
+    says(engine, "Hello world")
+    r = openai_client(client).completions.create(model="m", prompt=[1, 2], logprobs=2, max_tokens=5)
+    logprobs = r.choices[0].logprobs
+    assert logprobs.token_logprobs == [-0.5] * len(engine.ids)
+    assert logprobs.top_logprobs == [{CHAT.decode([x]): lp for x, lp in alternatives(t, 2)} for t in engine.ids]
+    plain = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": 0}).json()
+    assert "top_logprobs" not in plain["choices"][0]["logprobs"]
+    r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": 21})
+    assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"]
+
+
+# -- incremental detokenization ---------------------------------------------------------------------------
+
+
+def test_incremental_detokenizer_equals_a_whole_decode():
+    """Deltas concatenate to the whole decode: multi-byte characters split over tokens, control
+    tokens, and random ids (bytes that never form a character) alike."""
+    import random
+
+    rng = random.Random(0)
+    vocab = len(CHAT.tokenizer)
+    texts = ["héllo 🙂 世界", "<tool_call>\n{}</tool_call> ünïcödé 🙂🙂", "plain ascii", "\n\n  ", "界"]
+    cases = [CHAT._encode_marked(t) for t in texts] + [CHAT.encode(t) for t in texts]
+    cases += [[rng.randrange(vocab) for _ in range(rng.randrange(1, 60))] for _ in range(200)]
+    cases += [rng.choice(cases[:10]) + c + rng.choice(cases[:10]) for c in cases[10:60]]
+    skip = set(CHAT.stop_ids)
+    for ids in cases:
+        detok = Detokenizer(CHAT.decode, skip)
+        deltas = [detok.add(t) for t in ids]
+        assert "".join(deltas) + detok.flush() == CHAT.decode([t for t in ids if t not in skip]), ids
+        assert not any(d.endswith("\ufffd") for d in deltas)
+
+
+TEXT = "héllo 🙂 世界, 世界 again and 🙂 done"
+
+
+@pytest.mark.parametrize("stop", ["🙂 世", "界, 世", "ag", "n and 🙂", "o", "not there"])
+def test_stop_strings_across_split_characters(served, stop):
+    """Stop strings that begin or end inside a character's tokens, or span several tokens: whole,
+    streamed and /v1/completions replies all end before the first one, and no streamed delta holds
+    half a character."""
+    engine, client = served
+    says(engine, TEXT)
+    assert sum(CHAT.decode([t]) == "\ufffd" for t in engine.ids) >= 6  # the characters are split over tokens
+    expected = TEXT.split(stop, 1)[0]
+    one = whole(client, stop=[stop, "zzz"], logprobs=True)
+    assert one["message"]["content"] == expected.strip()
+    assert one["finish_reason"] == "stop"
+    choice = streamed_choice(client, stop=[stop, "zzz"], logprobs=True)
+    assert_same_reply(one, choice)
+    assert not any("\ufffd" in d for d in choice["deltas"])
+    r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "stop": stop, "max_tokens": 100})
+    assert r.json()["choices"][0]["text"] == (expected if stop in TEXT else TEXT + "<|im_end|>")  # raw tokens
+
+
+def test_stop_strings_read_the_output_in_linear_time():
+    """Watching for stop strings decodes a bounded window per token, not the whole output again."""
+    chat = ChatFormat(reference_tokenizer())
+    decoded = []
+    plain_decode = chat.decode
+    chat.decode = lambda ids: (decoded.append(len(ids)), plain_decode(ids))[1]
+    engine = ScriptedEngine()
+    engine.ids = chat.encode("tick tock héllo 🙂 " * 300)
+    client = TestClient(create_app(engine, chat, "m"))
+    n = len(engine.ids)
+    for stream in (False, True):
+        decoded.clear()
+        r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "stop": "zzz", "stream": stream})
+        assert r.status_code == 200
+        assert sum(decoded) < 20 * n, f"{sum(decoded)} ids decoded for {n} tokens"  # quadratic: ~n * n / 2

@@ -15,7 +15,9 @@ prefills it and the others wait for those positions, then copy them. `update_wei
 weights between two steps (no restart), bumps the policy version and drops the prefix cache (its
 values came from the old weights); running sequences go on with the new weights and every
 sampled token records the version that produced it, but their keys and values are neither
-shared nor cached any more.
+shared nor cached any more. A request may ask for each sampled token's `top_logprobs` most likely
+alternatives (from the distribution its logprob is reported under); only the rows that ask pay for
+the top-k.
 
 Not covered: paged KV memory (each sequence preallocates prompt + max_tokens), speculative
 decoding, tensor parallelism (use vLLM/SGLang through the HTTP sampler for those).
@@ -37,7 +39,17 @@ import torch
 
 from vivace.harness.policy import Completion, SamplingParams
 from vivace.inference.forward import KVCache, RaggedForward, Segment
-from vivace.inference.sampling import sample
+from vivace.inference.sampling import most_likely, sample
+
+# A sampled token's most likely alternatives, most likely first: ((token id, logprob), ...).
+TopLogprobs = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class TopCompletion(Completion):
+    """A Completion of a request that asked for top_logprobs."""
+
+    top: tuple[TopLogprobs, ...] = ()  # per generated id, its most likely alternatives
 
 
 @dataclass
@@ -46,11 +58,15 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     generator: torch.Generator
-    on_token: Callable[[int, float], None] | None = None  # called on the engine thread
+    # Called on the engine thread with (token, logprob), and the token's TopLogprobs as a third
+    # argument when the request asked for them (top_logprobs > 0).
+    on_token: Callable[..., None] | None = None
+    top_logprobs: int = 0  # alternatives to record per sampled token (0: none, and no cost)
     cache: KVCache | None = None
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    top: list[TopLogprobs] = field(default_factory=list)  # per sampled token, when top_logprobs > 0
     reused: int = 0  # prompt tokens copied from another sequence's cache
     kv_version: int = -1  # weights version at admission: its keys/values are all of it while it stays current
     finish_reason: str | None = None
@@ -71,13 +87,14 @@ class Request:
         return self.prompt[i] if i < len(self.prompt) else self.output[i - len(self.prompt)]
 
     def completion(self) -> Completion:
-        return Completion(
-            token_ids=list(self.output),
-            logprobs=list(self.logprobs),
-            finish_reason=self.finish_reason or "length",
-            policy_version=min(self.versions) if self.versions else -1,
-            token_versions=tuple(self.versions),
-        )
+        fields = {
+            "token_ids": list(self.output),
+            "logprobs": list(self.logprobs),
+            "finish_reason": self.finish_reason or "length",
+            "policy_version": min(self.versions) if self.versions else -1,
+            "token_versions": tuple(self.versions),
+        }
+        return TopCompletion(**fields, top=tuple(self.top)) if self.top_logprobs else Completion(**fields)
 
 
 def _common_length(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -169,8 +186,9 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def add(self, prompt_ids: Sequence[int], params: SamplingParams, on_token=None) -> Request:
-        """Queues a request; bad input raises ValueError saying what is wrong."""
+    def add(self, prompt_ids: Sequence[int], params: SamplingParams, on_token=None, top_logprobs: int = 0) -> Request:
+        """Queues a request; bad input raises ValueError saying what is wrong. With `top_logprobs`
+        > 0 every sampled token also records that many most likely alternatives (`Request.top`)."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token id")
@@ -184,8 +202,10 @@ class Engine:
             )
         if params.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if not 0 <= top_logprobs <= self.vocab_size:
+            raise ValueError(f"top_logprobs must be in [0, {self.vocab_size}], got {top_logprobs}")
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
-        req = Request(next(self._ids), prompt, params, gen, on_token)
+        req = Request(next(self._ids), prompt, params, gen, on_token, top_logprobs)
         self.waiting.append(req)
         return req
 
@@ -229,9 +249,11 @@ class Engine:
             ready = [i for i, (_, samples) in enumerate(rows) if samples]
             if ready:
                 reqs = [rows[i][0] for i in ready]
-                picked, logps = sample(logits[ready], [r.params for r in reqs], [r.generator for r in reqs])
-                for req, tok, lp in zip(reqs, picked, logps, strict=True):
-                    self._append(req, tok, lp)
+                last = logits[ready]
+                picked, logps = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
+                tops = self._top_logprobs(last, reqs)
+                for i, (req, tok, lp) in enumerate(zip(reqs, picked, logps, strict=True)):
+                    self._append(req, tok, lp, tops.get(i))
         done = [r for r in self.running if r.finish_reason]
         self.running = [r for r in self.running if not r.finish_reason]
         for r in done:
@@ -284,13 +306,27 @@ class Engine:
                 best, leader = common, other
         return best, leader
 
-    def _append(self, req: Request, tok: int, logprob: float) -> None:
+    @staticmethod
+    def _top_logprobs(logits: torch.Tensor, reqs: list[Request]) -> dict[int, TopLogprobs]:
+        """The alternatives of the rows whose requests asked for them (none asked: no work)."""
+        asking = [i for i, r in enumerate(reqs) if r.top_logprobs]
+        if not asking:
+            return {}
+        found = most_likely(logits[asking], [reqs[i].params for i in asking], [reqs[i].top_logprobs for i in asking])
+        return dict(zip(asking, found, strict=True))
+
+    def _append(self, req: Request, tok: int, logprob: float, top: TopLogprobs | None = None) -> None:
         req.output.append(tok)
         req.logprobs.append(logprob)
         req.versions.append(self.version)
         self.stats.generated_tokens += 1
+        if req.top_logprobs:
+            req.top.append(top or ())
         if req.on_token is not None:
-            req.on_token(tok, logprob)
+            if req.top_logprobs:
+                req.on_token(tok, logprob, top or ())
+            else:
+                req.on_token(tok, logprob)
         if tok in req.params.stop_token_ids:
             req.finish_reason = "stop"
         elif len(req.output) >= req.params.max_tokens or req.known >= req.cache.capacity:
@@ -353,8 +389,9 @@ class AsyncEngine:
     def version(self) -> int:
         return self.engine.version
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        req = self._submit(prompt_ids, params, None)
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int = 0) -> Completion:
+        """The Completion (a TopCompletion with `top_logprobs` > 0)."""
+        req = self._submit(prompt_ids, params, None, top_logprobs)
         try:
             return await asyncio.wrap_future(req.future)
         except asyncio.CancelledError:
@@ -362,12 +399,15 @@ class AsyncEngine:
             raise
 
     async def stream(
-        self, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[tuple[int, float] | Completion]:
-        """Yields (token, logprob) as they are sampled, then the Completion."""
+        self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int = 0
+    ) -> AsyncIterator[tuple | Completion]:
+        """Yields (token, logprob) as they are sampled — (token, logprob, TopLogprobs) with
+        `top_logprobs` > 0 — then the Completion (a TopCompletion with `top_logprobs` > 0)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        req = self._submit(prompt_ids, params, lambda t, lp: loop.call_soon_threadsafe(queue.put_nowait, (t, lp)))
+        req = self._submit(
+            prompt_ids, params, lambda *item: loop.call_soon_threadsafe(queue.put_nowait, item), top_logprobs
+        )
         req.future.add_done_callback(lambda f: loop.call_soon_threadsafe(queue.put_nowait, f))
         try:
             while True:
@@ -379,11 +419,11 @@ class AsyncEngine:
         finally:
             req.cancelled = True  # no-op when finished; stops generation when the reader left
 
-    def _submit(self, prompt_ids, params, on_token) -> Request:
+    def _submit(self, prompt_ids, params, on_token, top_logprobs: int = 0) -> Request:
         with self._wake:
             if self._closed:
                 raise RuntimeError("the engine is closed")
-            req = self.engine.add(prompt_ids, params, on_token)
+            req = self.engine.add(prompt_ids, params, on_token, top_logprobs)
             req.future = concurrent.futures.Future()
             self._wake.notify()
         return req

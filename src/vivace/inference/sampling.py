@@ -4,8 +4,10 @@ The logprob returned for a sampled token is under the temperature-scaled distrib
 top-k/top-p truncation: `log_softmax(logits / T)`, and the raw `log_softmax(logits)` for greedy
 (T = 0) decoding. That is what a trainer recomputes from its own forward pass given the same
 temperature, so sampler/trainer mismatch is measured like for like (T = 1: the model's own
-distribution). Randomness comes from a per-request generator when the request has a seed (so a
-seeded request gives the same tokens whatever else is in the batch), else from the engine's.
+distribution). `most_likely` reports the top alternatives from that same distribution (a sampled
+token among them has its logprob there, to float rounding). Randomness comes from a
+per-request generator when the request has a seed (so a seeded request gives the same tokens
+whatever else is in the batch), else from the engine's.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ def sample(
 ) -> tuple[list[int], list[float]]:
     """logits [B, V] (float32) -> (token per row, its logprob per row)."""
     greedy = torch.tensor([p.temperature <= 0 for p in params], device=logits.device)
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
-    scaled = logits / temps[:, None]
+    scaled = _scale(logits, params)
     logp = torch.log_softmax(scaled, dim=-1)
     filtered = _truncate(scaled, params)
     # Inverse-CDF sampling: one uniform number per row (cheap to draw from per-request generators).
@@ -33,6 +34,23 @@ def sample(
     tokens = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
     chosen = logp.gather(1, tokens[:, None])[:, 0]
     return tokens.tolist(), chosen.tolist()
+
+
+def most_likely(
+    logits: torch.Tensor, params: Sequence[SamplingParams], ks: Sequence[int]
+) -> list[tuple[tuple[int, float], ...]]:
+    """logits [B, V] -> per row, its `ks[row]` most likely (token, logprob), most likely first, under
+    the distribution `sample` reports logprobs from (temperature-scaled, before top-k/top-p)."""
+    logp = torch.log_softmax(_scale(logits, params), dim=-1)
+    values, tokens = logp.topk(min(max(ks), logp.shape[-1]), dim=-1)
+    values, tokens = values.tolist(), tokens.tolist()
+    return [tuple(zip(tokens[i][:k], values[i][:k], strict=True)) for i, k in enumerate(ks)]
+
+
+def _scale(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """logits / T per row (T = 0, greedy: the logits as they are)."""
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
+    return logits / temps[:, None]
 
 
 def _truncate(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

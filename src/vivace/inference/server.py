@@ -9,15 +9,34 @@ Endpoints:
   sampled tokens' logprobs and the `policy_version` — what RL rollouts and `HttpSampler` use.
 - GET /v1/models, GET /health, GET /metrics (tokens/s, batch occupancy, queue).
 
-Chat requests may give `stop` strings (both endpoints: generation ends at the first, the text ends
-before it), `tool_choice` "auto" or "none" (no schemas rendered, no calls parsed),
-`parallel_tool_calls` false (the first call only) and `logprobs` (without streaming). A client that
-disconnects cancels its generation.
+Options honoured:
+- `stop` strings (both endpoints): generation ends at the first, the text ends before it.
+- `n` (1 to 16, both endpoints): independent samples of one prompt, `choices[i].index` = i, each
+  with its own seed when `seed` is given (choice 0 keeps `seed`); streamed chunks carry their
+  choice's index. The choices are submitted together, so the engine prefills a long prompt once
+  and the others copy it (its shared-prefix admission; RL rollout groups use the same). Usage
+  counts the prompt once and the completions summed.
+- `tool_choice` "auto", "none" (no schemas rendered, no calls parsed), "required" and
+  {"type": "function", "function": {"name": NAME}}. The last two feed the reply's first tokens
+  instead of sampling them (replies.forced_call): the chat format's call markup, and for a named
+  function '{"name": "NAME", "arguments":'. Guaranteed: the reply opens a tool call (of NAME);
+  when the model's arguments then parse, the reply has at least one tool call (the first of
+  NAME), else it is the malformed-call reply (the text as content, no tool calls). The forced
+  tokens are part of the reply: counted in completion tokens and `max_tokens`, not in logprobs.
+- `parallel_tool_calls` false: the first call only.
+- `logprobs` (chat, streamed too: each chunk carries its tokens' entries) with `top_logprobs`
+  0 to 20; `logprobs` N (0 to 20) on /v1/completions adds OpenAI's `top_logprobs` (a
+  {token text: logprob} per token; ids that decode to the same text keep the likelier). Every
+  logprob, the sampled token's and the alternatives', is from the distribution the engine samples
+  from before top-k/top-p: `log_softmax(logits / temperature)`, the model's own at temperature 1
+  (and at 0, greedy). OpenAI reports the model's own at any temperature.
+A client that disconnects cancels its generation.
 
 Bad requests (invalid JSON, a field of the wrong type, a malformed message, a prompt over the
-context, an unknown model) get a 4xx with an OpenAI-style error body; so do OpenAI options this
-server cannot honour (`tool_choice` "required", `top_logprobs`, penalties, `logit_bias`, …), which
-are refused rather than ignored. The server goes on serving.
+context, an unknown model, `tool_choice` naming a function not in `tools`) get a 4xx with an
+OpenAI-style error body; so do OpenAI options this server cannot honour, which are refused rather
+than ignored: penalties, `logit_bias`, `response_format` other than text, `best_of`, `echo`,
+`suffix`, streaming on /v1/completions, `tool_choice` in other forms. The server goes on serving.
 """
 
 from __future__ import annotations
@@ -26,7 +45,6 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -38,10 +56,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import messages_from_openai
-from vivace.harness.policy import Completion, SamplingParams
+from vivace.harness.policy import SamplingParams, derive_seed
 from vivace.inference.engine import AsyncEngine
+from vivace.inference.replies import (
+    Job,
+    Output,
+    Shape,
+    chat_logprobs,
+    forced_call,
+    generate,
+    merge,
+    reply,
+    stream_choice,
+)
 
 MAX_STOPS = 4  # as OpenAI's API
+MAX_CHOICES = 16  # n
+MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API
 MIN_TEMPERATURE = 1e-4  # below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38
 
 
@@ -56,7 +87,7 @@ class _Body(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     seed: int | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="independent samples of the prompt")
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
@@ -84,29 +115,43 @@ class ChatBody(_Body):
     parallel_tool_calls: bool = True
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int = Field(0, ge=0, le=20)
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.tool_choice not in (None, "auto", "none"):
-            raise ApiError(
-                400,
-                f"tool_choice {self.tool_choice!r} is not supported: this server cannot force a tool call; "
-                "use 'auto' or 'none'",
-            )
-        if self.top_logprobs:
-            raise ApiError(400, "top_logprobs is not supported: only the sampled token's logprob is known")
-        if self.logprobs and self.stream:
-            raise ApiError(400, "logprobs are returned without streaming only; set stream to false")
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true")
         if (self.response_format or {}).get("type", "text") != "text":
             raise ApiError(400, "response_format: only {'type': 'text'} is supported")
+
+    def forced_function(self) -> tuple[bool, str | None]:
+        """(whether a call is forced, the function it must call: None for any), from tool_choice."""
+        choice = self.tool_choice
+        if choice in (None, "auto", "none"):
+            return False, None
+        names = [t["function"]["name"] for t in self.tools or ()]  # checked by _tools
+        if choice == "required":
+            if not names:
+                raise ApiError(400, "tool_choice 'required' needs tools: give at least one in `tools`")
+            return True, None
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        if not (isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str)):
+            raise ApiError(
+                400,
+                f"tool_choice {choice!r} is not supported: use 'auto', 'none', 'required' or "
+                "{'type': 'function', 'function': {'name': NAME}}",
+            )
+        if fn["name"] not in names:
+            given = ", ".join(map(repr, names)) or "none"
+            raise ApiError(400, f"tool_choice names function {fn['name']!r}, which is not in tools (given: {given})")
+        return True, fn["name"]
 
 
 class CompletionBody(_Body):
     prompt: list[int] | str
     stop_token_ids: list[int] | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int = Field(1, ge=1, le=1)
@@ -154,32 +199,41 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
         if name != model_name:
             raise ApiError(404, f"model {name!r} is not served here; this server serves {model_name!r}", "not_found")
 
-    def params(body: _Body, max_tokens: int | None, stop_ids: list[int]) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=max_tokens or 1024,
-            temperature=body.temperature if body.temperature >= MIN_TEMPERATURE else 0.0,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            stop_token_ids=tuple(stop_ids),
-            seed=body.seed,
-        )
+    def jobs(body: _Body, prompt: list[int], max_tokens: int, stop_ids: list[int], forced: list[int], top: int):
+        """One Job per choice; choice i > 0 gets a seed of its own, so seeded choices differ."""
 
-    async def run(
-        request: Request, prompt: list[int], sp: SamplingParams, stops: list[str]
-    ) -> tuple[Completion, str | None]:
-        """Generate while the client waits; a client that leaves cancels its request."""
-        task = asyncio.ensure_future(_generate(engine, chat, prompt, sp, stops))
+        def params(i: int) -> SamplingParams:
+            return SamplingParams(
+                max_tokens=max(1, max_tokens - len(forced)),  # the forced tokens are part of the reply
+                temperature=body.temperature if body.temperature >= MIN_TEMPERATURE else 0.0,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                stop_token_ids=tuple(stop_ids),
+                seed=body.seed if body.seed is None or i == 0 else derive_seed(body.seed, i),
+            )
+
+        stops = body.stops()
+        return [Job(prompt + forced, forced, params(i), stops, top) for i in range(body.n)]
+
+    async def run(request: Request, todo: list[Job]) -> list[Output]:
+        """Generates every choice while the client waits; a client that leaves cancels them."""
+        tasks = [asyncio.ensure_future(generate(engine, chat, job)) for job in todo]
         try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=0.25)
-                if not task.done() and await request.is_disconnected():
-                    task.cancel()
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=0.25, return_when=asyncio.FIRST_EXCEPTION)
+                failed = next((t.exception() for t in done if t.exception() is not None), None)
+                if failed is not None:
+                    raise failed
+                if pending and await request.is_disconnected():
                     raise ApiError(499, "the client closed the connection")
-            return task.result()
+            return [t.result() for t in tasks]
         except ValueError as exc:  # prompt over the context, bad token ids
             raise ApiError(400, str(exc)) from exc
         finally:
-            task.cancel()  # no-op when done
+            for t in tasks:
+                t.cancel()  # no-op when done
+            await asyncio.gather(*tasks, return_exceptions=True)  # the engine has dropped them before we answer
 
     @app.get("/health")
     async def health() -> dict:
@@ -200,73 +254,87 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAP
     async def completions(body: CompletionBody, request: Request):
         check_model(body.model)
         body.refuse_unsupported()
-        stops = body.stops()
         prompt = body.prompt if isinstance(body.prompt, list) else await asyncio.to_thread(chat.encode, body.prompt)
-        stop_ids = body.stop_token_ids or []
-        out, cut = await run(request, prompt, params(body, body.max_tokens or 16, stop_ids), stops)
+        outs = await run(
+            request, jobs(body, prompt, body.max_tokens or 16, body.stop_token_ids or [], [], body.logprobs or 0)
+        )
+        choices = []
+        for i, out in enumerate(outs):
+            done = out.completion
+            logprobs: dict[str, Any] = {
+                "token_logprobs": done.logprobs,
+                "tokens": [chat.decode([t]) for t in done.token_ids],
+            }
+            if body.logprobs:
+                logprobs["top_logprobs"] = [_by_text(chat, alts) for alts in out.top]
+            choices.append({
+                "index": i,
+                "text": chat.decode(done.token_ids) if out.cut is None else out.cut,
+                "token_ids": done.token_ids,
+                "logprobs": logprobs,
+                "finish_reason": done.finish_reason,
+                "policy_version": done.policy_version,
+            })  # fmt: skip
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:24]}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": model_name,
-            "policy_version": out.policy_version,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": chat.decode(out.token_ids) if cut is None else cut,
-                    "token_ids": out.token_ids,
-                    "logprobs": {"token_logprobs": out.logprobs, "tokens": [chat.decode([t]) for t in out.token_ids]},
-                    "finish_reason": out.finish_reason,
-                    "policy_version": out.policy_version,
-                }
-            ],
-            "usage": _usage(len(prompt), len(out.token_ids)),
+            "policy_version": min(o.completion.policy_version for o in outs),
+            "choices": choices,
+            "usage": _usage(len(prompt), outs),
         }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody, request: Request):
         check_model(body.model)
         body.refuse_unsupported()
-        stops = body.stops()
         try:
             messages = messages_from_openai(body.messages)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
         use_tools = bool(body.tools) and body.tool_choice != "none"
         tools = _tools(body.tools) if use_tools else None
+        forcing, name = body.forced_function()
         try:
             prompt = await asyncio.to_thread(chat.prompt_ids, messages, tools)
         except jinja2.TemplateError as exc:
             raise ApiError(400, f"the chat template cannot render these messages: {exc}") from exc
-        sp = params(body, body.max_completion_tokens or body.max_tokens, chat.stop_ids)
-        shape = _Shape(use_tools, body.parallel_tool_calls)
+        try:
+            forced = await asyncio.to_thread(forced_call, chat, name) if forcing else []
+        except (ValueError, jinja2.TemplateError) as exc:  # a template that cannot force a call
+            raise ApiError(400, f"tool_choice: {exc}") from exc
+        top = body.top_logprobs if body.logprobs else 0
+        todo = jobs(body, prompt, body.max_completion_tokens or body.max_tokens or 1024, chat.stop_ids, forced, top)
+        shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if body.stream:
-            if len(prompt) >= engine.engine.max_positions:  # fail before the 200 of a stream
+            if len(todo[0].prompt) >= engine.engine.max_positions:  # fail before the 200 of a stream
                 raise ApiError(
-                    400, f"the prompt has {len(prompt)} tokens; the context is {engine.engine.max_positions}"
+                    400, f"the prompt has {len(todo[0].prompt)} tokens; the context is {engine.engine.max_positions}"
                 )
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            events = _stream_chat(engine, chat, prompt, sp, stops, shape, rid, model_name, include_usage)
+            streams = [stream_choice(engine, chat, job, i, shape) for i, job in enumerate(todo)]
+            events = _stream_chat(streams, rid, model_name, len(prompt), include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
-        out, cut = await run(request, prompt, sp, stops)
-        reply, finish = _reply(chat, out.token_ids if cut is None else cut, out.finish_reason, shape)
-        choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": finish}
-        if body.logprobs:
-            choice["logprobs"] = {"content": _token_logprobs(chat, out)}
+        outs = await run(request, todo)
+        choices = []
+        for i, out in enumerate(outs):
+            message, finish = reply(chat, out, shape)
+            choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish}
+            if body.logprobs:
+                choice["logprobs"] = {"content": chat_logprobs(chat, out)}
+            choices.append(choice)
         return {
             "id": rid,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model_name,
-            "choices": [choice],
-            "usage": _usage(len(prompt), len(out.token_ids)),
+            "choices": choices,
+            "usage": _usage(len(prompt), outs),
         }
 
     return app
-
-
-# -- requests ----------------------------------------------------------------------------------------
 
 
 def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -279,155 +347,40 @@ def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return tools
 
 
-# -- generation --------------------------------------------------------------------------------------
+async def _stream_chat(streams: list, rid: str, model: str, prompt_tokens: int, include_usage: bool):
+    """Server-sent events of every choice's chunks as they come, then usage (when asked) and [DONE]."""
 
-
-async def _generate(engine: AsyncEngine, chat: ChatFormat, prompt, sp: SamplingParams, stops: list[str]):
-    """(the completion, None); with stop strings, generation ends at the first one and the second
-    item is the text before it (the token ids keep the token that completed the stop string)."""
-    if not stops:
-        return await engine.generate(prompt, sp), None
-    ids: list[int] = []
-    logprobs: list[float] = []
-    finder = _StopFinder(stops)
-    tokens = engine.stream(prompt, sp)
-    try:
-        async for item in tokens:
-            if isinstance(item, Completion):
-                return item, None
-            ids.append(item[0])
-            logprobs.append(item[1])
-            text = _visible(chat, ids, sp)
-            cut = finder.find(text)
-            if cut is not None:
-                return Completion(ids, logprobs, "stop", engine.version), text[:cut]
-    finally:
-        await tokens.aclose()  # stops the engine's request when a stop string ended it early
-    raise RuntimeError("the engine's stream ended without a completion")
-
-
-def _visible(chat: ChatFormat, ids: list[int], sp: SamplingParams) -> str:
-    stop = set(sp.stop_token_ids)
-    return chat.decode([t for t in ids if t not in stop])
-
-
-class _StopFinder:
-    """The first stop string in a growing text, searching only what is new since the last call."""
-
-    def __init__(self, stops: list[str]):
-        self.stops, self.longest, self.seen = stops, max(map(len, stops)), 0
-
-    def find(self, text: str) -> int | None:
-        start = max(0, self.seen - self.longest + 1)
-        self.seen = len(text)
-        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
-        return min(hits) if hits else None
-
-    def held(self, text: str) -> int:
-        """How many trailing characters could begin a stop string (not yet safe to stream)."""
-        return max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-
-
-# -- replies -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Shape:
-    tools: bool  # parse tool calls (tools given and tool_choice is not "none")
-    parallel: bool  # several calls may be returned (parallel_tool_calls)
-
-
-def _reply(chat: ChatFormat, output: list[int] | str, finish_reason: str, shape: _Shape) -> tuple[dict[str, Any], str]:
-    """The assistant message and finish reason for generated token ids (or, cut at a stop string,
-    text); the streamed reply ends the same."""
-    text = output if isinstance(output, str) else chat.decode([t for t in output if t not in chat.stop_ids])
-    if not shape.tools:
-        return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
-    message, _ = chat.parse(output, finish_reason=finish_reason)
-    reply: dict[str, Any] = {"role": "assistant", "content": message.content or None}
-    calls = [c.to_openai() for c in message.tool_calls if c.error is None]
-    if not shape.parallel:
-        calls = calls[:1]
-    if calls:
-        reply["tool_calls"] = calls
-    if any(c.error for c in message.tool_calls):  # keep what could not be parsed, as text
-        reply["content"] = text.strip() or None
-    finish = "length" if finish_reason == "length" else "tool_calls" if calls else "stop"
-    return reply, finish
-
-
-def _token_logprobs(chat: ChatFormat, out: Completion) -> list[dict[str, Any]]:
-    stop = set(chat.stop_ids)
-    return [
-        {"token": (piece := chat.decode([t])), "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-        for t, lp in zip(out.token_ids, out.logprobs, strict=True)
-        if t not in stop
-    ]
-
-
-async def _stream_chat(
-    engine, chat: ChatFormat, prompt, sp, stops, shape: _Shape, rid: str, model: str, include_usage: bool
-):
-    def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> str:
+    def chunk(choices: list[dict[str, Any]], usage: dict | None = None) -> str:
         data: dict[str, Any] = {
             "id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if usage is None else [],
+            "choices": choices,
         }  # fmt: skip
         if usage is not None:
             data["usage"] = usage
         return f"data: {json.dumps(data)}\n\n"
 
-    yield chunk({"role": "assistant", "content": ""})
-    ids: list[int] = []
-    logprobs: list[float] = []
-    sent = ""  # content already sent: always a prefix of the final reply's content
-    finder = _StopFinder(stops) if stops else None
-    final: Completion | None = None
-    cut_text: str | None = None
-    tokens = engine.stream(prompt, sp)
-    try:
-        async for item in tokens:
-            if isinstance(item, Completion):
-                final = item
-                break
-            ids.append(item[0])
-            logprobs.append(item[1])
-            text = _visible(chat, ids, sp)
-            cut = finder.find(text) if finder else None
-            if cut is not None:
-                final, cut_text = Completion(ids, logprobs, "stop", engine.version), text[:cut]
-                break
-            shown = _streamable(text, shape, finder)
-            if len(shown) > len(sent) and shown.startswith(sent):
-                yield chunk({"content": shown[len(sent) :]})
-                sent = shown
-    finally:
-        await tokens.aclose()
-    if final is None:
-        raise RuntimeError("the engine's stream ended without a completion")
-    reply, finish = _reply(chat, final.token_ids if cut_text is None else cut_text, final.finish_reason, shape)
-    content = reply.get("content") or ""
-    if content.startswith(sent) and len(content) > len(sent):
-        yield chunk({"content": content[len(sent) :]})
-    for i, call in enumerate(reply.get("tool_calls") or ()):
-        yield chunk({"tool_calls": [{"index": i, **call}]})
-    yield chunk({}, finish)
+    outs: list[Output] = []
+    async for item in merge(streams):
+        if isinstance(item, Output):
+            outs.append(item)
+        else:
+            yield chunk([item])
     if include_usage:
-        yield chunk({}, usage=_usage(len(prompt), len(final.token_ids)))
+        yield chunk([], usage=_usage(prompt_tokens, outs))
     yield "data: [DONE]\n\n"
 
 
-def _streamable(text: str, shape: _Shape, finder: _StopFinder | None) -> str:
-    """The part of the text so far that is surely content: before any tool call, without the
-    whitespace the reply strips, an incomplete character, or what may begin a stop string."""
-    if shape.tools:
-        text = text.split("<tool_call>", 1)[0]
-    if finder:
-        text = text[: len(text) - finder.held(text)]
-    return text.rstrip("\ufffd").strip()
+def _by_text(chat: ChatFormat, alternatives) -> dict[str, float]:
+    """/v1/completions' top_logprobs entry: {token text: logprob}, the likelier kept on a clash."""
+    entry: dict[str, float] = {}
+    for t, lp in alternatives:
+        entry.setdefault(chat.decode([t]), lp)
+    return entry
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
+def _usage(prompt: int, outs: list[Output]) -> dict[str, int]:
+    """OpenAI's usage: the prompt once, every choice's reply (forced tokens included) summed."""
+    completion = sum(len(o.ids) for o in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

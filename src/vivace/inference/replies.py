@@ -1,0 +1,295 @@
+"""From the engine's tokens to OpenAI replies, for `vivace serve` (server.py is the HTTP side).
+
+What: a `Job` is one choice to generate (the prompt, ids the reply is forced to begin with, the
+sampling parameters, stop strings, how many alternatives to report per token); `generate` runs
+one to an `Output`, `stream_choice` runs one as chat-completion chunks; `reply` turns an output
+into an assistant message (content and parsed tool calls) and finish reason; `forced_call` gives
+the ids that make a reply open a tool call (`tool_choice`).
+
+Streamed and whole replies read tokens through the same `Reading` (incremental detokenization,
+the first stop string), so they end at the same token with the same text, and a streamed reply's
+content, tool calls, finish reason and logprobs are those of the whole reply.
+
+Not covered: constrained decoding. A forced tool call fixes how the reply begins (the call's
+markup, and for a named function its name); the arguments are the model's, and when they do not
+parse the reply is the malformed-call one (the text as content, no tool calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vivace.harness.chat import TOOL_CALL_OPEN, ChatFormat
+from vivace.harness.messages import Message, ToolCall
+from vivace.harness.policy import Completion, SamplingParams
+from vivace.inference.detokenize import ContentStream, Detokenizer, StopFinder
+from vivace.inference.engine import AsyncEngine, TopLogprobs
+
+
+@dataclass(frozen=True)
+class Job:
+    """One choice to generate."""
+
+    prompt: list[int]  # what the engine reads: the rendered request, then `forced`
+    forced: list[int]  # ids the reply begins with, fed rather than sampled (tool_choice); part of the reply
+    params: SamplingParams
+    stops: list[str] = field(default_factory=list)  # stop strings: the reply ends before the first
+    top_logprobs: int = 0  # alternatives to report per sampled token
+
+
+@dataclass(frozen=True)
+class Output:
+    """One generated choice."""
+
+    completion: Completion  # the engine's: sampled ids (not the forced ones), their logprobs, finish reason
+    forced: list[int]  # the job's forced ids: the reply is forced + sampled
+    cut: str | None = None  # ended by a stop string: the reply's text before it (the forced text included)
+    top: Sequence[TopLogprobs] = ()  # per sampled id, its most likely alternatives (when asked)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.forced + self.completion.token_ids
+
+    @property
+    def reply_output(self) -> list[int] | str:
+        """What the reply is read from: the text before the stop string, else the ids."""
+        return self.ids if self.cut is None else self.cut
+
+
+class Reading:
+    """One choice's tokens as they arrive: ids, logprobs and alternatives, the text decoded
+    incrementally (beginning with the forced ids' text), and where the first stop string starts."""
+
+    def __init__(self, chat: ChatFormat, job: Job):
+        self.job = job
+        self.detok = Detokenizer(chat.decode, set(job.params.stop_token_ids))
+        self.pieces = [self.detok.add(t) for t in job.forced]
+        self.floor = sum(map(len, self.pieces))  # stop strings are searched for after the forced text
+        self.finder = StopFinder(job.stops) if job.stops else None
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[TopLogprobs] = []
+        self.cut: int | None = None  # where the first stop string starts in the text
+
+    @property
+    def forced_text(self) -> str:
+        return "".join(self.pieces[: len(self.job.forced)])
+
+    def add(self, item: tuple) -> str:
+        """Takes one streamed (token, logprob[, alternatives]); returns the text it completes."""
+        self.ids.append(item[0])
+        self.logprobs.append(item[1])
+        if len(item) > 2:
+            self.top.append(item[2])
+        delta = self.detok.add(item[0])
+        self.pieces.append(delta)
+        if self.finder is not None and delta:
+            at = self.finder.feed(delta)
+            if at is not None:
+                self.cut = self.floor + at
+        return delta
+
+    def output(self, done: Completion | None, version: int) -> Output:
+        """The engine's completion when it ended the choice, else the choice cut at a stop string."""
+        if done is not None:
+            return Output(done, self.job.forced, None, self.top)
+        completion = Completion(list(self.ids), list(self.logprobs), "stop", version)
+        return Output(completion, self.job.forced, "".join(self.pieces)[: self.cut], self.top)
+
+
+async def generate(engine: AsyncEngine, chat: ChatFormat, job: Job) -> Output:
+    """Runs one choice to its end: a stop token, the token limit or (read as it streams) a stop string."""
+    if not job.stops:
+        done = await engine.generate(job.prompt, job.params, top_logprobs=job.top_logprobs)
+        return Output(done, job.forced, None, getattr(done, "top", ()))
+    reading = Reading(chat, job)
+    tokens = engine.stream(job.prompt, job.params, top_logprobs=job.top_logprobs)
+    try:
+        async for item in tokens:
+            if isinstance(item, Completion):
+                return reading.output(item, engine.version)
+            reading.add(item)
+            if reading.cut is not None:
+                return reading.output(None, engine.version)
+    finally:
+        await tokens.aclose()  # stops the engine's request when a stop string ended it early
+    raise RuntimeError("the engine's stream ended without a completion")
+
+
+# -- replies -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    tools: bool  # parse tool calls (tools given and tool_choice is not "none")
+    parallel: bool  # several calls may be returned (parallel_tool_calls)
+    logprobs: bool = False  # report each sampled token's logprob (chat `logprobs`)
+
+
+def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], str]:
+    """The assistant message and finish reason of a generated choice; the streamed reply ends the same."""
+    output, finish_reason = out.reply_output, out.completion.finish_reason
+    text = output if isinstance(output, str) else chat.decode([t for t in output if t not in chat.stop_ids])
+    if not shape.tools:
+        return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
+    message, _ = chat.parse(output, finish_reason=finish_reason)
+    answer: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+    calls = [c.to_openai() for c in message.tool_calls if c.error is None]
+    if not shape.parallel:
+        calls = calls[:1]
+    if calls:
+        answer["tool_calls"] = calls
+    if any(c.error for c in message.tool_calls):  # keep what could not be parsed, as text
+        answer["content"] = text.strip() or None
+    finish = "length" if finish_reason == "length" else "tool_calls" if calls else "stop"
+    return answer, finish
+
+
+def logprob_entry(chat: ChatFormat, token: int, logprob: float, top: TopLogprobs = ()) -> dict[str, Any]:
+    """One sampled token in OpenAI's chat `logprobs.content` form."""
+
+    def piece(t: int) -> dict[str, Any]:
+        text = chat.decode([t])
+        return {"token": text, "bytes": list(text.encode())}
+
+    return {**piece(token), "logprob": logprob, "top_logprobs": [{**piece(t), "logprob": lp} for t, lp in top]}
+
+
+def chat_logprobs(chat: ChatFormat, out: Output) -> list[dict[str, Any]]:
+    """The sampled tokens' entries: not the forced ids (not sampled) nor the end-of-turn token."""
+    done, stop = out.completion, set(chat.stop_ids)
+    top = list(out.top) or [()] * len(done.token_ids)
+    return [
+        logprob_entry(chat, t, lp, alts)
+        for t, lp, alts in zip(done.token_ids, done.logprobs, top, strict=True)
+        if t not in stop
+    ]
+
+
+async def stream_choice(
+    engine: AsyncEngine, chat: ChatFormat, job: Job, index: int, shape: Shape
+) -> AsyncIterator[dict[str, Any] | Output]:
+    """One choice as the `choices` items of chat-completion chunks (content deltas as they are
+    sure, logprobs with them, tool calls once parsed, then the finish reason), then its Output."""
+
+    def choice(delta: dict[str, Any], finish: str | None = None, entries: list | None = None) -> dict[str, Any]:
+        item: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish}
+        if entries:
+            item["logprobs"] = {"content": entries}
+        return item
+
+    yield choice({"role": "assistant", "content": ""})
+    reading = Reading(chat, job)
+    content = ContentStream(job.stops, TOOL_CALL_OPEN if shape.tools else None)
+    content.feed(reading.forced_text)
+    stop_ids, entries = set(chat.stop_ids), []
+    final: Output | None = None
+    tokens = engine.stream(job.prompt, job.params, top_logprobs=job.top_logprobs)
+    try:
+        async for item in tokens:
+            if isinstance(item, Completion):
+                final = reading.output(item, engine.version)
+                break
+            if shape.logprobs and item[0] not in stop_ids:
+                entries.append(logprob_entry(chat, *item))
+            delta = reading.add(item)
+            if reading.cut is not None:
+                final = reading.output(None, engine.version)
+                break
+            if shown := content.feed(delta):
+                yield choice({"content": shown}, entries=entries)
+                entries = []
+    finally:
+        await tokens.aclose()
+    if final is None:
+        raise RuntimeError("the engine's stream ended without a completion")
+    answer, finish = reply(chat, final, shape)
+    whole, sent = answer.get("content") or "", content.sent
+    rest = whole[len(sent) :] if whole.startswith(sent) else ""
+    if rest or entries:
+        yield choice({"content": rest} if rest else {}, entries=entries)
+    for i, call in enumerate(answer.get("tool_calls") or ()):
+        yield choice({"tool_calls": [{"index": i, **call}]})
+    yield choice({}, finish)
+    yield final
+
+
+async def merge(streams: list[AsyncIterator]) -> AsyncIterator:
+    """The items of several async iterators as they come; closing this closes them all."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(stream: AsyncIterator) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except Exception as exc:  # re-raised by the reader
+            await queue.put(exc)
+        finally:
+            await queue.put(end)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is end:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()  # a reader that left (or a failed choice) stops the others' generation
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# -- forcing a tool call -----------------------------------------------------------------------------
+
+# Arguments that stand in for a call's real ones while rendering, to find where they begin.
+_ARGS_STAND_IN = {"vivace_arguments_here": 0}
+
+
+def forced_call(chat: ChatFormat, name: str | None) -> list[int]:
+    """The ids that make a reply open a tool call: the chat format's call markup (what the template
+    writes before a call's JSON: "<tool_call>\\n" for Qwen), and for a named function the JSON up
+    to its arguments ('{"name": "NAME", "arguments":'). They are the template's own rendering of a
+    call, cut at a token boundary, so the model continues a tokenization it was trained on; the
+    cut is past the markup, and past the name's closing quote, so both are fixed. ValueError when
+    the template does not write calls that way, or no token boundary lies past them."""
+    stand_in = name or "f"
+    call = Message("assistant", "", (ToolCall("call_0", stand_in, dict(_ARGS_STAND_IN)),))
+    text, ids = chat.assistant_text(call), chat.assistant_ids(call)
+    opened = text.find(TOOL_CALL_OPEN)
+    name_at, spelled = -1, ""
+    # transformers' tojson keeps non-ASCII characters; a template's own JSON may escape them
+    for spelled in (json.dumps(stand_in, ensure_ascii=False), json.dumps(stand_in)):
+        if opened >= 0 and (name_at := text.find(spelled, opened)) >= 0:
+            break
+    args_at = text.find(json.dumps(_ARGS_STAND_IN))
+    brace = text.rfind("{", opened, name_at)  # the call's JSON object opens here
+    if name_at < 0 or args_at < name_at or brace < 0:
+        raise ValueError(
+            f"{chat.template_name} does not write a tool call as {TOOL_CALL_OPEN} followed by "
+            '{"name": ..., "arguments": ...}, so a call cannot be forced'
+        )
+    if name is None:  # the markup: up to the call's JSON object
+        target, needed = text[:brace], opened + len(TOOL_CALL_OPEN)
+    else:
+        target, needed = text[:args_at], name_at + len(spelled)
+    cut = next(b for b in range(len(ids), -1, -1) if target.startswith(chat.decode(ids[:b])))
+    if len(chat.decode(ids[:cut])) < needed:  # byte-level BPE pre-tokenizers split after both
+        raise ValueError(
+            f"this model's tokenizer joins the end of the call's {'markup' if name is None else 'name'} "
+            "to what follows it in one token, so the call cannot be forced by its opening tokens"
+        )
+    return ids[:cut]
