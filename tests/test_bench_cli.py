@@ -168,13 +168,132 @@ def test_bench_ctrl_c_reports_the_episodes_that_finished(stop, repo, tmp_path, s
     tasks_file = tmp_path / "tasks.jsonl"
     save_jsonl(_tasks(repo), tasks_file)
     out = tmp_path / "run"
-    args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks_file), "--out", str(out)]
+    args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks_file), "--out", str(out), "--json"]
     before = signal.signal(signal.SIGTERM, lambda s, f: None)  # without the CLI's handler: exit 130, not death
     try:
         result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
     finally:
         signal.signal(signal.SIGTERM, before)
     assert result.exit_code == (143 if stop == "sigterm" else 130), result.output
-    assert "stopped after 1 of 2 episodes" in result.output
+    said = " ".join(result.stderr.split())
+    assert "stopped after 1 of 2 episodes" in said and f"--out {out} --resume" in said, said
     report = (out / "report.md").read_text()
-    assert "stopped after 1 of 2 episodes" in report and "| scripted:oracle | 1 | 100.0% |" in report
+    assert "stopped after 1 of 2 episodes" in report and "| scripted:oracle | 1 | 0 | 100.0% |" in report
+    # --json still answers with what finished, marked as interrupted, for the script that waits on it.
+    interrupted = json.loads(result.stdout)
+    assert interrupted["interrupted"] and interrupted["summary"]["scripted:oracle"]["episodes"] == 1
+
+
+def test_bench_reruns_into_a_run_only_with_resume_and_then_runs_just_what_is_left(repo, tmp_path, state_dir):
+    """A second run into the same --out used to append: episodes twice, two runs' rows in one file
+    while the report showed only the last. Now it refuses; --resume runs only the episodes missing
+    (an interrupted run's, a last line cut short by a kill), and only with the same settings."""
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo), tasks_file)
+    out, results = tmp_path / "run", tmp_path / "run" / "results.jsonl"
+    args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks_file), "--out", str(out), "--concurrency", "1"]
+    args += ["--backend", BACKEND, "--state-dir", str(state_dir)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "already holds 2 episodes" in result.output and "--resume" in result.output
+    assert len(results.read_text().splitlines()) == 2
+    first, second = results.read_text().splitlines()
+    results.write_text(first + "\n" + second[: len(second) // 2])  # killed while writing the second row
+    result = CliRunner().invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["task_id"] for r in rows) == ["calc-add", "calc-sub"] and rows[0] == json.loads(first)
+    assert "resuming" in result.output and "1 episodes already finished" in result.output
+    # The table stays Markdown on a stdout that is not a terminal: no line is wrapped.
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    assert len(table) == 3 and all(line.endswith("|") for line in table), result.stdout
+    assert "| scripted:oracle | 2 | 0 | 100.0% |" in result.stdout
+    # Other settings would mix two runs in one report.
+    result = CliRunner().invoke(app, [*args, "--resume", "--samples", "2"])
+    assert result.exit_code == 2 and "other samples" in result.output, result.output
+
+
+def test_bench_counts_episodes_the_endpoint_fails_as_errors_and_resume_runs_them_again(
+    repo, tmp_path, state_dir, monkeypatch
+):
+    """An endpoint that is down (its client's retries spent) measures nothing about the model: those
+    episodes are errors, apart from success, and --resume runs them again once it is back."""
+    import vivace.bench.runner as runner
+    from vivace.harness.policy import PolicyError, PolicyUnavailable
+
+    class Fails:
+        name = "scripted:null"
+
+        def __init__(self, error: PolicyError):
+            self.error = error
+
+        async def act(self, conversation):
+            raise self.error
+
+    real = runner.load_policy
+    refused = PolicyError("http://127.0.0.1:1/v1#m: the endpoint failed: HTTP 400: the conversation no longer fits")
+    monkeypatch.setattr(runner, "load_policy", lambda spec, engine=None: Fails(refused))
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo), tasks_file)
+    base = ["bench", "--model", "scripted:null", "--tasks", str(tasks_file), "--json"]
+    base += ["--backend", BACKEND, "--state-dir", str(state_dir)]
+    # A request the server refuses (a context overflow) is the model's episode: a failure, not an error.
+    result = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "refused")])
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout)["summary"]["scripted:null"]
+    assert s["episodes"] == 2 and s["errors"] == 0 and s["success"] == 0.0
+
+    down = PolicyUnavailable("http://127.0.0.1:1/v1#m: the endpoint failed: APIConnectionError after 3 attempts")
+    monkeypatch.setattr(runner, "load_policy", lambda spec, engine=None: Fails(down))
+    out = tmp_path / "run"
+    args = [*base, "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout)["summary"]["scripted:null"]
+    assert s["episodes"] == 2 and s["errors"] == 2 and s["success"] is None
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all("the endpoint failed" in r["error"] for r in rows)
+    said = " ".join(result.stderr.split())
+    assert "2 episode(s) could not run and are not counted in success" in said and "--resume" in said, said
+    monkeypatch.setattr(runner, "load_policy", real)  # the endpoint is back
+    result = CliRunner().invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout)["summary"]["scripted:null"]
+    assert s["episodes"] == 2 and s["errors"] == 0 and s["success"] == 0.0
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_bench_success_is_over_the_episodes_that_ran():
+    from vivace.bench.report import markdown, summarize
+
+    details = {"turns": 1, "tool_calls": 0, "tool_calls_per_turn": 0.0, "reference_tokens": 1, "wall_s": 1.0,
+               "unsupported_claims": [], "format_errors": 0, "model_s": 0.0}  # fmt: skip
+    ok = {
+        "model": "m",
+        "task_id": "a",
+        "family": "f",
+        "resolved": True,
+        "total": 1.0,
+        "adherence": 1.0,
+        "details": details,
+    }
+    down = {"model": "m", "task_id": "b", "family": "f", "resolved": False, "total": 0.0, "error": "endpoint down"}
+    s = summarize([ok, down])["m"]
+    assert (
+        s["success"] == 1.0 and s["errors"] == 1 and s["mean_total"] == 1.0 and s["success_by_family"] == {"f": [1, 1]}
+    )
+    assert "| m | 2 | 1 | 100.0% |" in markdown({"m": s}, "t")
+    assert summarize([down])["m"]["success"] is None
+
+
+def test_bench_refuses_options_at_extremes_that_would_run_something_else(repo, tmp_path):
+    """--concurrency 0 used to wait forever, a negative one crashed; --n 0 ran every task; a model
+    given twice ran each of its episodes twice under one name."""
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo), tasks_file)
+    base = ["bench", "--tasks", str(tasks_file), "--out", str(tmp_path / "run"), "--backend", "plain"]
+    for extra, said in [(["--concurrency", "-1"], "--concurrency"), (["--concurrency", "0"], "--concurrency"),
+                        (["--n", "0"], "--n"), (["--model", "scripted:null"], "given more than once")]:  # fmt: skip
+        result = CliRunner().invoke(app, [*base, "--model", "scripted:null", *extra])
+        assert result.exit_code == 2 and said in result.output, (extra, result.output)
+    assert not (tmp_path / "run" / "results.jsonl").exists()

@@ -436,3 +436,38 @@ async def test_model_must_be_named_unless_the_server_lists_exactly_one(models, s
             await OpenAIPolicy(f"{background.url}/v1", None, name="fake").act(conversation())
     finally:
         background.stop(10)
+
+
+@pytest.mark.parametrize(
+    ("status", "unavailable"), [(503, True), (500, True), (429, True), (408, True), (400, False), (404, False)]
+)
+def test_a_server_failing_on_its_side_is_unavailable_and_a_refusal_is_not(status, unavailable):
+    """Benchmarks count an episode whose endpoint was down or kept failing as an error, apart from
+    success, and run it again on resume; a request the server refused (a context overflow: 400) is
+    the model's episode."""
+    import httpx
+    import openai
+
+    from vivace.harness.policy import PolicyUnavailable
+
+    request = httpx.Request("POST", "http://x/v1/chat/completions")
+    response = httpx.Response(status, request=request, json={"error": {"message": "maximum context length"}})
+    failure = openai.APIStatusError(f"Error code: {status}", response=response, body=None)
+    policy = OpenAIPolicy("http://x/v1", "m", "http://x/v1#m", max_retries=0)
+
+    async def fail(**kw):
+        raise failure
+
+    policy.client.chat.completions.with_raw_response.create = fail
+    conversation = Conversation(messages=[Message("user", "hi")], tools=[])
+    with pytest.raises(PolicyError) as raised:
+        asyncio.run(policy.act(conversation))
+    assert isinstance(raised.value, PolicyUnavailable) is unavailable
+    timeout = openai.APITimeoutError(request=request)  # no HTTP answer at all
+
+    async def hang(**kw):
+        raise timeout
+
+    policy.client.chat.completions.with_raw_response.create = hang
+    with pytest.raises(PolicyUnavailable):
+        asyncio.run(policy.act(conversation))

@@ -342,9 +342,17 @@ def bench(
     suite: Annotated[str | None, typer.Option(help="Named suite: bundled, bugs, features.")] = None,
     tasks_path: Annotated[Path | None, typer.Option("--tasks", help="Tasks: a .jsonl file or task directory.")] = None,
     split: Annotated[str | None, typer.Option(help="Only this split (train, validation, test).")] = None,
-    n: Annotated[int | None, typer.Option("--n", help="First N tasks only.")] = None,
-    concurrency: Annotated[int, typer.Option(help="Episodes at the same time.")] = 4,
+    n: Annotated[int | None, typer.Option("--n", min=1, help="First N tasks only.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes at the same time.")] = 4,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/bench-TIME).")] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in --out with the same options: run only its episodes that did not finish "
+            "or failed to run (same seeds), then report them all.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-model summary as JSON.")] = False,
     temperature: Annotated[
         float | None, typer.Option(help="Sampling temperature of model policies (default: the preset's engine).")
@@ -356,8 +364,10 @@ def bench(
     state_dir: StateOpt = None,
 ) -> None:
     """Run models on tasks in sandboxes and score them: correctness, adherence, efficiency, claims."""
+    from rich.markup import escape
+
     from vivace.bench.report import html_report, markdown, summarize
-    from vivace.bench.runner import run_benchmark
+    from vivace.bench.runner import read_results, run_benchmark, run_settings, start_run
     from vivace.harness.policies import load_policy
     from vivace.tasks.format import TaskFormatError, check_split, load_tasks
     from vivace.tasks.suites import load_suite
@@ -369,6 +379,8 @@ def bench(
         err.print("[red]error:[/red] give exactly one of --suite NAME and --tasks PATH")
         raise typer.Exit(2)
     try:
+        if twice := sorted({m for m in model if model.count(m) > 1}):
+            raise ValueError(f"--model {', '.join(twice)} given more than once (use --samples for more episodes)")
         for m in model:
             load_policy(m)
         check_split(split)
@@ -385,9 +397,17 @@ def bench(
         )
         raise typer.Exit(2)
     out_dir = out_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    try:
+        finished = start_run(out_dir, run_settings(model, tasks, cfg, samples), resume)
+    except (ValueError, OSError) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
+    if finished:
+        err.print(f"resuming {out_dir}: {len(finished)} episodes already finished", markup=False, highlight=False)
     progress = LoggedProgress()
-    bar = progress.add_task("episodes", total=len(tasks) * len(model) * samples)
-    solved = [0]
+    bar = progress.add_task("episodes", total=len(tasks) * len(model) * samples, completed=len(finished))
+    solved = [sum(bool(r.get("resolved")) for r in finished)]
+    again = escape(f"continue with the same options and --out {out_dir} --resume")
 
     def done(row: dict) -> None:
         solved[0] += bool(row.get("resolved"))
@@ -398,16 +418,19 @@ def bench(
     received: list[int] = []
     try:
         with progress, sigterm_interrupts(received):
-            rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done, samples))
+            rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done, samples, finished=finished))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: report the episodes that finished (results.jsonl has each)
         results = out_dir / "results.jsonl"
-        rows = [json.loads(line) for line in results.read_text().splitlines() if line] if results.is_file() else []
+        rows = read_results(results) if results.is_file() else []
         stopped = f"stopped after {len(rows)} of {progress.tasks[bar].total:.0f} episodes"
         if rows:
             (out_dir / "report.md").write_text(markdown(summarize(rows), f"{title}, {stopped}"))
-            err.print(f"[yellow]{stopped}:[/] the report of those is {out_dir / 'report.md'}")
+            err.print(f"[yellow]{stopped}:[/] the report of those is {out_dir / 'report.md'}; {again}", soft_wrap=True)
         else:
-            err.print(f"[yellow]{stopped}.[/]")
+            err.print(f"[yellow]{stopped}:[/] {again}", soft_wrap=True)
+        if as_json:
+            report = {"summary": summarize(rows), "out_dir": str(out_dir), "interrupted": True}
+            sys.stdout.write(json.dumps({**report, "seconds": time.monotonic() - t0}) + "\n")
         raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     seconds = time.monotonic() - t0
     summary = summarize(rows)
@@ -415,8 +438,13 @@ def bench(
     (out_dir / "report.html").write_text(html_report(summary, title))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     _warn_unsound(rows)
+    if failed := [r for r in rows if "error" in r]:
+        err.print(f"[yellow]warning:[/] {len(failed)} episode(s) could not run and are not counted in success (e.g. "
+                  f"{escape(failed[0]['task_id'])}: {escape(failed[0]['error'])}); to run them again, {again}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary, "out_dir": str(out_dir), "seconds": seconds}) + "\n")
         return
-    out.print(markdown(summary, title))
-    out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)")
+    # Whole lines, no markup: the table must stay Markdown when stdout is a file or a pipe.
+    out.print(markdown(summary, title), soft_wrap=True, markup=False, highlight=False)
+    out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)", soft_wrap=True, markup=False, highlight=False)

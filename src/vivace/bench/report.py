@@ -1,6 +1,8 @@
 """The benchmark report: per-model aggregates of the result rows, as data, Markdown and HTML.
 
-Per model: success rate, mean adherence (over solved tasks, where it counts), median turns,
+Per model: success rate (over the episodes that ran: those that could not run, an endpoint down or
+a setup failing, are counted apart as errors and say nothing of the model), mean adherence (over
+solved tasks, where it counts), median turns,
 mean tool calls and tool calls per turn, median completion tokens, median wall time, the
 share of episodes with an unsupported claim, format errors, and generation speed in tokens
 per second of model time. With several models the HTML adds a plot of success against
@@ -72,8 +74,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "episodes": len(rows),
         "errors": len(rows) - len(scored),
-        "success": len(solved) / len(rows) if rows else 0.0,
-        "mean_total": _mean([r["total"] for r in rows]),
+        "success": len(solved) / len(scored) if scored else None,
+        "mean_total": _mean([r["total"] for r in scored]),
         "adherence_solved": _mean([r["adherence"] for r in solved]),
         "median_turns": _median([x["turns"] for x in d]),
         "mean_tool_calls": _mean([x["tool_calls"] for x in d]),
@@ -88,13 +90,13 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _by_family(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
-    """family -> [solved, episodes], for tasks that name a family (the generated task families)."""
+    """family -> [solved, episodes that ran], for tasks that name a family (the generated task families)."""
     out: dict[str, list[int]] = {}
     for r in rows:
         if r.get("family"):
             counts = out.setdefault(r["family"], [0, 0])
             counts[0] += bool(r.get("resolved"))
-            counts[1] += 1
+            counts[1] += "error" not in r
     return dict(sorted(out.items()))
 
 
@@ -107,6 +109,7 @@ def _median(xs: list[float]) -> float | None:
 
 
 _COLUMNS = [
+    ("errors", "errors", "{:d}"),
     ("success", "success", "{:.1%}"),
     ("adherence_solved", "adherence (solved)", "{:.3f}"),
     ("median_turns", "median turns", "{:g}"),
@@ -141,7 +144,7 @@ def markdown(summary: dict[str, dict[str, Any]], title: str) -> str:
 
 
 def _solved(counts: list[int] | None) -> str:
-    return "n/a" if not counts else f"{counts[0] / counts[1]:.0%} ({counts[0]}/{counts[1]})"
+    return "n/a" if not counts or not counts[1] else f"{counts[0] / counts[1]:.0%} ({counts[0]}/{counts[1]})"
 
 
 def html_report(summary: dict[str, dict[str, Any]], title: str) -> str:
@@ -163,7 +166,7 @@ def html_report(summary: dict[str, dict[str, Any]], title: str) -> str:
 
 def _plot(summary: dict[str, dict[str, Any]]) -> str:
     """Success vs median completion tokens (reference tokenizer), as inline SVG."""
-    pts = [(m, s["median_ref_tokens"] or 0, s["success"]) for m, s in summary.items()]
+    pts = [(m, s["median_ref_tokens"] or 0, s["success"] or 0.0) for m, s in summary.items()]
     max_x = max(x for _, x, _ in pts) or 1
     w, h, pad = 480, 300, 50
 

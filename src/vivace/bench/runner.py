@@ -6,6 +6,14 @@ commands, `harness.run_episode` with the model's policy (scripted baselines are 
 task), then `bench.score`. Results stream to `results.jsonl` as they finish (a crash loses
 nothing already done) and each trajectory is saved for inspection.
 
+An episode that could not run is a row with `error`, not a measurement of the model: the task's
+setup or sandbox failed, or the policy's server was unreachable or kept failing on its side once
+its client's retries were spent (`Trajectory.unavailable`: no answer, 408, 429, 5xx). A request the
+server refused (a context overflow) or a reply withheld by a content filter is the model's
+episode, scored as a failure. The report counts error rows apart from success, and a resumed run
+(`start_run`) runs them again. `RUN/run.json` holds what decides a run's episodes, so that a
+resumed run is the same run: the same models, tasks, samples, limits and seeds.
+
 Each row's details also hold `reference_tokens`: the assistant turns counted with the reference
 tokenizer (vivace.model.tokenizer), so that models with different tokenizers, and policies that
 report no tokens, are measured in the same unit. The policy's own counts stay in
@@ -50,11 +58,14 @@ async def run_benchmark(
     on_done: Callable[[dict[str, Any]], None] | None = None,
     samples: int = 1,
     once: Collection[str] = (),
+    finished: Collection[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Runs every model on every task, `samples` episodes each (rows carry `sample`: 0, 1, …; a
     sampling policy's success rate over several is less noisy than one episode's), except the
     models in `once`, which run one episode per task (deterministic baselines: a second would
-    repeat the first); returns the result rows (also in out_dir/results.jsonl)."""
+    repeat the first); returns the result rows (also appended to out_dir/results.jsonl).
+    `finished`: rows of episodes already run (a resumed run, see start_run), not run again and
+    returned with the new ones."""
     if samples < 1:
         raise ValueError(f"samples must be at least 1, not {samples}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -74,13 +85,90 @@ async def run_benchmark(
         if on_done:
             on_done(row)
 
+    done = {_key(r) for r in finished}
+    episodes = [(m, t, k) for m in models for t in tasks for k in range(1 if m in once else samples)]
     try:
-        await asyncio.gather(*(one(m, t, k) for m in models for t in tasks for k in range(1 if m in once else samples)))
+        await asyncio.gather(*(one(m, t, k) for m, t, k in episodes if (m, t.id, k) not in done))
     finally:
         results_file.close()
         await backend.aclose()
     order = {(m, t.id): i for i, (m, t) in enumerate((m, t) for m in models for t in tasks)}
-    return sorted(rows, key=lambda r: (order[(r["model"], r["task_id"])], r["sample"]))
+    return sorted([*finished, *rows], key=lambda r: (order[(r["model"], r["task_id"])], r.get("sample", 0)))
+
+
+RUN_FILE = "run.json"
+
+
+def run_settings(models: list[str], tasks: list[Task], cfg: VivaceConfig, samples: int) -> dict[str, Any]:
+    """What decides a run's episodes and their seeds, as saved in RUN/run.json. Where the sandbox
+    lives and how the engine is placed (device, batch) are left out: a run may resume elsewhere."""
+    sampling = cfg.engine.model_dump(mode="json", include={"temperature", "top_p", "top_k", "seed"})
+    return {"models": models, "tasks": [t.id for t in tasks], "samples": samples, "sampling": sampling,
+            "agent": cfg.agent.model_dump(mode="json"), "score": cfg.score.model_dump(mode="json")}  # fmt: skip
+
+
+def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> list[dict[str, Any]]:
+    """Prepares out_dir for a run of `settings` (run_settings) and returns the rows of the episodes
+    already finished there, which the run skips. A directory whose results.jsonl holds episodes is
+    continued only with `resume`, and only with the settings it was started with (else two runs'
+    rows would mix in one report); its errored episodes are dropped, so that they run again, and
+    results.jsonl is rewritten to hold just the rows kept. Raises ValueError saying what to do."""
+    results, saved = out_dir / "results.jsonl", out_dir / RUN_FILE
+    rows = read_results(results) if results.is_file() else []
+    if rows and not resume:
+        raise ValueError(
+            f"{results} already holds {len(rows)} episodes: continue that run with --resume, or give another --out"
+        )
+    if rows and not saved.is_file():
+        raise ValueError(f"--resume: {out_dir} has no {RUN_FILE} to check this run's settings against")
+    if resume and saved.is_file():
+        before = json.loads(saved.read_text())
+        differ = [k for k in settings if _normal(k, before.get(k)) != _normal(k, settings[k])]
+        if differ:
+            raise ValueError(
+                f"--resume: {out_dir} was run with other {', '.join(differ)} (see {saved}); resume it with the "
+                "same options, or give another --out"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(settings, indent=1) + "\n")
+    wanted = {(m, t, k) for m in settings["models"] for t in settings["tasks"] for k in range(settings["samples"])}
+    kept: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in rows:
+        if "error" not in r and _key(r) in wanted:
+            kept.setdefault(_key(r), r)
+    partial = results.with_name(results.name + ".partial")
+    partial.write_text("".join(json.dumps(r) + "\n" for r in kept.values()))
+    partial.replace(results)  # atomic: a kill now leaves the old file or the new one, never half of it
+    return list(kept.values())
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """The rows of a results.jsonl. A last line cut short (the process was killed while writing it)
+    is left out: that episode runs again on resume. Any other line that is not a row raises ValueError."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # no newline after it: its write never finished
+                continue
+            raise ValueError(f"{path}:{n}: not a result row (not JSON: {e.msg})") from None
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("model", "task_id")):
+            raise ValueError(f"{path}:{n}: not a result row (want an object with model and task_id)")
+        rows.append(row)
+    return rows
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, int]:
+    return row["model"], row["task_id"], row.get("sample", 0)
+
+
+def _normal(key: str, value: Any) -> Any:
+    """Settings compared as sets where the order does not change the episodes (models, tasks)."""
+    return sorted(value) if key in ("models", "tasks") and isinstance(value, list) else value
 
 
 async def run_task(
@@ -123,6 +211,10 @@ async def _episode(
     path = out_dir / "trajectories" / slug(model) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     traj.save(path)
+    if traj.unavailable:  # the policy's server was down or kept failing: no measure of the model
+        row.update(error=f"the policy failed: {traj.error}", resolved=False, total=0.0,
+                   trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)  # fmt: skip
+        return row
     row.update(result.model_dump(), trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)
     row["details"]["reference_tokens"] = reference_tokens(traj)
     return row

@@ -23,7 +23,7 @@ from typing import Any
 from vivace.config import AgentConfig
 from vivace.harness.executor import ToolOutcome, execute
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
-from vivace.harness.policy import Conversation, Policy, PolicyError
+from vivace.harness.policy import Conversation, Policy, PolicyError, PolicyUnavailable
 from vivace.harness.prompts import SYSTEM_PROMPT, SYSTEM_PROMPT_VERSION
 from vivace.harness.tools import default_tools, tools_by_name
 from vivace.harness.tools.base import Tool, ToolContext, ToolResult, tool_schema
@@ -72,6 +72,7 @@ async def run_episode(
     t0 = time.monotonic()
     deadline = t0 + limits.max_wall_s
     stop: _Stop | None = None
+    unavailable = False  # the stop was the policy's server failing: no measure of the model
     try:
         for _ in range(limits.max_turns):
             turn_start = time.monotonic()
@@ -104,6 +105,7 @@ async def run_episode(
         stop = s
     except PolicyError as e:
         stop = _Stop("error", str(e))
+        unavailable = isinstance(e, PolicyUnavailable)
     except Exception as e:  # a bug in a policy is still recorded, not lost with the episode
         stop = _Stop("error", f"{type(e).__name__}: {e}")
 
@@ -124,6 +126,7 @@ async def run_episode(
         diff=diff,
         stop_reason=stop.reason,
         error=stop.error or diff_error,
+        unavailable=unavailable,
         wall_s=time.monotonic() - t0,
         tokens=_tokens(conv),
     )

@@ -73,6 +73,17 @@ class PolicyError(RuntimeError):
     """The policy could not produce a turn (endpoint down, script exhausted badly, …); ends the episode."""
 
 
+class PolicyUnavailable(PolicyError):
+    """The policy's server could not be reached, or kept failing on its side (no HTTP answer, 408, 429 or 5xx
+    once the client's retries were spent): the episode says nothing about the model, unlike a request the
+    server refused (a context overflow, a 400) or an answer it gave."""
+
+
+def unavailable_status(status: int | None) -> bool:
+    """Whether an HTTP status (None: no answer at all) means the server, not the request, failed."""
+    return status is None or status in (408, 429) or status >= 500
+
+
 # --- token level ---------------------------------------------------------------------------
 
 

@@ -24,7 +24,14 @@ import torch
 
 from vivace.config import EngineConfig
 from vivace.harness.chat import ChatFormat
-from vivace.harness.policy import Completion, PolicyError, SamplingParams, TokenPolicy
+from vivace.harness.policy import (
+    Completion,
+    PolicyError,
+    PolicyUnavailable,
+    SamplingParams,
+    TokenPolicy,
+    unavailable_status,
+)
 from vivace.inference.engine import AsyncEngine, Engine
 from vivace.model.checkpoint import LoadedModel, load_model, load_tokenizer
 
@@ -112,9 +119,10 @@ class HttpSampler:
         try:
             resp = await self._client.post(f"{self.base_url}/completions", json=body)
         except httpx.HTTPError as exc:
-            raise PolicyError(f"sampler at {self.base_url} unreachable: {exc}") from exc
+            raise PolicyUnavailable(f"sampler at {self.base_url} unreachable: {exc}") from exc
         if resp.status_code != 200:
-            raise PolicyError(f"sampler at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
+            failed = PolicyUnavailable if unavailable_status(resp.status_code) else PolicyError
+            raise failed(f"sampler at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
         data = resp.json()
         choice = data["choices"][0]
         ids = choice.get("token_ids")
