@@ -29,7 +29,7 @@ def load(run: Path, model: str | None) -> list[dict]:
                 f"{run} has {len(models)} model policies {models}: name one with --before-model/--after-model"
             )
         model = models[0]
-    chosen = [r for r in rows if r["model"] == model]
+    chosen = [r for r in rows if r["model"] == model and "error" not in r]  # errors: episodes that could not run
     if not chosen:
         raise SystemExit(f"{run} has no episodes of {model!r}; it has {models}")
     return chosen

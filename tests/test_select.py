@@ -38,6 +38,10 @@ def test_rates_pool_files_and_select_keeps_suite_order(tmp_path):
     assert [t.id for t in select_tasks(tasks, rates, max_rate=0.9)] == ["t4", "t1"]
     assert [t.id for t in select_tasks(tasks, rates, min_solved=2)] == ["t3"]
     assert [t.id for t in select_tasks(tasks, rates, min_solved=0, max_rate=0.0)] == ["t2"]
+    # An episode that could not run (the endpoint down) is not a failure of the model.
+    with b.open("a") as f:
+        f.write(json.dumps({"model": "tiny", "task_id": "t3", "resolved": False, "error": "endpoint down"}) + "\n")
+    assert read_pass_rates([a, b])["t3"].rate == 1.0
 
 
 def test_mixed_models_need_a_choice(tmp_path):

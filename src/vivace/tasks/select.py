@@ -28,7 +28,9 @@ class PassRate:
 
 
 def read_pass_rates(paths: list[Path], model: str | None = None) -> dict[str, PassRate]:
-    """Per task id, solved and total episodes over benchmark results files (results.jsonl rows)."""
+    """Per task id, solved and total episodes over benchmark results files (results.jsonl rows). Rows
+    with an `error` (an episode that could not run: its endpoint down, its setup failing) are not
+    episodes of the model and are left out."""
     counts: dict[str, list[int]] = {}
     models: set[str] = set()
     for path in paths:
@@ -58,7 +60,7 @@ def read_pass_rates(paths: list[Path], model: str | None = None) -> dict[str, Pa
                     raise TaskFormatError(f"{path}:{n}: {key} must be {want}, got {json.dumps(value)}; give "
                                           "the results.jsonl `vivace bench` writes")  # fmt: skip
             models.add(row_model)
-            if model is not None and row_model != model:
+            if (model is not None and row_model != model) or "error" in row:  # an episode that could not run
                 continue
             c = counts.setdefault(task_id, [0, 0])
             c[0] += resolved
