@@ -200,6 +200,11 @@ async def test_run_attempt_adds_milestone_rewards_to_the_benchmark_score():
     assert result.rollout.milestones == {"read": True, "edit": False}
     assert result.rollout.components["format"] == 0.5  # the benchmark's own components are untouched
 
+    # An episode cut short by the sampler's server failing (PolicyUnavailable) is re-queued, not trained as a failure.
+    traj = traj.model_copy(update={"stop_reason": "error", "unavailable": True, "error": "sampler unreachable"})
+    result = await run_attempt([object()], None, None, "p", task, cfg, None, episode=episode)
+    assert (result.status, result.rollout, result.error) == ("env_failed", None, "sampler unreachable")
+
 
 def test_negative_scale_shrinks_only_negative_advantages():
     from vivace.config import load_preset

@@ -49,7 +49,7 @@ class Rollout:
 class EpisodeResult:
     """What a rollout worker returns for one episode attempt. `status`: ok (a scored rollout),
     sampler_lost (the sampler replica serving it died: re-queue it), env_failed (the workspace or
-    the episode raised: re-queue it, up to the attempt limit)."""
+    the episode raised, or an HTTP sampler's server failed: re-queue it, up to the attempt limit)."""
 
     status: str
     rollout: Rollout | None = None
@@ -78,6 +78,9 @@ async def run_attempt(
     if router.lost is not None:  # the loop recorded the failure as the episode's end: not a real one
         return EpisodeResult("sampler_lost", sampler=router.lost, error=traj.error,
                              dead_samplers=sorted(router.seen_dead | {router.lost}))  # fmt: skip
+    if traj.unavailable:  # a sampler server (HTTP) down or failing: nothing the policy did, so not a rollout to train
+        return EpisodeResult("env_failed", sampler=router.chosen, error=traj.error,
+                             dead_samplers=sorted(router.seen_dead))  # fmt: skip
     components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}
     reached = milestones(traj)
     # Training-only milestone rewards on top of the benchmark score (0 unless configured).
