@@ -541,6 +541,71 @@ def test_train_refuses_bad_inputs_before_making_the_run_directory(case, tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+def _train_joining(tmp_path, monkeypatch, address: str, init):
+    """`vivace train --address ADDRESS` with `ray.init` replaced by `init`."""
+    import ray
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"train": {"eval_tasks": 0, "runs_dir": str(tmp_path / "runs")}}))
+    args = ["train", "--preset", "smoke", "--config", str(config), "--backend", "plain", "--address", address]
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{closed}", "nosuchhost.invalid:6379"])
+def test_an_address_nothing_answers_on_is_refused_at_once(address, tmp_path, monkeypatch):
+    """Ray's join retries a closed or unresolvable address for many minutes; the run checks it first."""
+    from vivace.rl.workers import _free_port
+
+    def init(**kwargs):
+        raise AssertionError("ray.init was called on an address nothing answers on")
+
+    address = address.format(closed=_free_port())
+    result = _train_joining(tmp_path, monkeypatch, address, init)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"cannot reach the Ray cluster at {address}" in said, result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_cluster_that_refuses_the_join_is_named_not_taken_for_a_write_error(tmp_path, monkeypatch):
+    """ray.init's ConnectionError (a wrong token, another Ray version) is an OSError: it must not read as
+    'cannot write runs/NAME'."""
+    import socket
+
+    def init(**kwargs):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        result = _train_joining(tmp_path, monkeypatch, address, init)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"cannot join the Ray cluster at {address}" in said and "RAY_AUTH_MODE=token" in said
+    assert "cannot write" not in said
+
+
+def test_paths_the_actors_open_are_absolute_for_a_cluster_running_elsewhere(tmp_path, monkeypatch):
+    """A joined cluster's actors run in its `ray start` directory, not the driver's: a relative model,
+    sft_data, state_dir or toolchain path would name something else there."""
+    from vivace.rl.workers import _for_actors
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    cfg = load_preset("smoke", train={"model": "ckpt", "sft_data": "sft.jsonl"},
+                      sandbox={"state_dir": "state", "toolchain": ["."]})  # fmt: skip
+    sent = _for_actors(cfg)
+    assert sent.train.model == str(tmp_path / "ckpt") and sent.train.sft_data == tmp_path / "sft.jsonl"
+    assert sent.sandbox.state_dir == tmp_path / "state" and sent.sandbox.toolchain == [tmp_path]
+    assert cfg.train.model == "ckpt" and cfg.sandbox.state_dir == Path("state")  # the run's config stays as given
+    assert _for_actors(load_preset("smoke")).train.model == "tiny"
+
+
 # ---- `vivace train` and `--resume` from the command line: stops, refusals, locks, write errors ----
 
 

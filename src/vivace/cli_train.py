@@ -15,7 +15,8 @@ already at its steps is left untouched. A run holds an exclusive lock on RUN/.lo
 second one on the same directory is refused (exit 2). A directory that cannot be written (disk full,
 read-only) is refused before a resume (exit 2); met during a run it ends it with one line naming the
 file, the last complete checkpoint and the resume command, and exit 1: the run was accepted and failed,
-as a failing trainer does."""
+as a failing trainer does. An `--address` that cannot be reached (checked before the run directory is made)
+or joined is refused (exit 2)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ def train_command(
         write_atomic,
     )
     from vivace.rl.evaluate import held_out_tasks
+    from vivace.rl.workers import ClusterUnavailable, check_reachable
 
     lock = None
     try:
@@ -111,6 +113,8 @@ def train_command(
         if resume is not None and _already_complete(run_dir, cfg.train.steps):
             return
         cfg = with_sandbox_options(cfg, backend, state_dir)
+        if address is not None and not local:
+            check_reachable(address)
         # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
         tasks = training_tasks(cfg)
         check_model_and_data(cfg)
@@ -124,7 +128,7 @@ def train_command(
                 saved.train.steps, saved.train.seed = cfg.train.steps, cfg.train.seed
                 write_atomic(run_dir / "config.json", saved.model_dump_json(indent=2))
             err.print(_resume_point(run_dir))
-    except _Refused as e:
+    except (_Refused, ClusterUnavailable) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (new_run_dir's FileExistsError)
@@ -138,7 +142,7 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
                   local: bool, as_json: bool) -> None:  # fmt: skip
     """The run itself, while this process holds the run directory's lock."""
     from vivace.rl.controller import NoExpertData, TrainerFailed, latest_checkpoint, train
-    from vivace.rl.workers import LocalWorkers, RayWorkers
+    from vivace.rl.workers import ClusterUnavailable, LocalWorkers, RayWorkers
 
     if cfg.sandbox.backend == "auto" and address is None:
         cfg.sandbox.backend = _sandbox_here(cfg)  # not saved: a resume elsewhere decides again
@@ -189,7 +193,7 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
     except TrainerFailed as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
-    except NoExpertData as e:  # a bad input, not a bug: no traceback
+    except (NoExpertData, ClusterUnavailable) as e:  # a bad input, not a bug: no traceback
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     except KeyboardInterrupt:

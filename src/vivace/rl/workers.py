@@ -19,6 +19,10 @@ the same everywhere:
   `address` names one to join. Weights go from the trainer to the samplers through the object
   store (the trainer `ray.put`s its full state dict once and every replica fetches it), or by
   collective broadcast from trainer rank 0 (rl/weight_sync.py: NCCL on GPUs, gloo on CPU).
+  Actors of a cluster this process joins run in the working directory and environment of that
+  cluster's `ray start`, not this process's: the paths they open (model, sft_data, state_dir,
+  toolchain) are made absolute here first. Nothing else of the driver's environment is sent
+  (no runtime_env): on other machines the project must be installed, and those paths must exist.
 - `LocalWorkers`: all in this process (tests, debugging, machines without Ray).
 """
 
@@ -46,6 +50,42 @@ ROLLOUT_CLOSE_TIMEOUT_S = 30.0
 
 class WorkerLost(Exception):
     """The rollout worker running an episode died; the episode must be re-queued."""
+
+
+class ClusterUnavailable(Exception):
+    """The Ray cluster to join cannot be reached or refuses this process."""
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Raises ClusterUnavailable unless a `host:port` cluster address accepts a TCP connection: Ray's own
+    join retries an unresolvable or closed address for many minutes, printing only its own warnings.
+    Other forms (`auto`, `ray://...`) are left to Ray."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ClusterUnavailable(f"cannot reach the Ray cluster at {address}: {e.strerror or e or 'timed out'}; give "
+                                 "the address `ray start --head` printed (host:port of its GCS, 6379 by default)") from None  # fmt: skip
+
+
+def _for_actors(cfg: VivaceConfig) -> VivaceConfig:
+    """A copy whose paths the actors open are absolute: on a joined cluster an actor's working directory
+    is that of the cluster's `ray start`, where a relative path names something else or nothing."""
+    from vivace.model.checkpoint import TINY_INIT
+
+    cfg = cfg.model_copy(deep=True)
+    tc, sandbox = cfg.train, cfg.sandbox
+    if tc.model not in ("tiny", TINY_INIT) and Path(tc.model).expanduser().exists():
+        tc.model = str(Path(tc.model).expanduser().resolve())
+    if tc.sft_data is not None:
+        tc.sft_data = tc.sft_data.expanduser().resolve()
+    sandbox.state_dir = sandbox.state_dir.expanduser().resolve()
+    sandbox.toolchain = [d.expanduser().resolve() for d in sandbox.toolchain]
+    return cfg
 
 
 def _engine_config(cfg: VivaceConfig, version: int, replica: int = 0) -> EngineConfig:
@@ -206,6 +246,7 @@ class RayWorkers:
     async def start(self, version: int, checkpoint: Path | None) -> None:
         import ray
 
+        self.cfg = _for_actors(self.cfg)  # here, not in __init__: train() may set sft_data in between
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
             # The local cluster's processes start with SIGINT and SIGTERM blocked: a terminal's Ctrl-C
@@ -214,8 +255,16 @@ class RayWorkers:
             # (the CLI) could end the run cleanly after the step in flight. The driver itself keeps its
             # handlers: a Ctrl-C while Ray starts is not lost. Sandboxed commands start with default
             # signals (sandbox/process.py).
-            with blocked_in_children((signal.SIGINT, signal.SIGTERM)):
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            try:
+                with blocked_in_children((signal.SIGINT, signal.SIGTERM)):
+                    ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            except ConnectionError as e:  # an OSError, which the CLI would take for the run directory's
+                if self.address is None:
+                    raise ClusterUnavailable(f"cannot start a local Ray cluster: {e}") from e
+                raise ClusterUnavailable(
+                    f"cannot join the Ray cluster at {self.address}: {e}. A cluster with token authentication "
+                    "(Ray's default once ~/.ray/auth_token exists) also needs RAY_AUTH_MODE=token and its token here"
+                ) from e
         master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train
         resources = ray.cluster_resources()
