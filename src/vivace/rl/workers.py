@@ -162,8 +162,16 @@ class LocalWorkers:
 
 
 class _TrainerActor:
-    def __init__(self, cfg: VivaceConfig, rank: int, world_size: int, master: str):
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master.split(":")
+    """A trainer rank, made in two steps: the actor, then (`start`) its Trainer, once rank 0's actor
+    has said where the ranks meet (its node's address and a free port there: on a cluster the ranks
+    may run on other machines than the driver)."""
+
+    def __init__(self, cfg: VivaceConfig, rank: int, world_size: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+
+    def start(self, master: str) -> None:
+        cfg, rank, world_size = self.cfg, self.rank, self.world_size
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master.rsplit(":", 1)
         import torch
 
         if cfg.train.pipeline == "sync" and not torch.cuda.is_available():
@@ -180,6 +188,7 @@ class _TrainerActor:
         return self.trainer.train_step(samples)
 
     def sync_address(self) -> str:
+        """This node's address and a port free on it (where the ranks meet, and the weight broadcast)."""
         import ray
 
         return f"{ray.util.get_node_ip_address()}:{_free_port()}"
@@ -265,7 +274,6 @@ class RayWorkers:
                     f"cannot join the Ray cluster at {self.address}: {e}. A cluster with token authentication "
                     "(Ray's default once ~/.ray/auth_token exists) also needs RAY_AUTH_MODE=token and its token here"
                 ) from e
-        master = f"127.0.0.1:{_free_port()}"
         tc = self.cfg.train
         resources = ray.cluster_resources()
         # One CPU (GPU when there are GPUs) per trainer rank and sampler replica, or an even share
@@ -277,9 +285,11 @@ class RayWorkers:
         self.trainers = [
             ray.remote(_TrainerActor)
             .options(num_cpus=self.cpus, num_gpus=self.gpu)
-            .remote(self.cfg, r, self.trainer_ranks, master)
+            .remote(self.cfg, r, self.trainer_ranks)
             for r in range(self.trainer_ranks)
         ]
+        master = await self.trainers[0].sync_address.remote()  # rank 0's node, wherever the cluster put it
+        await asyncio.gather(*(t.start.remote(master) for t in self.trainers))  # ranks > 1 meet there together
         self.samplers = [self._new_sampler(version, i) for i in range(tc.sampler_replicas)]
         self.workers = [self._new_worker() for _ in range(self.rollout_workers)]
         if checkpoint is not None:
