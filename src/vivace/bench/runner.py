@@ -32,6 +32,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from vivace.bench.results import result_rows
 from vivace.bench.score import score
 from vivace.config import VivaceConfig
 from vivace.harness.agent import run_episode
@@ -143,21 +144,12 @@ def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> 
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
-    """The rows of a results.jsonl. A last line cut short (the process was killed while writing it)
-    is left out: that episode runs again on resume. Any other line that is not a row raises ValueError."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+    """The rows of a results.jsonl (bench.results.result_rows: a last line cut short is left out, and
+    its episode runs again on resume). A row without a model and task id raises ValueError."""
     rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if n == len(lines):  # no newline after it: its write never finished
-                continue
-            raise ValueError(f"{path}:{n}: not a result row (not JSON: {e.msg})") from None
-        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("model", "task_id")):
-            raise ValueError(f"{path}:{n}: not a result row (want an object with model and task_id)")
+    for n, row in result_rows(path):
+        if not all(isinstance(row.get(k), str) for k in ("model", "task_id")):
+            raise ValueError(f"{path}:{n}: not a benchmark result row (want an object with model and task_id)")
         rows.append(row)
     return rows
 

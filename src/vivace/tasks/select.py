@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from vivace.bench.results import result_rows
 from vivace.tasks.format import Task, TaskFormatError
 
 
@@ -35,17 +36,13 @@ def read_pass_rates(paths: list[Path], model: str | None = None) -> dict[str, Pa
     models: set[str] = set()
     for path in paths:
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            rows = list(result_rows(path))
         except (OSError, UnicodeDecodeError) as e:  # missing, a directory, unreadable, not text
             raise TaskFormatError(f"{path}: cannot read benchmark results ({e})") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{path}:{n}: not a benchmark result row (not JSON: {e.msg})") from None
-            if not isinstance(row, dict) or "task_id" not in row or "resolved" not in row:
+        except ValueError as e:  # a line that is not a JSON object
+            raise TaskFormatError(str(e)) from None
+        for n, row in rows:
+            if "task_id" not in row or "resolved" not in row:
                 raise TaskFormatError(f"{path}:{n}: not a benchmark result row (want an object with task_id and "
                                       "resolved, as `vivace bench` writes to results.jsonl)")  # fmt: skip
             task_id, resolved, row_model = row["task_id"], row["resolved"], row.get("model", "")
