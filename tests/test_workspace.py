@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from vivace.sandbox import NotAFileError, PathEscapeError, WorkspaceClosedError, WorkspaceFileNotFound
+from vivace.sandbox import NotAFileError, PathEscapeError, WorkspaceClosedError, WorkspaceFileNotFound, process
 from vivace.sandbox.paths import ConfinedFS
 
 
@@ -38,10 +38,13 @@ async def test_toolchain_python_and_pytest_available(make_workspace):
     assert "1 passed" in r.stdout, r.stdout
 
 
-async def test_commands_start_with_default_signals(make_workspace):
+@pytest.mark.parametrize("env_option", [True, False], ids=["env", "no-env-option"])
+async def test_commands_start_with_default_signals(make_workspace, env_option, monkeypatch):
     """Whatever the launcher ignores or blocks (Ray's processes block SIGINT and SIGTERM under `vivace
     train`, nohup ignores SIGHUP), a command starts as in a shell: a task's tests that rely on Ctrl-C,
-    SIGTERM (`timeout`) or SIGHUP behave the same."""
+    SIGTERM (`timeout`) or SIGHUP behave the same; also where env lacks --default-signal (coreutils < 8.31)."""
+    if not env_option:
+        monkeypatch.setattr(process, "default_signals", lambda: ())
     ws = await make_workspace()
     before = [signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGHUP, signal.SIG_IGN)]
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))

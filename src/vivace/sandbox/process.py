@@ -11,6 +11,7 @@ import asyncio
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -82,6 +83,14 @@ def default_signals() -> tuple[str, ...]:
     return ()
 
 
+def _default_signals_here() -> None:
+    """In a child between fork and exec: no signal blocked, and the ones a launcher commonly ignores
+    (Ctrl-C, SIGTERM, a terminal hang-up, a closed pipe) at their default action."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGQUIT):
+        signal.signal(s, signal.SIG_DFL)
+
+
 async def run_capped(
     argv: Sequence[str],
     *,
@@ -99,9 +108,12 @@ async def run_capped(
     fails, the process is killed and the error propagates.
     """
     start = time.monotonic()
+    prefix = default_signals()
     proc = await asyncio.create_subprocess_exec(
-        *default_signals(),  # env execs the command: same process, so on_spawn and kill see it
+        *prefix,  # env execs the command: same process, so on_spawn and kill see it
         *argv,
+        # Without env's option, the child resets them itself before exec (slower: no vfork then).
+        preexec_fn=None if prefix else _default_signals_here,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
