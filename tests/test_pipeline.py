@@ -221,7 +221,8 @@ async def test_ray_run_survives_a_killed_rollout_worker_and_sampler_replica(tmp_
                              "checkpoint_every": 100, "runs_dir": str(tmp_path / "runs")},
                       sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
     episode = latency_episode(open_backend(cfg.sandbox).snapshot(str(repo)), median_s=0.5, sigma=0.5, turns=(3, 5))
-    workers = RayWorkers(cfg, episode)
+    notes: list[str] = []
+    workers = RayWorkers(cfg, episode, on_note=notes.append)
     run_dir = new_run_dir(cfg, "faults")
     killed: list[str] = []
 
@@ -236,6 +237,7 @@ async def test_ray_run_survives_a_killed_rollout_worker_and_sampler_replica(tmp_
     sabotage = asyncio.create_task(saboteur())
     summary = await train(cfg, run_dir, tasks=tasks(4), episode=episode, workers=workers)
     assert sabotage.done() and killed
+    assert not notes  # a cluster with room for the run says nothing
     counts = summary["pipeline"]
     print(json.dumps(counts))
     balanced(counts)
@@ -316,6 +318,17 @@ def test_directories_not_named_step_n_are_neither_resumed_nor_pruned(tmp_path):
     assert latest_checkpoint(tmp_path) == checkpoints / "step_2"
     _prune_checkpoints(tmp_path, 1)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_", "step_2", "step_2.bak", "step_final"]
+
+
+def test_a_busy_cluster_is_said_to_be_short_of_what_the_run_needs():
+    """A second run on a cluster another run fills waits for its actors to be scheduled: it says so."""
+    from vivace.rl.workers import resources_short
+
+    total = {"CPU": 8.0, "GPU": 2.0}
+    assert resources_short(total, {"CPU": 8.0, "GPU": 2.0}, {"CPU": 2.0, "GPU": 2.0}) is None
+    assert resources_short(total, {"CPU": 8.0}, {"CPU": 2.0, "GPU": 0.0}) is None  # no GPU asked for
+    said = resources_short(total, {"CPU": 0.5, "GPU": 2.0}, {"CPU": 2.0, "GPU": 1.0})
+    assert said == "0.5 of 8 CPUs free, 2 needed"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -146,7 +146,7 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
 
     if cfg.sandbox.backend == "auto" and address is None:
         cfg.sandbox.backend = _sandbox_here(cfg)  # not saved: a resume elsewhere decides again
-    workers = LocalWorkers(cfg) if local else RayWorkers(cfg, address=address)
+    workers = LocalWorkers(cfg) if local else RayWorkers(cfg, address=address, on_note=err.print)
     table_rows: list[dict] = []
 
     def render() -> Table:

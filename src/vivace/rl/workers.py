@@ -32,8 +32,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,14 @@ def _for_actors(cfg: VivaceConfig) -> VivaceConfig:
     sandbox.state_dir = sandbox.state_dir.expanduser().resolve()
     sandbox.toolchain = [d.expanduser().resolve() for d in sandbox.toolchain]
     return cfg
+
+
+def resources_short(total: dict[str, float], free: dict[str, float], need: dict[str, float]) -> str | None:
+    """What a joined cluster lacks for this run's actors right now (it may be busy with another run),
+    in words, or None when it has enough free."""
+    short = [f"{free.get(r, 0.0):g} of {total.get(r, 0.0):g} {r}s free, {n:g} needed"
+             for r, n in need.items() if n > free.get(r, 0.0) + 1e-6]  # fmt: skip
+    return "; ".join(short) or None
 
 
 def _engine_config(cfg: VivaceConfig, version: int, replica: int = 0) -> EngineConfig:
@@ -247,8 +257,15 @@ class _RolloutActor:
 
 
 class RayWorkers:
-    def __init__(self, cfg: VivaceConfig, episode: Any = None, address: str | None = None):
+    def __init__(
+        self,
+        cfg: VivaceConfig,
+        episode: Any = None,
+        address: str | None = None,
+        on_note: Callable[[str], None] | None = None,
+    ):
         self.cfg, self.episode_fn, self.address = cfg, episode, address
+        self.on_note = on_note or (lambda note: print(note, file=sys.stderr))  # stdout may be --json lines
         self.trainer_ranks, self.rollout_workers = cfg.train.trainer_ranks, cfg.train.rollout_workers
         self.replaced: Counter[str] = Counter()  # workers_replaced, samplers_replaced
 
@@ -282,6 +299,10 @@ class RayWorkers:
         wanted = tc.trainer_ranks + tc.sampler_replicas
         self.cpus = min(1.0, resources.get("CPU", 1.0) / wanted)
         self.gpu = min(1.0, resources.get("GPU", 0.0) / wanted)
+        if short := resources_short(
+            resources, ray.available_resources(), {"CPU": self.cpus * wanted, "GPU": self.gpu * wanted}
+        ):
+            self.on_note(f"the Ray cluster has {short}: this run's actors wait until other work on it ends")
         self.trainers = [
             ray.remote(_TrainerActor)
             .options(num_cpus=self.cpus, num_gpus=self.gpu)
