@@ -276,7 +276,7 @@ async def test_client_rejects_a_success_that_is_not_the_servers(tmp_path):
         with pytest.raises(SandboxError, match="unexpected response from http://env.invalid/v1/workspaces"):
             await client.create("/repo")
         ws = RemoteWorkspace(client, "w0-x", 60, {})
-        for call in (ws.exec("true"), ws.list("."), ws.stat("a"), ws.diff()):
+        for call in (ws.exec("true"), ws.list("."), ws.stat("a"), ws.diff(), ws.read_bytes("a")):
             with pytest.raises(SandboxError, match="unexpected response"):
                 await call
         await client.aclose()

@@ -148,7 +148,12 @@ class RemoteWorkspace(TextFilesMixin):
         return _json(r, lambda d: ExecResult(**d))
 
     async def read_bytes(self, path: str) -> bytes:
-        return (await self._call("GET", "/file" + _path_query(path))).content
+        r = await self._call("GET", "/file" + _path_query(path))
+        if r.headers.get("content-type", "").split(";")[0].strip() != "application/octet-stream":
+            # A proxy's page or another service's answer, which would pass for the file's content.
+            raise SandboxError(f"unexpected response from {r.request.url} (not a vivace environment server?): "
+                               f"content type {r.headers.get('content-type')!r}; body: {r.text[:200]!r}")  # fmt: skip
+        return r.content
 
     async def write_bytes(self, path: str, data: bytes) -> None:
         await self._call(
