@@ -24,8 +24,7 @@ def signal_handler(handler, signums: tuple[int, ...] = (signal.SIGINT,)):
     try:
         yield
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        _restore(previous)
 
 
 @contextlib.contextmanager
@@ -44,6 +43,11 @@ def blocked_in_children(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTER
     try:
         yield
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        _restore(previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # pending signals are delivered here
+
+
+def _restore(handlers: dict) -> None:
+    """Put back handlers read with signal.getsignal (None: one not set from Python, taken as the default)."""
+    for s, h in handlers.items():
+        signal.signal(s, h if h is not None else signal.SIG_DFL)

@@ -36,8 +36,8 @@ Observer = Callable[[str, Any], None]
 
 
 class _Stop(Exception):
-    def __init__(self, reason: StopReason, error: str | None = None):
-        self.reason, self.error = reason, error
+    def __init__(self, reason: StopReason, error: str | None = None, unavailable: bool = False):
+        self.reason, self.error, self.unavailable = reason, error, unavailable  # see Trajectory.unavailable
 
 
 async def run_episode(
@@ -72,7 +72,6 @@ async def run_episode(
     t0 = time.monotonic()
     deadline = t0 + limits.max_wall_s
     stop: _Stop | None = None
-    unavailable = False  # the stop was the policy's server failing: no measure of the model
     try:
         for _ in range(limits.max_turns):
             turn_start = time.monotonic()
@@ -104,8 +103,7 @@ async def run_episode(
     except _Stop as s:
         stop = s
     except PolicyError as e:
-        stop = _Stop("error", str(e))
-        unavailable = isinstance(e, PolicyUnavailable)
+        stop = _Stop("error", str(e), unavailable=isinstance(e, PolicyUnavailable))
     except Exception as e:  # a bug in a policy is still recorded, not lost with the episode
         stop = _Stop("error", f"{type(e).__name__}: {e}")
 
@@ -126,7 +124,7 @@ async def run_episode(
         diff=diff,
         stop_reason=stop.reason,
         error=stop.error or diff_error,
-        unavailable=unavailable,
+        unavailable=stop.unavailable,
         wall_s=time.monotonic() - t0,
         tokens=_tokens(conv),
     )

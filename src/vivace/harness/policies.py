@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call
-from vivace.harness.policy import Conversation, Policy, PolicyError, PolicyUnavailable, unavailable_status
+from vivace.harness.policy import Conversation, Policy, PolicyError, http_failure
 
 if TYPE_CHECKING:
     from vivace.config import EngineConfig
@@ -179,8 +179,8 @@ class OpenAIPolicy:
             try:
                 models = [m.id async for m in self.client.models.list()]
             except self._openai.OpenAIError as e:
-                failed = PolicyUnavailable if unavailable_status(getattr(e, "status_code", None)) else PolicyError
-                raise failed(f"{self.name}: could not list models: {_describe(e)}{hint}") from None
+                status = getattr(e, "status_code", None)
+                raise http_failure(f"{self.name}: could not list models: {_describe(e)}{hint}", status) from None
             except (AttributeError, TypeError, ValueError) as e:  # a body that is not a model list
                 raise PolicyError(
                     f"{self.name}: GET /models did not answer a model list ({type(e).__name__}: {e}){hint}"
@@ -201,8 +201,9 @@ class OpenAIPolicy:
         try:
             raw = await self.client.chat.completions.with_raw_response.create(**request)
         except self._openai.OpenAIError as e:
-            failed = PolicyUnavailable if unavailable_status(getattr(e, "status_code", None)) else PolicyError
-            raise failed(f"{self.name}: the endpoint failed: {_describe(e)}") from None
+            raise http_failure(
+                f"{self.name}: the endpoint failed: {_describe(e)}", getattr(e, "status_code", None)
+            ) from None
         response = raw.http_response
         try:
             body = json.loads(response.content)

@@ -79,9 +79,11 @@ class PolicyUnavailable(PolicyError):
     server refused (a context overflow, a 400) or an answer it gave."""
 
 
-def unavailable_status(status: int | None) -> bool:
-    """Whether an HTTP status (None: no answer at all) means the server, not the request, failed."""
-    return status is None or status in (408, 429) or status >= 500
+def http_failure(message: str, status: int | None) -> PolicyError:
+    """The error for a request to a policy's server that failed with HTTP `status` (None: no answer at
+    all): PolicyUnavailable when the server, not the request, failed (408, 429, 5xx)."""
+    unavailable = status is None or status in (408, 429) or status >= 500
+    return (PolicyUnavailable if unavailable else PolicyError)(message)
 
 
 # --- token level ---------------------------------------------------------------------------

@@ -27,10 +27,9 @@ from vivace.harness.chat import ChatFormat
 from vivace.harness.policy import (
     Completion,
     PolicyError,
-    PolicyUnavailable,
     SamplingParams,
     TokenPolicy,
-    unavailable_status,
+    http_failure,
 )
 from vivace.inference.engine import AsyncEngine, Engine
 from vivace.model.checkpoint import LoadedModel, load_model, load_tokenizer
@@ -119,10 +118,11 @@ class HttpSampler:
         try:
             resp = await self._client.post(f"{self.base_url}/completions", json=body)
         except httpx.HTTPError as exc:
-            raise PolicyUnavailable(f"sampler at {self.base_url} unreachable: {exc}") from exc
+            raise http_failure(f"sampler at {self.base_url} unreachable: {exc}", None) from exc
         if resp.status_code != 200:
-            failed = PolicyUnavailable if unavailable_status(resp.status_code) else PolicyError
-            raise failed(f"sampler at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
+            raise http_failure(
+                f"sampler at {self.base_url} answered {resp.status_code}: {resp.text[:500]}", resp.status_code
+            )
         data = resp.json()
         choice = data["choices"][0]
         ids = choice.get("token_ids")
