@@ -41,6 +41,8 @@ class ScriptedWorkers:
     for each kind sees it whatever order the event loop happens to run the episodes in. Each attempt
     draws from its own generator, so one attempt's luck does not depend on the others' timing."""
 
+    cluster_lost = False
+
     def __init__(self, seed: int = 0, worker_lost: float = 0.0, sampler_lost: float = 0.0, env_failed: float = 0.0):
         self.seed = seed
         self.rates = {"worker_lost": worker_lost, "sampler_lost": sampler_lost, "env_failed": env_failed}
@@ -443,6 +445,38 @@ def test_train_decides_the_sandbox_once_and_warns_in_the_driver(monkeypatch, cap
     assert "needs root" in said and "NOT isolated" in said
 
 
+def test_a_joined_clusters_node_that_cannot_isolate_is_named_in_the_driver(monkeypatch, tmp_path):
+    """On a joined cluster each node decides `auto` for itself, and a fallback's warning stays in that
+    worker's log: the driver says which node runs commands unisolated and why, once per node, also for
+    a worker that replaces a dead one."""
+    from types import SimpleNamespace
+
+    import vivace.sandbox.isolated as isolated
+    from vivace.rl.workers import RayWorkers, _RolloutActor
+
+    monkeypatch.setattr(isolated, "probe", lambda: "the isolated backend needs root")
+    cfg = load_preset("smoke", sandbox={"backend": "auto", "state_dir": str(tmp_path / "state")})
+    with pytest.warns(RuntimeWarning, match="NOT isolated"):
+        unisolated = _RolloutActor(cfg, None)
+    node, why = unisolated.where()
+    assert node and "needs root" in why
+
+    def handle(answer):
+        async def where():
+            return answer
+
+        return SimpleNamespace(where=SimpleNamespace(remote=where))
+
+    notes: list[str] = []
+    workers = RayWorkers(cfg, on_note=notes.append)
+    asyncio.run(workers._note_unisolated([handle(("10.0.0.7", why)), handle(("10.0.0.8", None)),
+                                          handle(("10.0.0.7", why))]))  # fmt: skip
+    assert len(notes) == 1 and "10.0.0.7" in notes[0] and "NOT isolated" in notes[0] and "needs root" in notes[0]
+    asyncio.run(workers._note_unisolated([handle(("10.0.0.7", why))]))  # a replacement on the same node
+    assert len(notes) == 1
+    asyncio.run(unisolated.close())
+
+
 def test_the_local_ray_cluster_is_started_out_of_ctrl_c_and_sigterm_reach():
     """Processes started under `blocked_in_children` (Ray's daemons and actors) inherit SIGINT and SIGTERM
     blocked, so a terminal's Ctrl-C or a job-wide SIGTERM (`timeout`, Slurm) cannot reach them even where
@@ -728,6 +762,83 @@ def test_a_write_error_ends_the_run_with_one_line_saying_how_to_resume(tmp_path,
     said = " ".join(result.output.split())
     assert "cannot write" in said and "No space left on device" in said and "last complete checkpoint is none" in said
     assert f"`vivace train --resume {run_dir}`" in said
+
+
+class _ClusterLostWorkers(ScriptedWorkers):
+    """Scripted workers whose cluster stops answering while the first step trains."""
+
+    async def train_step(self, samples):
+        self.cluster_lost = True
+        return await super().train_step(samples)
+
+
+def test_a_cluster_that_stops_answering_ends_the_run_with_its_checkpoint_and_the_resume_command(tmp_path, monkeypatch):
+    """Ray's core ends a driver whose cluster is gone a minute later, from C++, saying nothing of the
+    run: the run stops after the step in flight instead, saves it, skips the evaluation and says how to
+    resume, exit 1."""
+    result = _cli_run(tmp_path, monkeypatch, workers=lambda: _ClusterLostWorkers(seed=12), steps=4)
+    run_dir = (tmp_path / "runs" / "t").resolve()
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "the Ray cluster is gone at step 1/4" in said and str(run_dir / "checkpoints" / "step_1") in said
+    assert f"`vivace train --resume {run_dir}`" in said
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "cluster_lost"
+
+
+def test_cluster_watch_reports_an_outage_and_the_return(tmp_path):
+    """A GCS whose port stops accepting is reported down after `failures` probes, once; back up when
+    it accepts again."""
+    import socket
+
+    from vivace.rl.workers import ClusterWatch
+
+    def listen(port=0):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        return s
+
+    gcs = listen()
+    port = gcs.getsockname()[1]
+    changes: list[bool] = []
+    watch = ClusterWatch(f"127.0.0.1:{port}", changes.append, interval_s=0.05, failures=3)
+    try:
+        time.sleep(0.4)
+        assert changes == [] and watch.down_since is None
+        gcs.close()
+        deadline = time.monotonic() + 5
+        while not changes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert changes == [True] and watch.down_since is not None
+        time.sleep(0.3)
+        assert changes == [True]  # said once per outage
+        gcs = listen(port)
+        deadline = time.monotonic() + 5
+        while len(changes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert changes == [True, False] and watch.down_since is None
+    finally:
+        watch.close()
+        gcs.close()
+
+
+def test_cluster_loss_ends_the_process_itself_before_ray_does(tmp_path, monkeypatch):
+    """When the step in flight does not end within the grace (or Ray's shutdown hangs on the dead
+    cluster), the driver exits 1 itself, saying how to resume; a cluster back in time cancels that."""
+    import vivace.cli_train as cli_train
+
+    exits: list[int] = []
+    monkeypatch.setattr(cli_train._ClusterLoss, "GRACE_S", 0.1)
+    cfg = load_preset("smoke")
+    loss = cli_train._ClusterLoss(tmp_path, cfg, exit_now=exits.append)
+    loss(True)
+    loss(False)
+    time.sleep(0.3)
+    assert exits == []
+    loss(True)
+    time.sleep(0.3)
+    assert exits == [1] and loss.said
 
 
 def test_resume_refuses_a_directory_it_cannot_write(tmp_path, monkeypatch):

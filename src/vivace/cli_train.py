@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -146,7 +147,8 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
 
     if cfg.sandbox.backend == "auto" and address is None:
         cfg.sandbox.backend = _sandbox_here(cfg)  # not saved: a resume elsewhere decides again
-    workers = LocalWorkers(cfg) if local else RayWorkers(cfg, address=address, on_note=err.print)
+    loss = _ClusterLoss(run_dir, cfg)
+    workers = LocalWorkers(cfg) if local else RayWorkers(cfg, address=address, on_note=err.print, on_cluster=loss)
     table_rows: list[dict] = []
 
     def render() -> Table:
@@ -209,6 +211,10 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
                   f"{f'step {_step_of(last)}' if last else 'none (the run restarts from step 0)'}; after fixing it, "
                   f"resume with `vivace train --resume {run_dir}`")  # fmt: skip
         raise typer.Exit(1) from None
+    if workers.cluster_lost or summary.get("stopped_by") == "cluster_lost":  # no evaluation: Ray ends us soon
+        loss.say_stopped()
+        raise typer.Exit(1)
+    loss.cancel()
     stopped = summary.get("stopped_by") == "interrupted"  # before the configured steps
     if received and received[0] == signal.SIGTERM:  # the machine is going away: no time for the evaluation
         err.print(f"[yellow]stopped by SIGTERM {_stopped_at(run_dir, cfg)}; continue with "
@@ -236,6 +242,47 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
         err.print(f"[yellow]stopped by Ctrl-C {_stopped_at(run_dir, cfg)}; continue with "
                   f"`vivace train --resume {run_dir}`.")  # fmt: skip
         raise typer.Exit(128 + signal.SIGINT)
+
+
+class _ClusterLoss:
+    """The driver's side of a Ray cluster that stops answering (RayWorkers' ClusterWatch): say so, let
+    the run stop after the step in flight, and end the process itself, with the resume command, before
+    Ray's core does so silently (60 s after the outage began; the watch reports it after about 6)."""
+
+    GRACE_S = 45.0
+
+    def __init__(self, run_dir: Path, cfg: VivaceConfig, exit_now: Callable[[int], None] = os._exit):
+        self.run_dir, self.cfg, self.exit_now = run_dir, cfg, exit_now
+        self.timer: threading.Timer | None = None
+        self.said = False
+
+    def __call__(self, down: bool) -> None:
+        self.cancel()
+        if not down:
+            err.print("[green]the Ray cluster answers again:[/] the run goes on")
+            return
+        err.print("[red]the Ray cluster stopped answering[/] (its GCS): the run stops after the step in flight if "
+                  "that can still end, and within a minute in any case unless the cluster is back")  # fmt: skip
+        self.timer = threading.Timer(self.GRACE_S, self._give_up)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def say_stopped(self) -> None:
+        if not self.said:
+            self.said = True
+            err.print(f"[red]stopped: the Ray cluster is gone {_stopped_at(self.run_dir, self.cfg)}; once it is back "
+                      f"(or on another), continue with `vivace train --resume {self.run_dir}`.")  # fmt: skip
+
+    def _give_up(self) -> None:
+        """The step in flight did not end in time, or Ray's shutdown hangs on the dead cluster."""
+        self.say_stopped()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        self.exit_now(1)
 
 
 class _Refused(Exception):

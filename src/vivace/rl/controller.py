@@ -277,11 +277,13 @@ async def train(
             out_of_time = (
                 tc.max_minutes is not None and (time.monotonic() - t_start) * (done + 1) / done > tc.max_minutes * 60
             )
-            interrupted = stop is not None and stop()
+            # A cluster that stopped answering ends the run like a Ctrl-C, while its actors still can.
+            lost = workers.cluster_lost
+            interrupted = lost or (stop is not None and stop())
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time or interrupted:
                 await _checkpoint(run_dir, workers, step + 1, pipeline, order, tc.keep_checkpoints)
             if (out_of_time or interrupted) and step + 1 < tc.steps:
-                stopped_by = "interrupted" if interrupted else "max_minutes"
+                stopped_by = "cluster_lost" if lost else "interrupted" if interrupted else "max_minutes"
                 break
     except TrainerFailed as e:
         last = latest_checkpoint(run_dir)
@@ -450,7 +452,7 @@ def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped
     keys = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn", "loss", "entropy")
     summary = {
         "steps": len(rows),
-        "stopped_by": stopped_by,  # steps, max_minutes (the time budget) or interrupted (Ctrl-C)
+        "stopped_by": stopped_by,  # steps, max_minutes (the time budget), interrupted (Ctrl-C), cluster_lost
         "first": {k: first.get(k) for k in keys},
         "last": {k: last.get(k) for k in keys},
         "rollouts": sum(r["rollouts"] for r in rows),

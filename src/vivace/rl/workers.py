@@ -11,6 +11,7 @@ the same everywhere:
     heal_samplers(version)       replace dead sampler replicas, give them weights `version`
     sampler_stats()              generated tokens and busy seconds, summed over replicas
     train_step(samples), sync(version), save(path), close()
+    cluster_lost                 true while the cluster they run on does not answer (the run stops)
 
 - `RayWorkers` (the default): Ray actors — `sampler_replicas` engines (`_EngineActor` from
   inference/samplers.py), `rollout_workers` rollout workers (each an agent loop beside its own
@@ -32,7 +33,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -113,7 +116,51 @@ def _split(total: int, parts: int) -> list[int]:
     return [max(1, total // parts + (1 if i < total % parts else 0)) for i in range(parts)]
 
 
+class ClusterWatch:
+    """Probes a Ray cluster's GCS (`host:port`) with a TCP connect every `interval_s`, from a daemon
+    thread. Ray's core ends a driver whose GCS has been gone for 60 s, from C++, where no Python
+    handler runs: the step in flight is lost and nothing says how to resume. The watch tells the
+    driver within seconds, so it can stop on its own terms first. `on_change(True)` is called after
+    `failures` failed probes in a row, `on_change(False)` when a probe succeeds again; `down_since`
+    is the monotonic time of the outage's first failed probe while it lasts, else None."""
+
+    def __init__(self, address: str, on_change: Callable[[bool], None], interval_s: float = 2.0, failures: int = 3):
+        self.address, self.on_change, self.interval_s, self.failures = address, on_change, interval_s, failures
+        self.down_since: float | None = None
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="vivace-cluster-watch", daemon=True).start()
+
+    def _answers(self) -> bool:
+        host, _, port = self.address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=self.interval_s).close()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _watch(self) -> None:
+        failed, first_failure = 0, 0.0
+        while not self._closed.wait(self.interval_s):
+            if self._answers():
+                failed = 0
+                if self.down_since is not None:
+                    self.down_since = None
+                    self.on_change(False)
+                continue
+            failed += 1
+            if failed == 1:
+                first_failure = time.monotonic()
+            if failed == self.failures:
+                self.down_since = first_failure
+                self.on_change(True)
+
+    def close(self) -> None:
+        self._closed.set()
+
+
 class LocalWorkers:
+    cluster_lost = False  # in-process: there is no cluster to lose
+
     def __init__(self, cfg: VivaceConfig, episode: Any = None):
         self.cfg, self.episode_fn = cfg, episode
         self.replaced: Counter[str] = Counter()  # nothing is ever replaced in-process
@@ -249,8 +296,12 @@ class _RolloutActor:
         return await run_attempt(replicas, self.chat, self.params, self.cfg.train.model, task, self.cfg, self.backend,
                                  episode=self.episode_fn, is_loss=lambda e: isinstance(e, ray.exceptions.RayActorError))  # fmt: skip
 
-    def ping(self) -> bool:
-        return True
+    def where(self) -> tuple[str, str | None]:
+        """This worker's node, and why its sandbox runs commands unisolated when `auto` fell back to
+        plain there (None otherwise): its own warning stays in its log, which the driver never shows."""
+        import ray
+
+        return ray.util.get_node_ip_address(), getattr(self.backend, "fallback", None)
 
     async def close(self) -> None:
         await self.backend.aclose()
@@ -263,9 +314,15 @@ class RayWorkers:
         episode: Any = None,
         address: str | None = None,
         on_note: Callable[[str], None] | None = None,
+        on_cluster: Callable[[bool], None] | None = None,
     ):
+        """`on_cluster(down)` hears when the cluster stops answering and when it answers again (see
+        ClusterWatch); the run stops after the step in flight while it is down (`cluster_lost`)."""
         self.cfg, self.episode_fn, self.address = cfg, episode, address
         self.on_note = on_note or (lambda note: print(note, file=sys.stderr))  # stdout may be --json lines
+        self.on_cluster = on_cluster or (lambda down: None)
+        self.watch: ClusterWatch | None = None
+        self.unisolated_nodes: set[str] = set()
         self.trainer_ranks, self.rollout_workers = cfg.train.trainer_ranks, cfg.train.rollout_workers
         self.replaced: Counter[str] = Counter()  # workers_replaced, samplers_replaced
 
@@ -291,6 +348,7 @@ class RayWorkers:
                     f"cannot join the Ray cluster at {self.address}: {e}. A cluster with token authentication "
                     "(Ray's default once ~/.ray/auth_token exists) also needs RAY_AUTH_MODE=token and its token here"
                 ) from e
+        self.watch = ClusterWatch(ray.get_runtime_context().gcs_address, self.on_cluster)
         tc = self.cfg.train
         resources = ray.cluster_resources()
         # One CPU (GPU when there are GPUs) per trainer rank and sampler replica, or an even share
@@ -313,6 +371,7 @@ class RayWorkers:
         await asyncio.gather(*(t.start.remote(master) for t in self.trainers))  # ranks > 1 meet there together
         self.samplers = [self._new_sampler(version, i) for i in range(tc.sampler_replicas)]
         self.workers = [self._new_worker() for _ in range(self.rollout_workers)]
+        await self._note_unisolated(self.workers)
         if checkpoint is not None:
             await asyncio.gather(*(t.load.remote(str(checkpoint)) for t in self.trainers))
         mode = tc.weight_sync
@@ -370,8 +429,15 @@ class RayWorkers:
 
         ray.kill(self.workers[worker])
         self.workers[worker] = self._new_worker()
-        await self.workers[worker].ping.remote()
+        await self._note_unisolated([self.workers[worker]])
         self.replaced["workers_replaced"] += 1
+
+    async def _note_unisolated(self, workers: list[Any]) -> None:
+        """Waits for `workers` to start; says once per node where they run commands unisolated."""
+        for node, fallback in await asyncio.gather(*(w.where.remote() for w in workers)):
+            if fallback is not None and node not in self.unisolated_nodes:
+                self.unisolated_nodes.add(node)
+                self.on_note(f"WARNING: rollouts on node {node} run commands NOT isolated (plain backend): {fallback}")
 
     async def heal_samplers(self, version: int) -> int:
         """Replaces every replica that does not answer and gives it weights `version`; returns how
@@ -440,9 +506,15 @@ class RayWorkers:
     async def save(self, path: Path) -> None:
         await asyncio.gather(*(t.save.remote(str(path)) for t in self.trainers))
 
+    @property
+    def cluster_lost(self) -> bool:
+        return self.watch is not None and self.watch.down_since is not None
+
     async def close(self) -> None:
         import ray
 
+        if self.watch is not None:
+            self.watch.close()
         # Rollout workers remove their workspaces first (a killed one leaves them for the next run's
         # sweep); a dead or stuck one is killed all the same.
         closing = [w.close.remote() for w in getattr(self, "workers", [])]

@@ -34,9 +34,10 @@ class PlainBackend(LocalBackend):
     name = "plain"
     isolated = False
 
-    def __init__(self, config: SandboxConfig):
+    def __init__(self, config: SandboxConfig, fallback: str | None = None):
         super().__init__(config)
         self.toolchain = toolchain_dirs(config)
+        self.fallback = fallback  # why `auto` could not isolate, when it fell back to this backend
 
     async def _create(self, ws_id: str, snapshot: Snapshot, ws_dir: Path) -> Path:
         def copy() -> None:

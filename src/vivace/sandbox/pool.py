@@ -35,7 +35,7 @@ def open_backend(config: SandboxConfig | None = None) -> LocalBackend:
         message = f"{e}\n{UNISOLATED_WARNING}"
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         print(f"WARNING: {message}", file=sys.stderr)
-        return PlainBackend(config)
+        return PlainBackend(config, fallback=str(e))
 
 
 class WorkspacePool:
