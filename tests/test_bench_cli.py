@@ -297,3 +297,21 @@ def test_bench_refuses_options_at_extremes_that_would_run_something_else(repo, t
         result = CliRunner().invoke(app, [*base, "--model", "scripted:null", *extra])
         assert result.exit_code == 2 and said in result.output, (extra, result.output)
     assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["generate", "--n", "0"],
+        ["generate", "--n", "-3"],
+        ["generate", "--concurrency", "0"],
+        ["families", "--train", "0", "--validation", "0", "--test", "0"],
+        ["families", "--train", "-1"],
+        ["families", "--workers", "0"],
+    ],
+)
+def test_task_generators_refuse_counts_that_would_write_nothing_or_crash(args, tmp_path):
+    """Zero or negative counts used to write an empty task file with exit 0, and zero workers a traceback."""
+    out = tmp_path / ("g" if args[0] == "generate" else "f.jsonl")
+    result = CliRunner().invoke(app, ["tasks", *args, "--out", str(out)])
+    assert result.exit_code == 2 and not out.exists(), result.output

@@ -32,10 +32,10 @@ from vivace.cli import (
 @tasks_app.command("generate")
 def tasks_generate(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for tasks.jsonl and one file per split.")],
-    n: Annotated[int, typer.Option("--n", help="Bug tasks to keep.")] = 100,
+    n: Annotated[int, typer.Option("--n", min=1, help="Bug tasks to keep.")] = 100,
     seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
     repos: Annotated[str | None, typer.Option(help="Comma-separated bundled repositories (default: all).")] = None,
-    concurrency: Annotated[int, typer.Option(help="Mutants tested at the same time.")] = 2,
+    concurrency: Annotated[int, typer.Option(min=1, help="Mutants tested at the same time.")] = 2,
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
@@ -95,19 +95,22 @@ def tasks_generate(
 @tasks_app.command("families")
 def tasks_families(
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")],
-    train: Annotated[int, typer.Option(help="Training tasks (themes of the train split).")] = 840,
-    validation: Annotated[int, typer.Option(help="Validation tasks.")] = 70,
-    test: Annotated[int, typer.Option(help="Held-out test tasks (themes never seen in training).")] = 210,
+    train: Annotated[int, typer.Option(min=0, help="Training tasks (themes of the train split).")] = 840,
+    validation: Annotated[int, typer.Option(min=0, help="Validation tasks.")] = 70,
+    test: Annotated[int, typer.Option(min=0, help="Held-out test tasks (themes never seen in training).")] = 210,
     seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
-    workers: Annotated[int, typer.Option(help="Test runs at the same time.")] = 2,
+    workers: Annotated[int, typer.Option(min=1, help="Test runs at the same time.")] = 2,
 ) -> None:
     """Generate the learnable task families (small projects, bugs the tools reveal), validated by
     running their tests; spread evenly over families and curriculum levels."""
     from vivace.tasks.families import generate_families
     from vivace.tasks.format import save_jsonl
 
-    progress = LoggedProgress()
     wanted = {"train": train, "validation": validation, "test": test}
+    if not any(wanted.values()):
+        err.print("[red]error:[/red] no tasks asked for: give --train, --validation or --test above 0")
+        raise typer.Exit(2)
+    progress = LoggedProgress()
     bar = progress.add_task("tasks kept", total=sum(wanted.values()))
     with progress:
         tasks = generate_families({k: v for k, v in wanted.items() if v > 0}, seed, workers=workers,
