@@ -41,7 +41,9 @@ def _raise_for(response: httpx.Response) -> None:
         err = response.json()["error"]
         kind, message = str(err["kind"]), str(err["message"])
     except (ValueError, KeyError, TypeError):  # not our error body (a proxy, a crash page)
-        raise SandboxError(f"HTTP {response.status_code}: {response.text[:500]}") from None
+        # A proxy's own body limit (nginx: 1 MiB by default) answers with a page of its own.
+        hint = " (request body too large for a proxy before the server)" if response.status_code == 413 else ""
+        raise SandboxError(f"HTTP {response.status_code}{hint}: {response.text[:500]}") from None
     if kind == "invalid_argument":
         raise ValueError(message)  # what LocalWorkspace raises for a bad env name or argv
     if kind == "os_error" and isinstance(err.get("errno"), int):

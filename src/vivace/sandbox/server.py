@@ -12,12 +12,18 @@ escapes in JSON.
 Guarantees: a request without the right token is refused before any handler runs; closing
 is idempotent; a client that hangs up during an exec or a create cancels it, as cancelling
 the call in-process would (the command is killed; a create waiting for a pool slot leaves
-the queue; a workspace made for nobody is closed); shutdown closes every workspace the
-server handed out, also when forced (a second Ctrl-C). Not guaranteed: TLS (bind to
-loopback, or put it behind a proxy), isolation between token holders (a token holder may
-snapshot any path the server can read and use every workspace), a bound on JSON request
-bodies (only file uploads are capped), and reaping of workspaces whose client vanished
-without closing them (they hold a pool slot until closed or until the server stops).
+the queue; a workspace made for nobody is closed); a request body over its limit (file
+uploads: MAX_UPLOAD_BYTES, JSON: MAX_JSON_BYTES) is refused with 413 "too_large" without
+being held in memory past the limit. Under `ClosingServer` (`serve`), SIGTERM or Ctrl-C
+stops new work, gives running creates and execs SHUTDOWN_GRACE_S to finish, then cancels
+them (commands killed, clients answered 503 "shutting_down") and closes every workspace the
+server handed out, within a few seconds (inside Docker's and Kubernetes' 10 s stop grace);
+also when forced (a second Ctrl-C). Not guaranteed: TLS (bind to loopback, or put it behind
+a proxy), isolation between token holders (a token holder may snapshot any path the server
+can read and use every workspace), a bound on response sizes (a file is read whole into
+memory), a prompt stop under plain uvicorn (background.py's server waits for running
+commands), and reaping of workspaces whose client vanished without closing them (they hold
+a pool slot until closed or until the server stops).
 """
 
 from __future__ import annotations
@@ -50,10 +56,31 @@ from vivace.sandbox.snapshot import Snapshot, SnapshotSource
 
 log = logging.getLogger(__name__)
 
-MAX_UPLOAD_BYTES = 64 << 20  # a PUT body beyond this is refused (413) instead of filling memory
+MAX_UPLOAD_BYTES = 64 << 20  # a file upload (PUT) beyond this is refused (413) instead of filling memory
+# Every other body is JSON: a source path, or a command and its environment, which the kernel
+# caps at ARG_MAX (2 MiB by default) and JSON's \u escapes inflate at most six-fold.
+MAX_JSON_BYTES = 16 << 20
+# How long running creates and execs may still finish once the server is told to stop: enough
+# for a command about to end, and far inside a container's 10 s stop grace (after which the
+# server would be SIGKILLed, leaving mounts, cgroups and workspace state behind).
+SHUTDOWN_GRACE_S = 1.0
 HEALTH_PATH = "/v1/health"
 STATUS_BY_KIND = {"path_escape": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
-                  "unauthorized": 401, "backend_unavailable": 503}  # fmt: skip
+                  "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503}  # fmt: skip
+
+
+class ShuttingDown(SandboxError):
+    """The server is stopping: a new create or exec is refused, a running one cancelled."""
+
+    kind = "shutting_down"
+
+
+class BodyTooLarge(HTTPException):
+    """Raised by `BodyLimit` from the app's next read of a body past its limit. An HTTPException
+    because FastAPI re-raises those from body parsing (any other error becomes a 400)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
 
 
 class _Body(BaseModel):
@@ -111,21 +138,30 @@ async def _hangup(request: Request) -> None:
         pass
 
 
-async def unless_hung_up(request: Request, work: Awaitable[Any]) -> tuple[asyncio.Future[Any], bool]:
-    """Run `work` until it ends or the client hangs up; then it is cancelled, as the in-process
-    call would be (a running command is killed). The finished task, and whether the client left."""
+async def unless_cut_short(
+    request: Request, work: Awaitable[Any], reg: Registry
+) -> tuple[asyncio.Future[Any], Literal["hung_up", "shutting_down"] | None]:
+    """Run `work` until it ends, the client hangs up, or the server's shutdown grace is over
+    (`reg.stop_now`); in the last two cases it is cancelled, as the in-process call would be (a
+    running command is killed). The finished task, and what cut it short (None: nothing)."""
     task = asyncio.ensure_future(work)
+    reg.running.add(task)
+    task.add_done_callback(reg.running.discard)
     hangup = asyncio.ensure_future(_hangup(request))
+    stop = asyncio.ensure_future(reg.stop_now.wait())
+    cut_short: Literal["hung_up", "shutting_down"] | None = None
     try:
-        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, hangup, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        if not task.done():  # the client left, the grace is over, or this handler was cancelled
+            cut_short = "hung_up" if hangup.done() else "shutting_down"
+            task.cancel()
         hangup.cancel()
-        if not task.done():
-            task.cancel()  # the client left (or this handler was cancelled: the server is stopping)
+        stop.cancel()
     await asyncio.wait({task})  # let the cancelled call clean up (kill the command) first
     if not task.cancelled():
         task.exception()  # retrieved here: when the client has left, nobody else looks at it
-    return task, hangup.done() and not hangup.cancelled()
+    return task, cut_short
 
 
 def hung_up_response() -> Response:
@@ -160,6 +196,44 @@ class TokenGate:
         return False
 
 
+class BodyLimit:
+    """Pure ASGI middleware: a request body over its limit is refused with 413 "too_large"
+    without being read whole: by its Content-Length before the app runs, and, for a chunked
+    body, by the app's first read past the limit (which raises `BodyTooLarge`).
+
+    File uploads (PUT) get their own, larger limit; every other body is JSON.
+    """
+
+    def __init__(self, app: Any, max_json_bytes: int, max_upload_bytes: int) -> None:
+        self.app = app
+        self.max_json_bytes = max_json_bytes
+        self.max_upload_bytes = max_upload_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        upload = scope["method"] == "PUT"
+        limit = self.max_upload_bytes if upload else self.max_json_bytes
+        message = f"{'upload' if upload else 'JSON request body'} over {limit} bytes (the environment server's limit)"
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await error_response(413, "too_large", message)(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_within_limit() -> dict:
+            nonlocal received
+            event = await receive()
+            if event["type"] == "http.request":
+                received += len(event.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(message)
+            return event
+
+        await self.app(scope, receive_within_limit, send)
+
+
 class Registry:
     """Pools and live workspaces of one app; only touched from the server's event loop."""
 
@@ -171,6 +245,21 @@ class Registry:
         # Closed ids are remembered (bounded) so a late request says "closed", not "unknown".
         self.recently_closed: OrderedDict[str, None] = OrderedDict()
         self._inflight: dict[SnapshotSource, asyncio.Future[Snapshot]] = {}
+        self.stopping = False  # set by `drain`: new creates and execs are refused
+        self.stop_now = asyncio.Event()  # set once the grace is over: running ones are cancelled
+        self.running: set[asyncio.Future[Any]] = set()  # creates and execs in progress
+
+    def check_accepting(self) -> None:
+        if self.stopping:
+            raise ShuttingDown("the environment server is shutting down and takes no new work")
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new work; give running creates and execs `grace_s` to finish, then cancel the
+        rest (commands killed; their clients get 503 "shutting_down")."""
+        self.stopping = True
+        if self.running:
+            await asyncio.wait(set(self.running), timeout=grace_s)
+        self.stop_now.set()
 
     async def snapshot(self, source: SnapshotSource) -> Snapshot:
         # Single flight: a burst of creates for one source hashes and copies the tree once.
@@ -231,21 +320,18 @@ class Registry:
         }
 
 
-async def _read_body(request: Request) -> bytes | None:
-    """The request body, or None when it is over MAX_UPLOAD_BYTES (checked while streaming)."""
-    if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_UPLOAD_BYTES:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, own_backend: bool = False) -> FastAPI:
-    """The HTTP app over `backend`; with `own_backend` its shutdown also closes the backend."""
+def create_app(
+    backend: LocalBackend,
+    pool_config: PoolConfig,
+    token: str,
+    *,
+    own_backend: bool = False,
+    max_json_bytes: int = MAX_JSON_BYTES,
+    max_upload_bytes: int = MAX_UPLOAD_BYTES,
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+) -> FastAPI:
+    """The HTTP app over `backend`; with `own_backend` its shutdown also closes the backend.
+    `ClosingServer` calls `app.state.drain()` when told to stop (see `Registry.drain`)."""
     if not token:
         raise ValueError("the environment server needs a non-empty token")
     reg = Registry(backend, pool_config)
@@ -269,9 +355,12 @@ def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, ow
         openapi_url=None,
         default_response_class=AsciiJSON,
     )
+    # Added last, so it runs first: a refused request is a 401 whatever its size.
+    app.add_middleware(BodyLimit, max_json_bytes=max_json_bytes, max_upload_bytes=max_upload_bytes)
     app.add_middleware(TokenGate, token=token)
     app.state.registry = reg
     app.state.close_all = close_all
+    app.state.drain = lambda: reg.drain(shutdown_grace_s)
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
@@ -284,6 +373,8 @@ def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, ow
 
     @app.exception_handler(HTTPException)  # no such route or method: a client of another version
     async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+        if isinstance(e, BodyTooLarge):
+            return error_response(413, "too_large", e.detail)
         message = f"{request.method} {request.url.path}: {e.detail}"
         return error_response(e.status_code, "unknown_route" if e.status_code in (404, 405) else "http_error", message)
 
@@ -305,18 +396,26 @@ def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, ow
 
     @app.post("/v1/workspaces")
     async def create(body: CreateBody, request: Request) -> Any:
-        task, hung_up = await unless_hung_up(request, reg.create(SnapshotSource(**body.source.model_dump())))
-        if hung_up:
+        reg.check_accepting()
+        task, cut_short = await unless_cut_short(request, reg.create(SnapshotSource(**body.source.model_dump())), reg)
+        if cut_short:
             if not task.cancelled() and task.exception() is None:
-                await reg.close(task.result())  # made as the client left: nobody knows its id
+                await reg.close(task.result())  # made as the call was cut short: nobody knows its id
+            if cut_short == "shutting_down":
+                raise ShuttingDown("the environment server is shutting down: the workspace was not created")
             return hung_up_response()
         info = {"backend": backend.name, "isolated": backend.isolated, "timeout_s": backend.config.timeout_s}
         return {"id": task.result(), **info}
 
     @app.post("/v1/workspaces/{ws_id}/exec")
     async def exec_(ws_id: str, body: ExecBody, request: Request) -> Any:
-        task, hung_up = await unless_hung_up(request, reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env))
-        return hung_up_response() if hung_up else task.result().to_dict()
+        reg.check_accepting()
+        task, cut_short = await unless_cut_short(
+            request, reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env), reg
+        )
+        if cut_short == "shutting_down":
+            raise ShuttingDown("the environment server is shutting down: the command was killed")
+        return hung_up_response() if cut_short else task.result().to_dict()
 
     @app.get("/v1/workspaces/{ws_id}/file")
     async def read(ws_id: str, path: str = Depends(required_query_path)) -> Response:
@@ -326,10 +425,7 @@ def create_app(backend: LocalBackend, pool_config: PoolConfig, token: str, *, ow
     @app.put("/v1/workspaces/{ws_id}/file", status_code=204)
     async def write(ws_id: str, request: Request, path: str = Depends(required_query_path)) -> Response:
         ws = reg.get(ws_id)
-        data = await _read_body(request)
-        if data is None:
-            return error_response(413, "too_large", f"upload over {MAX_UPLOAD_BYTES} bytes")
-        await ws.write_bytes(path, data)
+        await ws.write_bytes(path, await request.body())  # within max_upload_bytes: BodyLimit
         return Response(status_code=204)
 
     @app.delete("/v1/workspaces/{ws_id}/file", status_code=204)
@@ -366,13 +462,22 @@ def resolve_token(server: ServerConfig) -> tuple[str, bool]:
 
 
 class ClosingServer(uvicorn.Server):
-    """uvicorn skips the app's shutdown when forced to exit (a second Ctrl-C while commands still
-    run, which its "CTRL+C to force quit" invites): close the workspaces anyway, killing their
-    commands, before the process ends."""
+    """uvicorn, stopping as promptly as a container's stop needs. Left to itself, uvicorn waits
+    for every request to end (up to `timeout_graceful_shutdown`) before the app's shutdown, so a
+    running command held it for as long as the command ran; and when forced to exit (a second
+    Ctrl-C, which its "CTRL+C to force quit" invites) it skips the app's shutdown. Here the app
+    drains alongside uvicorn's wait (running calls get the app's short grace, then are cancelled
+    and answered), and the workspaces are closed, killing their commands, in either case."""
 
     async def shutdown(self, sockets: Any = None) -> None:
-        await super().shutdown(sockets)
-        await self.config.app.state.close_all()  # idempotent: a no-op after a graceful shutdown
+        state = self.config.app.state
+        drain = asyncio.ensure_future(state.drain())
+        try:
+            await super().shutdown(sockets)  # returns once the drained calls have answered, or forced
+        finally:
+            state.registry.stop_now.set()  # forced: no grace left
+            await drain
+            await state.close_all()  # idempotent: a no-op after a graceful shutdown
 
 
 def serve(config: VivaceConfig) -> None:
@@ -390,7 +495,13 @@ def serve(config: VivaceConfig) -> None:
     app = create_app(open_backend(config.sandbox), config.pool, token, own_backend=True)
     server = ClosingServer(
         uvicorn.Config(
-            app, host=config.server.host, port=config.server.port, backlog=2048, timeout_graceful_shutdown=30
+            app,
+            host=config.server.host,
+            port=config.server.port,
+            backlog=2048,
+            # A backstop only: the drain answers running creates and execs after SHUTDOWN_GRACE_S;
+            # what still runs after this (a file operation) is cancelled, its client unanswered.
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 4,
         )
     )
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is how it stops

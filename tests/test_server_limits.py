@@ -1,0 +1,178 @@
+"""The environment server's limits: how fast it stops (a container's stop grace) and how large
+a request body it reads. Both over real HTTP; the stop through the real `vivace sandbox serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from conftest import ISOLATION_PROBLEM, make_backend
+from test_server import _running
+from vivace.config import PoolConfig
+from vivace.sandbox import SandboxError
+from vivace.sandbox.background import BackgroundServer
+from vivace.sandbox.client import EnvClient
+from vivace.sandbox.server import create_app
+
+
+async def _start_serve(tmp_path, kind: str) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "vivace.cli", "sandbox", "serve", "--port", str(port), "--token", "tok"]
+    argv += ["--state-dir", str(tmp_path / "state"), "--backend", kind]
+    with (tmp_path / "server.log").open("w") as log:
+        proc = subprocess.Popen(argv, stderr=log, stdout=log)
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient() as http:
+        for _ in range(600):
+            try:
+                (await http.get(f"{url}/v1/health", timeout=1)).raise_for_status()
+                return proc, url
+            except httpx.TransportError:
+                assert proc.poll() is None, (tmp_path / "server.log").read_text()
+                await asyncio.sleep(0.1)
+    raise AssertionError("the server did not start")
+
+
+async def _until_running(marker: str) -> None:
+    for _ in range(100):
+        if _running(marker):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{marker!r} never started")
+
+
+async def test_sigterm_kills_running_commands_and_exits_within_a_container_grace(tmp_path, repo):
+    """`docker stop` sends SIGTERM and SIGKILLs 10 s later; uvicorn used to wait 30 s for a running
+    command, so the kill left mounts, cgroups and workspace state behind."""
+    from vivace.sandbox.linux import Cgroups
+
+    kind = "plain" if ISOLATION_PROBLEM else "isolated"
+    proc, url = await _start_serve(tmp_path, kind)
+    long = f"sleep {60 + os.getpid() % 1000 / 1000:.3f}"  # unique on this machine
+    short = f"sleep {0.4 + os.getpid() % 1000 / 1e6:.6f}"
+    try:
+        async with EnvClient(url, "tok") as client:
+            busy, finishing = await client.create(str(repo)), await client.create(str(repo))
+            killed = asyncio.create_task(busy.exec(long))
+            await _until_running(long)
+            finished = asyncio.create_task(finishing.exec(f"{short} && echo finished"))
+            await _until_running(short)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 20)
+            elapsed = time.monotonic() - t0
+            print(f"\nSIGTERM to exit with a command running: {elapsed:.2f}s")
+            with pytest.raises(SandboxError, match="shutting down: the command was killed"):
+                await killed
+            # A command about to end when the signal came is let finish (the grace).
+            assert (await finished).stdout == "finished\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "server.log").read_text()
+    assert code in (0, -signal.SIGTERM), log
+    assert elapsed < 5, log  # the 1 s grace, then killing and closing: ~1.2 s here; was 30 s
+    assert not _running(long)
+    assert not any((tmp_path / "state" / "owners").iterdir()), "every workspace must be closed"
+    if kind == "isolated":
+        assert not [n for n in Cgroups().names() if n.startswith(f"{proc.pid}-")]
+
+
+async def test_a_stopping_server_refuses_new_work(tmp_path, repo):
+    backend = make_backend("plain", tmp_path / "state")
+    app = create_app(backend, PoolConfig(), "t", own_backend=True)
+    client = EnvClient("http://env", "t")
+    await client.aclose()
+    transport = httpx.ASGITransport(app=app)  # in-process: the drain is called in this loop
+    client._http = httpx.AsyncClient(base_url="http://env", headers={"Authorization": "Bearer t"}, transport=transport)
+    async with client:
+        ws = await client.create(str(repo))
+        await app.state.drain()  # what ClosingServer does on SIGTERM
+        for call in (client.create(str(repo)), ws.exec("echo too late")):
+            with pytest.raises(SandboxError, match="shutting down and takes no new work"):
+                await call
+        await ws.close()  # quick calls still run until the server stops
+    await app.state.close_all()
+
+
+@pytest.fixture
+def small_limits_server(tmp_path):
+    backend = make_backend("plain", tmp_path / "state")
+    app = create_app(backend, PoolConfig(), "t", own_backend=True, max_json_bytes=64 << 10, max_upload_bytes=1 << 20)
+    server = BackgroundServer(app).start()
+    yield server
+    server.stop()
+
+
+def _chunks(total: int, size: int = 16 << 10):
+    """A body of `total` bytes sent chunked (no Content-Length), as a streaming client would."""
+
+    async def gen():
+        for start in range(0, total, size):
+            yield b"x" * min(size, total - start)
+
+    return gen()
+
+
+async def test_request_bodies_over_the_limit_are_refused_with_413(small_limits_server, repo):
+    url = small_limits_server.url
+    async with EnvClient(url, "t") as client:
+        ws = await client.create(str(repo))
+        await ws.write_bytes("at-limit.bin", b"x" * (1 << 20))  # up to the limit, uploads pass
+        assert (await ws.stat("at-limit.bin")).size == 1 << 20
+        with pytest.raises(SandboxError, match=r"upload over 1048576 bytes \(the environment server's limit\)"):
+            await ws.write_bytes("too-big.bin", b"x" * (1 << 20) + b"y")
+        assert (await ws.exec("echo " + "a" * 60_000)).stdout == "a" * 60_000 + "\n"  # JSON under 64 KiB
+        with pytest.raises(SandboxError, match=r"JSON request body over 65536 bytes"):
+            await ws.exec("echo " + "a" * 70_000)
+        assert "too-big.bin" not in {e.name for e in await ws.list(".")}
+    # Raw: the error's shape, chunked bodies (capped while streaming), and the token checked first.
+    headers = {"Authorization": "Bearer t"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        sends = {
+            "declared JSON": ("POST", f"/v1/workspaces/{ws.id}/exec", b"{" + b" " * (1 << 20) + b"}"),
+            "chunked JSON": ("POST", f"/v1/workspaces/{ws.id}/exec", _chunks(1 << 20)),
+            "chunked upload": ("PUT", f"/v1/workspaces/{ws.id}/file?path=c.bin", _chunks(8 << 20)),
+        }
+        for what, (method, path, body) in sends.items():
+            r = await http.request(method, path, content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 413, (what, r.text)
+            assert r.json()["error"]["kind"] == "too_large", what
+        r = await http.post("/v1/workspaces", content=b" " * (1 << 20), headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        await http.delete(f"/v1/workspaces/{ws.id}")
+
+
+async def test_default_json_limit_applies(env_server, repo):
+    """The session's server has the default limits (16 MiB of JSON): a larger body used to be read
+    and parsed whole, however large."""
+    async with EnvClient(env_server.url, env_server.token) as client:
+        ws = await client.create(str(repo))
+        try:
+            with pytest.raises(SandboxError, match=r"JSON request body over 16777216 bytes"):
+                await ws.exec(["true", "a" * (17 << 20)])
+        finally:
+            await ws.close()  # the server is the session's: leave nothing behind
+
+
+async def test_a_proxys_413_is_named(repo):
+    """A proxy's own body limit (nginx: 1 MiB by default) answers 413 with an HTML page, not ours."""
+    client = EnvClient("http://env.invalid", "t")
+    await client.aclose()
+    page = b"<html><center><h1>413 Request Entity Too Large</h1></center></html>"
+    transport = httpx.MockTransport(lambda _: httpx.Response(413, content=page, headers={"content-type": "text/html"}))
+    client._http = httpx.AsyncClient(base_url="http://env.invalid", transport=transport)
+    async with client:
+        with pytest.raises(SandboxError, match=r"HTTP 413 \(request body too large for a proxy before the server\)"):
+            await client.create(str(repo))
