@@ -62,7 +62,7 @@ def assert_prefix_property(chat: ChatFormat, messages: list[Message], tools=TOOL
     incremental = build_incrementally(chat, messages, tools)
     if messages[-1].role == "assistant":  # the sequence then ends with the sampled end-of-turn token
         text = chat.render(messages, tools)
-        assert incremental == chat.encode(text[: text.rindex(END_OF_TURN) + len(END_OF_TURN)])
+        assert incremental == chat.encode(text[: text.rindex(chat.end_of_turn) + len(chat.end_of_turn)])
         return
     full = chat.encode(chat.render(messages, tools, add_generation_prompt=True))
     assert incremental == full, first_difference(chat, incremental, full)
@@ -221,13 +221,66 @@ def test_template_renders_tools_and_groups_results(chat):
     assert chat.render([Message("user", "hi")]) == "<|im_start|>user\nhi<|im_end|>\n"
 
 
-def test_tokenizer_template_is_used_when_set(chat):
-    tok = chat.tokenizer
+def with_template(tokenizer, template: str) -> ChatFormat:
+    """ChatFormat over the test tokenizer as if the checkpoint shipped `template`."""
     try:
-        tok.chat_template = "{% for m in messages %}[{{ m.content }}]<|im_end|>{% endfor %}"
-        assert ChatFormat(tok).render([Message("user", "x")]) == "[x]<|im_end|>"
+        tokenizer.chat_template = template
+        return ChatFormat(tokenizer)
     finally:
-        tok.chat_template = None
+        tokenizer.chat_template = None
+
+
+def test_a_tokenizer_template_that_carries_tools_is_used_with_its_own_end_of_turn(chat):
+    # A Hermes-style template (Qwen2.5's kind) that ends turns with another control token.
+    own = "{{- 'Default system.' }}" + QWEN_TEMPLATE.replace(END_OF_TURN, "<|endoftext|>")
+    fmt = with_template(chat.tokenizer, own)
+    assert (fmt.template, fmt.end_of_turn, fmt.template_note) == (own, "<|endoftext|>", None)
+    assert fmt.stop_ids[0] == chat.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert fmt.render([Message("user", "x")]) == "Default system.<|im_start|>user\nx<|endoftext|>\n"
+    for message in WELL_FORMED:
+        assert fmt.parse(fmt.assistant_ids(message)) == (message, 0)
+    assert_prefix_property(fmt, SCRIPTED["no system message, ends after tool results"], TOOLS)
+
+
+# Templates checkpoints ship that cannot carry the harness's conversations, and why not.
+UNUSABLE = {
+    "no tools (Llama 3 style)": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        "does not show the tools to the model",
+    ),
+    "raises on the tool role (Mistral [INST] style)": (
+        "{% for m in messages %}{% if m.role not in ('user', 'assistant') %}"
+        "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
+        "[{{ m.role }}] {{ m.content }}<|im_end|>{% endfor %}",
+        "fails on a conversation with tools and tool results (TemplateError: Only user and assistant roles",
+    ),
+    "another call format": (
+        QWEN_TEMPLATE.replace("'<tool_call>\\n{\"name\": '", "'[TOOL_CALLS] {\"name\": '"),
+        "does not write tool calls as the <tool_call> JSON blocks vivace parses",
+    ),
+    "<think> on the last assistant turn (Qwen3)": (
+        QWEN_TEMPLATE.replace(
+            "{{- '<|im_start|>assistant\\n' }}\n        {{- message.content }}",
+            "{{- '<|im_start|>assistant\\n' }}\n        {%- if loop.last %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+            "\n        {{- message.content }}",
+            1,
+        ),
+        "is not prefix-stable",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", UNUSABLE)
+def test_a_template_the_harness_cannot_use_falls_back_with_a_warning(chat, name, caplog):
+    own, reason = UNUSABLE[name]
+    assert own != QWEN_TEMPLATE
+    with caplog.at_level("WARNING", logger="vivace.harness.chat"):
+        fmt = with_template(chat.tokenizer, own)
+    assert fmt.template == QWEN_TEMPLATE and fmt.end_of_turn == END_OF_TURN
+    assert reason in fmt.template_note and reason in caplog.text and "using the chat template" in caplog.text
+    for messages in SCRIPTED.values():  # what the agent does with it works as with no template at all
+        assert_prefix_property(fmt, messages, TOOLS)
 
 
 def test_encode_decode_and_stop_ids(chat):

@@ -4,6 +4,14 @@ model generates become an assistant message again.
 What: a Qwen2.5/Qwen3-style template with tools (`QWEN_TEMPLATE`) and `ChatFormat`, which wraps
 a Hugging Face tokenizer to render, encode, continue and parse conversations.
 
+Which template: the tokenizer's own when it can carry the harness's conversations (it shows the
+tools, writes calls as the `<tool_call>` blocks `parse` reads, keeps tool results, ends a turn with
+a control token, and is prefix-stable, see below), checked once by rendering a probe conversation;
+else QWEN_TEMPLATE, with a warning that says why. So a Llama 3 or Mistral checkpoint, or a Qwen3 one
+whose template writes `<think>` into the last turn, runs with vivace's format instead of silently
+losing its tools or failing on its second turn; a tokenizer with no `<|im_end|>` token gets that
+template with its eos token ending each turn, so generation stops where the model ends its text.
+
 Why token-in/token-out: an RL rollout must train on exactly the tokens the model sampled, so the
 past is never re-tokenized. A rollout holds one growing token sequence: the prompt, then each
 assistant turn's sampled ids as generated (ending with the end-of-turn token), then
@@ -30,6 +38,7 @@ space; the byte-level BPE of Qwen-like models does not).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +46,8 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from vivace.harness.messages import Message, ToolCall, decode_call
+
+log = logging.getLogger(__name__)
 
 END_OF_TURN = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
@@ -141,22 +152,61 @@ class ChatFormat:
         self, tokenizer: PreTrainedTokenizerBase, template: str | None = None, end_of_turn: str = END_OF_TURN
     ) -> None:
         self.tokenizer = tokenizer
-        self.end_of_turn = end_of_turn
-        own = tokenizer.chat_template
-        if isinstance(own, dict):  # several named templates: the one for tools
-            own = tokenizer.get_chat_template(tools=[])
-        self.template = template or own or QWEN_TEMPLATE
-        self.template_name = _template_name(tokenizer, self.template, from_tokenizer=not template and bool(own))
         vocab = tokenizer.get_added_vocab()
         # Whitespace tokens (Gemma's "\n") are ordinary text in templates and messages alike.
         controls = sorted((t for t in vocab if t and not t.isspace()), key=len, reverse=True)
         self._control_re = re.compile("|".join(map(re.escape, controls))) if controls else None
         self._added_ids = set(vocab.values())
+        # Why the tokenizer's own template is not the one used (None: it is, or it has none).
+        self.template_note: str | None = None
+        if template:
+            self.template, self.end_of_turn = template, end_of_turn
+            self.template_name = _template_name(tokenizer, template, from_tokenizer=False)
+        else:
+            self._choose_template(_own_template(tokenizer))
+        eos = tokenizer.eos_token if isinstance(tokenizer.eos_token, str) else None
+        ends = [t for t in dict.fromkeys((self.end_of_turn, END_OF_TEXT, eos)) if t and self._single_id(t) is not None]
+        # A turn ends at the template's end-of-turn token, or where the model ends the text (its eos).
+        self.stop_ids = [self._single_id(t) for t in ends]
+        self._end_tags = tuple(dict.fromkeys((self.end_of_turn, END_OF_TEXT, *ends)))  # stripped off a turn's end
         self._tag_of_id = {vocab[t]: t for t in SPECIAL_TOKENS if t in vocab}
+        self._tag_of_id.update(zip(self.stop_ids, ends, strict=True))
         # Tags this tokenizer has no token for can only be generated as text, so parse finds them there.
         text_tags = [t for t in SPECIAL_TOKENS if t not in vocab]
         self._text_tag_re = re.compile("(" + "|".join(map(re.escape, text_tags)) + ")") if text_tags else None
-        self.stop_ids = [vocab[t] for t in (end_of_turn, END_OF_TEXT) if t in vocab]
+
+    def _choose_template(self, own: str | None) -> None:
+        """The tokenizer's own template when the harness can use it (it shows the tools, writes
+        calls as the <tool_call> blocks `parse` reads, keeps tool results, ends turns with a token
+        and is prefix-stable), else QWEN_TEMPLATE with a warning that says why. A checkpoint made
+        for another chat format (Llama 3, Mistral's [INST], Qwen3's <think> stripping) then runs
+        with vivace's format, which it reads without having been trained on it."""
+        if own and own != QWEN_TEMPLATE:
+            problem, end_of_turn = _template_problem(self.tokenizer, own, self._control_re)
+            if problem is None:
+                self.template, self.end_of_turn = own, end_of_turn
+                self.template_name = _template_name(self.tokenizer, own, from_tokenizer=True)
+                return
+            self.template_note = f"{_template_name(self.tokenizer, own, from_tokenizer=True)} {problem}"
+        self.template, self.end_of_turn = QWEN_TEMPLATE, END_OF_TURN
+        self.template_name = _template_name(self.tokenizer, QWEN_TEMPLATE, from_tokenizer=False)
+        eos = self.tokenizer.eos_token if isinstance(self.tokenizer.eos_token, str) else None
+        if self._single_id(END_OF_TURN) is None and eos and self._single_id(eos) is not None:
+            # No <|im_end|> token (Llama, Mistral vocabularies): the model's own end-of-text token ends
+            # each turn, so generation stops there instead of running to max_tokens every turn.
+            quoted = eos.replace("\\", "\\\\").replace("'", "\\'")
+            self.template, self.end_of_turn = QWEN_TEMPLATE.replace(END_OF_TURN, quoted), eos
+            self.template_name += f" with {eos} ending each turn"
+        elif self._single_id(END_OF_TURN) is None:
+            stuck = f"the tokenizer has no {END_OF_TURN} or eos token, so a turn ends only at max_tokens"
+            self.template_note = f"{self.template_note}; {stuck}" if self.template_note else stuck
+        if self.template_note:
+            log.warning("%s; using %s instead", self.template_note, self.template_name)
+
+    def _single_id(self, text: str) -> int | None:
+        """The id of a text that is one token (a control token), else None."""
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 else None
 
     # ---- rendering and encoding -------------------------------------------------------------
 
@@ -270,7 +320,7 @@ class ChatFormat:
 
         Each malformed block (or stray tag) becomes a ToolCall with `error` set, so the error goes
         back to the model as that call's result; the other calls of the turn are unaffected."""
-        return _parse_pieces(self._pieces(output), self.end_of_turn, finish_reason)
+        return _parse_pieces(self._pieces(output), self._end_tags, finish_reason)
 
     def _pieces(self, output: str | Sequence[int]) -> list[tuple[bool, str]]:
         """The turn as text pieces and control tags. From ids only the real tokens are tags."""
@@ -300,11 +350,11 @@ class ChatFormat:
 def parse_text(text: str, finish_reason: str = "stop") -> tuple[Message, int]:
     """`ChatFormat.parse` for generated text with the standard tags, without a tokenizer (replayed
     or API-returned text; every tag spelled in the text counts as a tag)."""
-    return _parse_pieces(_split(text, _ALL_TAG_RE), END_OF_TURN, finish_reason)
+    return _parse_pieces(_split(text, _ALL_TAG_RE), (END_OF_TURN, END_OF_TEXT), finish_reason)
 
 
-def _parse_pieces(pieces: list[tuple[bool, str]], end_of_turn: str, finish_reason: str) -> tuple[Message, int]:
-    ends = ((_TAG, end_of_turn), (_TAG, END_OF_TEXT))
+def _parse_pieces(pieces: list[tuple[bool, str]], end_tags: Sequence[str], finish_reason: str) -> tuple[Message, int]:
+    ends = [(_TAG, t) for t in end_tags]
     while pieces and (pieces[-1] in ends or (pieces[-1][0] == _TEXT and not pieces[-1][1].strip())):
         pieces.pop()
     content: list[str] = []
@@ -334,6 +384,71 @@ def _template_dict(message: Message) -> dict[str, Any]:
         if isinstance(call.arguments, dict):
             rendered["function"]["arguments"] = call.arguments
     return d
+
+
+def _own_template(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    own = tokenizer.chat_template
+    if isinstance(own, dict):  # several named templates: the one for tools
+        own = tokenizer.get_chat_template(tools=[])
+    return own or None
+
+
+# A conversation with everything the harness sends through a template, each part findable by its text.
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe_tool",
+            "description": "Probe tool description.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+_PROBE_CALL = ToolCall("call_0", "probe_tool", {"path": "probe/path.py"})
+_PROBE = [
+    Message("system", "Probe system."),
+    Message("user", "Probe request."),
+    Message("assistant", "", (_PROBE_CALL,)),
+    Message("tool", "Probe result.", tool_call_id="call_0", name="probe_tool"),
+]
+
+
+def _template_problem(
+    tokenizer: PreTrainedTokenizerBase, template: str, control_re: re.Pattern | None
+) -> tuple[str | None, str]:
+    """(Why the harness cannot use this template, or None; the token that ends its assistant turns)."""
+
+    def render(messages: Sequence[Message], tools: list | None, gen: bool) -> str:
+        conversation = [_template_dict(m) for m in messages]
+        return tokenizer.apply_chat_template(
+            conversation, tools=tools, chat_template=template, add_generation_prompt=gen, tokenize=False
+        )
+
+    try:
+        before = render(_PROBE[1:2], None, True)
+        answer = render([*_PROBE[1:2], Message("assistant", "Probe answer.")], None, False)
+        prior = render(_PROBE[:3], _PROBE_TOOLS, False)
+        full = render(_PROBE, _PROBE_TOOLS, True)
+    except Exception as e:  # noqa: BLE001 (a template's raise_exception, or its own bug: any error means unusable)
+        return f"fails on a conversation with tools and tool results ({type(e).__name__}: {e})", ""
+    tail = answer.partition("Probe answer.")[2]
+    end = control_re.search(tail) if control_re else None
+    if not answer.startswith(before) or end is None:
+        return "does not end an assistant turn with a control token after its generation prompt", ""
+    if "Probe tool description." not in full:
+        return "does not show the tools to the model", ""
+    calls = parse_text(prior.partition("Probe request.")[2])[0].tool_calls  # (its other tags: stray-tag errors)
+    if not any((c.name, c.arguments) == (_PROBE_CALL.name, _PROBE_CALL.arguments) for c in calls):
+        return "does not write tool calls as the <tool_call> JSON blocks vivace parses", ""
+    if "Probe result." not in full:
+        return "drops tool results", ""
+    cut = prior.rfind(end.group(0))
+    if cut < 0 or not full.startswith(prior[: cut + len(end.group(0))]):
+        return (
+            "is not prefix-stable (it renders an assistant turn differently once more messages follow, as "
+            "Qwen3's does with <think>), so rollouts could not extend the tokens sampled so far"
+        ), ""
+    return None, end.group(0)
 
 
 def _template_name(tokenizer: PreTrainedTokenizerBase, template: str, from_tokenizer: bool) -> str:

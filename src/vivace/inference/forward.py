@@ -21,9 +21,11 @@ step by about the number of sequences sharing the prefix. The copies are still m
 chunks (several new tokens) attend over their own cache in one call, as before. Only on the devices
 in CASCADE_DEVICE_TYPES: CPU, since on a GPU it measured slower.
 
-Supports decoder-only models with the Llama/Qwen2/Qwen3(-MoE) layer layout (`self_attn` with
-q/k/v/o projections and optional q/k norms, `mlp`, two RMSNorms, `model.rotary_emb`). Sliding
-window attention is not supported (such models are refused).
+Supports decoder-only models with the Llama/Mistral/Qwen2/Qwen3(-MoE) layer layout (`self_attn`
+with q/k/v/o projections and optional q/k norms, `mlp`, two RMSNorms, `model.rotary_emb`); other
+architectures are refused by name rather than run with the wrong numerics. Sliding-window
+attention is not supported: a model whose window is shorter than its context (Mistral 7B v0.1,
+Qwen2 with use_sliding_window) is refused, since every token past the window would differ.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_moe.modeling_qwen3_moe import apply_rotary_pos_emb
 
-SUPPORTED = ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "LlamaForCausalLM")
+SUPPORTED = (
+    "Qwen3MoeForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+)
 
 
 class KVCache:
@@ -144,14 +153,31 @@ def _cascade_attention(
     return out.reshape(heads, m, d).to(q.dtype)
 
 
+def sliding_window(cfg) -> int | None:
+    """The attention window a config asks for, or None for full attention. Mistral's config has no
+    switch (a set `sliding_window` is used); Qwen2/Qwen3 keep a `sliding_window` they ignore unless
+    `use_sliding_window` (in transformers 5: `layer_types`) turns it on."""
+    window = getattr(cfg, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return window if getattr(cfg, "use_sliding_window", True) else None
+
+
 class RaggedForward:
     def __init__(self, model: torch.nn.Module):
         arch = type(model).__name__
         cfg = model.config
         if arch not in SUPPORTED:
             raise ValueError(f"the engine runs {', '.join(SUPPORTED)}; {arch} is not supported")
-        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-            raise ValueError("sliding-window attention is not supported by the engine")
+        window = sliding_window(cfg)
+        if window is not None and window < cfg.max_position_embeddings:
+            raise ValueError(
+                f"{arch} with sliding-window attention (a window of {window} positions in a context of "
+                f"{cfg.max_position_embeddings}) is not supported by the engine, which attends over the whole context"
+            )
         self.model = model
         self.base = model.model
         self.n_layers = cfg.num_hidden_layers
