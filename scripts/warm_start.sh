@@ -19,6 +19,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${VIVACE:-.venv/bin/vivace}
 D=${WARM_START_DIR:-runs/warm_start}
+# vivace refuses to overwrite data or a run: start from a new or empty directory.
+if [ -n "$(ls -A "$D" 2>/dev/null)" ]; then
+  echo "error: $D is not empty; set WARM_START_DIR to a new directory, or remove $D" >&2
+  exit 2
+fi
 mkdir -p "$D"
 
 # 1. Expert data: the scripted oracle in its four styles through the real harness, on the shipped

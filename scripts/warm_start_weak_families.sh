@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv/bin/vivace; P=.venv/bin/python; D=${D:-runs/wf}
+if [ -n "$(ls -A "$D" 2>/dev/null)" ]; then  # vivace refuses to overwrite data or a run
+  echo "error: $D is not empty; give D=NEW_DIR, or remove $D" >&2
+  exit 2
+fi
 mkdir -p "$D"
 log() { echo "$(date +%T) $*"; }
 log tasks; $V tasks families --out $D/tasks.jsonl --train 420 --validation 0 --test 0 --seed 11 > $D/tasks.log 2>&1

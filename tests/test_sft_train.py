@@ -183,7 +183,9 @@ def test_bad_data_names_the_file_and_line(tmp_path):
             read_episodes(path, VOCAB)
         result = CliRunner().invoke(app, ["sft", "train", "--data", str(path), "--out", str(tmp_path / "x")])
         assert result.exit_code == 2 and f"{path.name}:2" in result.output.replace("\n", ""), result.output
-    missing = CliRunner().invoke(app, ["sft", "train", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
+    missing = CliRunner().invoke(
+        app, ["sft", "train", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "m")]
+    )
     assert missing.exit_code == 2 and "no such file" in missing.output
 
 
@@ -254,6 +256,7 @@ def test_cli_arch_trains_a_fresh_model_of_that_size_and_refuses_bad_fields(tmp_p
     cfg = load_model(str(tmp_path / "m")).model.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim, cfg.num_experts) == (
         96, 3, 6, 16, 4)  # fmt: skip
+    base[base.index("--out") + 1] = str(tmp_path / "refused")  # m holds the run above, and --out must be new
     for bad, says in (("hidden_size=big", "expected int"), ("colour=3", "not a numeric field"),
                       ("hidden_size", "not key=value"), ("vocab_size=9", "not a numeric field"),
                       ("num_attention_heads=3", "multiple of num_key_value_heads")):  # fmt: skip
@@ -296,6 +299,7 @@ def test_cli_arch_deepens_a_checkpoint_and_refuses_other_fields(tmp_path):
     result = CliRunner().invoke(app, [*base, "--arch", "num_hidden_layers=3"])
     assert result.exit_code == 0, result.output
     assert load_model(str(tmp_path / "m")).model.config.num_hidden_layers == 3
+    base[base.index("--out") + 1] = str(tmp_path / "refused")  # m holds the run above, and --out must be new
     for arch, says in (("num_hidden_layers=3,hidden_size=96", "tiny-init"), ("num_hidden_layers=1", "deepened")):
         result = CliRunner().invoke(app, [*base, "--arch", arch])
         assert result.exit_code != 0 and says in result.output, result.output

@@ -1,13 +1,21 @@
-"""`vivace sft data` (expert dialogues) and `vivace sft train` (the supervised warm start on them);
-registered on the app in cli.py."""
+"""`vivace sft`: expert dialogues (data), their variants (augment, copies, drills), the supervised warm
+start on them (train), its probes (eval) and shipping (ship); registered on the app in cli.py.
+
+Every command refuses an --out that holds data (a non-empty file; for train, a non-empty directory)
+rather than replace it, and writes files under OUT.partial until complete. Ctrl-C / SIGTERM exit
+130 / 143: train saves what it learned, data leaves the episodes kept in OUT.partial, the quick
+writers leave nothing. Nothing resumes: a stopped run is redone, or trained on from (--init)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TextIO
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -16,6 +24,36 @@ from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config,
 
 sft_app = typer.Typer(help="Supervised warm start: expert data, training.", no_args_is_help=True)
 app.add_typer(sft_app, name="sft")
+
+
+def _fresh_file(path: Path) -> None:
+    """Refuses an --out that would replace what is there: a file with content (the user's data) or a directory."""
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory; give a file path, e.g. {path / 'data.jsonl'}")
+    if path.exists() and path.stat().st_size:
+        raise ValueError(f"--out {path} already exists; give another --out, or delete it first to write it again")
+
+
+@contextlib.contextmanager
+def _written(path: Path) -> Iterator[TextIO]:
+    """The file to write `path` through: PATH.partial until the block ends, then renamed over it; a block
+    that fails or is stopped removes it, so nothing half-written ever carries the name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with partial.open("w") as f:
+            yield f
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(path)
+
+
+def _stopped(received: list[int], what: str) -> typer.Exit:
+    """The message and exit (130 for Ctrl-C, 143 for SIGTERM) of a command stopped by a signal."""
+    signum = received[-1] if received else signal.SIGINT
+    err.print(f"[yellow]stopped by {signal.Signals(signum).name}:[/] {what}", soft_wrap=True)
+    return typer.Exit(128 + signum)
 
 
 @sft_app.command("data")
@@ -29,27 +67,31 @@ def sft_data(
     styles: Annotated[str, typer.Option(help="Comma-separated: efficient, serial, redundant, no-tests.")] = (
         "efficient,serial,redundant,no-tests"
     ),
-    n: Annotated[int | None, typer.Option("--n", help="First N tasks only.")] = None,
+    n: Annotated[int | None, typer.Option("--n", min=1, help="First N tasks only.")] = None,
     model: Annotated[str, typer.Option(help="Whose tokenizer renders the tokens: tiny or a checkpoint.")] = "tiny",
     minimal: Annotated[bool, typer.Option(help="Minimal unique old_string fragments (else whole diff hunks).")] = True,
     max_tokens: Annotated[
-        int | None, typer.Option(help="Drop episodes longer than this (default: the model's context).")
+        int | None, typer.Option(min=1, help="Drop episodes longer than this (default: the model's context).")
     ] = None,
     styles_per_task: Annotated[
-        int | None, typer.Option(help="Only this many styles per task, taken in turn (default: all).")
+        int | None, typer.Option(min=1, help="Only this many styles per task, taken in turn (default: all).")
     ] = None,
-    concurrency: Annotated[int, typer.Option(help="Episodes at the same time.")] = 4,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes at the same time.")] = 4,
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Run scripted:oracle and its correct-but-inefficient variants through the real harness on the
-    training split; write the resolved episodes as token ids + loss masks (and chat messages)."""
-    from vivace.rl.sft import expert_data
+    training split; write the resolved episodes as token ids + loss masks (and chat messages).
+    Written to OUT.partial until every episode has run; Ctrl-C or SIGTERM leaves that file (exit 130/143)."""
+    from vivace.rl.sft import expert_data, partial_path
     from vivace.tasks.suites import load_suite
 
+    received: list[int] = []
+    done = [0, 0]  # episodes run, episodes planned
     try:
+        _fresh_file(out_file)
         cfg = _config(preset, backend, state_dir)
         if tasks_path is not None:
             from vivace.tasks.format import load_tasks
@@ -60,27 +102,73 @@ def sft_data(
         if not tasks:
             raise ValueError(f"{tasks_path or f'suite {suite!r}'} has no tasks in split {split!r}")
         wanted = tuple(s.strip() for s in styles.split(",") if s.strip())
+        if not wanted:
+            raise ValueError(f"--styles {styles!r} names no style; choose from efficient, serial, redundant, no-tests")
         if max_tokens is None:
-            from transformers import AutoConfig
+            max_tokens = _context_of(model)
 
-            from vivace.model.checkpoint import TINY_NAMES, load_tokenizer, tiny_config
+        def show(n_done: int, total: int) -> None:
+            done[:] = [n_done, total]
+            bar.update(job, completed=n_done, total=total)
 
-            config = (
-                tiny_config(len(load_tokenizer(model))) if model in TINY_NAMES else AutoConfig.from_pretrained(model)
-            )
-            max_tokens = config.max_position_embeddings
         with LoggedProgress() as bar:
             job = bar.add_task("expert episodes", total=len(tasks) * len(wanted))
-            result = asyncio.run(expert_data(cfg, tasks, out_file, model=model, styles=wanted, minimal=minimal,
-                                             max_tokens=max_tokens, styles_per_task=styles_per_task, concurrency=concurrency,
-                                             progress=lambda done, total: bar.update(job, completed=done, total=total)))  # fmt: skip
+            episodes = expert_data(cfg, tasks, out_file, model=model, styles=wanted, minimal=minimal,
+                                   max_tokens=max_tokens, styles_per_task=styles_per_task, concurrency=concurrency,
+                                   progress=show)  # fmt: skip
+            result = _run_cancelling_on_sigterm(received, episodes)
     except ValueError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        partial = partial_path(out_file)
+        kept = sum(1 for _ in partial.open()) if partial.is_file() else 0
+        raise _stopped(received, f"{done[0]} of {done[1] or '?'} episodes ran; the {kept} kept are in {partial} "
+                                 f"(a partial set; {out_file} was not written). `sft data` does not resume: run "
+                                 "it again for the whole set") from None  # fmt: skip
     if as_json:
         print(json.dumps(result))
     else:
         out.print_json(json.dumps(result))
+
+
+def _run_cancelling_on_sigterm(received: list[int], coro):
+    """asyncio.run(coro), where SIGTERM cancels it as asyncio's own Ctrl-C handling does (the episodes in
+    flight are cancelled and their sandboxes closed; raising KeyboardInterrupt from a plain handler
+    instead tears the loop down under its subprocesses). A SIGTERM appends to `received` and ends in
+    CancelledError; a signal the process started with ignored (nohup) stays ignored."""
+
+    async def main():
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        before = signal.getsignal(signal.SIGTERM)
+        if before == signal.SIG_IGN:
+            return await coro
+        loop.add_signal_handler(signal.SIGTERM, lambda: (received.append(signal.SIGTERM), task.cancel()))
+        try:
+            return await coro
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            if before is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(signal.SIGTERM, before)
+
+    return asyncio.run(main())
+
+
+def _context_of(model: str) -> int:
+    """The context length (tokens) of `tiny` or a checkpoint directory; ValueError if it is neither."""
+    from transformers import AutoConfig
+
+    from vivace.model.checkpoint import TINY_NAMES, load_tokenizer, tiny_config
+
+    tokenizer = load_tokenizer(model)  # names a missing or tokenizer-less directory
+    if model in TINY_NAMES:
+        return tiny_config(len(tokenizer)).max_position_embeddings
+    try:
+        return AutoConfig.from_pretrained(model).max_position_embeddings
+    except (OSError, ValueError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--model {model}: not a checkpoint with a usable config.json ({first}); give tiny "
+                         "or a directory that `vivace sft train` wrote") from None  # fmt: skip
 
 
 @sft_app.command("augment")
@@ -89,7 +177,7 @@ def sft_augment(
         list[Path] | None, typer.Option("--data", help="Expert episodes from `vivace sft data` (repeat for several).")
     ] = None,
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/augmented.jsonl"),
-    variants: Annotated[int, typer.Option(help="Renamed, cut-short copies per episode.")] = 4,
+    variants: Annotated[int, typer.Option(min=1, help="Renamed, cut-short copies per episode.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the new names and cuts.")] = 0,
     model: Annotated[str, typer.Option(help="Whose tokenizer renders the tokens: tiny or a checkpoint.")] = "tiny",
     cut: Annotated[
@@ -138,6 +226,7 @@ def sft_augment(
         raise typer.Exit(2)
     files = data or [Path("runs/sft/expert.jsonl")]
     try:
+        _fresh_file(out_file)
         rows = [row for path in files for row in read_expert_rows(path)]
         chat = ChatFormat(load_tokenizer(model))
     except ValueError as e:
@@ -146,29 +235,30 @@ def sft_augment(
     tools = [tool_schema(t) for t in default_tools()]
 
     counts = {"episodes": len(rows), "written": 0, "tokens": 0, "trained_tokens": 0}
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_file.with_name(out_file.name + ".partial")  # renamed when complete: no half-written output
-    with LoggedProgress() as bar, partial.open("w") as w:
-        job = bar.add_task("augmenting episodes", total=len(rows))
-        for row in augment_episodes(
-            iter(rows),
-            chat,
-            tools,
-            variants,
-            seed,
-            invented_share=invented_share,
-            progress=lambda n: bar.update(job, completed=n),
-            cuts=cuts,
-            theme_names=theme_names,
-            train_context=train_context,
-            letters_share=letters_share,
-            packages=package,
-        ):
-            w.write(json.dumps(row) + "\n")
-            counts["written"] += 1
-            counts["tokens"] += len(row["ids"])
-            counts["trained_tokens"] += sum(row["loss_mask"])
-    partial.replace(out_file)
+    received: list[int] = []
+    try:
+        with LoggedProgress() as bar, sigterm_interrupts(received), _written(out_file) as w:
+            job = bar.add_task("augmenting episodes", total=len(rows))
+            for row in augment_episodes(
+                iter(rows),
+                chat,
+                tools,
+                variants,
+                seed,
+                invented_share=invented_share,
+                progress=lambda n: bar.update(job, completed=n),
+                cuts=cuts,
+                theme_names=theme_names,
+                train_context=train_context,
+                letters_share=letters_share,
+                packages=package,
+            ):
+                w.write(json.dumps(row) + "\n")
+                counts["written"] += 1
+                counts["tokens"] += len(row["ids"])
+                counts["trained_tokens"] += sum(row["loss_mask"])
+    except KeyboardInterrupt:
+        raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
     if counts["written"] == 0:
         err.print("[yellow]note:[/] no copies written: no episode names a file in a package directory to rename")
     result = {"out": str(out_file), **counts}
@@ -178,12 +268,12 @@ def sft_augment(
 @sft_app.command("copies")
 def sft_copies(
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/copies.jsonl"),
-    n: Annotated[int, typer.Option("--n", help="Sequences.")] = 40000,
+    n: Annotated[int, typer.Option("--n", min=1, help="Sequences.")] = 40000,
     vocab: Annotated[
         str,
         typer.Option(help="Token ids to draw from, LO:HI (HI excluded), or `pieces`: those invented names break into."),
     ] = "300:4096",
-    repeats: Annotated[int, typer.Option(help="Copies of the span after the first.")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help="Copies of the span after the first.")] = 3,
     filler: Annotated[
         str, typer.Option(help="Random tokens before each copy, LO:HI (both included): how far back the copy looks.")
     ] = "0:8",
@@ -196,46 +286,66 @@ def sft_copies(
     ] = False,
     model: Annotated[str, typer.Option(help="Whose tokenizer renders the system turn: tiny or a checkpoint.")] = "tiny",
     seed: Annotated[int, typer.Option(help="Seed of the tokens.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the count as JSON.")] = False,
 ) -> None:
     """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
     the first stage of the warm start, where the induction heads that copying needs form."""
+    from vivace.model.checkpoint import load_tokenizer
     from vivace.rl.copying import copy_sequences, lookback_sequences, name_pieces, system_opening
 
+    def span(option: str, text: str) -> tuple[int, int]:
+        try:
+            lo, hi = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise ValueError(f"{option} {text!r}: give LO:HI, e.g. 300:800") from None
+        return lo, hi
+
+    received: list[int] = []
     try:
+        _fresh_file(out_file)
+        vocab_size = len(load_tokenizer(model))
         pool = name_pieces(model) if vocab == "pieces" else None
         if pool is not None and lookback is None:
             raise ValueError("--vocab pieces goes with --lookback")
-        lo, hi = (min(pool), max(pool) + 1) if pool else (int(x) for x in vocab.split(":"))
-        gap = tuple(int(x) for x in filler.split(":"))
-        if len(gap) != 2 or not 0 <= gap[0] <= gap[1]:
+        lo, hi = (min(pool), max(pool) + 1) if pool else span("--vocab", vocab)
+        if hi > vocab_size:
+            raise ValueError(f"--vocab {vocab}: {model}'s tokenizer has ids 0..{vocab_size - 1} only; keep HI <= "
+                             f"{vocab_size} (ids past it cannot be trained)")  # fmt: skip
+        gap = span("--filler", filler)
+        if not 0 <= gap[0] <= gap[1]:
             raise ValueError(f"--filler must be LO:HI with 0 <= LO <= HI, got {filler!r}")
         if lookback is not None:
             rows = lookback_sequences(n, (lo, hi), seed, context=lookback, pool=pool)
         else:
             rows = copy_sequences(n, (lo, hi), seed, repeats=repeats, filler=gap)
         opening = system_opening(model) if behind_system else []
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        with out_file.open("w") as f:
+        with sigterm_interrupts(received), _written(out_file) as f:
             for row in rows:
                 row = {"ids": opening + row["ids"], "loss_mask": [0] * len(opening) + row["loss_mask"]}
                 f.write(json.dumps(row) + "\n")
     except ValueError as e:
-        err.print(f"[red]error:[/] {e} (--vocab and --filler are LO:HI, e.g. 300:800)")
+        err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
-    out.print(f"wrote {n} sequences to {out_file}")
+    except KeyboardInterrupt:
+        raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
+    if as_json:
+        print(json.dumps({"out": str(out_file), "written": n}))
+    else:
+        out.print(f"wrote {n} sequences to {out_file}")
 
 
 @sft_app.command("drills")
 def sft_drills(
     data: Annotated[list[Path], typer.Option("--data", help="Episode JSONL file(s) with ids and loss_mask.")],
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/drills.jsonl"),
-    window: Annotated[int, typer.Option(help="Most tokens of context kept before each path.")] = 1024,
+    window: Annotated[int, typer.Option(min=1, help="Most tokens of context kept before each path.")] = 1024,
     seed: Annotated[int, typer.Option(help="Seed of the window lengths.")] = 0,
     model: Annotated[str, typer.Option(help="Whose tokenizer wrote the ids: tiny or a checkpoint.")] = "tiny",
     argument: Annotated[
         list[str] | None, typer.Option(help="Tool-call arguments to drill (repeat; default: path).")
     ] = None,
     keep: Annotated[float, typer.Option(help="Share of the drills written (seeded), to size a data mix.")] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the count as JSON.")] = False,
 ) -> None:
     """Path retrieval drills: for each path argument in the episodes, the system turn, the context
     before it and the path, with the loss on the path only (see rl/copying.py)."""
@@ -247,6 +357,7 @@ def sft_drills(
         err.print(f"[red]error:[/] --keep must be in (0, 1], got {keep}")
         raise typer.Exit(2)
     try:
+        _fresh_file(out_file)
         tok = load_tokenizer(model)
         for p in data:  # checked whole before anything is written
             read_episodes(p, len(tok))
@@ -256,16 +367,22 @@ def sft_drills(
     turn_start = tok.convert_tokens_to_ids("<|im_start|>")
     sample = random.Random(seed + 1)
     n = 0
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    with out_file.open("w") as w:
-        for p in data:
-            rows = (row for _, row in jsonl_objects(p))
-            for row in path_drills(rows, tok.decode, turn_start, window, seed, tuple(argument or ["path"])):
-                if keep < 1 and sample.random() >= keep:
-                    continue
-                w.write(json.dumps(row) + "\n")
-                n += 1
-    out.print(f"wrote {n} drills to {out_file}")
+    received: list[int] = []
+    try:
+        with sigterm_interrupts(received), _written(out_file) as w:
+            for p in data:
+                rows = (row for _, row in jsonl_objects(p))
+                for row in path_drills(rows, tok.decode, turn_start, window, seed, tuple(argument or ["path"])):
+                    if keep < 1 and sample.random() >= keep:
+                        continue
+                    w.write(json.dumps(row) + "\n")
+                    n += 1
+    except KeyboardInterrupt:
+        raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
+    if as_json:
+        print(json.dumps({"out": str(out_file), "written": n}))
+    else:
+        out.print(f"wrote {n} drills to {out_file}")
     if n == 0:
         err.print(f"[yellow]note:[/] the episodes have no {'/'.join(argument or ['path'])} argument in a trained span")
 
@@ -274,8 +391,8 @@ def sft_drills(
 def sft_eval(
     data: Annotated[list[Path], typer.Option("--data", help="Held-out episodes (JSONL; repeat for several).")],
     model: Annotated[list[str], typer.Option("--model", help="tiny or a checkpoint directory (repeat for several).")],
-    seq_len: Annotated[int, typer.Option(help="Tokens per packed row.")] = 16384,
-    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
+    seq_len: Annotated[int, typer.Option(min=1, help="Tokens per packed row.")] = 16384,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch (default: torch's choice).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per (model, file).")] = False,
 ) -> None:
     """Teacher-forced numbers of saved policies on held-out episodes, without training: loss, token
@@ -284,8 +401,14 @@ def sft_eval(
     from rich.markup import escape
     from rich.table import Table
 
-    from vivace.rl.sft_train import evaluate_checkpoint
+    from vivace.rl.sft_train import check_files, evaluate_checkpoint
 
+    try:  # checked before any model loads: a typo in the last file or model wastes no evaluation
+        check_files(data)
+        _same_tokenizer(model)
+    except ValueError as e:
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(2) from e
     table = Table(
         "model",
         "data",
@@ -314,6 +437,22 @@ def sft_eval(
             )
     if not as_json:
         out.print(table)
+
+
+def _same_tokenizer(models: list[str]) -> None:
+    """ValueError unless every model reads token ids with the same vocabulary: an episode file's ids
+    are text in the tokenizer that rendered them, so models with another one would score other text."""
+    from vivace.model.checkpoint import TINY_NAMES, load_tokenizer
+
+    for m in models:
+        if m not in TINY_NAMES and not (Path(m).expanduser() / "config.json").is_file():
+            raise ValueError(f"{m!r} is not a model: expected `tiny` or a checkpoint directory with config.json")
+    vocabs = {m: load_tokenizer(m).get_vocab() for m in dict.fromkeys(models)}
+    first, *rest = vocabs
+    if other := next((m for m in rest if vocabs[m] != vocabs[first]), None):
+        raise ValueError(f"--model {first} and --model {other} have different tokenizers, so the episodes' token "
+                         "ids mean different text to each; evaluate them in separate runs, each on episodes "
+                         "rendered with its own tokenizer (`vivace sft data --model`)")  # fmt: skip
 
 
 @sft_app.command("ship")
@@ -353,19 +492,27 @@ def sft_train(
     eval_file: Annotated[Path | None, typer.Option("--eval", help="Held-out episodes (JSONL) for eval lines.")] = None,
     seq_len: Annotated[
         int,
-        typer.Option(help="Tokens per packed row (default: the tiny model's context); longer episodes are skipped."),
+        typer.Option(
+            min=1, help="Tokens per packed row (default: the tiny model's context); longer episodes are skipped."
+        ),
     ] = 8192,
-    batch_tokens: Annotated[int, typer.Option(help="Tokens per optimizer step (rows accumulate).")] = 16384,
+    batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per optimizer step (rows accumulate).")] = 16384,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine to --min-lr-ratio of it).")] = 2e-3,
-    min_lr_ratio: Annotated[float, typer.Option(help="Where the cosine ends, as a share of --lr (1: constant).")] = 0.1,
-    warmup_steps: Annotated[int, typer.Option(help="Linear warmup steps (at most a quarter of planned steps).")] = 20,
-    steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,
+    min_lr_ratio: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Where the cosine ends, as a share of --lr (1: constant).")
+    ] = 0.1,
+    warmup_steps: Annotated[
+        int, typer.Option(min=0, help="Linear warmup steps (at most a quarter of planned steps).")
+    ] = 20,
+    steps: Annotated[int | None, typer.Option(min=1, help="Stop after this many steps.")] = None,
     epochs: Annotated[float | None, typer.Option(help="Stop after this many passes (default 1 if no budget).")] = None,
     minutes: Annotated[float | None, typer.Option(help="Stop before this much wall time.")] = None,
-    eval_every: Annotated[int, typer.Option(help="Eval every N steps (and at the end).")] = 50,
-    save_every: Annotated[int, typer.Option(help="Save the checkpoint every N steps (and at the end).")] = 200,
+    eval_every: Annotated[int, typer.Option(min=0, help="Eval every N steps (and at the end; 0: at the end).")] = 50,
+    save_every: Annotated[
+        int, typer.Option(min=0, help="Save the checkpoint every N steps (and at the end; 0: at the end).")
+    ] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the packing and the episode order.")] = 0,
-    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch (default: torch's choice).")] = None,
     device: Annotated[str, typer.Option(help="auto (the GPU if torch sees one), cpu, cuda or cuda:N.")] = "auto",
     objective: Annotated[
         str,
@@ -395,13 +542,27 @@ def sft_train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train the policy on expert episodes: cross-entropy on the assistant tokens (loss_mask 1),
-    packed rows, AdamW with warmup and cosine decay; writes a standard checkpoint to --out."""
+    packed rows, AdamW with warmup and cosine decay; writes a standard checkpoint to --out (a new or
+    empty directory). Ctrl-C or SIGTERM stops after the step in flight and saves (exit 130/143); a run
+    does not resume, but the next one can start from its checkpoint (--init OUT)."""
     from rich.markup import escape
 
     from vivace.model.checkpoint import parse_arch
     from vivace.rl.sft_train import train_sft
 
     files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
+    for name, value in (("--lr", lr), ("--epochs", epochs), ("--minutes", minutes)):
+        if value is not None and not value > 0:
+            err.print(f"[red]error:[/] {name} {value:g}: give a number above 0")
+            raise typer.Exit(2)
+    if out_dir.exists() and not out_dir.is_dir():
+        err.print(f"[red]error:[/] --out {escape(str(out_dir))} is a file; give a new or empty directory")
+        raise typer.Exit(2)
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        err.print(f"[red]error:[/] --out {escape(str(out_dir))} already holds a run or other files; give a new or "
+                  f"empty directory. `sft train` does not resume: to train on from that checkpoint, give --init "
+                  f"{escape(str(out_dir))} and a new --out", soft_wrap=True)  # fmt: skip
+        raise typer.Exit(2)
     try:
         overrides = parse_arch(arch) if arch else None
     except ValueError as e:
@@ -442,6 +603,10 @@ def sft_train(
     except ValueError as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
+    except KeyboardInterrupt:  # before the first step, or a second signal during the last save
+        saved = (out_dir / "model.safetensors").is_file()
+        raise _stopped(received, f"the last save (every --save-every steps) is in {out_dir}" if saved else
+                       "before anything was saved") from None  # fmt: skip
     if result["counts"]["too_long"]:
         err.print(f"[yellow]note:[/] {result['counts']['too_long']} episode(s) longer than --seq-len {seq_len} "
                   "were skipped")  # fmt: skip
@@ -449,6 +614,7 @@ def sft_train(
         print(json.dumps(result))
     else:
         out.print_json(json.dumps(result))
-    if received:
-        err.print(f"[yellow]stopped by SIGTERM:[/] the checkpoint so far is in {out_dir}")
-        raise typer.Exit(128 + received[0])
+    if result["stopped_by"] == "interrupted":
+        raise _stopped(received, f"after step {result['step']}{f' of {steps}' if steps else ''}, the checkpoint "
+                                 f"so far is in {out_dir}; to train on from it, give --init {out_dir} and a new "
+                                 "--out (the optimizer state is not saved)")  # fmt: skip

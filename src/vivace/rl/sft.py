@@ -47,6 +47,7 @@ async def expert_data(
 ) -> dict[str, Any]:
     """Runs every (task, style) episode and writes the resolved ones no longer than `max_tokens`
     (the model's context; None: any length) to `out` (JSONL); returns what was kept and why not.
+    Until the last episode has run they go to `partial_path(out)`, which a stopped run leaves behind.
     `styles_per_task` k: task i gets only k styles, taken in turn from position i (a mix of
     behaviours at a fraction of the episodes)."""
     from vivace.model.checkpoint import load_tokenizer
@@ -91,13 +92,20 @@ async def expert_data(
             "messages": traj.to_messages(),
         }) + "\n")  # fmt: skip
 
+    partial = partial_path(out)  # renamed to `out` when every episode has run: a stopped run is clearly partial
     try:
-        with out.open("w") as f:
+        with partial.open("w") as f:
             await asyncio.gather(*(one(t, s, f) for t, s in jobs))
     finally:
         await backend.aclose()
+    partial.replace(out)
     kept = sum(v for k, v in counts.items() if k.startswith("kept:"))
     return {"episodes": len(jobs), "kept": kept, "out": str(out), **dict(sorted(counts.items()))}
+
+
+def partial_path(out: Path) -> Path:
+    """Where `expert_data` writes `out` until every episode has run (left there when it is stopped)."""
+    return out.with_name(out.name + ".partial")
 
 
 async def anchor_data(

@@ -54,6 +54,7 @@ __all__ = [
     "IGNORE",
     "PACKED",
     "SftDataError",
+    "check_files",
     "evaluate_checkpoint",
     "forward_row",
     "make_episode",
@@ -107,8 +108,7 @@ def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) ->
 def jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """("FILE:LINE", object) for each non-blank line of a JSONL file; a missing file, a line that is
     not UTF-8, not JSON or not a JSON object is an SftDataError naming the file and line."""
-    if not path.is_file():
-        raise SftDataError(f"{path}: no such file (write one with `vivace sft data --out {path}`)")
+    check_files([path])
     with path.open("rb") as f:
         for n, raw in enumerate(f, 1):
             where = f"{path}:{n}"
@@ -125,6 +125,15 @@ def jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise SftDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
             yield where, row
+
+
+def check_files(paths: list[Path]) -> None:
+    """An SftDataError for the first of `paths` that is not a file (missing, or a directory)."""
+    for p in map(Path, paths):
+        if p.is_dir():
+            raise SftDataError(f"{p}: a directory, not a JSONL file; give the episode file inside it")
+        if not p.is_file():
+            raise SftDataError(f"{p}: no such file (write one with `vivace sft data --out {p}`)")
 
 
 def group_steps(rows: list[tuple[list[int], int]], batch_tokens: int) -> list[list[list[int]]]:
@@ -246,7 +255,10 @@ def pick_device(device: str) -> torch.device:
     """`auto`: the GPU when torch sees one, else the CPU; otherwise the named torch device."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a torch device; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: torch sees no CUDA GPU here; use --device cpu (or auto)")
     return dev
@@ -384,9 +396,7 @@ def train_sft(
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("progress", "data")}
     data = [Path(p) for p in data]
     args["data"] = [str(p) for p in data]
-    for p in [*data, *([Path(eval_data)] if eval_data else [])]:
-        if not Path(p).is_file():
-            raise SftDataError(f"{p}: no such file (write one with `vivace sft data --out {p}`)")
+    check_files([*data, *([Path(eval_data)] if eval_data else [])])
     if threads:
         torch.set_num_threads(threads)
     if max_steps is None and epochs is None and time_budget_s is None:

@@ -1,0 +1,226 @@
+"""`vivace sft` driven as a user would: bad options and inputs are refused with exit 2 and one line
+before any work, nothing the user made is overwritten, partial output never carries the final name,
+and Ctrl-C / SIGTERM stop with 130 / 143 and say what was kept and what to do next."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+import vivace.rl.sft as sft
+from vivace.cli import app
+from vivace.model.checkpoint import load_tokenizer, save_checkpoint, tiny_config
+
+SMALL = dict(hidden_size=64, moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=32, num_experts=4)  # fmt: skip
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, ["sft", *args])
+
+
+def _said(result) -> str:
+    return " ".join(result.output.split())
+
+
+def _data(path, n: int = 2):
+    path.write_text("".join(json.dumps({"ids": list(range(10, 60)), "loss_mask": [0] * 25 + [1] * 25}) + "\n"
+                            for _ in range(n)))  # fmt: skip
+    return path
+
+
+@pytest.fixture
+def no_expert_run(monkeypatch):
+    """`sft data` whose episodes must never start (its options are refused first)."""
+
+    async def refuse(*args, **kwargs):
+        raise AssertionError("expert_data ran")
+
+    monkeypatch.setattr(sft, "expert_data", refuse)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--n", "0"], "--n"),
+        (["--n", "-1"], "--n"),  # was every task but the last
+        (["--concurrency", "0"], "--concurrency"),  # was a run that never started an episode, forever
+        (["--styles-per-task", "0"], "--styles-per-task"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--styles", ","], "names no style"),
+        (["--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),  # was a transformers traceback
+    ],
+)
+def test_sft_data_refuses_bad_options_before_any_episode(tmp_path, no_expert_run, args, says):
+    result = _run("data", "--backend", "plain", "--state-dir", str(tmp_path / "s"), "--out", str(tmp_path / "d.jsonl"),
+                  *args)  # fmt: skip
+    assert result.exit_code == 2 and says in _said(result), result.output
+    assert "Traceback" not in result.output and not (tmp_path / "d.jsonl").exists()
+
+
+def test_data_commands_refuse_an_out_that_holds_data(tmp_path, no_expert_run):
+    made = tmp_path / "made.jsonl"
+    _data(made)
+    before = made.read_text()
+    for command in (["data", "--backend", "plain", "--state-dir", str(tmp_path / "s")], ["copies", "--n", "3"],
+                    ["augment", "--data", str(made)], ["drills", "--data", str(made)]):  # fmt: skip
+        result = _run(*command, "--out", str(made))
+        assert result.exit_code == 2 and "already exists" in _said(result), (command, result.output)
+        assert made.read_text() == before, command
+    result = _run("copies", "--n", "3", "--out", str(tmp_path))
+    assert result.exit_code == 2 and "is a directory" in _said(result), result.output
+
+
+async def test_expert_data_stopped_leaves_only_a_partial_file(tmp_path, monkeypatch):
+    """The episodes kept before a stop are in OUT.partial; OUT itself appears only when every episode ran."""
+    calls = []
+
+    async def run_task(policy, task, cfg, backend):
+        calls.append(task.id)
+        if len(calls) == 2:
+            raise asyncio.CancelledError  # what Ctrl-C or SIGTERM does to the episodes in flight
+        tokens = SimpleNamespace(ids=[1, 2, 3], loss_mask=[0, 1, 1])
+        traj = SimpleNamespace(tokens=tokens, turns=[1], tool_calls=1, to_messages=lambda: [])
+        return traj, SimpleNamespace(resolved=True, total=1.0)
+
+    class Backend:
+        async def aclose(self):
+            calls.append("closed")
+
+    monkeypatch.setattr(sft, "run_task", run_task)
+    monkeypatch.setattr(sft, "_Oracle", lambda *a: None)
+    monkeypatch.setattr(sft, "TeacherTokens", lambda *a: None)
+    monkeypatch.setattr("vivace.sandbox.open_backend", lambda cfg: Backend())
+    tasks = [SimpleNamespace(id=f"t{i}", split="train") for i in range(3)]
+    out = tmp_path / "expert.jsonl"
+    cfg = SimpleNamespace(sandbox=None)
+    with pytest.raises(asyncio.CancelledError):
+        await sft.expert_data(cfg, tasks, out, styles=("efficient",), concurrency=1)
+    assert not out.exists() and calls[-1] == "closed"
+    assert [json.loads(line)["task_id"] for line in sft.partial_path(out).open()][0] == "t0"
+    calls.clear()
+    await sft.expert_data(cfg, tasks[:1], out, styles=("efficient",), concurrency=1)
+    assert out.is_file() and not sft.partial_path(out).exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_sft_data_stopped_by_a_signal_exits_128_plus_it_and_names_the_partial_file(tmp_path, monkeypatch, signum):
+    out = tmp_path / "expert.jsonl"
+
+    async def stopped(cfg, tasks, out_file, progress, **kwargs):
+        sft.partial_path(out_file).write_text('{"ids": [1]}\n')
+        progress(1, 8)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # asyncio.run's answer to Ctrl-C
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(3)  # cancelled here by the CLI's handler
+        return {}
+
+    monkeypatch.setattr(sft, "expert_data", stopped)
+    before = signal.signal(signal.SIGTERM, lambda s, f: None)  # without the CLI's handler: nothing stops
+    try:
+        result = _run("data", "--backend", "plain", "--state-dir", str(tmp_path / "s"), "--out", str(out), "--n", "2")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert result.exit_code == 128 + signum, result.output
+    said = _said(result)
+    assert "1 of 8 episodes ran" in said and f"{out}.partial" in said and "run it again" in said, said
+    assert not out.exists()
+
+
+def test_sft_train_refuses_an_out_holding_a_run_and_bad_numbers(tmp_path):
+    data = _data(tmp_path / "a.jsonl")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_log.jsonl").write_text('{"step": 1}\n')
+    base = ["train", "--data", str(data), "--init", "tiny-init", "--seq-len", "128", "--threads", "1"]
+    result = _run(*base, "--out", str(run), "--steps", "1")
+    assert result.exit_code == 2 and "already holds a run" in _said(result) and f"--init {run}" in _said(result)
+    assert (run / "train_log.jsonl").read_text() == '{"step": 1}\n' and sorted(run.iterdir()) == [
+        run / "train_log.jsonl"
+    ]
+    result = _run(*base, "--out", str(data), "--steps", "1")
+    assert result.exit_code == 2 and "is a file" in _said(result), result.output
+    for bad, says in ((["--steps", "0"], "--steps"), (["--steps", "-1"], "--steps"), (["--epochs", "0"], "--epochs"),
+                      (["--minutes", "0"], "--minutes"), (["--lr", "0"], "--lr"), (["--min-lr-ratio", "2"], "--min-lr-ratio"),
+                      (["--warmup-steps", "-1"], "--warmup-steps"), (["--device", "bogus"], "--device bogus"),
+                      (["--data", str(tmp_path)], "a directory, not a JSONL file")):  # fmt: skip
+        result = _run(*base, "--out", str(tmp_path / "new"), *bad)
+        assert result.exit_code == 2 and says in _said(result), (bad, result.output)
+        assert not (tmp_path / "new").exists(), bad  # trained nothing, saved nothing
+
+
+def test_sft_train_ctrl_c_saves_exits_130_and_says_how_to_go_on(tmp_path, monkeypatch):
+    import vivace.rl.sft_train as sft_train
+
+    real = sft_train.train_sft
+
+    def interrupted(*args, progress, **kwargs):
+        def hook(line):
+            progress(line)
+            if line.get("step") == 1 and "loss" in line:
+                signal.raise_signal(signal.SIGINT)
+
+        return real(*args, progress=hook, **kwargs)
+
+    monkeypatch.setattr(sft_train, "train_sft", interrupted)
+    data = _data(tmp_path / "a.jsonl")
+    out = tmp_path / "m"
+    result = _run("train", "--data", str(data), "--out", str(out), "--init", "tiny-init", "--seq-len", "128",
+                  "--batch-tokens", "64", "--steps", "5", "--threads", "1", "--json")  # fmt: skip
+    assert result.exit_code == 130, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["stopped_by"] == "interrupted" and summary["step"] == 1
+    said = _said(result)
+    assert "stopped by SIGINT" in said and f"--init {out}" in said and (out / "model.safetensors").is_file()
+
+
+def test_copies_augment_drills_refuse_counts_that_make_nothing(tmp_path):
+    data = _data(tmp_path / "a.jsonl")
+    for args, says in ((["copies", "--n", "0"], "--n"), (["copies", "--n", "-3"], "--n"),
+                       (["copies", "--repeats", "0"], "--repeats"),
+                       (["copies", "--n", "2", "--vocab", "300:999999"], "ids 0..4095 only"),
+                       (["copies", "--n", "2", "--vocab", "abc"], "give LO:HI"),
+                       (["augment", "--data", str(data), "--variants", "0"], "--variants"),
+                       (["drills", "--data", str(data), "--window", "-5"], "--window")):  # fmt: skip
+        out = tmp_path / "out.jsonl"
+        result = _run(*args, "--out", str(out))
+        assert result.exit_code == 2 and says in _said(result) and "Traceback" not in result.output, (
+            args,
+            result.output,
+        )
+        assert not out.exists() and not (tmp_path / "out.jsonl.partial").exists(), args
+    result = _run("copies", "--n", "3", "--out", str(tmp_path / "c.jsonl"), "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout) == {"out": str(tmp_path / "c.jsonl"), "written": 3}
+
+
+def _other_tokenizer_checkpoint(path):
+    """A checkpoint whose tokenizer reads two ids the other way round: the same ids, other text."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(4096, **SMALL), dtype=torch.float32)
+    save_checkpoint(model, load_tokenizer("tiny-init"), path)
+    spec = json.loads((path / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = (k for k, i in vocab.items() if i in (500, 501))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    return path
+
+
+def test_sft_eval_refuses_models_with_different_tokenizers_and_missing_inputs_up_front(tmp_path):
+    data = _data(tmp_path / "a.jsonl")
+    other = _other_tokenizer_checkpoint(tmp_path / "other")
+    result = _run("eval", "--data", str(data), "--model", "tiny-init", "--model", str(other), "--json")
+    assert result.exit_code == 2 and "different tokenizers" in _said(result), result.output
+    assert result.stdout.strip() == ""  # refused before any model was evaluated
+    for args in (["--data", str(data), "--data", str(tmp_path / "nope.jsonl"), "--model", "tiny-init"],
+                 ["--data", str(data), "--model", "tiny-init", "--model", str(tmp_path / "typo")]):  # fmt: skip
+        result = _run("eval", *args, "--json")
+        assert result.exit_code == 2 and result.stdout.strip() == "", result.output
