@@ -315,3 +315,16 @@ def test_task_generators_refuse_counts_that_would_write_nothing_or_crash(args, t
     out = tmp_path / ("g" if args[0] == "generate" else "f.jsonl")
     result = CliRunner().invoke(app, ["tasks", *args, "--out", str(out)])
     assert result.exit_code == 2 and not out.exists(), result.output
+
+
+@pytest.mark.parametrize("module", ["vivace", "vivace.cli"])
+def test_python_dash_m_runs_every_command(module):
+    """`python -m vivace.cli train` said "No such command": the commands registered on the imported module's
+    app, not on the one `-m` runs as __main__; and `python -m vivace` did not exist."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", module, "train", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "--resume" in done.stdout, done.stdout + done.stderr

@@ -823,6 +823,39 @@ def test_cluster_watch_reports_an_outage_and_the_return(tmp_path):
         gcs.close()
 
 
+@pytest.mark.slow
+def test_a_real_run_whose_gcs_dies_exits_1_with_the_resume_command_before_ray_would(tmp_path):
+    """`vivace train` on a local Ray cluster whose GCS is killed after the first step: the driver says so,
+    and exits 1 with the resume command in under a minute (Ray's core would end it at 60 s, silently)."""
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"train": {"steps": 40, "runs_dir": str(tmp_path / "runs")},
+                                  "sandbox": {"state_dir": str(tmp_path / "state")}}))  # fmt: skip
+    cmd = [sys.executable, "-m", "vivace", "train", "--preset", "smoke", "--config", str(config), "--name", "g",
+           "--backend", "plain"]  # fmt: skip
+    log = tmp_path / "out.txt"
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "step 1/40" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+        assert "step 1/40" in log.read_text(), log.read_text()
+        gcs = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "gcs_server"], capture_output=True, text=True)
+        assert gcs.stdout.split(), "no gcs_server child of the driver"
+        killed = time.monotonic()
+        for pid in gcs.stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        rc = proc.wait(timeout=90)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = " ".join(log.read_text().split())
+    assert rc == 1 and took < 58, (rc, took, said)
+    assert "the Ray cluster stopped answering" in said and "the Ray cluster is gone" in said
+    assert f"vivace train --resume {(tmp_path / 'runs' / 'g').resolve()}" in said
+
+
 def test_cluster_loss_ends_the_process_itself_before_ray_does(tmp_path, monkeypatch):
     """When the step in flight does not end within the grace (or Ray's shutdown hangs on the dead
     cluster), the driver exits 1 itself, saying how to resume; a cluster back in time cancels that."""

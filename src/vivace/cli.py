@@ -417,5 +417,7 @@ import vivace.cli_serve  # noqa: E402,F401  (registers `serve` and `serve bench`
 import vivace.cli_sft  # noqa: E402,F401  (registers `sft data` on the app)
 import vivace.cli_train  # noqa: E402,F401  (registers `train` and `train bench-pipeline` on the app)
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m vivace.cli`: run the imported module's app, on which the commands registered
+    from vivace.cli import main as _registered_main
+
+    _registered_main()
