@@ -248,13 +248,14 @@ def test_bench_counts_episodes_the_endpoint_fails_as_errors_and_resume_runs_them
     out = tmp_path / "run"
     args = [*base, "--out", str(out)]
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # nothing measured for the model: a script must see it
     s = json.loads(result.stdout)["summary"]["scripted:null"]
     assert s["episodes"] == 2 and s["errors"] == 2 and s["success"] is None
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert all("the endpoint failed" in r["error"] for r in rows)
     said = " ".join(result.stderr.split())
     assert "2 episode(s) could not run and are not counted in success" in said and "--resume" in said, said
+    assert "no episode of scripted:null could run: nothing was measured" in said, said
     monkeypatch.setattr(runner, "load_policy", real)  # the endpoint is back
     result = CliRunner().invoke(app, [*args, "--resume"])
     assert result.exit_code == 0, result.output

@@ -98,8 +98,9 @@ def test_tools_lists_schemas():
     assert names[:2] == ["read_file", "edit_file"] and "run_terminal_cmd" in names and len(names) == 11
     for s in schemas:
         assert s["function"]["parameters"]["type"] == "object" and s["function"]["description"]
-    table = CliRunner().invoke(app, ["tools"])
+    table = CliRunner().invoke(app, ["tools"], env={"COLUMNS": "400"})
     assert table.exit_code == 0 and "grep" in table.output
+    assert "`[abc]`" in table.output  # the glob tool's own text, not eaten as rich markup
 
 
 def test_only_ignored_output_is_no_change_to_apply(setup, tmp_path):

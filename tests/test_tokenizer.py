@@ -187,6 +187,24 @@ def test_cli_train_json(tmp_path):
     assert len(tok) == 300 and tok.chat_template == QWEN_TEMPLATE
     bad = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(tmp_path / "x"), "--vocab-size", "10"])
     assert bad.exit_code == 2 and "vocab_size must be at least" in bad.output
+    files = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    again = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(tmp_path), "--vocab-size", "300"])
+    assert again.exit_code == 2 and "already holds files" in again.output  # refused before any training
+    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == files
+
+
+def test_cli_train_never_replaces_the_shipped_tokenizer_by_default(tmp_path, monkeypatch):
+    """Retraining on today's source gives another vocabulary; the default --out used to be the shipped one."""
+    from vivace.model.tokenizer import REFERENCE_DIR
+
+    monkeypatch.chdir(tmp_path)
+    shipped = {p.name: p.read_bytes() for p in REFERENCE_DIR.iterdir() if p.is_file()}
+    res = CliRunner().invoke(app, ["tokenizer", "train", "--vocab-size", "300", "--json"])
+    assert res.exit_code == 0, res.output
+    assert (
+        json.loads(res.stdout)["out_dir"] == "runs/tokenizer" and (tmp_path / "runs/tokenizer/tokenizer.json").is_file()
+    )
+    assert {p.name: p.read_bytes() for p in REFERENCE_DIR.iterdir() if p.is_file()} == shipped
 
 
 def test_bench_counts_reference_tokens():

@@ -218,6 +218,8 @@ def agent(
 @app.command()
 def tools(as_json: Annotated[bool, typer.Option("--json", help="Print the tool schemas as JSON.")] = False) -> None:
     """List the agent's tools and their argument schemas (what the model sees)."""
+    from rich.markup import escape
+
     from vivace.harness.tools import default_tools
     from vivace.harness.tools.base import tool_schema
 
@@ -234,7 +236,7 @@ def tools(as_json: Annotated[bool, typer.Option("--json", help="Print the tool s
         args = "\n".join(
             f"{k}{'' if k in required else '?'}: {_type_name(v)}" for k, v in fn["parameters"]["properties"].items()
         )
-        table.add_row(fn["name"], args, fn["description"])
+        table.add_row(fn["name"], escape(args), escape(fn["description"]))  # `[abc]` in a glob is not markup
     out.print(table)
 
 

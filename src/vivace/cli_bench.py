@@ -342,7 +342,7 @@ def _warn_unsound(rows: list[dict]) -> None:
 @app.command("bench")
 def bench(
     model: Annotated[list[str], typer.Option("--model", help="Policy spec; repeat to compare several.")],
-    suite: Annotated[str | None, typer.Option(help="Named suite: bundled, bugs, features.")] = None,
+    suite: Annotated[str | None, typer.Option(help="Named suite: bundled, bugs, features, families.")] = None,
     tasks_path: Annotated[Path | None, typer.Option("--tasks", help="Tasks: a .jsonl file or task directory.")] = None,
     split: Annotated[str | None, typer.Option(help="Only this split (train, validation, test).")] = None,
     n: Annotated[int | None, typer.Option("--n", min=1, help="First N tasks only.")] = None,
@@ -447,7 +447,12 @@ def bench(
                   highlight=False, soft_wrap=True)  # fmt: skip
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary, "out_dir": str(out_dir), "seconds": seconds}) + "\n")
-        return
-    # Whole lines, no markup: the table must stay Markdown when stdout is a file or a pipe.
-    out.print(markdown(summary, title), soft_wrap=True, markup=False, highlight=False)
-    out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)", soft_wrap=True, markup=False, highlight=False)
+    else:
+        # Whole lines, no markup: the table must stay Markdown when stdout is a file or a pipe.
+        out.print(markdown(summary, title), soft_wrap=True, markup=False, highlight=False)
+        out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)", soft_wrap=True, markup=False, highlight=False)
+    # A model none of whose episodes could run (its endpoint down) measured nothing: a script must see that.
+    if unmeasured := [m for m in model if all("error" in r for r in rows if r.get("model") == m)]:
+        err.print(f"[red]error:[/] no episode of {', '.join(map(escape, unmeasured))} could run: nothing was "
+                  f"measured for it; {again}", highlight=False, soft_wrap=True)  # fmt: skip
+        raise typer.Exit(1)

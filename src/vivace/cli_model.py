@@ -22,11 +22,13 @@ app.add_typer(tokenizer_app, name="tokenizer")
 @tokenizer_app.command("train")
 def tokenizer_train(
     out_dir: Annotated[
-        Path | None,
+        Path,
         typer.Option(
-            "--out", help="Directory for the tokenizer files (default: the shipped reference, model/assets/tokenizer)."
+            "--out",
+            help="Directory for the tokenizer files; must be new or empty (the shipped reference, "
+            "model/assets/tokenizer, is replaced only by emptying it first).",
         ),
-    ] = None,
+    ] = Path("runs/tokenizer"),
     vocab_size: Annotated[
         int, typer.Option("--vocab-size", help="Tokens in the vocabulary, control tokens included.")
     ] = 4096,
@@ -37,7 +39,11 @@ def tokenizer_train(
     from vivace.model import tokenizer as T
     from vivace.tasks.format import bundled_repos
 
-    out_dir = out_dir or T.REFERENCE_DIR
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        # Retraining on today's source gives another vocabulary: replacing the shipped reference (which
+        # tiny-init and the benchmark's token counts use) must be a deliberate act, and so must any other.
+        err.print(f"[red]error:[/red] --out {out_dir} already holds files; give a new directory, or empty it first")
+        raise typer.Exit(2)
     files = C.code_files()
     n_conversations = len(bundled_repos()) * C.CONVERSATIONS_PER_REPO
     progress = LoggedProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
