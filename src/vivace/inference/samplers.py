@@ -9,30 +9,31 @@ that `--model SPEC` names:
                                       gives the tokenizer for the chat format
 
 Backends: `local_engine` (the engine on a background thread in this process), `RayEngine` (the
-same engine as a Ray actor, for a sampler on another process or node) and `HttpSampler`.
+same engine as a Ray actor, for a sampler on another process or node) and `HttpSampler`
+(inference/http_sampler.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import random
+from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 from vivace.config import EngineConfig
 from vivace.harness.chat import ChatFormat
 from vivace.harness.policy import (
     Completion,
-    PolicyError,
     SamplingParams,
     TokenPolicy,
-    http_failure,
 )
 from vivace.inference.engine import AsyncEngine, Engine
-from vivace.model.checkpoint import LoadedModel, load_model, load_tokenizer
+from vivace.inference.http_sampler import HttpSampler
+from vivace.model.checkpoint import TINY_DIR, LoadedModel, load_model, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,66 +82,23 @@ def token_policy(spec: str, config: EngineConfig | None = None) -> TokenPolicy:
         url, _, model = spec.removeprefix("tokens:").partition("#")
         if not model:
             raise ValueError(f"{spec!r}: name the model after '#' (tiny or a local checkpoint path, for its tokenizer)")
-        chat = ChatFormat(load_tokenizer(model))
-        return TokenPolicy(HttpSampler(url, model), chat, name=spec, params=params)
+        tokenizer = load_tokenizer(model)
+        sampler = HttpSampler(url, model, vocab_size=_vocab_size(model, tokenizer))
+        return TokenPolicy(sampler, ChatFormat(tokenizer), name=spec, params=params)
     engine, chat = local_engine(spec, config)
     return TokenPolicy(engine, chat, name=spec, params=params)
 
 
-class HttpSampler:
-    """Token-in/token-out over HTTP: POST /v1/completions with token ids, read ids and logprobs back.
-
-    Asks for what vLLM (`return_token_ids`), SGLang and `vivace serve` understand; a server that
-    returns no token ids is refused with a clear error rather than re-tokenizing text."""
-
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0):
-        self.base_url, self.model = base_url.rstrip("/"), model
-        self._client = httpx.AsyncClient(timeout=timeout_s)
-        self.version = -1
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": prompt_ids,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "logprobs": 1,
-            "stop_token_ids": list(params.stop_token_ids),
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-            "include_stop_str_in_output": True,
-        }
-        if params.top_k:
-            body["top_k"] = params.top_k
-        if params.seed is not None:
-            body["seed"] = params.seed
-        try:
-            resp = await self._client.post(f"{self.base_url}/completions", json=body)
-        except httpx.HTTPError as exc:
-            raise http_failure(f"sampler at {self.base_url} unreachable: {exc}", None) from exc
-        if resp.status_code != 200:
-            raise http_failure(
-                f"sampler at {self.base_url} answered {resp.status_code}: {resp.text[:500]}", resp.status_code
-            )
-        data = resp.json()
-        choice = data["choices"][0]
-        ids = choice.get("token_ids")
-        if ids is None:
-            raise PolicyError(f"{self.base_url} returned no token ids; it must support `return_token_ids`")
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        if len(logprobs) != len(ids):
-            raise PolicyError(f"{self.base_url} returned {len(ids)} token ids but {len(logprobs)} logprobs")
-        self.version = int(data.get("policy_version", choice.get("policy_version", -1)))
-        return Completion(
-            token_ids=[int(t) for t in ids],
-            logprobs=[float(x) for x in logprobs],
-            finish_reason="stop" if choice.get("finish_reason") == "stop" else "length",
-            policy_version=self.version,
-        )
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
+def _vocab_size(model: str, tokenizer: Any) -> int:
+    """How many token ids the model can emit: its config's vocab_size (the embedding rows, often
+    padded past the tokenizer's ids), else the tokenizer's size."""
+    path = (TINY_DIR if model == "tiny" else Path(model).expanduser()) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        size = None
+    return size if isinstance(size, int) and size > 0 else len(tokenizer)
 
 
 class RayEngine:
