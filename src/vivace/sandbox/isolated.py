@@ -32,6 +32,7 @@ import logging
 import os
 import resource
 import shutil
+import signal
 import stat as stat_mod
 import subprocess
 from pathlib import Path
@@ -294,8 +295,16 @@ class IsolatedBackend(LocalBackend):
         ooms_before = self.cgroups.oom_kills(name)
 
         def kill(proc: asyncio.subprocess.Process) -> None:
+            # The sandbox (its PID namespace's init, whose death ends the namespace) is bwrap's child.
+            # Not yet moved into its cgroup (a cancellation before join_cgroup did), it survives bwrap
+            # and would run the command, unconfined, once its block fd closes.
             try:
-                proc.kill()  # bwrap dies; --die-with-parent takes the namespace's init with it
+                for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+                    os.kill(int(child), signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                proc.kill()
             except ProcessLookupError:
                 pass
             self.cgroups.kill_all(name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -44,6 +45,8 @@ from vivace.sandbox.paths import ConfinedFS
 from vivace.sandbox.snapshot import Snapshot, SnapshotSource, evict, materialize
 
 log = logging.getLogger(__name__)
+
+CLOSE_GRACE_S = 5.0  # how long close() waits for execs in flight (a cancelled one ends in milliseconds)
 
 
 @dataclass
@@ -130,6 +133,9 @@ class LocalWorkspace(TextFilesMixin):
         self.fs = ConfinedFS(root, owner)
         self.closed = False
         self._destroy_lock = asyncio.Lock()
+        self._running = 0  # execs in flight
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def _check(self) -> None:
         if self.closed:
@@ -143,7 +149,14 @@ class LocalWorkspace(TextFilesMixin):
         if not argv:
             raise ValueError("empty command")
         t0 = time.perf_counter()
-        result = await self.backend.run(self, argv, timeout or self.backend.config.timeout_s, env or {})
+        self._running += 1
+        self._idle.clear()
+        try:
+            result = await self.backend.run(self, argv, timeout or self.backend.config.timeout_s, env or {})
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
         self.backend.metrics.execs += 1
         self.backend.metrics.exec.add(time.perf_counter() - t0)
         return result
@@ -182,6 +195,11 @@ class LocalWorkspace(TextFilesMixin):
             if self.closed:
                 return
             self.closed = True
+            # A cancelled exec still kills and reaps its process, and unmounts what it attached: wait
+            # for it (a caller such as gather closes on the first cancelled task, before the others),
+            # or the workspace is removed under it and the directories it still uses are left behind.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), CLOSE_GRACE_S)
             t0 = time.perf_counter()
             await self.backend.destroy(self)
             self.backend.metrics.destroyed += 1

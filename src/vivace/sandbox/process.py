@@ -8,6 +8,7 @@ the end of a test run's output usually matters as much as its start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import shutil
@@ -109,31 +110,41 @@ async def run_capped(
     """
     start = time.monotonic()
     prefix = default_signals()
-    proc = await asyncio.create_subprocess_exec(
-        *prefix,  # env execs the command: same process, so on_spawn and kill see it
-        *argv,
-        # Without env's option, the child resets them itself before exec (slower: no vfork then).
-        preexec_fn=None if prefix else _default_signals_here,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-        pass_fds=tuple(pass_fds),
+    # Shielded: cancelled itself, create_subprocess_exec kills only the process it started (not its
+    # children) and then waits for the pipes, which those children hold open.
+    spawn = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *prefix,  # env execs the command: same process, so on_spawn and kill see it
+            *argv,
+            # Without env's option, the child resets them itself before exec (slower: no vfork then).
+            preexec_fn=None if prefix else _default_signals_here,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+        )
     )
+    try:
+        proc = await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        await _settle(spawn)
+        if not spawn.cancelled() and spawn.exception() is None:
+            await _kill_and_reap(spawn.result(), kill)
+        raise
     if on_spawn is not None:
         try:
             await on_spawn(proc)
         except BaseException:
-            kill(proc)
-            await proc.wait()
+            await _kill_and_reap(proc, kill)
             raise
     out, err = _CappedBuffer(output_limit), _CappedBuffer(output_limit)
     assert proc.stdout is not None and proc.stderr is not None
     readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
-    # When the caller is cancelled (Ctrl-C, a shutting-down loop) the readers end with CancelledError
-    # after it has gone: mark that retrieved so asyncio does not print it as an unhandled error.
+    # Awaited only through shields, whose waiter may be gone (timeout, cancellation): mark the readers'
+    # outcome retrieved so asyncio does not print an error of theirs as unhandled.
     readers.add_done_callback(lambda f: f.cancelled() or f.exception())
     timed_out = False
     try:
@@ -142,15 +153,14 @@ async def run_capped(
     except TimeoutError:
         timed_out = True
         kill(proc)
-    except BaseException:
-        kill(proc)  # cancelled by the caller: never leave the process tree running
-        readers.cancel()
+    except BaseException:  # cancelled by the caller (Ctrl-C, SIGTERM, a shutting-down loop)
+        await _kill_and_reap(proc, kill, readers)
         raise
     if timed_out:
         try:  # pipes close once every process holding them is dead
             await asyncio.wait_for(asyncio.shield(readers), 5.0)
-        except TimeoutError:
-            readers.cancel()
+        except TimeoutError:  # a process that left the tree holds them: stop reading
+            await _kill_and_reap(proc, None, readers)
         await proc.wait()
     return RawResult(
         stdout=out.text(),
@@ -161,6 +171,50 @@ async def run_capped(
         stdout_dropped=out.dropped,
         stderr_dropped=err.dropped,
     )
+
+
+async def _kill_and_reap(
+    proc: asyncio.subprocess.Process,
+    kill: Callable[[asyncio.subprocess.Process], None] | None,
+    readers: asyncio.Future | None = None,
+) -> None:
+    """`kill(proc)` (unless None: already killed), stop reading its output, close its pipes and wait
+    until the process is reaped, through any further cancellation. A cancelled exec that returned
+    earlier left a live transport for asyncio.run's teardown to close the loop under: its finaliser
+    then printed "Event loop is closed", the child watcher "Loop ... that handles pid ... is closed"."""
+    try:
+        if kill is not None:
+            kill(proc)
+    finally:
+        if readers is not None:
+            readers.cancel()
+        # First the child watcher must report the exit: closing the transport polls the pid itself and
+        # would race the watcher for it ("Unknown child process pid ..., will report returncode 255").
+        deadline = time.monotonic() + 5.0
+        while proc.returncode is None:
+            if time.monotonic() > deadline:  # `kill` failed to end it: end the process itself
+                deadline = float("inf")
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.01)
+        # Closes the pipes, which a process that escaped the kill may hold: wait() waits for them.
+        transport = getattr(proc, "_transport", None)
+        if transport is not None:
+            transport.close()
+        while True:
+            try:
+                await proc.wait()
+                break
+            except asyncio.CancelledError:
+                continue  # the caller re-raises its own cancellation once the process is gone
+
+
+async def _settle(fut: asyncio.Future) -> None:
+    """Wait until `fut` is done, through any cancellation of the caller (which then re-raises its own)."""
+    while not fut.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([fut])
 
 
 def kill_process_group(proc: asyncio.subprocess.Process) -> None:
