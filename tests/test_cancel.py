@@ -78,6 +78,7 @@ def test_cancelled_exec_reaps_its_process_before_the_cancellation_propagates(
     unraisable: list[str] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(f"{u.exc_value!r} in {u.object!r}"))
     caplog.set_level(logging.WARNING, "asyncio")
+    gc.collect()  # garbage of earlier tests (an unclosed socket transport) is not this test's
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
