@@ -157,31 +157,6 @@ def test_sft_train_refuses_an_out_holding_a_run_and_bad_numbers(tmp_path):
         assert not (tmp_path / "new").exists(), bad  # trained nothing, saved nothing
 
 
-def test_sft_train_ctrl_c_saves_exits_130_and_says_how_to_go_on(tmp_path, monkeypatch):
-    import vivace.rl.sft_train as sft_train
-
-    real = sft_train.train_sft
-
-    def interrupted(*args, progress, **kwargs):
-        def hook(line):
-            progress(line)
-            if line.get("step") == 1 and "loss" in line:
-                signal.raise_signal(signal.SIGINT)
-
-        return real(*args, progress=hook, **kwargs)
-
-    monkeypatch.setattr(sft_train, "train_sft", interrupted)
-    data = _data(tmp_path / "a.jsonl")
-    out = tmp_path / "m"
-    result = _run("train", "--data", str(data), "--out", str(out), "--init", "tiny-init", "--seq-len", "128",
-                  "--batch-tokens", "64", "--steps", "5", "--threads", "1", "--json")  # fmt: skip
-    assert result.exit_code == 130, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["stopped_by"] == "interrupted" and summary["step"] == 1
-    said = _said(result)
-    assert "stopped by SIGINT" in said and f"--init {out}" in said and (out / "model.safetensors").is_file()
-
-
 def test_copies_augment_drills_refuse_counts_that_make_nothing(tmp_path):
     data = _data(tmp_path / "a.jsonl")
     for args, says in ((["copies", "--n", "0"], "--n"), (["copies", "--n", "-3"], "--n"),

@@ -217,8 +217,10 @@ def test_cli_trains_the_tiny_model(tmp_path):
     assert load_tokenizer(str(tmp_path / "m")) is not None
 
 
-def test_cli_sigterm_saves_what_was_learned_and_exits_143(tmp_path, monkeypatch):
-    """A scheduler's SIGTERM stops the run as Ctrl-C does (the step in flight dropped, the rest saved)."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cli_stop_saves_what_was_learned_and_says_how_to_go_on(signum, tmp_path, monkeypatch):
+    """Ctrl-C, or a scheduler's SIGTERM: the step in flight is dropped, the rest saved, the exit is 128 + the
+    signal and the message says how to train on (there is no resume)."""
     import vivace.rl.sft_train as sft_train
 
     real = sft_train.train_sft
@@ -227,23 +229,27 @@ def test_cli_sigterm_saves_what_was_learned_and_exits_143(tmp_path, monkeypatch)
         def hook(line):
             progress(line)
             if line.get("step") == 2 and "loss" in line:
-                signal.raise_signal(signal.SIGTERM)
+                signal.raise_signal(signum)
 
         return real(*args, progress=hook, **kwargs)
 
     monkeypatch.setattr(sft_train, "train_sft", signalled)
     data = _write(tmp_path / "a.jsonl", _episodes(3, lo=40, hi=80))
-    args = ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--seq-len", "256",
+    out = tmp_path / "m"
+    args = ["sft", "train", "--data", str(data), "--out", str(out), "--seq-len", "256",
             "--batch-tokens", "256", "--steps", "6", "--threads", "2", "--json"]  # fmt: skip
-    before = signal.signal(signal.SIGTERM, lambda s, f: None)  # without the CLI's handler: trains on, 6 steps
+    # As a terminal has them: Ctrl-C raises KeyboardInterrupt; SIGTERM without the CLI's handler trains on.
+    before = signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else lambda s, f: None)
     try:
         result = CliRunner().invoke(app, args)
     finally:
-        signal.signal(signal.SIGTERM, before)
-    assert result.exit_code == 143, result.output
+        signal.signal(signum, before)
+    assert result.exit_code == 128 + signum, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["stopped_by"] == "interrupted" and summary["step"] == 2
-    assert load_model(str(tmp_path / "m")).model is not None
+    said = " ".join(result.stderr.split())
+    assert f"stopped by {signal.Signals(signum).name}" in said and f"--init {out}" in said, said
+    assert load_model(str(out)).model is not None
 
 
 def test_cli_arch_trains_a_fresh_model_of_that_size_and_refuses_bad_fields(tmp_path):

@@ -49,6 +49,13 @@ def _written(path: Path) -> Iterator[TextIO]:
     partial.replace(path)
 
 
+def _say_written(out_file: Path, n: int, what: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"out": str(out_file), "written": n}))
+    else:
+        out.print(f"wrote {n} {what} to {out_file}")
+
+
 def _stopped(received: list[int], what: str) -> typer.Exit:
     """The message and exit (130 for Ctrl-C, 143 for SIGTERM) of a command stopped by a signal."""
     signum = received[-1] if received else signal.SIGINT
@@ -328,10 +335,7 @@ def sft_copies(
         raise typer.Exit(2) from e
     except KeyboardInterrupt:
         raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
-    if as_json:
-        print(json.dumps({"out": str(out_file), "written": n}))
-    else:
-        out.print(f"wrote {n} sequences to {out_file}")
+    _say_written(out_file, n, "sequences", as_json)
 
 
 @sft_app.command("drills")
@@ -379,10 +383,7 @@ def sft_drills(
                     n += 1
     except KeyboardInterrupt:
         raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
-    if as_json:
-        print(json.dumps({"out": str(out_file), "written": n}))
-    else:
-        out.print(f"wrote {n} drills to {out_file}")
+    _say_written(out_file, n, "drills", as_json)
     if n == 0:
         err.print(f"[yellow]note:[/] the episodes have no {'/'.join(argument or ['path'])} argument in a trained span")
 
