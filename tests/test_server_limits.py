@@ -89,6 +89,26 @@ async def test_sigterm_kills_running_commands_and_exits_within_a_container_grace
         assert not [n for n in Cgroups().names() if n.startswith(f"{proc.pid}-")]
 
 
+async def test_an_in_process_server_stops_as_promptly_as_serve(tmp_path, repo):
+    """The Ray actor's environment servers run in a thread (BackgroundServer): with ClosingServer, stopping
+    one with a command running kills it and returns in seconds, where plain uvicorn waited up to 30 s."""
+    from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, ClosingServer
+
+    app = create_app(make_backend("plain", tmp_path / "state"), PoolConfig(), "t", own_backend=True)
+    server = BackgroundServer(app, server_class=ClosingServer, graceful_s=GRACEFUL_BACKSTOP_S).start()
+    async with EnvClient(server.url, "t") as client:
+        ws = await client.create(str(repo))
+        running = asyncio.create_task(ws.exec("sleep 30"))
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        await asyncio.to_thread(server.stop)
+        took = time.monotonic() - t0
+        with pytest.raises(SandboxError, match="shutting down: the command was killed"):
+            await running
+    assert took < 5, took
+    assert not any((tmp_path / "state" / "owners").iterdir()), "every workspace must be closed"
+
+
 async def test_a_stopping_server_refuses_new_work(tmp_path, repo):
     backend = make_backend("plain", tmp_path / "state")
     app = create_app(backend, PoolConfig(), "t", own_backend=True)

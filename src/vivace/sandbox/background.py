@@ -26,14 +26,23 @@ class BackgroundServer:
     The socket is bound here, before the thread starts, so `url` is exact even for port 0.
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        server_class: type[uvicorn.Server] = uvicorn.Server,
+        graceful_s: float = 30.0,
+    ) -> None:
+        """`server_class` and `graceful_s` (uvicorn's wait for requests in flight): the environment
+        server passes its own ClosingServer and a short wait, as `vivace sandbox serve` runs it."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", backlog=2048, timeout_graceful_shutdown=30)
-        self.server = uvicorn.Server(config)
+        config = uvicorn.Config(app, log_level="warning", backlog=2048, timeout_graceful_shutdown=graceful_s)
+        self.server = server_class(config)
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._sock]}, name="vivace-env-server", daemon=True
         )

@@ -30,12 +30,14 @@ class EnvServerActor:
 
         from vivace.sandbox.background import BackgroundServer
         from vivace.sandbox.pool import open_backend
-        from vivace.sandbox.server import create_app, resolve_token
+        from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, ClosingServer, create_app, resolve_token
 
         cfg = VivaceConfig.model_validate(config)
         self._token, _ = resolve_token(cfg.server)
         app = create_app(open_backend(cfg.sandbox), cfg.pool, self._token, own_backend=True)
-        self._server = BackgroundServer(app, cfg.server.host, cfg.server.port).start()
+        self._server = BackgroundServer(
+            app, cfg.server.host, cfg.server.port, ClosingServer, GRACEFUL_BACKSTOP_S
+        ).start()
         self._node_id = ray.get_runtime_context().get_node_id()
         if cfg.server.host in ("0.0.0.0", "::"):  # every interface: name the one Ray uses
             self._url = f"http://{ray.util.get_node_ip_address()}:{self._server.port}"

@@ -21,9 +21,9 @@ server handed out, within a few seconds (inside Docker's and Kubernetes' 10 s st
 also when forced (a second Ctrl-C). Not guaranteed: TLS (bind to loopback, or put it behind
 a proxy), isolation between token holders (a token holder may snapshot any path the server
 can read and use every workspace), a bound on response sizes (a file is read whole into
-memory), a prompt stop under plain uvicorn (background.py's server waits for running
-commands), and reaping of workspaces whose client vanished without closing them (they hold
-a pool slot until closed or until the server stops).
+memory), a prompt stop under plain uvicorn (which waits for running commands; `serve` and
+the Ray actor's servers run ClosingServer), and reaping of workspaces whose client vanished
+without closing them (they hold a pool slot until closed or until the server stops).
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ MAX_JSON_BYTES = 16 << 20
 # for a command about to end, and far inside a container's 10 s stop grace (after which the
 # server would be SIGKILLed, leaving mounts, cgroups and workspace state behind).
 SHUTDOWN_GRACE_S = 1.0
+# uvicorn's own wait for requests in flight, a backstop only under ClosingServer: the drain answers running
+# creates and execs after SHUTDOWN_GRACE_S; what still runs after this (a file operation) is cancelled.
+GRACEFUL_BACKSTOP_S = SHUTDOWN_GRACE_S + 4
 HEALTH_PATH = "/v1/health"
 STATUS_BY_KIND = {"path_escape": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
                   "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503}  # fmt: skip
@@ -499,9 +502,7 @@ def serve(config: VivaceConfig) -> None:
             host=config.server.host,
             port=config.server.port,
             backlog=2048,
-            # A backstop only: the drain answers running creates and execs after SHUTDOWN_GRACE_S;
-            # what still runs after this (a file operation) is cancelled, its client unanswered.
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 4,
+            timeout_graceful_shutdown=GRACEFUL_BACKSTOP_S,
         )
     )
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is how it stops
