@@ -582,3 +582,26 @@ def test_stop_strings_read_the_output_in_linear_time():
         r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "stop": "zzz", "stream": stream})
         assert r.status_code == 200
         assert sum(decoded) < 20 * n, f"{sum(decoded)} ids decoded for {n} tokens"  # quadratic: ~n * n / 2
+
+
+def test_a_body_larger_than_any_prompt_is_refused_before_it_is_read(served):
+    """A 47 MB chat request used to grow the server from 0.5 to 4.4 GB and hold a core for 34 s before its
+    prompt was found too long; a body over `body_cap(context)` is now a 413, declared or chunked."""
+    from vivace.inference.server import body_cap
+
+    engine, client = served
+    cap = body_cap(engine.engine.max_positions)
+    assert cap == 4 << 20  # 8,192 tokens: the 4 MiB floor
+    says(engine, "fine")
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * (cap - 1000)}]}
+    assert client.post("/v1/chat/completions", json=body).status_code in (200, 400)  # under the cap: read
+    big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * cap}]}).encode()
+    r = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and f"over {cap} bytes" in r.json()["error"]["message"], r.text
+
+    def chunks():
+        for start in range(0, len(big), 1 << 16):
+            yield big[start : start + (1 << 16)]
+
+    r = client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error", r.text

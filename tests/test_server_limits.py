@@ -154,7 +154,7 @@ async def test_request_bodies_over_the_limit_are_refused_with_413(small_limits_s
         with pytest.raises(SandboxError, match=r"upload over 1048576 bytes \(the environment server's limit\)"):
             await ws.write_bytes("too-big.bin", b"x" * (1 << 20) + b"y")
         assert (await ws.exec("echo " + "a" * 60_000)).stdout == "a" * 60_000 + "\n"  # JSON under 64 KiB
-        with pytest.raises(SandboxError, match=r"JSON request body over 65536 bytes"):
+        with pytest.raises(SandboxError, match=r"request body over 65536 bytes"):
             await ws.exec("echo " + "a" * 70_000)
         assert "too-big.bin" not in {e.name for e in await ws.list(".")}
     # Raw: the error's shape, chunked bodies (capped while streaming), and the token checked first.
@@ -180,7 +180,7 @@ async def test_default_json_limit_applies(env_server, repo):
     async with EnvClient(env_server.url, env_server.token) as client:
         ws = await client.create(str(repo))
         try:
-            with pytest.raises(SandboxError, match=r"JSON request body over 16777216 bytes"):
+            with pytest.raises(SandboxError, match=r"request body over 16777216 bytes"):
                 await ws.exec(["true", "a" * (17 << 20)])
         finally:
             await ws.close()  # the server is the session's: leave nothing behind

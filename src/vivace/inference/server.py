@@ -37,6 +37,8 @@ context, an unknown model, `tool_choice` naming a function not in `tools`) get a
 OpenAI-style error body; so do OpenAI options this server cannot honour, which are refused rather
 than ignored: penalties, `logit_bias`, `response_format` other than text, `best_of`, `echo`,
 `suffix`, streaming on /v1/completions, `tool_choice` in other forms. The server goes on serving.
+A request body larger than a prompt of the whole context could need (`body_cap`) is refused with
+413 before it is read, so one request cannot take the server's memory.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vivace.body_limit import BodyLimit
 from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import messages_from_openai
 from vivace.harness.policy import SamplingParams, derive_seed
@@ -170,9 +173,12 @@ class ApiError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
-def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str) -> FastAPI:
+def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_bytes: int | None = None) -> FastAPI:
+    """`max_body_bytes`: the largest request body read (413 beyond); default `body_cap(context)`."""
     app = FastAPI(title="vivace serve")
     created = int(time.time())
+    cap = max_body_bytes or body_cap(engine.engine.max_positions)
+    app.add_middleware(BodyLimit, max_bytes=cap, too_large=lambda message: _error(413, message), what="vivace serve")
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -382,6 +388,13 @@ def _usage(prompt: int, outs: list[Output]) -> dict[str, int]:
     """OpenAI's usage: the prompt once, every choice's reply (forced tokens included) summed."""
     completion = sum(len(o.ids) for o in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def body_cap(context: int) -> int:
+    """The request body size that can still hold a prompt of `context` tokens, with room to spare: 64
+    bytes a token (JSON escapes make a character up to 6 bytes, or 12 outside the BMP; token ids take
+    about 7), and at least 4 MiB."""
+    return max(4 << 20, 64 * context)
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:

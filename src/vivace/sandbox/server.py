@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from vivace.body_limit import BodyLimit, BodyTooLarge
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
 from vivace.sandbox.base import SandboxError, Unauthorized, UnknownWorkspace, WorkspaceClosedError
 from vivace.sandbox.local import LocalBackend, LocalWorkspace
@@ -76,14 +77,6 @@ class ShuttingDown(SandboxError):
     """The server is stopping: a new create or exec is refused, a running one cancelled."""
 
     kind = "shutting_down"
-
-
-class BodyTooLarge(HTTPException):
-    """Raised by `BodyLimit` from the app's next read of a body past its limit. An HTTPException
-    because FastAPI re-raises those from body parsing (any other error becomes a 400)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(413, message)
 
 
 class _Body(BaseModel):
@@ -197,44 +190,6 @@ class TokenGate:
                 # Constant-time comparison: response timing must not reveal a token prefix.
                 return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.token)
         return False
-
-
-class BodyLimit:
-    """Pure ASGI middleware: a request body over its limit is refused with 413 "too_large"
-    without being read whole: by its Content-Length before the app runs, and, for a chunked
-    body, by the app's first read past the limit (which raises `BodyTooLarge`).
-
-    File uploads (PUT) get their own, larger limit; every other body is JSON.
-    """
-
-    def __init__(self, app: Any, max_json_bytes: int, max_upload_bytes: int) -> None:
-        self.app = app
-        self.max_json_bytes = max_json_bytes
-        self.max_upload_bytes = max_upload_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        upload = scope["method"] == "PUT"
-        limit = self.max_upload_bytes if upload else self.max_json_bytes
-        message = f"{'upload' if upload else 'JSON request body'} over {limit} bytes (the environment server's limit)"
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            await error_response(413, "too_large", message)(scope, receive, send)
-            return
-        received = 0
-
-        async def receive_within_limit() -> dict:
-            nonlocal received
-            event = await receive()
-            if event["type"] == "http.request":
-                received += len(event.get("body", b""))
-                if received > limit:
-                    raise BodyTooLarge(message)
-            return event
-
-        await self.app(scope, receive_within_limit, send)
 
 
 class Registry:
@@ -359,7 +314,9 @@ def create_app(
         default_response_class=AsciiJSON,
     )
     # Added last, so it runs first: a refused request is a 401 whatever its size.
-    app.add_middleware(BodyLimit, max_json_bytes=max_json_bytes, max_upload_bytes=max_upload_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_json_bytes, max_upload_bytes=max_upload_bytes,
+                       too_large=lambda message: error_response(413, "too_large", message),
+                       what="the environment server")  # fmt: skip
     app.add_middleware(TokenGate, token=token)
     app.state.registry = reg
     app.state.close_all = close_all
