@@ -32,6 +32,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from vivace.aio import gather_all
 from vivace.bench.results import result_rows
 from vivace.bench.score import score
 from vivace.config import VivaceConfig
@@ -89,7 +90,7 @@ async def run_benchmark(
     done = {_key(r) for r in finished}
     episodes = [(m, t, k) for m in models for t in tasks for k in range(1 if m in once else samples)]
     try:
-        await asyncio.gather(*(one(m, t, k) for m, t, k in episodes if (m, t.id, k) not in done))
+        await gather_all(*(one(m, t, k) for m, t, k in episodes if (m, t.id, k) not in done))
     finally:
         results_file.close()
         await backend.aclose()

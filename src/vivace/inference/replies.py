@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vivace.aio import cancel_and_wait
 from vivace.harness.chat import TOOL_CALL_OPEN, ChatFormat
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policy import Completion, SamplingParams
@@ -248,9 +249,7 @@ async def merge(streams: list[AsyncIterator]) -> AsyncIterator:
             else:
                 yield item
     finally:
-        for t in tasks:
-            t.cancel()  # a reader that left (or a failed choice) stops the others' generation
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)  # a reader that left (or a failed choice) stops the others' generation
 
 
 # -- forcing a tool call -----------------------------------------------------------------------------

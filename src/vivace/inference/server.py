@@ -56,6 +56,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vivace.aio import cancel_and_wait
 from vivace.body_limit import BodyLimit
 from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import messages_from_openai
@@ -237,9 +238,7 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
         except ValueError as exc:  # prompt over the context, bad token ids
             raise ApiError(400, str(exc)) from exc
         finally:
-            for t in tasks:
-                t.cancel()  # no-op when done
-            await asyncio.gather(*tasks, return_exceptions=True)  # the engine has dropped them before we answer
+            await cancel_and_wait(tasks)  # the engine has dropped them before we answer
 
     @app.get("/health")
     async def health() -> dict:

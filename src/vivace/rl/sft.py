@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vivace.aio import gather_all
 from vivace.bench.baselines import STYLES, _Oracle
 from vivace.bench.runner import run_task
 from vivace.config import VivaceConfig
@@ -95,7 +96,7 @@ async def expert_data(
     partial = partial_path(out)  # renamed to `out` when every episode has run: a stopped run is clearly partial
     try:
         with partial.open("w") as f:
-            await asyncio.gather(*(one(t, s, f) for t, s in jobs))
+            await gather_all(*(one(t, s, f) for t, s in jobs))
     finally:
         await backend.aclose()
     partial.replace(out)
