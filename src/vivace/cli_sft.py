@@ -163,18 +163,13 @@ def _run_cancelling_on_sigterm(received: list[int], coro):
 
 def _context_of(model: str) -> int:
     """The context length (tokens) of `tiny` or a checkpoint directory; ValueError if it is neither."""
-    from transformers import AutoConfig
+    from vivace.model.checkpoint import load_tokenizer, model_config
 
-    from vivace.model.checkpoint import TINY_NAMES, load_tokenizer, tiny_config
-
-    tokenizer = load_tokenizer(model)  # names a missing or tokenizer-less directory
-    if model in TINY_NAMES:
-        return tiny_config(len(tokenizer)).max_position_embeddings
+    load_tokenizer(model)  # names a missing or tokenizer-less directory
     try:
-        return AutoConfig.from_pretrained(model).max_position_embeddings
-    except (OSError, ValueError, AttributeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--model {model}: not a checkpoint with a usable config.json ({first}); give tiny "
+        return model_config(model).max_position_embeddings
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"--model {model}: not a checkpoint with a usable config.json ({e}); give tiny "
                          "or a directory that `vivace sft train` wrote") from None  # fmt: skip
 
 
@@ -443,11 +438,11 @@ def sft_eval(
 def _same_tokenizer(models: list[str]) -> None:
     """ValueError unless every model reads token ids with the same vocabulary: an episode file's ids
     are text in the tokenizer that rendered them, so models with another one would score other text."""
-    from vivace.model.checkpoint import TINY_NAMES, load_tokenizer
+    from vivace.model.checkpoint import TINY_NAMES, load_tokenizer, model_dir
 
     for m in models:
-        if m not in TINY_NAMES and not (Path(m).expanduser() / "config.json").is_file():
-            raise ValueError(f"{m!r} is not a model: expected `tiny` or a checkpoint directory with config.json")
+        if m not in TINY_NAMES:
+            model_dir(m)
     vocabs = {m: load_tokenizer(m).get_vocab() for m in dict.fromkeys(models)}
     first, *rest = vocabs
     if other := next((m for m in rest if vocabs[m] != vocabs[first]), None):

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import random
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +31,7 @@ from vivace.harness.policy import (
 )
 from vivace.inference.engine import AsyncEngine, Engine
 from vivace.inference.http_sampler import HttpSampler
-from vivace.model.checkpoint import TINY_DIR, LoadedModel, load_model, load_tokenizer
+from vivace.model.checkpoint import LoadedModel, load_model, load_tokenizer, model_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -91,13 +89,12 @@ def token_policy(spec: str, config: EngineConfig | None = None) -> TokenPolicy:
 
 def _vocab_size(model: str, tokenizer: Any) -> int:
     """How many token ids the model can emit: its config's vocab_size (the embedding rows, often
-    padded past the tokenizer's ids), else the tokenizer's size."""
-    path = (TINY_DIR if model == "tiny" else Path(model).expanduser()) / "config.json"
+    padded past the tokenizer's ids), else (a tokenizer-only directory) the tokenizer's size."""
     try:
-        config = json.loads(path.read_text())
-        size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        size = None
+        config = model_config(model)
+    except ValueError:
+        return len(tokenizer)
+    size = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
     return size if isinstance(size, int) and size > 0 else len(tokenizer)
 
 

@@ -23,7 +23,15 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Qwen3MoeConfig
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen3MoeConfig,
+)
 
 ASSETS = Path(__file__).parent / "assets"
 TINY_DIR = ASSETS / "tiny"
@@ -135,12 +143,7 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
         torch.manual_seed(TINY_SEED)
         model = AutoModelForCausalLM.from_config(tiny_config(len(tokenizer)), dtype=dtype)
         return LoadedModel(model.to(device).eval(), tokenizer, spec)
-    path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "
-            "(as written by save_checkpoint or any Hugging Face model)"
-        )
+    path = model_dir(spec)
     tokenizer = _tokenizer_of(path, spec)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
@@ -158,6 +161,30 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
                            for k, v in wrong.items())  # fmt: skip
         raise ValueError(f"{spec}: config.json does not match the weights ({detail}); fix config.json or save it again")
     return LoadedModel(model.to(device).eval(), tokenizer, spec)
+
+
+def model_dir(spec: str) -> Path:
+    """The checkpoint directory `spec` names (`tiny`: the shipped one); ValueError if it holds no model."""
+    path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "
+            "(as written by save_checkpoint or any Hugging Face model)"
+        )
+    return path
+
+
+def model_config(spec: str) -> PretrainedConfig:
+    """The config of `tiny`, `tiny-init` or a checkpoint directory, without loading the weights;
+    ValueError if `spec` names no model or its config.json cannot be read."""
+    if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
+        return tiny_config(len(load_tokenizer(spec)))
+    path = model_dir(spec)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{spec}: cannot read its config.json ({first})") from None
 
 
 def _tokenizer_of(path: Path, spec: str) -> PreTrainedTokenizerBase:

@@ -301,7 +301,7 @@ class _RolloutActor:
         plain there (None otherwise): its own warning stays in its log, which the driver never shows."""
         import ray
 
-        return ray.util.get_node_ip_address(), getattr(self.backend, "fallback", None)
+        return ray.util.get_node_ip_address(), self.backend.fallback
 
     async def close(self) -> None:
         await self.backend.aclose()

@@ -211,6 +211,7 @@ class LocalBackend(abc.ABC):
 
     name = "local"
     isolated = False
+    fallback: str | None = None  # why `auto` could not isolate, on the plain backend it fell back to
     file_owner: tuple[int, int] | None = None
 
     def __init__(self, config: SandboxConfig):

@@ -37,7 +37,7 @@ class PlainBackend(LocalBackend):
     def __init__(self, config: SandboxConfig, fallback: str | None = None):
         super().__init__(config)
         self.toolchain = toolchain_dirs(config)
-        self.fallback = fallback  # why `auto` could not isolate, when it fell back to this backend
+        self.fallback = fallback
 
     async def _create(self, ws_id: str, snapshot: Snapshot, ws_dir: Path) -> Path:
         def copy() -> None:
