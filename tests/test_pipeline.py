@@ -500,7 +500,9 @@ def test_the_local_ray_cluster_is_started_out_of_ctrl_c_and_sigterm_reach():
                 [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
             )
             signal.signal(signal.SIGTERM, lambda s, f: got.append("ray's"))  # as ray.init does
-            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C while Ray starts
+            # A Ctrl-C while Ray starts, sent to this thread: os.kill's process-wide signal may go to any
+            # thread that an earlier test left alive with SIGINT unblocked.
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         assert got == [signal.SIGINT]  # handled, by the driver's own handler, no later than the block's end
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # ray.init's handler undone
         assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
