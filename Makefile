@@ -8,10 +8,14 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# torch is pinned and installed first so that nothing pulls a multi-GB CUDA build.
+# torch is pinned and installed first, so that a looser requirement cannot pull another build.
+# From PyPI on Linux x86-64 that pin is the CUDA build (a few GB, what a GPU machine wants); on a
+# CPU-only machine with internet, `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# installs the CPU build instead.
+TORCH_INDEX ?=
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e ".[dev]"
 	@$(MAKE) --no-print-directory system-deps
 	touch $(STAMP)
