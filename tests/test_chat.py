@@ -290,6 +290,24 @@ def test_encode_decode_and_stop_ids(chat):
     assert chat.stop_ids == [chat.tokenizer.convert_tokens_to_ids(t) for t in (END_OF_TURN, "<|endoftext|>")]
 
 
+def test_generation_config_eos_ids_end_a_turn_too(chat, caplog):
+    """A checkpoint's generation_config.json can name more ids that end generation (Llama 3's
+    <|eot_id|> and <|eom_id|>): they stop a turn and are stripped off its end like the template's
+    own end-of-turn token; ids outside the vocabulary are left out with a warning."""
+    tok = chat.tokenizer
+    extra = tok.convert_tokens_to_ids("<|im_start|>")
+    size = len(tok)
+    with caplog.at_level("WARNING", logger="vivace.harness.chat"):
+        fmt = ChatFormat(tok, eos_ids=[chat.stop_ids[0], extra, size, size + 5])
+    assert fmt.stop_ids == [*chat.stop_ids, extra]
+    assert f"eos_ids [{size}, {size + 5}] not in the tokenizer's {size} ids; ignored" in caplog.text
+    message = Message("assistant", "Done. ✓")
+    ids = fmt.encode("Done. ✓") + [extra]
+    assert fmt.parse(ids) == (message, 0)
+    assert chat.parse(ids)[1] == 1  # without it: a stray tag at the end
+    assert (fmt.template, fmt.end_of_turn) == (chat.template, chat.end_of_turn)
+
+
 WELL_FORMED = [
     Message("assistant", "Just text, no calls. ✓"),
     Message("assistant", ""),

@@ -7,6 +7,7 @@ must stop each turn where the model ends it, whatever the tokenizer calls its en
 from __future__ import annotations
 
 import asyncio
+import re
 
 import openai
 import pytest
@@ -24,13 +25,13 @@ from transformers import (
 )
 
 from vivace.config import EngineConfig
-from vivace.harness.chat import END_OF_TURN, QWEN_TEMPLATE
+from vivace.harness.chat import END_OF_TURN, QWEN_TEMPLATE, ChatFormat
 from vivace.harness.messages import Message
 from vivace.harness.policy import Conversation, SamplingParams
 from vivace.inference.engine import Engine
 from vivace.inference.samplers import local_engine, token_policy
 from vivace.inference.server import create_app
-from vivace.model.checkpoint import load_model
+from vivace.model.checkpoint import generation_eos_ids, load_model, load_tokenizer
 from vivace.model.tokenizer import QWEN_SPLIT, reference_tokenizer
 from vivace.sandbox.background import BackgroundServer
 
@@ -46,9 +47,12 @@ LLAMA3_TEMPLATE = (
 )
 
 
-def llama3_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE with Llama 3's control tokens, <|end_of_text|> first (id 0), no pad token."""
-    specials = ["<|end_of_text|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+LLAMA3_SPECIALS = ["<|end_of_text|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+def llama3_tokenizer(specials: list[str] = LLAMA3_SPECIALS) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with Llama 3's control tokens (the first is id 0; by default its eos,
+    <|end_of_text|>), no pad token."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])  # fmt: skip
@@ -156,7 +160,8 @@ def test_a_template_without_tools_falls_back_and_turns_end_at_the_models_eos(lla
     chat = policy.chat
     assert "does not show the tools to the model" in caplog.text
     assert chat.template == QWEN_TEMPLATE.replace(END_OF_TURN, "<|end_of_text|>")
-    assert chat.end_of_turn == "<|end_of_text|>" and chat.stop_ids == [0]
+    eot = chat.tokenizer.convert_tokens_to_ids("<|eot_id|>")
+    assert chat.end_of_turn == "<|end_of_text|>" and chat.stop_ids == [0, eot]  # eot: generation_config.json's
     conversation = Conversation([Message("user", "Read a.py.")], TOOLS, max_turn_tokens=50)
     turn = asyncio.run(policy.act(conversation))
     assert (turn.finish_reason, turn.token_ids, turn.message) == ("stop", [0], Message("assistant", ""))
@@ -179,6 +184,96 @@ def test_serve_stops_at_the_models_eos(llama3_ckpt):
     finally:
         srv.stop()
         engine.close()
+
+
+@pytest.fixture(scope="module")
+def eot_ckpt(tmp_path_factory):
+    """A Llama-3-Instruct-style checkpoint whose model ends every turn at once with <|eot_id|>
+    (id 0), which only its generation_config.json's eos list names: the tokenizer's eos is
+    <|end_of_text|> and the template (no tools: vivace's is used) ends turns with that."""
+    tok = llama3_tokenizer(["<|eot_id|>", *(t for t in LLAMA3_SPECIALS if t != "<|eot_id|>")])
+    eot, eos = tok.convert_tokens_to_ids("<|eot_id|>"), tok.eos_token_id
+    assert eot == 0 and eos != 0
+    cfg = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=eos,
+                      **{**SMALL, "max_position_embeddings": 4096})  # fmt: skip
+    generation = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=[eos, eot])
+    return save(tmp_path_factory.mktemp("eot") / "ckpt", cfg, tok, silent=True, generation=generation)
+
+
+def test_turns_end_at_an_eos_id_only_the_generation_config_names(eot_ckpt):
+    """The agent and RL path (TokenPolicy) and `vivace serve` both stop at <|eot_id|>, rather than
+    sampling it to max_tokens and showing it as content."""
+    policy = token_policy(str(eot_ckpt), EngineConfig(device="cpu", temperature=0))
+    try:
+        assert policy.chat.stop_ids == [policy.chat.tokenizer.eos_token_id, 0]
+        conversation = Conversation([Message("user", "Read a.py.")], TOOLS, max_turn_tokens=20)
+        turn = asyncio.run(policy.act(conversation))
+        assert (turn.finish_reason, turn.token_ids, turn.message) == ("stop", [0], Message("assistant", ""))
+    finally:
+        policy.sampler.close()
+    engine, chat = local_engine(str(eot_ckpt), EngineConfig(device="cpu"))
+    srv = BackgroundServer(create_app(engine, chat, "eot"))
+    srv.start()
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+        args = dict(model="eot", messages=[{"role": "user", "content": "hi"}], max_tokens=20, temperature=0)
+        for tools in ([], TOOLS):
+            reply = client.chat.completions.create(**args, **({"tools": tools} if tools else {}))
+            assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == 1
+            assert not reply.choices[0].message.content
+    finally:
+        srv.stop()
+        engine.close()
+
+
+def ckpt_tokenizer_dir(path, generation: str | None):
+    """A directory with the reference tokenizer and (given) this generation_config.json text."""
+    reference_tokenizer().save_pretrained(path)
+    if generation is not None:
+        (path / "generation_config.json").write_text(generation)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text, ids",
+    [(None, []), ("{}", []), ('{"eos_token_id": 6}', [6]), ('{"eos_token_id": [1, 6, 1], "top_p": 0.9}', [1, 6])],
+    ids=["no file", "no field", "one id", "a list"],
+)
+def test_generation_eos_ids_reads_an_id_or_a_list(tmp_path, text, ids):
+    assert generation_eos_ids(ckpt_tokenizer_dir(tmp_path, text)) == ids
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{not json", "cannot read it as JSON"),
+        ("[6]", "expected a JSON object, got list"),
+        ('{"eos_token_id": "<|im_end|>"}', 'eos_token_id must be a token id or a list of token ids, got "<|im_end|>"'),
+        ('{"eos_token_id": [6, -1]}', "eos_token_id must be a token id or a list of token ids, got [6, -1]"),
+    ],
+)
+def test_a_malformed_generation_config_is_refused_by_name(tmp_path, text, problem):
+    path = ckpt_tokenizer_dir(tmp_path, text)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'generation_config.json'}: {problem}")):
+        ChatFormat(load_tokenizer(path))
+
+
+def test_generation_eos_ids_outside_the_vocabulary_are_ignored_with_a_warning(tmp_path, caplog):
+    path = ckpt_tokenizer_dir(tmp_path, '{"eos_token_id": [6, 99999]}')
+    with caplog.at_level("WARNING", logger="vivace.harness.chat"):
+        chat = ChatFormat(load_tokenizer(path))
+    assert chat.stop_ids == [1, 6]
+    assert f"{path}/generation_config.json's eos_token_id [99999] not in the tokenizer's" in caplog.text
+
+
+@pytest.mark.parametrize("spec", ["tiny", "tiny-init"])
+def test_the_shipped_models_stop_where_they_did(spec):
+    """Their generation configs name no eos: their stop ids, template and end tags are the ones a
+    ChatFormat without generation-config ids has."""
+    tok = load_tokenizer(spec)
+    chat, plain = ChatFormat(tok), ChatFormat(tok, eos_ids=[])
+    assert chat.stop_ids == plain.stop_ids == [tok.convert_tokens_to_ids(t) for t in (END_OF_TURN, "<|endoftext|>")]
+    assert (chat.template, chat.end_of_turn, chat._end_tags) == (QWEN_TEMPLATE, END_OF_TURN, plain._end_tags)
 
 
 def test_a_qwen3_template_checkpoint_runs_past_its_first_turn(tmp_path):

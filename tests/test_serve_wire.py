@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from vivace.harness.chat import ChatFormat
 from vivace.harness.policy import Completion, derive_seed
-from vivace.inference.detokenize import Detokenizer
+from vivace.inference.detokenize import Detokenizer, TokenBytes
 from vivace.inference.engine import TopCompletion
 from vivace.inference.server import create_app
 from vivace.model.tokenizer import reference_tokenizer
@@ -565,6 +565,54 @@ def test_stop_strings_across_split_characters(served, stop):
     assert not any("\ufffd" in d for d in choice["deltas"])
     r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "stop": stop, "max_tokens": 100})
     assert r.json()["choices"][0]["text"] == (expected if stop in TEXT else TEXT + "<|im_end|>")  # raw tokens
+
+
+def test_logprob_bytes_are_each_tokens_own(served):
+    """A token holding part of a character (byte-level BPE splits 🙂 and 世 over tokens that each
+    decode to U+FFFD) reports its real bytes, as OpenAI does: joined, they are the reply's UTF-8.
+    The alternatives' bytes too, streamed or whole."""
+    engine, client = served
+    says(engine, TEXT)
+    reply = whole(client, logprobs=True, top_logprobs=2)
+    entries = reply["logprobs"]["content"]
+    assert sum(e["token"] == "\ufffd" for e in entries) >= 6  # the characters are split over tokens
+    assert b"".join(bytes(e["bytes"]) for e in entries) == TEXT.encode()
+    assert all(e["top_logprobs"][0]["bytes"] == e["bytes"] for e in entries)  # the first alternative: itself
+    for e, t in zip(entries, engine.ids, strict=False):
+        assert e["top_logprobs"][1]["bytes"] == list(TokenBytes(CHAT.tokenizer)(t + 1))
+    assert streamed_choice(client, logprobs=True, top_logprobs=2)["logprobs"] == entries
+
+
+def test_token_bytes_agree_with_the_tokenizers_decode():
+    """Against a whole decode: every token that is whole characters is its text's UTF-8, any ids'
+    bytes joined decode to the tokenizer's text of them, and control tokens are their text."""
+    import random
+
+    tok, token_bytes = CHAT.tokenizer, TokenBytes(CHAT.tokenizer)
+    for t in range(len(tok)):
+        text = CHAT.decode([t])
+        if "\ufffd" not in text:
+            assert token_bytes(t) == text.encode(), t
+    rng = random.Random(0)
+    for ids in [CHAT.encode(TEXT)] + [[rng.randrange(len(tok)) for _ in range(40)] for _ in range(100)]:
+        assert b"".join(map(token_bytes, ids)).decode(errors="replace") == CHAT.decode(ids)
+    assert token_bytes(CHAT.stop_ids[0]) == b"<|im_end|>"
+
+
+def test_token_bytes_of_a_byte_fallback_tokenizer():
+    """SentencePiece-style vocabularies (Llama 2, Mistral) spell bytes no token covers as <0xF0>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": b + 1 for b in range(256)}}
+    vocab.update((c, len(vocab) + i) for i, c in enumerate("ab▁"))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    ids = tok.encode("ab 🙂 a", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(ids[3]) == "<0xF0>"
+    assert b"".join(map(TokenBytes(tok), ids)) == "ab 🙂 a".encode()
 
 
 def test_stop_strings_read_the_output_in_linear_time():

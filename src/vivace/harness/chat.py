@@ -11,6 +11,9 @@ else QWEN_TEMPLATE, with a warning that says why. So a Llama 3 or Mistral checkp
 whose template writes `<think>` into the last turn, runs with vivace's format instead of silently
 losing its tools or failing on its second turn; a tokenizer with no `<|im_end|>` token gets that
 template with its eos token ending each turn, so generation stops where the model ends its text.
+It also stops at every id the checkpoint's generation_config.json lists as `eos_token_id` (Llama 3
+Instruct ends a turn with <|eot_id|>, which is not its tokenizer's eos), read from the directory
+the tokenizer was loaded from (`tokenizer.name_or_path`).
 
 Why token-in/token-out: an RL rollout must train on exactly the tokens the model sampled, so the
 past is never re-tokenized. A rollout holds one growing token sequence: the prompt, then each
@@ -149,8 +152,14 @@ class ChatFormat:
     """Renders, encodes and parses conversations for one tokenizer and one template."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, template: str | None = None, end_of_turn: str = END_OF_TURN
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        template: str | None = None,
+        end_of_turn: str = END_OF_TURN,
+        eos_ids: Sequence[int] | None = None,
     ) -> None:
+        """`eos_ids`: more ids that end generation; None reads them from the generation_config.json
+        of the directory the tokenizer was loaded from (a checkpoint's), if it has one."""
         self.tokenizer = tokenizer
         vocab = tokenizer.get_added_vocab()
         # Whitespace tokens (Gemma's "\n") are ordinary text in templates and messages alike.
@@ -166,11 +175,15 @@ class ChatFormat:
             self._choose_template(_own_template(tokenizer))
         eos = tokenizer.eos_token if isinstance(tokenizer.eos_token, str) else None
         ends = [t for t in dict.fromkeys((self.end_of_turn, END_OF_TEXT, eos)) if t and self._single_id(t) is not None]
-        # A turn ends at the template's end-of-turn token, or where the model ends the text (its eos).
-        self.stop_ids = [self._single_id(t) for t in ends]
-        self._end_tags = tuple(dict.fromkeys((self.end_of_turn, END_OF_TEXT, *ends)))  # stripped off a turn's end
+        # A turn ends at the template's end-of-turn token, or where the model ends the text: its
+        # tokenizer's eos, or any id its generation config names (Llama 3's <|eot_id|> and <|eom_id|>).
+        stops = {self._single_id(t): t for t in ends}
+        stops.update((i, self.decode([i])) for i in self._generation_eos(eos_ids) if i not in stops)
+        self.stop_ids = list(stops)
+        # Stripped off a turn's end.
+        self._end_tags = tuple(dict.fromkeys((self.end_of_turn, END_OF_TEXT, *stops.values())))
         self._tag_of_id = {vocab[t]: t for t in SPECIAL_TOKENS if t in vocab}
-        self._tag_of_id.update(zip(self.stop_ids, ends, strict=True))
+        self._tag_of_id.update(stops)
         # Tags this tokenizer has no token for can only be generated as text, so parse finds them there.
         text_tags = [t for t in SPECIAL_TOKENS if t not in vocab]
         self._text_tag_re = re.compile("(" + "|".join(map(re.escape, text_tags)) + ")") if text_tags else None
@@ -202,6 +215,22 @@ class ChatFormat:
             self.template_note = f"{self.template_note}; {stuck}" if self.template_note else stuck
         if self.template_note:
             log.warning("%s; using %s instead", self.template_note, self.template_name)
+
+    def _generation_eos(self, eos_ids: Sequence[int] | None) -> list[int]:
+        """The given end ids, or those of the tokenizer's checkpoint's generation_config.json; ids
+        outside the tokenizer's vocabulary are left out with a warning (no text, nothing to parse)."""
+        source = "eos_ids"
+        if eos_ids is None:
+            from vivace.model.checkpoint import generation_eos_ids  # (the one reader of checkpoint files)
+
+            directory = getattr(self.tokenizer, "name_or_path", "") or ""
+            source = f"{directory}/generation_config.json's eos_token_id"
+            eos_ids = generation_eos_ids(directory) if directory else []
+        size = len(self.tokenizer)
+        outside = [i for i in eos_ids if not 0 <= i < size]
+        if outside:
+            log.warning("%s %s not in the tokenizer's %d ids; ignored", source, outside, size)
+        return [i for i in eos_ids if 0 <= i < size]
 
     def _single_id(self, text: str) -> int | None:
         """The id of a text that is one token (a control token), else None."""

@@ -4,7 +4,8 @@ What: `Detokenizer` turns a growing list of token ids into text deltas by decodi
 window (the "prefix offset / read offset" technique of vLLM and text-generation-inference);
 `StopFinder` finds the first stop string in those deltas; `ContentStream` says which part of a
 chat reply's text can be streamed as content yet. The server uses them for streamed and whole
-replies alike, so both end at the same place.
+replies alike, so both end at the same place. `TokenBytes` gives a token's own bytes (logprobs'
+`bytes`), which a token's decoded text loses when it holds part of a character.
 
 Why a window: decoding everything at every token is quadratic in the output. Decoding only from
 a few tokens back is exact because the window always starts on a character boundary: a window is
@@ -20,7 +21,9 @@ token (or `flush`) releases it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Container, Sequence
+from typing import Any
 
 
 class Detokenizer:
@@ -51,6 +54,41 @@ class Detokenizer:
         after = self.decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
         return after[len(before) :]
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
+
+
+class TokenBytes:
+    """Each token's own bytes: what OpenAI's logprobs report as `bytes`, so a client can join them
+    into the text even where a token holds part of a character (byte-level BPE splits an emoji or
+    a CJK character over tokens that each decode alone to U+FFFD).
+
+    A byte-level BPE vocabulary (GPT-2's, Qwen's, Llama 3's) spells each byte as one character,
+    mapped back here through the same table; an added token (<|im_end|>) is its text; a
+    SentencePiece byte token (<0xE2>) its byte. Any other token is the UTF-8 of its decoded text,
+    which is its bytes when it holds whole characters."""
+
+    def __init__(self, tokenizer: Any):
+        from tokenizers import decoders
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        self.tokenizer = tokenizer
+        self.added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        byte_level = backend is not None and isinstance(backend.decoder, decoders.ByteLevel)
+        self.byte_of = {c: b for b, c in bytes_to_unicode().items()} if byte_level else {}
+
+    def __call__(self, token: int) -> bytes:
+        if token in self.added:
+            return self.added[token].encode()
+        piece = self.tokenizer.convert_ids_to_tokens(token) or ""
+        if piece and self.byte_of and all(c in self.byte_of for c in piece):
+            return bytes(self.byte_of[c] for c in piece)
+        if m := _BYTE_FALLBACK.fullmatch(piece):
+            return bytes([int(m.group(1), 16)])
+        text = self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text.encode()
 
 
 class StopFinder:

@@ -18,6 +18,7 @@ parse the reply is the malformed-call one (the text as content, no tool calls).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from vivace.aio import cancel_and_wait
 from vivace.harness.chat import TOOL_CALL_OPEN, ChatFormat
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policy import Completion, SamplingParams
-from vivace.inference.detokenize import ContentStream, Detokenizer, StopFinder
+from vivace.inference.detokenize import ContentStream, Detokenizer, StopFinder, TokenBytes
 from vivace.inference.engine import AsyncEngine, TopLogprobs
 
 
@@ -154,10 +155,16 @@ def logprob_entry(chat: ChatFormat, token: int, logprob: float, top: TopLogprobs
     """One sampled token in OpenAI's chat `logprobs.content` form."""
 
     def piece(t: int) -> dict[str, Any]:
-        text = chat.decode([t])
-        return {"token": text, "bytes": list(text.encode())}
+        # Not the text's UTF-8: part of a character decodes to U+FFFD, its bytes are the token's own.
+        return {"token": chat.decode([t]), "bytes": list(token_bytes(chat.tokenizer)(t))}
 
     return {**piece(token), "logprob": logprob, "top_logprobs": [{**piece(t), "logprob": lp} for t, lp in top]}
+
+
+@functools.lru_cache(maxsize=4)
+def token_bytes(tokenizer: Any) -> TokenBytes:
+    """The tokenizer's TokenBytes, built once (a server has one tokenizer)."""
+    return TokenBytes(tokenizer)
 
 
 def chat_logprobs(chat: ChatFormat, out: Output) -> list[dict[str, Any]]:

@@ -25,8 +25,10 @@ Options honoured:
   tokens are part of the reply: counted in completion tokens and `max_tokens`, not in logprobs.
 - `parallel_tool_calls` false: the first call only.
 - `logprobs` (chat, streamed too: each chunk carries its tokens' entries) with `top_logprobs`
-  0 to 20; `logprobs` N (0 to 20) on /v1/completions adds OpenAI's `top_logprobs` (a
-  {token text: logprob} per token; ids that decode to the same text keep the likelier). Every
+  0 to 20, each entry's `bytes` the token's own (a token holding part of a character gives its
+  bytes, not U+FFFD's, so the entries' bytes join into the reply's UTF-8); `logprobs` N (0 to
+  20) on /v1/completions adds OpenAI's `top_logprobs` (a {token text: logprob} per token; ids
+  that decode to the same text, such as parts of characters, keep the likelier). Every
   logprob, the sampled token's and the alternatives', is from the distribution the engine samples
   from before top-k/top-p: `log_softmax(logits / temperature)`, the model's own at temperature 1
   (and at 0, greedy). OpenAI reports the model's own at any temperature.

@@ -1,7 +1,8 @@
 """Policy models: Hugging Face causal LMs in standard checkpoint directories.
 
 What: `tiny_config` (the laptop preset: a ~8M-parameter Qwen3-MoE, 8 experts top-2, 8,192
-positions), `load_model(spec)` for `tiny` or a local checkpoint directory, and `save_checkpoint`,
+positions), `load_model(spec)` for `tiny` or a local checkpoint directory, the files a checkpoint
+directory holds read in one place (`model_config`, `generation_eos_ids`), and `save_checkpoint`,
 which writes a directory that plain `transformers.AutoModelForCausalLM` / `AutoTokenizer` load
 unchanged (config.json, model.safetensors, tokenizer files with the chat template).
 
@@ -18,6 +19,7 @@ time) and sharded loading across devices (the trainer does that).
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,6 +187,28 @@ def model_config(spec: str) -> PretrainedConfig:
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{spec}: cannot read its config.json ({first})") from None
+
+
+def generation_eos_ids(path: str | Path) -> list[int]:
+    """The ids that end generation by a checkpoint directory's generation_config.json: its
+    `eos_token_id`, one id or a list (Llama 3 Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>;
+    Qwen2.5 Instruct: <|im_end|>, <|endoftext|>). [] when the directory has no such file or the
+    file no such field; ValueError naming the file when it is not a JSON object or the field is
+    not token ids. Whether the ids are in the tokenizer's vocabulary is the caller's to check."""
+    file = Path(path).expanduser() / "generation_config.json"
+    if not str(path) or not file.is_file():
+        return []
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{file}: cannot read it as JSON ({e}); fix or remove it") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: expected a JSON object, got {type(config).__name__}; fix or remove it")
+    eos = config.get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{file}: eos_token_id must be a token id or a list of token ids, got {json.dumps(eos)}")
+    return list(dict.fromkeys(ids))
 
 
 def _tokenizer_of(path: Path, spec: str) -> PreTrainedTokenizerBase:
