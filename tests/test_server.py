@@ -125,6 +125,33 @@ async def test_errors_round_trip_as_the_same_classes(env_server, client, repo):
         await RemoteWorkspace(client, "w999-deadbeef", 60, {}).read_bytes("README.md")
 
 
+async def test_file_reads_stay_inside_the_workspace(client, repo):
+    """A read streams from a file opened as every file operation opens it: `..` and symlinks out of
+    the workspace are refused, also a symlink swapped in while the read resolves the path."""
+    ws = await client.create(str(repo))
+    links = "ln -s /etc/passwd abs && ln -s ../../../../../../etc/passwd rel && ln -s /workspace/README.md inside"
+    await ws.exec(f"{links} && mkdir d && ln -s .. d/up && ln -s pkg dirlink")
+    for path in ("abs", "rel", "../README.md", "/etc/passwd", "d/up/../..", "d/up/../README.md"):
+        with pytest.raises(PathEscapeError):
+            await ws.read_bytes(path)
+    assert await ws.read_bytes("inside") == await ws.read_bytes("d/up/README.md") == b"# demo\n"
+    with pytest.raises(NotAFileError):
+        await ws.read_bytes("dirlink")
+    swap = "for i in $(seq 1500); do ln -sfn README.md x; ln -sfn /etc/passwd x; done"
+    swapping = asyncio.create_task(ws.exec(swap, timeout=120))
+    outcomes: dict[str, int] = {}
+    while not swapping.done():
+        try:
+            outcome = (await ws.read_bytes("x")).decode(errors="replace")
+        except (PathEscapeError, WorkspaceFileNotFound) as e:  # not found: between unlink and symlink
+            outcome = type(e).__name__
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert (await swapping).exit_code == 0
+    print(f"\nreads while a symlink was swapped in and out: {outcomes}")
+    assert set(outcomes) <= {"# demo\n", "PathEscapeError", "WorkspaceFileNotFound"}, outcomes
+    await ws.close()
+
+
 async def test_binary_files(client, repo):
     """Request body limits: test_server_limits.py."""
     ws = await client.create(str(repo))

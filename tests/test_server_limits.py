@@ -1,9 +1,11 @@
-"""The environment server's limits: how fast it stops (a container's stop grace) and how large
-a request body it reads. Both over real HTTP; the stop through the real `vivace sandbox serve`."""
+"""The environment server's limits: how fast it stops (a container's stop grace), how large a
+request body it reads, how long a command may run and how much of a file a read holds. Over real
+HTTP; the stop through the real `vivace sandbox serve`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -17,9 +19,10 @@ import pytest
 from conftest import ISOLATION_PROBLEM, make_backend
 from test_server import _running
 from vivace.config import PoolConfig
-from vivace.sandbox import SandboxError
+from vivace.sandbox import NotAFileError, SandboxError
 from vivace.sandbox.background import BackgroundServer
 from vivace.sandbox.client import EnvClient
+from vivace.sandbox.paths import MAX_READ_BYTES
 from vivace.sandbox.server import create_app
 
 
@@ -196,3 +199,120 @@ async def test_a_proxys_413_is_named(repo):
     async with client:
         with pytest.raises(SandboxError, match=r"HTTP 413 \(request body too large for a proxy before the server\)"):
             await client.create(str(repo))
+
+
+def _in_process_client(app, token: str = "t") -> EnvClient:
+    """An EnvClient calling `app` in this event loop (no server thread)."""
+    client = EnvClient("http://env", token)
+    client._http = httpx.AsyncClient(
+        base_url="http://env", headers={"Authorization": f"Bearer {token}"}, transport=httpx.ASGITransport(app=app)
+    )
+    return client
+
+
+async def test_exec_timeouts_over_the_servers_limit_are_refused(tmp_path, repo):
+    """A token holder could ask for timeout=1e9 and keep a workspace, and its pool slot, for ever."""
+    app = create_app(make_backend("plain", tmp_path / "state"), PoolConfig(), "t", own_backend=True)
+    async with _in_process_client(app) as client:
+        ws = await client.create(str(repo))
+        with pytest.raises(ValueError, match=r"timeout 1e\+09 s is over this environment server's limit of 3600 s"):
+            await ws.exec("echo never", timeout=1e9)
+        assert (await ws.exec("echo ok", timeout=3600)).stdout == "ok\n"  # up to the limit
+        assert ws.info["max_timeout_s"] == 3600
+        r = await client._http.post(f"/v1/workspaces/{ws.id}/exec", json={"cmd": "true", "timeout": 3600.5})
+        assert (r.status_code, r.json()["error"]["kind"]) == (400, "invalid_argument")
+    await app.state.close_all()
+    # Configured lower; a limit under the backend's default timeout (120 s) is raised to it, so a
+    # command without a timeout of its own always runs.
+    for limit, effective in ((600, 600), (1, 120)):
+        backend = make_backend("plain", tmp_path / f"state-{limit}")
+        app = create_app(backend, PoolConfig(), "t", own_backend=True, max_exec_timeout_s=limit)
+        async with _in_process_client(app) as client:
+            ws = await client.create(str(repo))
+            assert ws.info["max_timeout_s"] == effective
+            assert (await ws.exec("true", timeout=effective)).exit_code == 0
+            with pytest.raises(ValueError, match=f"limit of {effective} s per command"):
+                await ws.exec("true", timeout=effective + 1)
+        await app.state.close_all()
+
+
+@pytest.fixture(params=["plain", "isolated"])
+def file_server(request, tmp_path):
+    app = create_app(make_backend(request.param, tmp_path / "state"), PoolConfig(), "t", own_backend=True)
+    server = BackgroundServer(app).start()
+    yield server
+    server.stop()
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # sets VmHWM, the peak resident set, back to the current one
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+async def test_file_reads_are_streamed_not_held_in_memory(file_server, repo):
+    """A read was read whole, joined and sent as one body: the server held the file about three
+    times over (a 64 MiB read raised this process's peak RSS by ~190 MB). Now a chunk at a time."""
+    async with EnvClient(file_server.url, "t") as client:
+        ws = await client.create(str(repo))
+        # Sparse: the isolated backend's 64 MiB tmpfs holds them.
+        await ws.exec(f"truncate -s {MAX_READ_BYTES} big && truncate -s {MAX_READ_BYTES + 1} too-big")
+        async with httpx.AsyncClient(base_url=file_server.url, headers={"Authorization": "Bearer t"}) as http:
+            received = zeros = 0
+            _reset_peak_rss()  # the server runs in this process (a thread)
+            before = _peak_rss()
+            async with http.stream("GET", f"/v1/workspaces/{ws.id}/file", params={"path": "big"}) as r:
+                assert (r.status_code, r.headers["content-type"]) == (200, "application/octet-stream")
+                async for chunk in r.aiter_bytes():  # not kept: what grows is the server
+                    received += len(chunk)
+                    zeros += chunk.count(0)
+            grown = _peak_rss() - before
+        print(f"\npeak RSS growth while streaming a {MAX_READ_BYTES >> 20} MiB file: {grown / 2**20:.1f} MiB")
+        assert received == zeros == MAX_READ_BYTES
+        assert grown < 32 << 20
+        # Over the read limit, refused as in-process; the client's whole reads are unchanged.
+        with pytest.raises(NotAFileError, match=f"over the {MAX_READ_BYTES}-byte read limit"):
+            await ws.read_bytes("too-big")
+        assert await ws.read_bytes("README.md") == b"# demo\n"
+        await ws.close()
+
+
+def _open_files_named(name: str) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed since the listing
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("/" + name):
+                found.append(fd)
+    return found
+
+
+async def _until_closed(name: str) -> None:
+    for _ in range(100):
+        if not _open_files_named(name):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the server still holds {name} open")
+
+
+async def test_a_file_read_cut_short_closes_the_file(file_server, repo):
+    async with EnvClient(file_server.url, "t") as client:
+        ws = await client.create(str(repo))
+        await ws.exec(f"truncate -s {MAX_READ_BYTES} streamed.bin")
+        url = f"/v1/workspaces/{ws.id}/file"
+        async with httpx.AsyncClient(base_url=file_server.url, headers={"Authorization": "Bearer t"}) as http:
+            async with http.stream("GET", url, params={"path": "streamed.bin"}) as r:
+                async for _ in r.aiter_raw():
+                    assert _open_files_named("streamed.bin"), "the server reads from the open file"
+                    break  # the client hangs up after the first chunk
+            await _until_closed("streamed.bin")
+            # The workspace closed under a read: the body is cut short, not passed off as a shorter file.
+            with pytest.raises(httpx.RemoteProtocolError):
+                async with http.stream("GET", url, params={"path": "streamed.bin"}) as r:
+                    async for _ in r.aiter_raw():
+                        if not ws.closed:
+                            await ws.close()
+            await _until_closed("streamed.bin")

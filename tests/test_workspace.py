@@ -245,3 +245,30 @@ def test_confined_realpath_resolves_inside_links_only(tmp_path):
     for escaping in ("out", "pkg/up/etc", "ld/up/x", "../x", "new/../../x"):
         with pytest.raises(PathEscapeError):
             fs.realpath(escaping)
+
+
+def test_confined_fs_of_an_unmounted_tree_keeps_slash_workspace_outside(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/f").write_text("in\n")
+    os.symlink("/workspace/sub", tmp_path / "l")
+    assert ConfinedFS(tmp_path).read_bytes("l/f") == ConfinedFS(tmp_path).read_bytes("/workspace/sub/f") == b"in\n"
+    for path in ("l/f", "/workspace/sub/f"):
+        with pytest.raises(PathEscapeError):
+            ConfinedFS(tmp_path, mount=None).read_bytes(path)
+
+
+def test_a_read_stops_one_byte_past_the_limit_of_a_file_still_growing(tmp_path, monkeypatch):
+    """The size is checked at the open; a command appending meanwhile must not make the read take
+    whatever the file grows to."""
+    (tmp_path / "log").write_bytes(b"x" * 50)
+    fs, real = ConfinedFS(tmp_path), ConfinedFS.open_regular
+
+    def grows(self, path, max_bytes, head_bytes=0):
+        opened = real(self, path, max_bytes, head_bytes)
+        with open(tmp_path / "log", "ab") as f:
+            f.write(b"y" * 1000)
+        return opened
+
+    monkeypatch.setattr(ConfinedFS, "open_regular", grows)
+    with pytest.raises(NotAFileError, match="growing, over the 100-byte read limit"):
+        fs.read_bytes("log", max_bytes=100)

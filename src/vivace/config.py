@@ -86,6 +86,12 @@ class ServerConfig(_Strict):
     token: str | None = Field(
         None, description="Bearer token clients must send; None: $VIVACE_SANDBOX_TOKEN or a random one."
     )
+    max_exec_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="The longest timeout a client may ask for one command, s (never below sandbox.timeout_s); "
+        "a longer one is refused: it would only keep a workspace and its pool slot from everybody else.",
+    )
 
 
 class AgentConfig(_Strict):

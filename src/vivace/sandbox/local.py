@@ -41,7 +41,7 @@ from vivace.sandbox.base import (
 )
 from vivace.sandbox.diff import tree_diff
 from vivace.sandbox.linux import process_start_time
-from vivace.sandbox.paths import ConfinedFS
+from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile
 from vivace.sandbox.snapshot import Snapshot, SnapshotSource, evict, materialize
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,11 @@ def owner_alive(owner: str) -> bool:
     except ValueError:
         return False
     return str(process_start_time(pid)) == rest.partition("-")[0]
+
+
+def _close_opened(fut: asyncio.Future[OpenFile]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        os.close(fut.result().fd)
 
 
 def toolchain_dirs(config: SandboxConfig) -> list[Path]:
@@ -164,6 +169,18 @@ class LocalWorkspace(TextFilesMixin):
     async def read_bytes(self, path: str) -> bytes:
         self._check()
         return await asyncio.to_thread(self.fs.read_bytes, path)
+
+    async def open_read(self, path: str, max_bytes: int = MAX_READ_BYTES, head_bytes: int = 0) -> OpenFile:
+        """The file opened to be read in pieces, checked as `read_bytes` checks it, with its first
+        `head_bytes` (`ConfinedFS.open_regular`); the caller closes the descriptor."""
+        self._check()
+        loop = asyncio.get_running_loop()
+        opening = loop.run_in_executor(None, self.fs.open_regular, path, max_bytes, head_bytes)
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_opened)  # nobody else will close what the thread still opens
+            raise
 
     async def write_bytes(self, path: str, data: bytes) -> None:
         self._check()

@@ -4,8 +4,10 @@ Every path is walked one component at a time from an open directory descriptor w
 O_NOFOLLOW, resolving symlinks by hand, so neither `..`, an absolute path nor a symlink
 (even one swapped in by a command running concurrently) can lead outside the root.
 Symlinks that stay inside the root are followed; absolute targets under the sandbox mount
-point (`/workspace/...`) count as inside. Writes replace a file by renaming a finished
-temporary file over it, so no reader sees a half-written file.
+point (`/workspace/...`) count as inside (not for a tree no sandbox mounts: `mount=None`).
+Writes replace a file by renaming a finished temporary file over it, so no reader sees a
+half-written file. Reads stop one byte past the read limit, even on a file still growing.
+`resolve` is the walk itself, for callers with an operation of their own (sandbox/apply.py).
 
 Not covered: hard links made inside the workspace to files outside it (the isolated
 backend cannot create those; the plain backend is not a security boundary anyway). A write
@@ -24,6 +26,7 @@ import shutil
 import stat as stat_mod
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from vivace.sandbox.base import DirEntry, FileKind, FileStat, NotAFileError, PathEscapeError, WorkspaceFileNotFound
@@ -44,9 +47,9 @@ def _kind(mode: int) -> FileKind:
     return "other"
 
 
-def _split(path: str, original: str) -> list[str]:
-    if path.startswith(WORKSPACE_MOUNT + "/") or path == WORKSPACE_MOUNT:
-        path = path[len(WORKSPACE_MOUNT) :].lstrip("/") or "."
+def _split(path: str, original: str, mount: str | None = WORKSPACE_MOUNT) -> list[str]:
+    if mount and (path.startswith(mount + "/") or path == mount):
+        path = path[len(mount) :].lstrip("/") or "."
     if path.startswith("/"):
         raise PathEscapeError(
             f"{original!r}: absolute paths are outside the workspace; use a path relative to the workspace root"
@@ -104,16 +107,34 @@ def _bounded_content(f) -> bytes:
     return b"\0large file sha256:" + h.hexdigest().encode()
 
 
-class ConfinedFS:
-    """Byte-level file API over one directory tree; `owner` (uid, gid) is given to new files."""
+@dataclass(frozen=True)
+class OpenFile:
+    """A file opened for reading in pieces (`ConfinedFS.open_regular`); the holder closes `fd`."""
 
-    def __init__(self, root: Path, owner: tuple[int, int] | None = None):
+    fd: int
+    size: int  # bytes, when it was opened
+    head: bytes  # its first bytes, read with the open (all of it, for a file that small)
+
+
+def _over_limit(path: str, size: int, max_bytes: int, growing: bool = False) -> str:
+    what = f"over {size - 1} bytes and growing" if growing else f"{size} bytes"
+    return f"{path!r} is {what}, over the {max_bytes}-byte read limit"
+
+
+class ConfinedFS:
+    """Byte-level file API over one directory tree; `owner` (uid, gid) is given to new files.
+    `mount`: where the tree appears to the commands that make its symlinks (an absolute link
+    under it stays inside); None for a tree no sandbox mounts (a developer's repository, where
+    `/workspace/x` is some other directory and a link to it leads outside)."""
+
+    def __init__(self, root: Path, owner: tuple[int, int] | None = None, mount: str | None = WORKSPACE_MOUNT):
         self.root = Path(root)
         self.owner = owner
+        self.mount = mount
 
     # -- resolution ---------------------------------------------------------------------
     @contextmanager
-    def _resolve(
+    def resolve(
         self,
         path: str,
         *,
@@ -130,7 +151,7 @@ class ConfinedFS:
         if trail is None:
             trail = []
         try:
-            pending = _split(path, path)
+            pending = _split(path, path, self.mount)
             _check_lexical(pending, path)
             links = 0
             while pending:
@@ -168,12 +189,13 @@ class ConfinedFS:
                     except OSError as e:  # replaced (EINVAL) or removed (ENOENT) since the stat above
                         raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
                     if target.startswith("/"):
-                        if not (target == WORKSPACE_MOUNT or target.startswith(WORKSPACE_MOUNT + "/")):
+                        mount = self.mount
+                        if not (mount and (target == mount or target.startswith(mount + "/"))):
                             raise PathEscapeError(f"{path!r}: symlink {comp!r} points outside the workspace ({target})")
                         while len(fds) > 1:
                             os.close(fds.pop())
                         names.clear()
-                    pending = _split(target, path) + pending
+                    pending = _split(target, path, self.mount) + pending
                     continue
                 if final:
                     trail[:] = names
@@ -193,33 +215,52 @@ class ConfinedFS:
                 os.close(fd)
 
     # -- operations ---------------------------------------------------------------------
-    def read_bytes(self, path: str, max_bytes: int = MAX_READ_BYTES) -> bytes:
-        with self._resolve(path) as (dfd, name):
+    def open_regular(self, path: str, max_bytes: int = MAX_READ_BYTES, head_bytes: int = 0) -> OpenFile:
+        """The regular file at `path` opened read-only, with its first `head_bytes`: walked inside
+        the root, the last component opened with O_NOFOLLOW (a symlink swapped in meanwhile is
+        refused), so the descriptor reads this file whatever is renamed or linked there after.
+        NotAFileError for a directory, a special file or one over `max_bytes`; the caller closes
+        `fd` (the environment server streams a file from it)."""
+        with self.resolve(path) as (dfd, name):
             if name is None:
                 raise NotAFileError(f"{path!r} is a directory")
             try:
                 fd = _open_final(dfd, name, os.O_RDONLY | os.O_NONBLOCK, path)
             except FileNotFoundError:
                 raise WorkspaceFileNotFound(f"{path!r}: no such file") from None
-            try:
-                st = os.fstat(fd)
-                if stat_mod.S_ISDIR(st.st_mode):
-                    raise NotAFileError(f"{path!r} is a directory; list it instead")
-                if not stat_mod.S_ISREG(st.st_mode):
-                    raise NotAFileError(f"{path!r} is not a regular file")
-                if st.st_size > max_bytes:
-                    raise NotAFileError(f"{path!r} is {st.st_size} bytes, over the {max_bytes}-byte read limit")
-                chunks = []
-                while chunk := os.read(fd, 1 << 20):
-                    chunks.append(chunk)
-                return b"".join(chunks)
-            finally:
-                os.close(fd)
+        try:
+            st = os.fstat(fd)
+            if stat_mod.S_ISDIR(st.st_mode):
+                raise NotAFileError(f"{path!r} is a directory; list it instead")
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise NotAFileError(f"{path!r} is not a regular file")
+            if st.st_size > max_bytes:
+                raise NotAFileError(_over_limit(path, st.st_size, max_bytes))
+            head = os.pread(fd, min(head_bytes, st.st_size), 0) if head_bytes and st.st_size else b""
+        except BaseException:
+            os.close(fd)
+            raise
+        return OpenFile(fd, st.st_size, head)
+
+    def read_bytes(self, path: str, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        opened = self.open_regular(path, max_bytes)
+        try:
+            chunks, size = [], 0
+            # At most one byte past the limit: a file a command is still growing is refused, not
+            # read to whatever size it reaches meanwhile.
+            while size <= max_bytes and (chunk := os.read(opened.fd, min(1 << 20, max_bytes + 1 - size))):
+                chunks.append(chunk)
+                size += len(chunk)
+            if size > max_bytes:
+                raise NotAFileError(_over_limit(path, size, max_bytes, growing=True))
+            return b"".join(chunks)
+        finally:
+            os.close(opened.fd)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Replace the file's content atomically: a reader (or a crash) sees the old content or
         the new one, never a mix."""
-        with self._resolve(path, create_parents=True) as (dfd, name):
+        with self.resolve(path, create_parents=True) as (dfd, name):
             if name is None:
                 raise NotAFileError(f"{path!r} is a directory")
             try:
@@ -281,7 +322,7 @@ class ConfinedFS:
         for _ in range(MAX_SYMLINKS):
             trail: list[str] = []
             try:
-                with self._resolve(path, trail=trail) as (_, name):
+                with self.resolve(path, trail=trail) as (_, name):
                     return "/".join([*trail, name] if name else trail) or "."
             except WorkspaceFileNotFound:
                 # trail: the resolved directories, the missing one, then the rest as written.
@@ -298,7 +339,7 @@ class ConfinedFS:
         'missing', 'file', 'symlink' or 'dir' ('dir' also for sockets and the like).
         Used by diffs, which must not be led outside by a link swapped in meanwhile."""
         try:
-            with self._resolve(path, follow_final=False) as (dfd, name):
+            with self.resolve(path, follow_final=False) as (dfd, name):
                 if name is None:
                     return "dir", None, 0
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -321,7 +362,7 @@ class ConfinedFS:
             raise
 
     def list(self, path: str = ".") -> list[DirEntry]:
-        with self._resolve(path) as (dfd, name):
+        with self.resolve(path) as (dfd, name):
             try:
                 fd = os.open(name or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             except FileNotFoundError:
@@ -341,18 +382,18 @@ class ConfinedFS:
                 os.close(fd)
 
     def stat(self, path: str) -> FileStat:
-        with self._resolve(path, follow_final=False) as (dfd, name):
+        with self.resolve(path, follow_final=False) as (dfd, name):
             try:
                 st = os.stat(name or ".", dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
                 raise WorkspaceFileNotFound(f"{path!r}: no such file or directory") from None
-            rel = "/".join(_split(path, path)) or "."
+            rel = "/".join(_split(path, path, self.mount)) or "."
             return FileStat(
                 path=rel, kind=_kind(st.st_mode), size=st.st_size, mode=st.st_mode & 0o7777, mtime=st.st_mtime
             )
 
     def remove(self, path: str, recursive: bool = False) -> None:
-        with self._resolve(path, follow_final=False) as (dfd, name):
+        with self.resolve(path, follow_final=False) as (dfd, name):
             if name is None:
                 raise PathEscapeError("refusing to remove the workspace root")
             try:

@@ -34,7 +34,13 @@ class EnvServerActor:
 
         cfg = VivaceConfig.model_validate(config)
         self._token, _ = resolve_token(cfg.server)
-        app = create_app(open_backend(cfg.sandbox), cfg.pool, self._token, own_backend=True)
+        app = create_app(
+            open_backend(cfg.sandbox),
+            cfg.pool,
+            self._token,
+            own_backend=True,
+            max_exec_timeout_s=cfg.server.max_exec_timeout_s,
+        )
         self._server = BackgroundServer(
             app, cfg.server.host, cfg.server.port, ClosingServer, GRACEFUL_BACKSTOP_S
         ).start()

@@ -14,16 +14,22 @@ is idempotent; a client that hangs up during an exec or a create cancels it, as 
 the call in-process would (the command is killed; a create waiting for a pool slot leaves
 the queue; a workspace made for nobody is closed); a request body over its limit (file
 uploads: MAX_UPLOAD_BYTES, JSON: MAX_JSON_BYTES) is refused with 413 "too_large" without
-being held in memory past the limit. Under `ClosingServer` (`serve`), SIGTERM or Ctrl-C
-stops new work, gives running creates and execs SHUTDOWN_GRACE_S to finish, then cancels
-them (commands killed, clients answered 503 "shutting_down") and closes every workspace the
-server handed out, within a few seconds (inside Docker's and Kubernetes' 10 s stop grace);
-also when forced (a second Ctrl-C). Not guaranteed: TLS (bind to loopback, or put it behind
-a proxy), isolation between token holders (a token holder may snapshot any path the server
-can read and use every workspace), a bound on response sizes (a file is read whole into
-memory), a prompt stop under plain uvicorn (which waits for running commands; `serve` and
-the Ray actor's servers run ClosingServer), and reaping of workspaces whose client vanished
-without closing them (they hold a pool slot until closed or until the server stops).
+being held in memory past the limit; a command's timeout over `server.max_exec_timeout_s` (an hour
+by default, never below the backend's default timeout) is refused with 400
+"invalid_argument" naming the limit, so no token holder keeps a workspace and its pool slot
+longer; a file is read from a descriptor opened safely inside the workspace
+(`ConfinedFS.open_regular`) and sent READ_CHUNK_BYTES at a time, never held whole (a file over the
+in-process read limit, 64 MiB, is refused as in-process). Under `ClosingServer` (`serve`),
+SIGTERM or Ctrl-C stops new work, gives running creates and execs SHUTDOWN_GRACE_S to finish,
+then cancels them (commands killed, clients answered 503 "shutting_down") and closes every
+workspace the server handed out, within a few seconds (inside Docker's and Kubernetes' 10 s
+stop grace); also when forced (a second Ctrl-C). Not guaranteed: TLS (bind to loopback, or put
+it behind a proxy), isolation between token holders (a token holder may snapshot any path the
+server can read and use every workspace), letting go of a file whose reader stopped reading
+without hanging up (its descriptor stays open until the connection ends or the server stops), a
+prompt stop under plain uvicorn (which waits for running commands; `serve` and the Ray actor's
+servers run ClosingServer), and reaping of workspaces whose client vanished without closing
+them (they hold a pool slot until closed or until the server stops).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import os
 import secrets
 import sys
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 from urllib.parse import parse_qsl
 
@@ -52,6 +58,7 @@ from vivace.body_limit import BodyLimit, BodyTooLarge
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
 from vivace.sandbox.base import SandboxError, Unauthorized, UnknownWorkspace, WorkspaceClosedError
 from vivace.sandbox.local import LocalBackend, LocalWorkspace
+from vivace.sandbox.paths import OpenFile
 from vivace.sandbox.pool import WorkspacePool, open_backend
 from vivace.sandbox.snapshot import Snapshot, SnapshotSource
 
@@ -68,6 +75,11 @@ SHUTDOWN_GRACE_S = 1.0
 # uvicorn's own wait for requests in flight, a backstop only under ClosingServer: the drain answers running
 # creates and execs after SHUTDOWN_GRACE_S; what still runs after this (a file operation) is cancelled.
 GRACEFUL_BACKSTOP_S = SHUTDOWN_GRACE_S + 4
+# The longest command a client may ask for (`server.max_exec_timeout_s`): a test suite or a build
+# may take many minutes; more only keeps a workspace (and its pool slot) from everybody else.
+MAX_EXEC_TIMEOUT_S: float = ServerConfig.model_fields["max_exec_timeout_s"].default
+# A file read is sent this much at a time: what one read holds in memory, whatever the file's size.
+READ_CHUNK_BYTES = 256 << 10
 HEALTH_PATH = "/v1/health"
 STATUS_BY_KIND = {"path_escape": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
                   "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503}  # fmt: skip
@@ -128,9 +140,9 @@ def required_query_path(request: Request, path: str) -> str:  # `path: str`: mis
     return query_path(request, path)
 
 
-async def _hangup(request: Request) -> None:
+async def _hangup(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
     """Returns once the client has closed the connection (call it after the body is read)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
@@ -143,7 +155,7 @@ async def unless_cut_short(
     task = asyncio.ensure_future(work)
     reg.running.add(task)
     task.add_done_callback(reg.running.discard)
-    hangup = asyncio.ensure_future(_hangup(request))
+    hangup = asyncio.ensure_future(_hangup(request.receive))
     stop = asyncio.ensure_future(reg.stop_now.wait())
     cut_short: Literal["hung_up", "shutting_down"] | None = None
     try:
@@ -163,6 +175,51 @@ async def unless_cut_short(
 def hung_up_response() -> Response:
     # Nobody reads it: uvicorn drops a response for a closed connection. 499 as nginx logs it.
     return error_response(499, "client_closed", "the client closed the connection; the call was cancelled")
+
+
+class FileStream(Response):
+    """A workspace file sent from its open descriptor READ_CHUNK_BYTES at a time (chunked transfer
+    encoding): a read holds one chunk in memory, not the file. It sends the file's bytes up to its
+    size when opened, or to its end if it was truncated meanwhile (what a read in-process would
+    see). When the client hangs up it stops reading; when the workspace is closed or the server's
+    shutdown grace is over (`stop`) it cuts the body short (the client sees an incomplete response,
+    not a shorter file). The descriptor is closed however the response ends, never under a read
+    still running in a thread."""
+
+    media_type = "application/octet-stream"
+
+    def __init__(self, ws: LocalWorkspace, opened: OpenFile, stop: asyncio.Event) -> None:
+        self.ws, self.opened, self.stop = ws, opened, stop
+        self.status_code = 200
+        self.background = None
+        self.init_headers()  # no body: no Content-Length, so uvicorn sends it chunked
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        fd, size = self.opened.fd, self.opened.size
+        hangup = asyncio.ensure_future(_hangup(receive))
+        reading: asyncio.Future[bytes] | None = None
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            chunk, offset = self.opened.head, 0
+            while chunk and not hangup.done():
+                offset += len(chunk)
+                # Waits while the client lags behind (uvicorn's flow control): one chunk in memory.
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if offset >= size:
+                    break
+                if self.ws.closed or self.stop.is_set():
+                    log.info("a read from workspace %s cut short: closed, or the server stopping", self.ws.id)
+                    return  # uvicorn closes the connection on a response left incomplete
+                n = min(READ_CHUNK_BYTES, size - offset)
+                reading = asyncio.get_running_loop().run_in_executor(None, os.pread, fd, n, offset)
+                chunk = await asyncio.shield(reading)  # b"": truncated since it was opened
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            hangup.cancel()
+            if reading is None or reading.done():
+                os.close(fd)
+            else:  # cancelled (the server stopping) during a read: close once the thread is done with it
+                reading.add_done_callback(lambda _: os.close(fd))
 
 
 class TokenGate:
@@ -287,11 +344,15 @@ def create_app(
     max_json_bytes: int = MAX_JSON_BYTES,
     max_upload_bytes: int = MAX_UPLOAD_BYTES,
     shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+    max_exec_timeout_s: float = MAX_EXEC_TIMEOUT_S,
 ) -> FastAPI:
     """The HTTP app over `backend`; with `own_backend` its shutdown also closes the backend.
-    `ClosingServer` calls `app.state.drain()` when told to stop (see `Registry.drain`)."""
+    `ClosingServer` calls `app.state.drain()` when told to stop (see `Registry.drain`). An exec
+    asking for a timeout over `max_exec_timeout_s` (raised to the backend's default timeout if
+    lower) is refused."""
     if not token:
         raise ValueError("the environment server needs a non-empty token")
+    max_timeout_s = max(max_exec_timeout_s, backend.config.timeout_s)
     reg = Registry(backend, pool_config)
 
     async def close_all() -> None:  # idempotent: ClosingServer calls it again after the lifespan's shutdown
@@ -364,12 +425,17 @@ def create_app(
             if cut_short == "shutting_down":
                 raise ShuttingDown("the environment server is shutting down: the workspace was not created")
             return hung_up_response()
-        info = {"backend": backend.name, "isolated": backend.isolated, "timeout_s": backend.config.timeout_s}
+        info = {"backend": backend.name, "isolated": backend.isolated, "timeout_s": backend.config.timeout_s,
+                "max_timeout_s": max_timeout_s}  # fmt: skip
         return {"id": task.result(), **info}
 
     @app.post("/v1/workspaces/{ws_id}/exec")
     async def exec_(ws_id: str, body: ExecBody, request: Request) -> Any:
         reg.check_accepting()
+        if body.timeout is not None and body.timeout > max_timeout_s:
+            raise ValueError(
+                f"timeout {body.timeout:g} s is over this environment server's limit of {max_timeout_s:g} s per command"
+            )
         task, cut_short = await unless_cut_short(
             request, reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env), reg
         )
@@ -379,8 +445,12 @@ def create_app(
 
     @app.get("/v1/workspaces/{ws_id}/file")
     async def read(ws_id: str, path: str = Depends(required_query_path)) -> Response:
-        data = await reg.get(ws_id).read_bytes(path)
-        return Response(content=data, media_type="application/octet-stream")
+        ws = reg.get(ws_id)
+        opened = await ws.open_read(path, head_bytes=READ_CHUNK_BYTES)
+        if len(opened.head) < opened.size:
+            return FileStream(ws, opened, reg.stop_now)
+        os.close(opened.fd)  # read whole with the open: one trip to a thread for most files
+        return Response(content=opened.head, media_type="application/octet-stream")
 
     @app.put("/v1/workspaces/{ws_id}/file", status_code=204)
     async def write(ws_id: str, request: Request, path: str = Depends(required_query_path)) -> Response:
@@ -452,7 +522,13 @@ def serve(config: VivaceConfig) -> None:
         )
     if config.server.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("environment server bound to %s: reachable from the network, without TLS", config.server.host)
-    app = create_app(open_backend(config.sandbox), config.pool, token, own_backend=True)
+    app = create_app(
+        open_backend(config.sandbox),
+        config.pool,
+        token,
+        own_backend=True,
+        max_exec_timeout_s=config.server.max_exec_timeout_s,
+    )
     server = ClosingServer(
         uvicorn.Config(
             app,
