@@ -3,6 +3,7 @@ and then it holds exactly the diff the agent made."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from conftest import ISOLATION_PROBLEM
 from vivace.cli import app
 from vivace.sandbox.diff import tree_diff, walk_files
+from vivace.sandbox.local import LocalWorkspace
 from vivace.sandbox.process import default_signals
 
 BACKEND = "plain" if ISOLATION_PROBLEM else "isolated"
@@ -74,7 +76,7 @@ def test_agent_apply_writes_exactly_the_diff(setup, tmp_path):
     result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["applied"] and report["not_applied"] == {}
+    assert report["applied"] and report["not_applied"] == {} and report["merged"] == []
     diff = report["trajectory"]["diff"]
     assert "pkg/new.py" in diff and "README.md" in diff
     candidates = set(walk_files(original)) | set(walk_files(work))
@@ -163,3 +165,61 @@ def _running(cmdline: str) -> bool:
         except OSError:
             pass
     return False
+
+
+def _plain(args: list[str]) -> list[str]:
+    """`args` on the plain backend, whose commands can reach the repository as the developer does."""
+    args = list(args)
+    args[args.index("--backend") + 1] = "plain"
+    return args
+
+
+def test_apply_says_what_it_merged_and_what_it_left(setup, tmp_path):
+    """While the agent runs, the developer edits the first line of calc.py (the agent edits the last)
+    and the README (which the agent deletes): the apply merges the one, leaves the other, and says so."""
+    work, args = setup
+    developer = (
+        f"sed -i 's/^def add(a, b):$/def add(a, b):  # mine/' {work}/pkg/calc.py && echo mine >> {work}/README.md"
+    )
+    script = tmp_path / "meanwhile.json"
+    edits = SCRIPT[1]["tool_calls"] + [{"name": "run_terminal_cmd", "arguments": {"command": developer}}]
+    script.write_text(json.dumps([{"tool_calls": edits}, {"content": "Done."}]))
+    args = _plain(args)
+    args[args.index("--model") + 1] = f"scripted:replay:{script}"
+    result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply"], env={"COLUMNS": "300"})
+    assert result.exit_code == 1, result.output  # a path left: `--apply && git commit` must not go on
+    out = " ".join(result.output.split())
+    assert "applied 2 of 3 paths" in out and "README.md: changed in" in out
+    assert "merged with the changes made there while the agent ran: pkg/calc.py" in out
+    calc = (work / "pkg/calc.py").read_text()
+    assert "def add(a, b): # mine" in " ".join(calc.split()) and "return b - a" in calc
+    assert (work / "README.md").read_text() == "# demo\nmine\n" and (work / "pkg/new.py").exists()
+
+
+def test_ctrl_c_while_applying_says_what_was_written(setup, monkeypatch):
+    """A Ctrl-C in the middle of applying stops between two files: the paths written so far are named
+    (not "unchanged"), and the rest of the diff is not applied."""
+    work, args = setup
+    real_diff, real_read, reads = LocalWorkspace.diff, LocalWorkspace.read_bytes, []
+
+    async def diff(self):  # the episode's last call before the apply
+        reads.append("applying")
+        return await real_diff(self)
+
+    async def read_bytes(self, path):
+        if reads:
+            reads.append(path)
+        if len(reads) == 3:  # the apply's second file: Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(10)
+        return await real_read(self, path)
+
+    monkeypatch.setattr(LocalWorkspace, "diff", diff)
+    monkeypatch.setattr(LocalWorkspace, "read_bytes", read_bytes)
+    result = CliRunner().invoke(app, ["agent", "fix sub", *_plain(args), "--apply"], env={"COLUMNS": "300"})
+    assert result.exit_code == 130, result.output
+    assert "is unchanged" not in result.output and "stopped while applying" in result.output
+    written = result.output.split("before the stop:")[1].split("the rest of the diff")[0].split()
+    assert written == ["README.md", "pkg/calc.py"] and "the rest of the diff above is not applied" in result.output
+    assert not (work / "README.md").exists() and "b - a" in (work / "pkg/calc.py").read_text()
+    assert not (work / "pkg/new.py").exists()

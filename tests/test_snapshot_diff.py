@@ -1,20 +1,29 @@
 """Workspace diffs and --apply on awkward repositories (odd line breaks, ignored build output,
-removed directories, non-UTF-8 names), and the bounded snapshot cache."""
+removed directories, non-UTF-8 names), --apply's care for the developer's own files (links, owner,
+modes, directories, paths it cannot write, failed writes), and the bounded snapshot cache."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import functools
 import os
 import shutil
+import signal
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import ISOLATION_PROBLEM, make_backend
 from vivace.sandbox import SnapshotSource
+from vivace.sandbox import apply as apply_mod
 from vivace.sandbox import local as local_mod
-from vivace.sandbox.diff import changed_paths, export_changes, tree_diff, walk_files
+from vivace.sandbox.apply import ApplyReport, export_changes
+from vivace.sandbox.diff import changed_paths, tree_diff, walk_files
+from vivace.sandbox.paths import ConfinedFS
 from vivace.sandbox.snapshot import evict, materialize
 
 BACKENDS = ["plain"] + ([] if ISOLATION_PROBLEM else ["isolated"])
@@ -259,10 +268,17 @@ async def test_apply_never_overwrites_what_changed_in_the_repository_meanwhile(k
         (repo / "gone_there.py").write_text("b, edited\n")
         (repo / "same.py").write_text("s = 2\n")
         (repo / "bin.dat").write_bytes(b"\0\4")
-        left = await export_changes(ws, diff, repo, base=snapshot)
+        report = await export_changes(ws, diff, repo, base=snapshot)
     finally:
         await backend.aclose()
+    left = report.left
     assert sorted(left) == ["bin.dat", "clash.py", "gone_here.py", "gone_there.py"]
+    assert report.merged == ["merge.py"] and sorted(report.applied) == [
+        "agent_only.py",
+        "merge.py",
+        "new.py",
+        "same.py",
+    ]
     assert all("changed in" in why for why in left.values())
     merged = (repo / "merge.py").read_text()
     assert merged == lines.replace("line 2\n", "agent 2\n").replace("line 19\n", "mine 19\n")
@@ -270,3 +286,250 @@ async def test_apply_never_overwrites_what_changed_in_the_repository_meanwhile(k
     assert (repo / "gone_there.py").read_text() == "b, edited\n" and (repo / "bin.dat").read_bytes() == b"\0\4"
     assert (repo / "same.py").read_text() == "s = 2\n"  # the same change on both sides
     assert (repo / "agent_only.py").read_text() == "q = 2\n" and (repo / "new.py").read_text() == "new\n"
+
+
+# -- 6: --apply writes into the developer's own files ---------------------------------------
+class _DirWorkspace:
+    """What export_changes reads of a workspace (stat, read_bytes), over a plain directory."""
+
+    def __init__(self, root: Path):
+        self.fs = ConfinedFS(root)
+
+    async def stat(self, path: str):
+        return self.fs.stat(path)
+
+    async def read_bytes(self, path: str) -> bytes:
+        return self.fs.read_bytes(path)
+
+
+def _agent_ran(
+    tmp_path: Path, files: dict[str, bytes], change, modes: dict[str, int] | None = None
+) -> tuple[Path, Path, _DirWorkspace, str]:
+    """A repository holding `files` (with `modes`), its snapshot, and a workspace copy `change(work)`
+    edited: (repo, snapshot, workspace, diff), the diff as a workspace makes it (.git and
+    __pycache__ left out)."""
+    repo = tmp_path / "repo"
+    for rel, data in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_bytes(data)
+    for rel, mode in (modes or {}).items():
+        os.chmod(repo / rel, mode)
+    snapshot, work = tmp_path / "snapshot", tmp_path / "work"
+    shutil.copytree(repo, snapshot, symlinks=True)
+    shutil.copytree(repo, work, symlinks=True)
+    change(work)
+    diff = tree_diff(snapshot, work, set(walk_files(snapshot)) | set(walk_files(work)), [".git", "__pycache__"])
+    return repo, snapshot, _DirWorkspace(work), diff
+
+
+async def test_apply_writes_files_in_place_keeping_hard_links_owner_and_xattrs(tmp_path):
+    """A changed file keeps its inode: a hard link elsewhere sees the change, its owner and extended
+    attributes stay (a rename of a new file over it dropped all three)."""
+    repo, snapshot, ws, diff = _agent_ran(
+        tmp_path, {"a.txt": b"old\n"}, lambda work: (work / "a.txt").write_bytes(b"new\n")
+    )
+    os.link(repo / "a.txt", tmp_path / "elsewhere.txt")
+    try:
+        os.setxattr(repo / "a.txt", "user.vivace_test", b"kept")
+        xattrs = True
+    except OSError:  # a filesystem without user xattrs
+        xattrs = False
+    owner = (4321, 4321) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    os.chown(repo / "a.txt", *owner)
+    inode = os.stat(repo / "a.txt").st_ino
+    report = await export_changes(ws, diff, repo, base=snapshot)
+    assert report.applied == ["a.txt"] and not report.left
+    st = os.stat(repo / "a.txt")
+    assert (st.st_ino, st.st_nlink, (st.st_uid, st.st_gid)) == (inode, 2, owner)
+    assert (tmp_path / "elsewhere.txt").read_bytes() == b"new\n"
+    if xattrs:
+        assert os.getxattr(repo / "a.txt", "user.vivace_test") == b"kept"
+
+
+async def test_apply_changes_only_the_permission_bits_the_diff_shows(tmp_path):
+    """The diff shows only the executable bit (git's 100644/100755): that alone is applied. A private
+    file the agent recreated stays private, a read-only one read-only; new files get git's modes."""
+    modes = {"env": 0o600, "ro.txt": 0o444, "group.txt": 0o664, "run.sh": 0o755, "tool": 0o640}
+
+    def change(work: Path) -> None:
+        (work / "env").unlink()
+        (work / "env").write_text("SECRET=2\n")  # recreated: 0644 in the workspace
+        os.chmod(work / "ro.txt", 0o644)
+        (work / "ro.txt").write_text("ro 2\n")
+        (work / "group.txt").write_text("g 2\n")
+        os.chmod(work / "run.sh", 0o644)  # the diff shows: old mode 100755, new mode 100644
+        os.chmod(work / "tool", 0o744)  # ... and 100644 -> 100755
+        (work / "new.sh").write_text("echo\n")
+        os.chmod(work / "new.sh", 0o700)
+        (work / "new.txt").write_text("n\n")
+        os.chmod(work / "new.txt", 0o600)
+
+    repo, snapshot, ws, diff = _agent_ran(tmp_path, {p: b"x\n" for p in modes}, change, modes)
+    assert "old mode 100755\nnew mode 100644" in diff and "old mode 100644\nnew mode 100755" in diff
+    umask = os.umask(0o022)
+    os.umask(umask)
+    report = await export_changes(ws, diff, repo, base=snapshot)
+    assert not report.left
+    got = {rel: stat.S_IMODE(os.stat(repo / rel).st_mode) for rel in [*modes, "new.sh", "new.txt"]}
+    want = {"env": 0o600, "ro.txt": 0o444, "group.txt": 0o664, "run.sh": 0o644, "tool": 0o750}
+    assert got == {**want, "new.sh": 0o777 & ~umask, "new.txt": 0o666 & ~umask}
+    assert (repo / "env").read_text() == "SECRET=2\n" and (repo / "ro.txt").read_text() == "ro 2\n"
+
+
+async def test_apply_never_removes_a_directory_holding_files_the_diff_does_not_remove(tmp_path):
+    """The agent replaced directories by files. One held only what the diff removes: it becomes the
+    file. The other still holds what the diff does not name (a file the developer added meanwhile,
+    ignored __pycache__): it stays, with them, and the file is not applied (the whole directory
+    used to be removed)."""
+
+    def change(work: Path) -> None:
+        for d in ("d", "e"):
+            shutil.rmtree(work / d)
+            (work / d).write_text(f"{d} is a file now\n")
+
+    files = {"d/a.py": b"a\n", "d/__pycache__/a.pyc": b"c", "e/b.py": b"b\n", "e/sub/c.py": b"c\n"}
+    repo, snapshot, ws, diff = _agent_ran(tmp_path, files, change)
+    (repo / "d/mine.py").write_text("the developer's\n")
+    report = await export_changes(ws, diff, repo, base=snapshot)
+    assert list(report.left) == ["d"] and "still holds files" in report.left["d"]
+    assert sorted(report.applied) == ["d/a.py", "e", "e/b.py", "e/sub/c.py"]
+    assert sorted(walk_files(repo / "d")) == ["__pycache__/a.pyc", "mine.py"]
+    assert (repo / "e").read_text() == "e is a file now\n"
+
+
+async def test_apply_goes_on_past_paths_it_cannot_write_and_says_which(tmp_path):
+    """Meanwhile the developer made `out` a symlink to a directory outside the repository and `pkg` a
+    file. The agent's new files there are left, named, with why; nothing is written outside; the
+    other changes are applied (the first error used to end the apply half-way, unreported)."""
+
+    def change(work: Path) -> None:
+        for rel in ("a.py", "out/new.py", "pkg/new.py", "z.py"):
+            (work / rel).write_text("agent\n")
+
+    files = {"a.py": b"a\n", "out/x.py": b"x\n", "pkg/y.py": b"y\n", "z.py": b"z\n"}
+    repo, snapshot, ws, diff = _agent_ran(tmp_path, files, change)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(repo / "out")
+    os.symlink(outside, repo / "out")
+    shutil.rmtree(repo / "pkg")
+    (repo / "pkg").write_text("a file now\n")
+    report = await export_changes(ws, diff, repo, base=snapshot)
+    assert report.applied == ["a.py", "z.py"] and sorted(report.left) == ["out/new.py", "pkg/new.py"]
+    assert f"leads outside {repo} through a symlink" in report.left["out/new.py"]
+    assert "not a directory" in report.left["pkg/new.py"]
+    assert os.listdir(outside) == [] and (repo / "pkg").read_text() == "a file now\n"
+    assert (repo / "a.py").read_text() == (repo / "z.py").read_text() == "agent\n"
+
+
+async def test_apply_takes_a_link_to_slash_workspace_for_outside_the_repository(tmp_path):
+    """Inside a sandbox /workspace is the workspace root; in a developer's repository (a dev container
+    mounts one there) a link to /workspace/sub is some other directory. The agent's new file under
+    such a link is left, not written into the repository's own sub/ (it used to be)."""
+    repo, snapshot, ws, diff = _agent_ran(
+        tmp_path, {"sub/keep.py": b"k\n", "l/x.py": b"x\n"}, lambda work: (work / "l/new.py").write_text("agent\n")
+    )
+    shutil.rmtree(repo / "l")
+    os.symlink("/workspace/sub", repo / "l")
+    report = await export_changes(ws, diff, repo, base=snapshot)
+    assert report.applied == [] and "leads outside" in report.left["l/new.py"]
+    assert sorted(os.listdir(repo / "sub")) == ["keep.py"]
+
+
+@pytest.mark.parametrize("restore_fails", [False, True])
+async def test_a_failed_write_puts_the_old_content_back(tmp_path, monkeypatch, restore_fails):
+    """A write that fails half-way (disk full) leaves the file as it was, and the apply goes on; if
+    putting the old content back fails too, the report says the file is half-written."""
+    repo, snapshot, ws, diff = _agent_ran(
+        tmp_path, {"a.txt": b"old " * 1000, "b.txt": b"b\n"},
+        lambda work: [(work / rel).write_bytes(b"new " * 2000) for rel in ("a.txt", "b.txt")],
+    )  # fmt: skip
+    real, calls = apply_mod._write_at, []
+
+    def disk_fills(fd: int, data: bytes, offset: int) -> None:
+        calls.append(len(data))
+        if len(calls) == 1 or restore_fails and len(calls) == 2:
+            real(fd, bytes(data[:100]), offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(apply_mod, "_write_at", disk_fills)
+    report = await export_changes(ws, diff, repo, base=snapshot)
+    assert report.applied == ["b.txt"] and list(report.left) == ["a.txt"]
+    assert (repo / "b.txt").read_bytes() == b"new " * 2000
+    if restore_fails:
+        assert report.left["a.txt"].startswith("LEFT HALF-WRITTEN") and "No space" in report.left["a.txt"]
+    else:
+        assert report.left["a.txt"] == "not written: [Errno 28] No space left on device"
+        assert (repo / "a.txt").read_bytes() == b"old " * 1000
+
+
+def test_a_ctrl_c_during_a_write_lands_after_it(tmp_path, monkeypatch):
+    """A second Ctrl-C raises KeyboardInterrupt wherever Python is. Held while a file is written, it
+    lands after it: that file is whole and in the report, and the next one is not touched."""
+    repo, snapshot, ws, diff = _agent_ran(
+        tmp_path, {"a.txt": b"old\n" * 100, "b.txt": b"b\n"},
+        lambda work: [(work / rel).write_bytes(b"new\n" * 100) for rel in ("a.txt", "b.txt")],
+    )  # fmt: skip
+    real = apply_mod._write_at
+
+    def interrupted(fd: int, data: bytes, offset: int) -> None:
+        real(fd, data[:10], offset)
+        os.kill(os.getpid(), signal.SIGINT)
+        real(fd, data[10:], offset + 10)
+
+    monkeypatch.setattr(apply_mod, "_write_at", interrupted)
+    report = ApplyReport()
+    loop = asyncio.new_event_loop()  # not asyncio.run, whose handler turns the first Ctrl-C into a cancel
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(export_changes(ws, diff, repo, base=snapshot, report=report))
+    finally:
+        loop.close()
+    assert report.applied == ["a.txt"] and not report.left
+    assert (repo / "a.txt").read_bytes() == b"new\n" * 100 and (repo / "b.txt").read_bytes() == b"b\n"
+
+
+_UNPRIVILEGED_APPLY = """
+import asyncio, sys
+from pathlib import Path
+from vivace.sandbox.apply import export_changes
+from vivace.sandbox.diff import tree_diff, walk_files
+from vivace.sandbox.paths import ConfinedFS
+
+class Workspace:
+    def __init__(self, root):
+        self.fs = ConfinedFS(root)
+    async def stat(self, path):
+        return self.fs.stat(path)
+    async def read_bytes(self, path):
+        return self.fs.read_bytes(path)
+
+repo, snapshot, work = map(Path, sys.argv[1:])
+diff = tree_diff(snapshot, work, set(walk_files(snapshot)) | set(walk_files(work)))
+report = asyncio.run(export_changes(Workspace(work), diff, repo, base=snapshot))
+print(report.applied, report.left)
+"""
+
+
+def test_apply_writes_a_read_only_file_and_leaves_it_read_only(tmp_path):
+    """As `git apply` does (and the rename-based write did): the file gets the agent's change and
+    keeps its mode, also for a user without the privilege to write a read-only file (root runs it
+    without capabilities)."""
+
+    def change(work: Path) -> None:
+        for rel in ("ro.txt", "rw.txt"):
+            ConfinedFS(work).write_bytes(rel, b"new\n")  # as the agent's write_file: keeps the mode
+
+    repo, snapshot, _, _ = _agent_ran(tmp_path, {"ro.txt": b"old\n", "rw.txt": b"old\n"}, change, {"ro.txt": 0o444})
+    inode = os.stat(repo / "ro.txt").st_ino
+    drop = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("needs setpriv to run without root's capabilities")
+        drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    argv = [*drop, sys.executable, "-c", _UNPRIVILEGED_APPLY, str(repo), str(snapshot), str(tmp_path / "work")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "['ro.txt', 'rw.txt'] {}", done.stdout + done.stderr
+    st = os.stat(repo / "ro.txt")
+    assert (repo / "ro.txt").read_bytes() == b"new\n" and stat.S_IMODE(st.st_mode) == 0o444 and st.st_ino == inode

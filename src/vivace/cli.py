@@ -150,10 +150,11 @@ def agent(
     from rich.prompt import Confirm
 
     from vivace.harness.agent import run_episode
-    from vivace.harness.display import EpisodePrinter, colour_diff, visible
+    from vivace.harness.display import EpisodePrinter, colour_diff, print_apply_report, visible
     from vivace.harness.policies import load_policy
     from vivace.sandbox import SandboxError, SnapshotSource, open_backend
-    from vivace.sandbox.diff import changed_paths, export_changes
+    from vivace.sandbox.apply import ApplyReport, export_changes
+    from vivace.sandbox.diff import changed_paths
 
     if not repo.is_dir():
         err.print(f"[red]error:[/red] --repo {repo} is not a directory")
@@ -167,6 +168,7 @@ def agent(
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
     interactive = not as_json and sys.stdin.isatty()
+    report = ApplyReport()  # filled as files are written: a Ctrl-C while applying still says which
 
     async def go():
         b = open_backend(cfg.sandbox)
@@ -185,34 +187,39 @@ def agent(
                 if not as_json:
                     out.rule("[bold yellow]interrupted[/bold yellow]: the changes so far", align="left", style="dim")
                     out.print(colour_diff(diff) if diff else "[dim](no changes)[/dim]")
-            applied, left = False, {}
+            applied = False
             changed = bool(changed_paths(diff))  # a diff may be only a note (ignored files left out)
             if changed and ((apply and not interrupted) or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):  # fmt: skip
-                left = await export_changes(ws, diff, repo, base=ws.snapshot.root)
+                await export_changes(ws, diff, repo, base=ws.snapshot.root, report=report)
                 applied = True
-            return traj, diff, applied, left, changed
+            return traj, diff, applied, changed
         finally:
             await b.aclose()
 
     try:
-        traj, diff, applied, left, changed = asyncio.run(go())
+        traj, diff, applied, changed = asyncio.run(go())
     except SandboxError as e:
         err.print(f"[red]error:[/red] {escape(visible(str(e)))}")
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:  # a second Ctrl-C
-        err.print(f"[yellow]stopped:[/yellow] {repo} is unchanged")
+    except KeyboardInterrupt:  # a second Ctrl-C, or one while applying
+        if report.applied or report.left:  # nothing is written without being recorded
+            print_apply_report(err, report, repo, stopped=True)
+        else:
+            err.print(f"[yellow]stopped:[/yellow] {repo} is unchanged")
         raise typer.Exit(130) from None
     if as_json:
         shown = {"trajectory": traj.model_dump()} if traj else {"interrupted": True, "diff": diff}
-        sys.stdout.write(json.dumps({**shown, "applied": applied, "not_applied": left}) + "\n")
+        done = {"applied": applied, "not_applied": report.left, "merged": report.merged}
+        sys.stdout.write(json.dumps({**shown, **done}) + "\n")
     elif applied:
-        out.print(f"[green]applied to {repo}[/green]" + ("; not applied (the diff above has them):" if left else ""))
-        for path, why in left.items():
-            out.print(f"  {escape(visible(path))}: {escape(visible(why))}")
+        print_apply_report(out, report, repo)
     elif changed:
         hint = "an interrupted run is applied only after a yes" if traj is None else "use --apply to write the changes"
         out.print(f"[dim]{repo} is unchanged ({hint})[/dim]")
-    raise typer.Exit(130 if traj is None else 1 if traj.stop_reason == "error" else 0)
+    # 1 also when paths were left unapplied: a script's `--apply && git commit` must not take a
+    # partly applied diff for the whole.
+    failed = traj is not None and traj.stop_reason == "error" or bool(applied and report.left)
+    raise typer.Exit(130 if traj is None else 1 if failed else 0)
 
 
 @app.command()

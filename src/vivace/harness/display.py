@@ -1,5 +1,5 @@
 """Showing an episode in a terminal as it happens (rich): each turn's text, its tool calls
-with one-line result summaries, edits as coloured diffs, and the final diff.
+with one-line result summaries, edits as coloured diffs, the final diff, and what applying it did.
 
 Used as the `observer` of `run_episode` by `vivace agent`; it only prints.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -24,6 +24,9 @@ from rich.text import Text
 from vivace.harness.executor import ToolOutcome
 from vivace.harness.messages import AssistantTurn
 from vivace.harness.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from vivace.sandbox.apply import ApplyReport
 
 _EDIT_TOOLS = ("edit_file", "write_file")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all of C0 but \t and \n, DEL, all of C1
@@ -86,6 +89,31 @@ class EpisodePrinter:
             f"[dim]{len(traj.turns)} turns, {traj.tool_calls} tool calls, {traj.format_errors} format errors, "
             f"{traj.wall_s:.1f} s, stopped: {traj.stop_reason}{tail}[/dim]"
         )
+
+
+def print_apply_report(console: Console, report: ApplyReport, repo: object, stopped: bool = False) -> None:
+    """What applying the diff did to `repo`: each path left as it was and why, the paths merged
+    with the developer's own edits and, when a Ctrl-C `stopped` it part-way, the paths it changed."""
+    where, left = escape(visible(str(repo))), len(report.left)
+    if stopped:
+        console.print(f"[yellow]stopped while applying[/yellow]; changed in {where} before the stop:")
+        for path in report.applied:
+            console.print(f"  {escape(visible(path))}")
+    elif left:
+        total = len(report.applied) + left
+        console.print(f"[yellow]applied {total - left} of {total} paths to {where}[/yellow]")
+    else:
+        console.print(f"[green]applied to {where}[/green]")
+    if left:
+        console.print("not applied (the diff above has them):")
+    for path, why in report.left.items():
+        console.print(f"  {escape(visible(path))}: {escape(visible(why))}")
+    if report.merged:
+        console.print("merged with the changes made there while the agent ran:")
+        for path in report.merged:
+            console.print(f"  {escape(visible(path))}")
+    if stopped:
+        console.print("[yellow]the rest of the diff above is not applied[/yellow]")
 
 
 def colour_diff(diff: str) -> Text:

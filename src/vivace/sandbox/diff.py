@@ -7,6 +7,8 @@ The output applies with `git apply`; binary files are noted, not dumped. When th
 git checkout, new files its ignore rules ignore (build output, node_modules/) are left out,
 as `git status` would leave them out, and a comment line at the top says how many.
 
+Writing such a diff back onto the directory the snapshot came from is sandbox/apply.py's.
+
 Not covered: ignore rules of a base without .git (a plain directory, a `git archive`
 snapshot) or inside a submodule, and .gitignore edits made in the workspace (the base's
 rules decide).
@@ -20,11 +22,9 @@ import logging
 import os
 import posixpath
 import subprocess
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from vivace.sandbox.base import NotAFileError, PathEscapeError, WorkspaceFileNotFound
 from vivace.sandbox.paths import ConfinedFS
 
 log = logging.getLogger(__name__)
@@ -219,76 +219,3 @@ def header_path(pair: str) -> str | None:
     half = (len(pair) - 1) // 2
     a, b = pair[:half], pair[half + 1 :]
     return a[2:] if a.startswith("a/") and b.startswith("b/") and a[2:] == b[2:] else None
-
-
-async def export_changes(workspace, diff_text: str, dest: Path, base: Path | None = None) -> dict[str, str]:
-    """Make `dest` (the directory the workspace was made from) hold the workspace's version of
-    every path in `diff_text`: changed and new files are copied (with their mode), deleted ones
-    removed, and directories those deletions emptied pruned, as `git apply` does. Writes are
-    confined to `dest`.
-
-    With `base` (the snapshot the workspace started from), a path that changed in `dest` since
-    then (the developer went on working while the agent ran) is never overwritten: a text file
-    whose two sets of changes merge cleanly (`git merge-file`) gets the merge; anything else is
-    left as it is in `dest`. Returns {path: why} for the paths left as they are, which the
-    caller must report (the agent's version of them is in `diff_text`)."""
-    target, before = ConfinedFS(Path(dest)), ConfinedFS(base) if base is not None else None
-    left, emptied = {}, set()
-    for rel in changed_paths(diff_text):
-        try:
-            st = await workspace.stat(rel)
-        except (WorkspaceFileNotFound, NotAFileError):  # NotAFileError: a parent is a file now
-            st = None
-        if st is not None and st.kind not in ("file", "dir"):
-            left[rel] = "a symlink or special file, which cannot be carried over"
-            continue
-        data = await workspace.read_bytes(rel) if st is not None and st.kind == "file" else None
-        if before is not None and (now := target.entry(rel)) != (was := before.entry(rel)):
-            if now[0] == "file" and data is not None and now[1] == data:
-                continue  # the same change on both sides
-            data = _merged(now[1], was[1], data) if now[0] == was[0] == "file" and data is not None else None
-            if data is None:
-                left[rel] = f"changed in {dest} since the agent started, and the two changes do not merge"
-                continue
-        if data is None:  # deleted (or replaced by a directory) in the workspace
-            try:
-                target.remove(rel)
-                emptied.add(posixpath.dirname(rel))
-            except (WorkspaceFileNotFound, NotAFileError):
-                pass
-            continue
-        if target.entry(rel)[0] not in ("file", "missing"):
-            target.remove(rel, recursive=True)  # a symlink or directory the workspace replaced by a file
-        target.write_bytes(rel, data)
-        os.chmod(Path(dest) / rel, st.mode & 0o7777)
-    _prune_empty_dirs(target, emptied)
-    return left
-
-
-def _merged(ours: bytes, base: bytes, theirs: bytes) -> bytes | None:
-    """The three-way merge of two text versions of one base (git merge-file), or None when they
-    conflict, a version is binary or git cannot run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        files = []
-        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
-            (Path(tmp) / name).write_bytes(data)
-            files.append(str(Path(tmp) / name))
-        try:
-            done = subprocess.run(["git", "merge-file", "-p", "--quiet", *files], capture_output=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-    return done.stdout if done.returncode == 0 else None  # >0: conflicts; <0: binary (a large file's digest is NUL-led)
-
-
-def _prune_empty_dirs(target: ConfinedFS, dirs: set[str]) -> None:
-    """Remove each of `dirs` that is now empty, and its parents that this empties, never the
-    root: a package directory left empty would still import (as a namespace package)."""
-    for d in sorted(dirs, key=lambda d: d.count("/"), reverse=True):  # deepest first
-        while d:
-            try:
-                if target.stat(d).kind != "dir":
-                    break
-                target.remove(d)  # not recursive: fails on a directory that still holds something
-            except (NotAFileError, WorkspaceFileNotFound, PathEscapeError):
-                break
-            d = posixpath.dirname(d)
