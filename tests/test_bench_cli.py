@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 
@@ -262,6 +263,39 @@ def test_bench_counts_episodes_the_endpoint_fails_as_errors_and_resume_runs_them
     s = json.loads(result.stdout)["summary"]["scripted:null"]
     assert s["episodes"] == 2 and s["errors"] == 0 and s["success"] == 0.0
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_bench_counts_episodes_the_wall_clock_ended_waiting_for_the_model_apart(repo, tmp_path, state_dir, monkeypatch):
+    """A timeout is the model's failure (speed is part of the task), but the report says how many
+    ran out waiting for the model (a slow endpoint) and how many running tools."""
+    import vivace.bench.runner as runner
+    from vivace.harness.messages import AssistantTurn, Message, ToolCall
+
+    class Slow:
+        name = "scripted:null"
+
+        async def act(self, conversation):
+            if any(m.role == "assistant" for m in conversation.messages):  # after the command: think on
+                await asyncio.sleep(30)
+            command = "sleep 30" if "run 1" in conversation.messages[1].content else "echo x"
+            call = ToolCall("c1", "run_terminal_cmd", {"command": command})
+            return AssistantTurn(message=Message("assistant", "", (call,)), finish_reason="tool_calls")
+
+    monkeypatch.setattr(runner, "load_policy", lambda spec, engine=None: Slow())
+    tasks = _tasks(repo)
+    tasks[1] = tasks[1].model_copy(update={"request": tasks[1].request + " run 1"})
+    tasks_file, config = tmp_path / "tasks.jsonl", tmp_path / "limits.toml"
+    save_jsonl(tasks, tasks_file)
+    config.write_text("[agent]\nmax_wall_s = 3.0\n")
+    args = ["bench", "--model", "scripted:null", "--tasks", str(tasks_file), "--json", "--config", str(config)]
+    args += ["--backend", BACKEND, "--state-dir", str(state_dir), "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout)["summary"]["scripted:null"]
+    assert s["episodes"] == 2 and s["errors"] == 0 and s["success"] == 0.0
+    assert s["timeouts"] == 2 and s["timeouts_waiting"] == 1
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "timeouts (waiting for the model)" in report and "| 2 (1) |" in report
 
 
 def test_bench_success_is_over_the_episodes_that_ran():

@@ -4,8 +4,9 @@ Per model: success rate (over the episodes that ran: those that could not run, a
 a setup failing, are counted apart as errors and say nothing of the model), mean adherence (over
 solved tasks, where it counts), median turns,
 mean tool calls and tool calls per turn, median completion tokens, median wall time, the
-share of episodes with an unsupported claim, format errors, and generation speed in tokens
-per second of model time. With several models the HTML adds a plot of success against
+share of episodes with an unsupported claim, format errors, episodes stopped by the wall-clock
+limit (failures: speed is part of the task; those that ran out waiting for the model, a slow
+endpoint perhaps, shown in brackets), and generation speed in tokens per second of model time. With several models the HTML adds a plot of success against
 median completion tokens (the source system's "smart and fast" view).
 
 Tokens here are reference tokens: every model's assistant turns counted with the one reference
@@ -84,6 +85,10 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "median_wall_s": _median([x["wall_s"] for x in d]),
         "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
         "format_errors": sum(x["format_errors"] for x in d),
+        # Scored as failures (the limit is part of the task: speed is measured), shown apart so a
+        # slow endpoint is not mistaken for a weak model.
+        "timeouts": sum(x.get("stop_reason") == "timeout" for x in d),
+        "timeouts_waiting": sum(bool(x.get("timed_out_waiting")) for x in d),
         "ref_tokens_per_s": tokens / model_s if tokens and model_s and generates else None,
         "success_by_family": _by_family(rows),
     }
@@ -119,8 +124,15 @@ _COLUMNS = [
     ("median_wall_s", "median wall s", "{:.1f}"),
     ("unsupported_claim_rate", "unsupported claims", "{:.1%}"),
     ("format_errors", "format errors", "{:d}"),
+    ("timeouts", "timeouts (waiting for the model)", "{}"),
     ("ref_tokens_per_s", "tokens/s (ref.)", "{:.0f}"),
 ]
+
+
+def _shown(summary: dict[str, Any], key: str) -> Any:
+    if key == "timeouts":  # "3 (2)": 3 stopped by the wall clock, 2 of them waiting for the model
+        return f"{summary['timeouts']} ({summary['timeouts_waiting']})"
+    return summary[key]
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -131,7 +143,7 @@ def markdown(summary: dict[str, dict[str, Any]], title: str) -> str:
     head = "| model | episodes | " + " | ".join(c[1] for c in _COLUMNS) + " |"
     lines = [f"# {title}", "", head, "|" + "---|" * (len(_COLUMNS) + 2)]
     for model, s in summary.items():
-        cells = [_cell(s[k], f) for k, _, f in _COLUMNS]
+        cells = [_cell(_shown(s, k), f) for k, _, f in _COLUMNS]
         lines.append(f"| {model} | {s['episodes']} | " + " | ".join(cells) + " |")
     families = sorted({f for s in summary.values() for f in s.get("success_by_family", {})})
     if families:
@@ -150,7 +162,7 @@ def _solved(counts: list[int] | None) -> str:
 def html_report(summary: dict[str, dict[str, Any]], title: str) -> str:
     rows = "".join(
         "<tr><td>" + html.escape(m) + f"</td><td>{s['episodes']}</td>"
-        + "".join(f"<td>{_cell(s[k], f)}</td>" for k, _, f in _COLUMNS) + "</tr>"
+        + "".join(f"<td>{_cell(_shown(s, k), f)}</td>" for k, _, f in _COLUMNS) + "</tr>"
         for m, s in summary.items()
     )  # fmt: skip
     head = "".join(f"<th>{html.escape(c[1])}</th>" for c in _COLUMNS)

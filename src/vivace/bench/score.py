@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from vivace.bench.patch import FileChange, is_test_path, parse_patch
 from vivace.config import ScoreConfig
+from vivace.harness.agent import WAITING_FOR_POLICY
 from vivace.harness.tools.base import ToolContext
 from vivace.harness.tools.shell import ReadLints, ReadLintsArgs
 from vivace.harness.trajectory import Trajectory
@@ -79,6 +80,8 @@ async def score(task: Task, traj: Trajectory, workspace: Workspace, weights: Sco
         "unsupported_claims": unsupported,
         "format_errors": traj.format_errors,
         "stop_reason": traj.stop_reason,
+        # A wall-clock stop while waiting for the policy: counted apart in the report (a slow endpoint).
+        "timed_out_waiting": traj.stop_reason == "timeout" and (traj.error or "").endswith(WAITING_FOR_POLICY),
     }
     return Score(
         task_id=task.id,

@@ -30,6 +30,10 @@ from vivace.harness.tools.base import Tool, ToolContext, ToolResult, tool_schema
 from vivace.harness.trajectory import StopReason, Tokens, ToolRecord, Trajectory, Turn
 from vivace.sandbox.base import Workspace
 
+# How a timeout's error ends when the wall clock ran out with the policy still to answer (a slow
+# endpoint, which the benchmark counts apart), not running tools.
+WAITING_FOR_POLICY = "waiting for the policy"
+
 # Observer events, in order: ("assistant", AssistantTurn), ("tool", ToolOutcome) per call
 # in call order, and finally ("end", Trajectory). Observers must not raise.
 Observer = Callable[[str, Any], None]
@@ -75,7 +79,7 @@ async def run_episode(
     try:
         for _ in range(limits.max_turns):
             turn_start = time.monotonic()
-            reply = await _within(deadline, policy.act(conv), "waiting for the policy")
+            reply = await _within(deadline, policy.act(conv), WAITING_FOR_POLICY)
             notify("assistant", reply)
             message = reply.message
             conv.messages.append(Message("assistant", message.content, message.tool_calls))
