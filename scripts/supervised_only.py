@@ -31,7 +31,7 @@ def main() -> None:
     tc = cfg.train
     if tc.sft_data is None:
         tc.sft_data = args.run / "expert.jsonl"  # recorded by train.sft_expert
-    updates = sum("sft_loss" in json.loads(line) for line in (args.run / "metrics.jsonl").open())
+    updates = sum("sft_loss" in json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines())
     trainer = Trainer(tc.model, tc, temperature=cfg.engine.temperature)
     for i in range(updates):
         stats = trainer.train_step([])

@@ -16,7 +16,7 @@ from vivace.config import AgentConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
 from vivace.harness.policies import NullPolicy, ReplayPolicy, deterministic, load_policy
-from vivace.harness.policy import Completion, Conversation, PolicyError, SamplingParams, TokenPolicy
+from vivace.harness.policy import Completion, Conversation, PolicyError, SamplingParams, TokenPolicy, close_policy
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
 from vivace.harness.trajectory import Trajectory
@@ -255,7 +255,9 @@ async def test_openai_endpoint_policy(ws, openai_server):
         ]},
         {"role": "assistant", "content": "Done reading."},
     ]  # fmt: skip
-    traj = await run_episode(load_policy(url), ws, "read calc")  # no #model: the server's only model
+    policy = load_policy(url)  # no #model: the server's only model
+    traj = await run_episode(policy, ws, "read calc")
+    await close_policy(policy)
     assert traj.stop_reason == "done" and traj.final_message == "Done reading."
     first = traj.turns[0]
     assert not first.tool_calls[0].is_error and "def add" in first.tool_calls[0].result
@@ -270,7 +272,9 @@ async def test_openai_endpoint_policy(ws, openai_server):
 
 
 async def test_openai_endpoint_down_is_an_error_stop(ws):
-    traj = await run_episode(load_policy("http://127.0.0.1:9/v1#m"), ws, "x")
+    policy = load_policy("http://127.0.0.1:9/v1#m")
+    traj = await run_episode(policy, ws, "x")
+    await close_policy(policy)
     assert traj.stop_reason == "error" and "endpoint failed" in traj.error
 
 

@@ -298,6 +298,27 @@ def test_bench_counts_episodes_the_wall_clock_ended_waiting_for_the_model_apart(
     assert "timeouts (waiting for the model)" in report and "| 2 (1) |" in report
 
 
+def test_bench_closes_the_policies_it_loaded(repo, tmp_path, state_dir, monkeypatch):
+    """An endpoint's client (its pooled connections) or a local engine's thread is let go when the
+    run ends, on the loop that used it: it used to be left to the garbage collector."""
+    import vivace.bench.runner as runner
+    from vivace.harness.policies import NullPolicy
+
+    closed = []
+
+    class Holds(NullPolicy):
+        async def aclose(self):
+            closed.append(self.name)
+
+    monkeypatch.setattr(runner, "load_policy", lambda spec, engine=None: Holds())
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo), tasks_file)
+    args = ["bench", "--model", "scripted:null", "--tasks", str(tasks_file), "--json", "--backend", BACKEND]
+    result = CliRunner().invoke(app, [*args, "--state-dir", str(state_dir), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert closed == ["scripted:null"]
+
+
 def test_bench_success_is_over_the_episodes_that_ran():
     from vivace.bench.report import markdown, summarize
 

@@ -19,7 +19,7 @@ from vivace.config import AgentConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policies import OpenAIPolicy
-from vivace.harness.policy import Conversation, PolicyError
+from vivace.harness.policy import Conversation, PolicyError, close_policy
 from vivace.sandbox.background import BackgroundServer
 
 # --- the fake server --------------------------------------------------------------------------
@@ -121,11 +121,22 @@ def server():
 
 
 @pytest.fixture
-def endpoint(server):
+async def endpoint(server):
     """The fake with an empty record, and a policy over it (short timeout, quick retries)."""
     fake, url = server
     fake.replies, fake.requests, fake.refused = [DONE], [], []
-    return fake, OpenAIPolicy(f"{url}/v1", "fake-1", name="fake", timeout_s=5.0)
+    policy = OpenAIPolicy(f"{url}/v1", "fake-1", name="fake", timeout_s=5.0)
+    yield fake, policy
+    await policy.aclose()
+
+
+async def test_closing_the_policy_closes_its_connections(ws, endpoint):
+    """Left open, the client's pooled connections outlive the event loop that opened them (the
+    garbage collector then finds unclosed transports); the bench and the agent close it."""
+    fake, policy = endpoint
+    assert (await run_episode(policy, ws, "x")).stop_reason == "done"
+    await close_policy(policy)
+    assert policy.client.is_closed()
 
 
 @pytest.fixture
@@ -401,6 +412,7 @@ async def test_timeout_is_retried_a_bounded_number_of_times(ws, server):
     policy = OpenAIPolicy(f"{url}/v1", "fake-1", name="fake", timeout_s=0.2)
     t0 = time.monotonic()
     traj = await run_episode(policy, ws, "x")
+    await policy.aclose()
     assert traj.stop_reason == "error" and "APITimeoutError after 3 attempts" in traj.error
     assert len(fake.requests) == 3 and time.monotonic() - t0 < 6
 
@@ -409,7 +421,9 @@ async def test_episode_wall_clock_bounds_a_slow_endpoint(ws, server):
     fake, url = server
     fake.replies, fake.requests, fake.refused = [lambda: asyncio.sleep(1.5)], [], []
     t0 = time.monotonic()
-    traj = await run_episode(OpenAIPolicy(f"{url}/v1", "fake-1", name="fake"), ws, "x", AgentConfig(max_wall_s=0.5))
+    policy = OpenAIPolicy(f"{url}/v1", "fake-1", name="fake")
+    traj = await run_episode(policy, ws, "x", AgentConfig(max_wall_s=0.5))
+    await policy.aclose()
     assert traj.stop_reason == "timeout" and time.monotonic() - t0 < 2
 
 
@@ -431,10 +445,12 @@ async def test_model_must_be_named_unless_the_server_lists_exactly_one(models, s
     app = FastAPI()
     app.get("/v1/models")(lambda: {"object": "list", "data": [m if isinstance(m, dict) else {"id": m} for m in models]})
     background = BackgroundServer(app).start()
+    policy = OpenAIPolicy(f"{background.url}/v1", None, name="fake")
     try:
         with pytest.raises(PolicyError, match=f"{said}; name the model as URL#MODEL"):
-            await OpenAIPolicy(f"{background.url}/v1", None, name="fake").act(conversation())
+            await policy.act(conversation())
     finally:
+        await policy.aclose()
         background.stop(10)
 
 

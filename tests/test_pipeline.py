@@ -173,14 +173,14 @@ async def test_failures_are_requeued_and_every_count_balances(tmp_path):
     assert counts["workers_replaced"] > 0 and counts["samplers_replaced"] > 0
     # No finished attempt is trained twice, and every trained rollout is one finished attempt.
     trained = [json.loads(line) for p in sorted((tmp_path / "runs" / "faults" / "trajectories").glob("*.jsonl"))
-               for line in p.open()]  # fmt: skip
+               for line in p.read_text().splitlines()]  # fmt: skip
     attempts = [t["trajectory"]["request"] for t in trained if t["trajectory"]]
     assert len(attempts) == len(set(attempts))
     assert len(trained) == counts["episodes_trained"] == 8 * 2 * 3
     # Environment failures past max_attempts become failed rollouts, not lost ones.
     failed = [t for t in trained if t["trajectory"] is None]
     assert all(t["error"] for t in failed)
-    timeline = [json.loads(line) for line in (tmp_path / "runs" / "faults" / "timeline.jsonl").open()]
+    timeline = [json.loads(line) for line in (tmp_path / "runs" / "faults" / "timeline.jsonl").read_text().splitlines()]
     assert len(timeline) == counts["episodes_started"]
     assert {t["outcome"] for t in timeline} <= {"finished", "requeued", "unfinished_at_end"}
 
@@ -260,7 +260,7 @@ async def test_resume_reopens_groups_opened_but_not_trained(tmp_path):
     cfg.train.steps = 6
     await train(cfg, run_dir, resume=True, tasks=tasks(), workers=ScriptedWorkers(seed=7))
     trained = [json.loads(line)["position"] for i in range(1, 7)
-               for line in (run_dir / "trajectories" / f"step_{i}.jsonl").open() if json.loads(line)["member"] == 0]  # fmt: skip
+               for line in (run_dir / "trajectories" / f"step_{i}.jsonl").read_text().splitlines() if json.loads(line)["member"] == 0]  # fmt: skip
     assert len(trained) == len(set(trained)) == 6 * 2
     final = json.loads((run_dir / "checkpoints" / "step_6" / "state.json").read_text())
     assert set(trained).isdisjoint(final["pending"])  # nothing opened is lost: trained or still pending

@@ -147,13 +147,13 @@ def test_resume_after_sigkill_keeps_the_data_order(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     def order(run):
-        return [[json.loads(line)["task_id"] for line in (tmp_path / "runs" / run / "trajectories" / f"step_{i}.jsonl").open()]
+        return [[json.loads(line)["task_id"] for line in (tmp_path / "runs" / run / "trajectories" / f"step_{i}.jsonl").read_text().splitlines()]
                 for i in range(1, 5)]  # fmt: skip
 
     assert order("cut") == order("whole")
-    steps = [json.loads(line)["step"] for line in (cut / "metrics.jsonl").open()]
+    steps = [json.loads(line)["step"] for line in (cut / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
-    rows = [json.loads(line) for line in (cut / "metrics.jsonl").open()]
+    rows = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
     assert all(r["weight_sync_bytes"] > 1e6 and r["weight_sync_s"] > 0 for r in rows)
 
 

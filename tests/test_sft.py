@@ -29,7 +29,7 @@ async def test_expert_data_masks_exactly_the_assistant_turns(task, state_dir, tm
     out = tmp_path / "expert.jsonl"
     result = await expert_data(cfg, [task], out, concurrency=2)
     assert result["kept"] == 4 and result["episodes"] == 4  # every style solves it
-    rows = {r["style"]: r for r in map(json.loads, out.open())}
+    rows = {r["style"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert rows["serial"]["turns"] > rows["efficient"]["turns"]
     assert rows["redundant"]["tool_calls"] > rows["efficient"]["tool_calls"]
     called = [c["function"]["name"] for m in rows["no-tests"]["messages"] for c in m.get("tool_calls") or []]
@@ -60,7 +60,7 @@ async def test_anchor_data_records_the_expert_and_a_renamed_copy_of_each(state_d
     out = tmp_path / "expert.jsonl"
     counts = await anchor_data(cfg, tasks, out, n=2, seed=5)
     assert counts == {"tasks": 2, "episodes": 2, "renamed": 2}
-    rows = [json.loads(line) for line in out.open()]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [sorted(r) for r in rows] == [["ids", "loss_mask"]] * 4
     assert list(tmp_path.iterdir()) == [out]  # the recording and the partial file are gone
     chat = ChatFormat(load_tokenizer("tiny"))

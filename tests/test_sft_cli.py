@@ -104,7 +104,7 @@ async def test_expert_data_stopped_leaves_only_a_partial_file(tmp_path, monkeypa
     with pytest.raises(asyncio.CancelledError):
         await sft.expert_data(cfg, tasks, out, styles=("efficient",), concurrency=1)
     assert not out.exists() and calls[-1] == "closed"
-    assert [json.loads(line)["task_id"] for line in sft.partial_path(out).open()][0] == "t0"
+    assert [json.loads(line)["task_id"] for line in sft.partial_path(out).read_text().splitlines()][0] == "t0"
     calls.clear()
     await sft.expert_data(cfg, tasks[:1], out, styles=("efficient",), concurrency=1)
     assert out.is_file() and not sft.partial_path(out).exists()

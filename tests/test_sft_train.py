@@ -110,7 +110,7 @@ def test_overfits_and_saves_a_loadable_checkpoint(tmp_path):
     kw = dict(seq_len=128, batch_tokens=256, lr=1e-2, warmup_steps=2, max_steps=30, eval_every=15, seed=3,
               init="tiny-init", config_overrides=SMALL, threads=2)  # fmt: skip
     summary = train_sft([data], tmp_path / "m", eval_data=data, **kw)
-    log = [json.loads(x) for x in (tmp_path / "m" / "train_log.jsonl").open()]
+    log = [json.loads(x) for x in (tmp_path / "m" / "train_log.jsonl").read_text().splitlines()]
     steps = [x for x in log if "loss" in x]
     evals = [x for x in log if "eval_loss" in x]
     assert len(steps) == 30 and [x["step"] for x in evals] == [15, 30]
@@ -129,7 +129,7 @@ def test_overfits_and_saves_a_loadable_checkpoint(tmp_path):
     logs = []
     for name in ("a", "b"):
         train_sft([data], tmp_path / name, **{**kw, "max_steps": 4})
-        logs.append([json.loads(x)["loss"] for x in (tmp_path / name / "train_log.jsonl").open()])
+        logs.append([json.loads(x)["loss"] for x in (tmp_path / name / "train_log.jsonl").read_text().splitlines()])
     assert logs[0] == logs[1] and len(logs[0]) == 4
 
 

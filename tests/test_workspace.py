@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -130,7 +131,7 @@ async def test_symlink_escape_refused(make_workspace):
         await ws.list("etcdir")
     # Removing the link itself is fine and does not touch its target.
     await ws.remove("leak")
-    assert open("/etc/passwd").read()
+    assert Path("/etc/passwd").read_text()
 
 
 async def test_errors_are_typed(make_workspace):

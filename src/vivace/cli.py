@@ -152,9 +152,10 @@ def agent(
     from vivace.harness.agent import run_episode
     from vivace.harness.display import EpisodePrinter, colour_diff, print_apply_report, visible
     from vivace.harness.policies import load_policy
+    from vivace.harness.policy import close_policy
     from vivace.sandbox import SandboxError, SnapshotSource, open_backend
     from vivace.sandbox.apply import ApplyReport, export_changes
-    from vivace.sandbox.diff import changed_paths
+    from vivace.sandbox.diff import changed_paths, quote_path
 
     if not repo.is_dir():
         err.print(f"[red]error:[/red] --repo {repo} is not a directory")
@@ -173,7 +174,14 @@ def agent(
     async def go():
         b = open_backend(cfg.sandbox)
         try:
-            ws = await b.create(b.snapshot(SnapshotSource(path=str(repo))))
+            snap = b.snapshot(SnapshotSource(path=str(repo)))
+            if snap.unreadable:  # never in the diff, never touched by --apply: the agent does not see them
+                shown = ", ".join(map(quote_path, snap.unreadable[:5])) + (", ..." * (len(snap.unreadable) > 5))
+                err.print(
+                    f"[yellow]warning:[/yellow] {len(snap.unreadable)} path(s) in {escape(visible(str(repo)))} cannot"
+                    f" be read and are left out of the agent's copy: {escape(shown)}"
+                )
+            ws = await b.create(snap)
             observer = None if as_json else EpisodePrinter(out)
             try:
                 traj = await run_episode(policy, ws, request, cfg.agent, observer=observer)
@@ -195,6 +203,7 @@ def agent(
             return traj, diff, applied, changed
         finally:
             await b.aclose()
+            await close_policy(policy)
 
     try:
         traj, diff, applied, changed = asyncio.run(go())

@@ -129,7 +129,7 @@ def sft_data(
         raise typer.Exit(2) from e
     except (KeyboardInterrupt, asyncio.CancelledError):
         partial = partial_path(out_file)
-        kept = sum(1 for _ in partial.open()) if partial.is_file() else 0
+        kept = partial.read_bytes().count(b"\n") if partial.is_file() else 0  # one episode a line
         raise _stopped(received, f"{done[0]} of {done[1] or '?'} episodes ran; the {kept} kept are in {partial} "
                                  f"(a partial set; {out_file} was not written). `sft data` does not resume: run "
                                  "it again for the whole set") from None  # fmt: skip

@@ -39,7 +39,7 @@ from vivace.config import VivaceConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policies import load_policy
-from vivace.harness.policy import derive_seed
+from vivace.harness.policy import close_policy, derive_seed
 from vivace.harness.trajectory import Trajectory
 from vivace.model.tokenizer import count_assistant_tokens, reference_chat_format
 from vivace.sandbox import open_backend
@@ -94,6 +94,7 @@ async def run_benchmark(
     finally:
         results_file.close()
         await backend.aclose()
+        await gather_all(*(close_policy(p) for p in policies.values()))
     order = {(m, t.id): i for i, (m, t) in enumerate((m, t) for m in models for t in tasks)}
     return sorted([*finished, *rows], key=lambda r: (order[(r["model"], r["task_id"])], r.get("sample", 0)))
 

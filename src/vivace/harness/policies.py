@@ -173,6 +173,9 @@ class OpenAIPolicy:
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries)
         self._openai = openai
 
+    async def aclose(self) -> None:
+        await self.client.close()
+
     async def _model_name(self) -> str:
         if self.model is None:
             hint = "; name the model as URL#MODEL"

@@ -14,6 +14,7 @@ Not covered: choosing a policy from a spec string (policies.py) and the loop (ag
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,11 +63,22 @@ class Conversation:
 
 @runtime_checkable
 class Policy(Protocol):
+    """A policy that holds something (an HTTP client's connections, an engine's thread) also has
+    `async aclose()`; whoever loaded it calls `close_policy` when done."""
+
     name: str  # the spec it was made from, for logs and reports
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
         """The next assistant turn. Raises PolicyError when the policy cannot answer at all."""
         ...
+
+
+async def close_policy(policy: Policy) -> None:
+    """Let go of what `policy` holds, if anything: an HTTP client's pooled connections are closed
+    on the event loop that opened them (left to the garbage collector, after the loop has closed,
+    they are unclosed transports), an engine's thread is stopped."""
+    if (aclose := getattr(policy, "aclose", None)) is not None:
+        await aclose()
 
 
 class PolicyError(RuntimeError):
@@ -144,6 +156,13 @@ class TokenPolicy:
     def __init__(self, sampler: Sampler, chat_format: Any, name: str, params: SamplingParams | None = None):
         self.sampler, self.chat, self.name = sampler, chat_format, name
         self.params = params or SamplingParams()
+
+    async def aclose(self) -> None:
+        """Close the sampler: an HTTP sampler's client, or a local engine's thread."""
+        if (aclose := getattr(self.sampler, "aclose", None)) is not None:
+            await aclose()
+        elif (close := getattr(self.sampler, "close", None)) is not None:
+            await asyncio.to_thread(close)  # joins the engine's thread
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
         log = _with_new_messages(conversation, self.chat)

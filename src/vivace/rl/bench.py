@@ -103,12 +103,12 @@ def measure(run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     busy = sum(r["sampler_busy"] * r["step_s"] for r in rows) / wall if wall else 0.0
     staleness: Counter[int] = Counter()
     for row in rows:  # step N trains with weights version N - 1
-        for line in (run_dir / "trajectories" / f"step_{row['step']}.jsonl").open():
+        for line in (run_dir / "trajectories" / f"step_{row['step']}.jsonl").read_text().splitlines():
             tokens = (json.loads(line)["trajectory"] or {}).get("tokens")
             sampled = [v for v, m in zip(tokens["versions"], tokens["loss_mask"], strict=True) if m] if tokens else []
             if sampled:
                 staleness[row["step"] - 1 - min(sampled)] += 1
-    timeline = [json.loads(line) for line in (run_dir / "timeline.jsonl").open()]
+    timeline = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
     finished = [t["end_s"] - t["start_s"] for t in timeline if t["outcome"] == "finished"]
     last = rows[-1] if rows else {}
     return {
