@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from conftest import ISOLATION_PROBLEM
 from vivace.cli import app
-from vivace.sandbox.diff import tree_diff, walk_files
+from vivace.sandbox.diff import changed_paths, tree_diff, walk_files
 from vivace.sandbox.local import LocalWorkspace
 from vivace.sandbox.process import default_signals
 
@@ -223,3 +223,115 @@ def test_ctrl_c_while_applying_says_what_was_written(setup, monkeypatch):
     assert written == ["README.md", "pkg/calc.py"] and "the rest of the diff above is not applied" in result.output
     assert not (work / "README.md").exists() and "b - a" in (work / "pkg/calc.py").read_text()
     assert not (work / "pkg/new.py").exists()
+
+
+# -- repositories as developers have them ------------------------------------------------------
+def _git(cwd: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env |= {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def _replay(tmp_path: Path, *commands: str) -> str:
+    """A replay of an agent that reads and edits pkg/calc.py, then runs `commands`."""
+    turns = [SCRIPT[0], {"tool_calls": [SCRIPT[1]["tool_calls"][0]]}]
+    turns += [{"tool_calls": [{"name": "run_terminal_cmd", "arguments": {"command": c}}]} for c in commands]
+    script = tmp_path / "turns.json"
+    script.write_text(json.dumps([*turns, {"content": "Done."}]))
+    return f"scripted:replay:{script}"
+
+
+def _tool_results(report: dict) -> list[str]:
+    return [call["result"] for turn in report["trajectory"]["turns"] for call in turn["tool_calls"]]
+
+
+@pytest.mark.parametrize("backend", sorted({"plain", BACKEND}))
+@pytest.mark.parametrize("apply", [False, True])
+def test_agent_in_a_git_worktree(repo, tmp_path, state_dir, backend, apply):
+    """In a linked worktree (`.git` a file naming main/.git/worktrees/wt), git in the sandbox failed
+    ("fatal: not a git repository: .../main/.git/worktrees/wt") or, on the plain backend, worked on
+    the real repository: `git status` rewrote the worktree's real index, `git add` staged into it.
+    Now the snapshot has the worktree's git directory of its own."""
+    main = tmp_path / "main"
+    shutil.copytree(repo, main, symlinks=True)
+    (main / ".gitignore").write_text("build/\n")
+    _git(main, "init", "-q")
+    _git(main, "add", "-A")
+    _git(main, "commit", "-qm", "base")
+    (main / ".git/info/exclude").write_text("*.log\n")
+    _git(main, "worktree", "add", "-q", "-b", "feature", str(tmp_path / "wt"))
+    wt = tmp_path / "wt"
+    real = {p: p.read_bytes() for p in (main / ".git").rglob("*") if p.is_file()}
+    before = snapshot(wt)
+    model = _replay(tmp_path, "git status --short --branch && git add -A && mkdir build && touch build/o x.log")
+    argv = ["agent", "fix", "--repo", str(wt), "--model", model, "--backend", backend, "--state-dir", str(state_dir)]
+    result = CliRunner().invoke(app, [*argv, "--json", *(["--apply"] if apply else [])])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    shown = _tool_results(report)[-1].splitlines()
+    assert shown[2:4] == ["## feature", " M pkg/calc.py"], shown  # the worktree's branch and index
+    diff = report["trajectory"]["diff"]
+    assert changed_paths(diff) == ["pkg/calc.py"] and diff.startswith("# 2 new files left out")  # build/, x.log
+    assert {p: p.read_bytes() for p in (main / ".git").rglob("*") if p.is_file()} == real
+    if apply:
+        assert _git(wt, "status", "--short") == " M pkg/calc.py\n"
+        assert "return b - a" in (wt / "pkg/calc.py").read_text()
+    else:
+        assert snapshot(wt) == before
+
+
+def _unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold: none for a user; for root, root without its
+    capabilities to override them (skips where setpriv cannot drop them)."""
+    if os.geteuid() != 0:
+        return []
+    caps = "-dac_override,-dac_read_search"
+    prefix = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs setpriv to drop root's file-permission override")
+    return prefix
+
+
+def test_agent_with_paths_it_cannot_read(setup, tmp_path):
+    """A file and a directory the developer cannot read (a container's output, say) stopped the run
+    with a shutil.Error traceback. They are left out of the agent's copy, and named; an agent that
+    then writes those paths finds --apply leaving them, named (it was a PermissionError traceback)."""
+    work, args = setup
+    (work / "locked").mkdir()
+    (work / "locked/inner.txt").write_text("theirs\n")
+    (work / "secret.txt").write_text("theirs\n")
+    args[args.index("--model") + 1] = _replay(
+        tmp_path, "echo mine > secret.txt && mkdir locked && echo mine > locked/inner.txt"
+    )
+    argv = [sys.executable, "-c", "from vivace.cli import main; main()", "agent", "go", *_plain(args), "--apply"]
+    os.chmod(work / "secret.txt", 0)
+    os.chmod(work / "locked", 0)
+    try:
+        done = subprocess.run([*_unprivileged(), *argv], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+    finally:
+        os.chmod(work / "locked", 0o755)
+        os.chmod(work / "secret.txt", 0o644)
+    out = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1 and "Traceback" not in out, out
+    assert "2 path(s) in" in out and "cannot be read and are left out of the agent's copy: locked/, secret.txt" in out
+    assert "applied 1 of 3 paths" in out and "locked/inner.txt: not written" in out and "secret.txt: not written" in out
+    assert "return b - a" in (work / "pkg/calc.py").read_text()
+    assert (work / "secret.txt").read_text() == (work / "locked/inner.txt").read_text() == "theirs\n"
+
+
+def test_agent_on_a_subdirectory_of_a_repository_says_what_it_lacks(setup, tmp_path):
+    """--repo a subdirectory of a git repository: the snapshot has no .git, so git fails inside and
+    the repository's ignore rules do not apply to the diff; that was silent."""
+    work, args = setup
+    _git(work, "init", "-q")
+    args[args.index("--repo") + 1] = str(work / "pkg")
+    args[args.index("--model") + 1] = "scripted:null"
+    result = CliRunner().invoke(app, ["agent", "nothing", *args], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert f"warning: {work / 'pkg'} is inside the git repository {work}, not its top" in out
+    assert f"--repo {work} has neither problem" in out
+    args[args.index("--repo") + 1] = str(work)
+    result = CliRunner().invoke(app, ["agent", "nothing", *args])
+    assert result.exit_code == 0 and "warning" not in result.output

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -97,6 +100,176 @@ def test_git_snapshot_at_commit(tmp_path):
 def test_missing_source(tmp_path):
     with pytest.raises(SandboxError, match="does not exist"):
         materialize(SnapshotSource(str(tmp_path / "nope")), tmp_path / "cache")
+
+
+# -- repositories as developers have them ------------------------------------------------------
+def _git_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}  # the snapshot's own .git decides
+
+
+def _linked_checkout(tmp_path: Path, layout: str) -> tuple[Path, Path]:
+    """(the checkout to snapshot, the git directory its `.git` file names) for a linked worktree of a
+    repository (`worktree`), of a bare one (`bare-worktree`), or a submodule checked out in another.
+    The repository's info/exclude ignores *.log."""
+    main = tmp_path / "main"
+    main.mkdir()
+    _git(main, "init", "-q")
+    (main / ".gitignore").write_text("build/\n")
+    (main / "app.py").write_text("x = 1\n")
+    _git(main, "add", "-A")
+    _git(main, "commit", "-qm", "base")
+    if layout == "submodule":
+        sup = tmp_path / "super"
+        sup.mkdir()
+        _git(sup, "init", "-q")
+        _git(sup, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(main), "vendor/lib")
+        checkout, common = sup / "vendor/lib", sup / ".git/modules/vendor/lib"
+        gitdir = common
+    else:
+        if layout == "bare-worktree":
+            _git(tmp_path, "clone", "-q", "--bare", str(main), "bare.git")
+        common = tmp_path / "bare.git" if layout == "bare-worktree" else main / ".git"
+        _git(common, "worktree", "add", "-q", "-b", "feature", str(tmp_path / "wt"))
+        checkout, gitdir = tmp_path / "wt", common / "worktrees/wt"
+    (common / "info").mkdir(exist_ok=True)
+    (common / "info/exclude").write_text("*.log\n")
+    return checkout, gitdir
+
+
+@pytest.mark.parametrize("layout", ["worktree", "bare-worktree", "submodule"])
+def test_a_linked_checkout_gets_a_git_directory_of_its_own(tmp_path, layout):
+    """A worktree's or submodule's `.git` is a file naming a git directory outside it, which a sandbox
+    cannot reach (git there: "not a git repository") or, on the plain backend, reaches and writes
+    (`git status` rewrote the real worktree's index). The snapshot holds a copy of it instead."""
+    checkout, gitdir = _linked_checkout(tmp_path, layout)
+    real = {p: p.read_bytes() for p in gitdir.parent.parent.rglob("*") if p.is_file()}
+    snap = materialize(SnapshotSource(str(checkout)), tmp_path / "cache")
+    assert (snap.root / ".git").is_dir() and (snap.root / "app.py").read_text() == "x = 1\n"
+    work = tmp_path / "work"  # what the plain backend does: a copy, where git may write
+    shutil.copytree(snap.root, work, symlinks=True)
+    (work / "app.py").write_text("x = 2\n")
+    (work / "x.log").write_text("log\n")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=work, capture_output=True, text=True, env=_git_env())
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert git("status", "--short").splitlines() == [" M app.py"]  # x.log: the repository's exclude applies
+    branch = "feature" if "worktree" in layout else "master"
+    assert git("rev-parse", "--abbrev-ref", "HEAD").strip() == branch
+    assert git("rev-parse", "--show-toplevel").strip() == str(work)
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "agent")
+    assert {p: p.read_bytes() for p in gitdir.parent.parent.rglob("*") if p.is_file()} == real  # untouched
+    assert (checkout / "app.py").read_text() == "x = 1\n"
+    again = materialize(SnapshotSource(str(checkout)), tmp_path / "cache")
+    assert again.key == snap.key and not again.built
+    _git(checkout, "commit", "-q", "--allow-empty", "-m", "more")  # changes only the git directory
+    assert materialize(SnapshotSource(str(checkout)), tmp_path / "cache").key != snap.key
+
+
+def _unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold: none for a user, root without its
+    capabilities to override them for root (skips where setpriv cannot drop them)."""
+    if os.geteuid() != 0:
+        return []
+    caps = "-dac_override,-dac_read_search"
+    prefix = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs setpriv to drop root's file-permission override")
+    return prefix
+
+
+def test_unreadable_paths_are_left_out_and_named(tmp_path):
+    """A file or directory the user cannot read (left by a container as another user, say) used to
+    stop the snapshot with a traceback of shutil.Error; it is left out, and named."""
+    src = tmp_path / "src"
+    (src / "locked").mkdir(parents=True)
+    (src / "locked/inner.txt").write_text("x")
+    (src / "noexec").mkdir()
+    (src / "noexec/inner.txt").write_text("x")
+    (src / "secret.txt").write_text("s")
+    (src / "ok.txt").write_text("ok")
+    code = (
+        "import json, sys; from pathlib import Path; from vivace.sandbox import SnapshotSource, SandboxError;"
+        "from vivace.sandbox.snapshot import materialize\n"
+        "snap = materialize(SnapshotSource(sys.argv[1]), Path(sys.argv[2]))\n"
+        "print(json.dumps([list(snap.unreadable), sorted(p.name for p in snap.root.iterdir())]))\n"
+        "try: materialize(SnapshotSource(sys.argv[1] + '/locked'), Path(sys.argv[2]))\n"
+        "except SandboxError as e: print(e)\n"
+    )
+    os.chmod(src / "secret.txt", 0)
+    os.chmod(src / "locked", 0)
+    os.chmod(src / "noexec", 0o644)  # listed, not searchable
+    try:
+        done = subprocess.run([*_unprivileged(), sys.executable, "-c", code, str(src), str(tmp_path / "cache")],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        for d in ("locked", "noexec"):
+            os.chmod(src / d, 0o755)
+    assert done.returncode == 0, done.stderr
+    first, refused = done.stdout.splitlines()
+    assert json.loads(first) == [["locked/", "noexec/", "secret.txt"], ["ok.txt"]]
+    assert refused == f"snapshot source '{src}/locked' cannot be read (permission denied)"
+
+
+def test_paths_removed_while_snapshotting_are_passed_over(tmp_path, monkeypatch):
+    """A directory in use changes while it is listed and copied: a path gone by the time it is
+    looked at is left out (it was a FileNotFoundError traceback), the rest is copied."""
+    src = tmp_path / "src"
+    for rel in ["a/1.txt", "a/2.txt", "b/3.txt", "c/4.txt", "listed.txt", "keep.txt"]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(rel)
+    real_lstat, real_copy = os.lstat, shutil.copy2
+
+    def lstat(path, *args, **kw):  # removed between the listing and its lstat
+        if os.fspath(path) == str(src / "listed.txt"):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real_lstat(path, *args, **kw)
+
+    def copy2(s, d, **kw):  # the first copy makes the writer remove a file and a directory
+        shutil.rmtree(src / "b", ignore_errors=True)
+        Path(src / "a/2.txt").unlink(missing_ok=True)
+        return real_copy(s, d, **kw)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(shutil, "copy2", copy2)
+    snap = materialize(SnapshotSource(str(src)), tmp_path / "cache")
+    monkeypatch.undo()
+    got = sorted(str(p.relative_to(snap.root)) for p in snap.root.rglob("*") if p.is_file())
+    assert "keep.txt" in got and "c/4.txt" in got and "b/3.txt" not in got and not (snap.root / "b").exists()
+    assert set(got) <= {"a/1.txt", "a/2.txt", "c/4.txt", "keep.txt", "listed.txt"}
+
+
+def test_a_directory_written_to_while_snapshotted(tmp_path):
+    """As `vivace agent` meets a repository whose dev server or build writes files all the time."""
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    for i in range(300):
+        (src / f"pkg/m{i}.py").write_text(f"X = {i}\n")
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            d = src / "out" / f"d{i % 7}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"f{i}.txt").write_text("x" * (i % 300))
+            (src / "out" / f"d{(i + 3) % 7}" / f"f{i - 40}.txt").unlink(missing_ok=True)
+            if i % 97 == 0:
+                shutil.rmtree(src / "out" / f"d{(i + 4) % 7}", ignore_errors=True)
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(8):
+            snap = materialize(SnapshotSource(str(src)), tmp_path / "cache")
+            assert len(list((snap.root / "pkg").iterdir())) == 300
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_config_validation_names_the_field():

@@ -23,7 +23,7 @@ from vivace.sandbox import apply as apply_mod
 from vivace.sandbox import local as local_mod
 from vivace.sandbox.apply import ApplyReport, export_changes
 from vivace.sandbox.diff import changed_paths, tree_diff, walk_files
-from vivace.sandbox.paths import ConfinedFS
+from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS
 from vivace.sandbox.snapshot import evict, materialize
 
 BACKENDS = ["plain"] + ([] if ISOLATION_PROBLEM else ["isolated"])
@@ -105,6 +105,25 @@ def test_ignore_rules_need_a_git_checkout(tmp_path):
     (work / "build").mkdir()
     (work / "build/a.o").write_text("o\n")
     assert changed_paths(_diff(base, work)) == ["build/a.o"]  # no .git: nothing to ask git
+
+
+def test_new_files_a_submodule_ignores_are_left_out(tmp_path):
+    """Inside a submodule its own ignore rules decide, as `git status` there would: its build output
+    (*.o) was in the diff, and --apply wrote it."""
+    lib = _git_repo(tmp_path / "lib", {".gitignore": b"*.o\n", "lib.py": b"x = 1\n"})
+    base = _git_repo(tmp_path / "base", {".gitignore": b"build/\n", "main.py": b"y = 1\n"})
+    assert (
+        _git(base, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib").returncode == 0
+    )
+    work = tmp_path / "work"
+    shutil.copytree(base, work, symlinks=True)
+    for rel in ["vendor/lib/a.o", "vendor/lib/new.py", "vendor/lib/build/keep.txt", "top.o", "build/x"]:
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text("new\n")
+    diff = _diff(base, work)
+    # The superproject's build/ rule is not the submodule's, nor the submodule's *.o the superproject's.
+    assert changed_paths(diff) == ["top.o", "vendor/lib/build/keep.txt", "vendor/lib/new.py"]
+    assert diff.startswith("# 2 new files left out of this diff") and "(build/, vendor/)" in diff
 
 
 # -- 3: --apply prunes directories its deletions emptied -------------------------------------
@@ -490,12 +509,37 @@ def test_a_ctrl_c_during_a_write_lands_after_it(tmp_path, monkeypatch):
     assert (repo / "a.txt").read_bytes() == b"new\n" * 100 and (repo / "b.txt").read_bytes() == b"b\n"
 
 
+async def test_apply_writes_binaries_over_the_read_limit(tmp_path, state_dir):
+    """A binary the agent changed or made past the 64 MiB read limit (a model, a database fixture) was
+    left: "not written: 'big.bin' is 68157440 bytes, over the 67108864-byte read limit"; it is copied
+    in pieces, in place like any other file."""
+    data = bytearray(os.urandom(1 << 16)) * ((MAX_READ_BYTES >> 16) + 16)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "big.bin").write_bytes(data)
+    inode = os.stat(repo / "big.bin").st_ino
+    backend = make_backend("plain", state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        grow = f"head -c {MAX_READ_BYTES + 5} /dev/zero > made.bin"
+        await ws.exec(f"printf XYZ | dd of=big.bin bs=1 seek=1000 conv=notrunc 2>/dev/null && {grow}")
+        diff = await ws.diff()
+        assert changed_paths(diff) == ["big.bin", "made.bin"] and "Binary files a/big.bin and b/big.bin differ" in diff
+        report = await export_changes(ws, diff, repo, base=ws.snapshot.root)
+    finally:
+        await backend.aclose()
+    assert report.left == {} and sorted(report.applied) == ["big.bin", "made.bin"]
+    data[1000:1003] = b"XYZ"
+    assert (repo / "big.bin").read_bytes() == data and os.stat(repo / "big.bin").st_ino == inode
+    assert (repo / "made.bin").read_bytes() == bytes(MAX_READ_BYTES + 5)
+
+
 _UNPRIVILEGED_APPLY = """
 import asyncio, sys
 from pathlib import Path
 from vivace.sandbox.apply import export_changes
 from vivace.sandbox.diff import tree_diff, walk_files
-from vivace.sandbox.paths import ConfinedFS
+from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS
 
 class Workspace:
     def __init__(self, root):

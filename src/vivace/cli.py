@@ -156,6 +156,7 @@ def agent(
     from vivace.sandbox import SandboxError, SnapshotSource, open_backend
     from vivace.sandbox.apply import ApplyReport, export_changes
     from vivace.sandbox.diff import changed_paths, quote_path
+    from vivace.sandbox.snapshot import enclosing_checkout
 
     if not repo.is_dir():
         err.print(f"[red]error:[/red] --repo {repo} is not a directory")
@@ -175,7 +176,14 @@ def agent(
         b = open_backend(cfg.sandbox)
         try:
             snap = b.snapshot(SnapshotSource(path=str(repo)))
-            if snap.unreadable:  # never in the diff, never touched by --apply: the agent does not see them
+            if top := enclosing_checkout(repo):
+                err.print(
+                    f"[yellow]warning:[/yellow] {escape(visible(str(repo)))} is inside the git repository"
+                    f" {escape(visible(str(top)))}, not its top: the agent's copy has no .git (git commands fail"
+                    " there) and new files that repository's ignore rules ignore stay in the diff;"
+                    f" --repo {escape(visible(str(top)))} has neither problem"
+                )
+            if snap.unreadable:  # the agent cannot see them, and --apply leaves them (it cannot read them either)
                 shown = ", ".join(map(quote_path, snap.unreadable[:5])) + (", ..." * (len(snap.unreadable) > 5))
                 err.print(
                     f"[yellow]warning:[/yellow] {len(snap.unreadable)} path(s) in {escape(visible(str(repo)))} cannot"

@@ -22,6 +22,7 @@ import posixpath
 import signal
 import stat as stat_mod
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from vivace.sandbox.base import FileStat, NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
 from vivace.sandbox.diff import changed_paths, header_path
-from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS
+from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile
 
 
 @dataclass
@@ -89,7 +90,11 @@ async def export_changes(
     # diff removes by the time the file is written, so it is never removed with anything else in it.
     emptied = set()
     for rel in sorted(gone, key=lambda r: r.count("/"), reverse=True):
-        verdict, _ = _against_snapshot(rel, None, target, before)
+        try:
+            verdict, _ = _against_snapshot(rel, None, target, before)
+        except (OSError, SandboxError) as e:  # it cannot be read there (another user's file)
+            report.left[rel] = _not_written(e, dest)
+            continue
         if verdict == "clash":
             report.left[rel] = f"changed in {dest} since the agent started, and the two changes do not merge"
             continue
@@ -109,34 +114,65 @@ async def export_changes(
     mode_changed = _mode_changes(diff_text)
     for rel, st in files.items():
         try:
-            data = await workspace.read_bytes(rel)
+            data = await _workspace_version(workspace, rel, st.size)
         except (OSError, SandboxError) as e:
             report.left[rel] = f"not written: {e}"
             continue
-        verdict, data = _against_snapshot(rel, data, target, before)
-        if verdict == "clash":
-            report.left[rel] = f"changed in {dest} since the agent started, and the two changes do not merge"
-            continue
-        if verdict == "done":
-            report.applied.append(rel)
-            continue
         try:
-            with _signals_held():
-                if not _make_room(target, rel):
-                    report.left[rel] = f"a directory in {dest} that still holds files the diff does not remove"
-                    continue
-                _write_file(target, rel, data, executable=bool(st.mode & 0o111), mode_changed=rel in mode_changed)
-                report.applied.append(rel)
-                if verdict == "merged":
-                    report.merged.append(rel)
-        except _HalfWritten as e:
-            report.left[rel] = str(e)
-        except (OSError, SandboxError) as e:
-            report.left[rel] = _not_written(e, dest)
+            _apply_file(rel, data, bool(st.mode & 0o111), rel in mode_changed, target, before, report, dest)
+        finally:
+            if isinstance(data, OpenFile):
+                os.close(data.fd)
     return report
 
 
-def _against_snapshot(rel: str, data: bytes | None, target: ConfinedFS, before: ConfinedFS | None):
+async def _workspace_version(workspace, rel: str, size: int) -> bytes | OpenFile:
+    """The workspace's version of the file `rel`: its bytes or, past the read limit (a large binary)
+    where the workspace can open a file to be read in pieces (a local one), the file opened."""
+    if size > MAX_READ_BYTES and hasattr(workspace, "open_read"):
+        return await workspace.open_read(rel, max_bytes=sys.maxsize)
+    return await workspace.read_bytes(rel)
+
+
+def _apply_file(
+    rel: str,
+    data: bytes | OpenFile,
+    executable: bool,
+    mode_changed: bool,
+    target: ConfinedFS,
+    before: ConfinedFS | None,
+    report: ApplyReport,
+    dest: Path,
+) -> None:
+    """Make the file `rel` in `target` hold `data`, unless it changed there since the snapshot
+    `before` (then merged or left); what was done goes into `report`."""
+    try:
+        verdict, data = _against_snapshot(rel, data, target, before)
+    except (OSError, SandboxError) as e:  # it cannot be read there (another user's file)
+        report.left[rel] = _not_written(e, dest)
+        return
+    if verdict == "clash":
+        report.left[rel] = f"changed in {dest} since the agent started, and the two changes do not merge"
+        return
+    if verdict == "done":
+        report.applied.append(rel)
+        return
+    try:
+        with _signals_held():
+            if not _make_room(target, rel):
+                report.left[rel] = f"a directory in {dest} that still holds files the diff does not remove"
+                return
+            _write_file(target, rel, data, executable=executable, mode_changed=mode_changed)
+            report.applied.append(rel)
+            if verdict == "merged":
+                report.merged.append(rel)
+    except _HalfWritten as e:
+        report.left[rel] = str(e)
+    except (OSError, SandboxError) as e:
+        report.left[rel] = _not_written(e, dest)
+
+
+def _against_snapshot(rel: str, data: bytes | OpenFile | None, target: ConfinedFS, before: ConfinedFS | None):
     """How `rel` in the destination stands against the snapshot `before`, given the workspace's
     version `data` (None: removed): ("apply", data) when unchanged there; ("merged", the merge)
     when both changed a text file and the changes merge; ("done", data) when the destination
@@ -145,7 +181,7 @@ def _against_snapshot(rel: str, data: bytes | None, target: ConfinedFS, before: 
         return "apply", data
     if (now[0], now[1]) == ("file", data) or (now[0] == "missing" and data is None):
         return "done", data  # the same change on both sides
-    if now[0] == was[0] == "file" and data is not None and (merged := _merged(now[1], was[1], data)) is not None:
+    if now[0] == was[0] == "file" and isinstance(data, bytes) and (merged := _merged(now[1], was[1], data)) is not None:
         return "merged", merged
     return "clash", None
 
@@ -226,9 +262,10 @@ def _signals_held() -> Iterator[None]:
             signal.raise_signal(sig)
 
 
-def _write_file(target: ConfinedFS, rel: str, data: bytes, executable: bool, mode_changed: bool) -> None:
-    """Make the file `rel` under `target` hold `data`: written in place when it exists (executable
-    bits set or cleared only when `mode_changed`), else created (with missing parent directories).
+def _write_file(target: ConfinedFS, rel: str, data: bytes | OpenFile, executable: bool, mode_changed: bool) -> None:
+    """Make the file `rel` under `target` hold `data` (bytes, or an opened file's content): written in
+    place when it exists (executable bits set or cleared only when `mode_changed`), else created (with
+    missing parent directories).
     Resolved as every ConfinedFS operation is, so it never writes outside `target`."""
     with target.resolve(rel, create_parents=True) as (dfd, name):
         if name is None:
@@ -252,12 +289,12 @@ def _write_file(target: ConfinedFS, rel: str, data: bytes, executable: bool, mod
         os.close(pfd)
 
 
-def _create(dfd: int, name: str, data: bytes, mode: int) -> None:
+def _create(dfd: int, name: str, data: bytes | OpenFile, mode: int) -> None:
     """A new file `name` holding `data` (O_EXCL: never through a symlink); removed again if the write fails."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
     try:
         try:
-            _write_at(fd, data, 0)
+            _write_all(fd, data)
         finally:
             os.close(fd)
     except BaseException:
@@ -266,7 +303,7 @@ def _create(dfd: int, name: str, data: bytes, mode: int) -> None:
         raise
 
 
-def _overwrite(pfd: int, data: bytes, mode: int) -> None:
+def _overwrite(pfd: int, data: bytes | OpenFile, mode: int) -> None:
     """Make the regular file `pfd` (an O_PATH descriptor) hold `data` and have permission bits `mode`.
 
     In place, not by renaming a new file over it: a rename gives the path a new inode, so another
@@ -277,7 +314,8 @@ def _overwrite(pfd: int, data: bytes, mode: int) -> None:
     Every failure short of that leaves the old content: it is copied aside first (memory, or a
     temporary file past MAX_READ_BYTES) and put back if a write fails (disk full, quota, I/O error),
     and the caller holds Ctrl-C meanwhile. (A copy of the *new* content written first would not
-    help: it is whole in memory already; what a failed in-place write destroys is the old one.)"""
+    help: it is whole in memory, or a file in the workspace, already; what a failed in-place write
+    destroys is the old one.)"""
     proc = f"/proc/self/fd/{pfd}"  # this very inode: no path is walked again
     was = stat_mod.S_IMODE(os.fstat(pfd).st_mode)
     try:
@@ -299,8 +337,7 @@ def _overwrite(pfd: int, data: bytes, mode: int) -> None:
             while chunk := os.read(fd, 1 << 20):
                 old.write(chunk)
             try:
-                _write_at(fd, data, 0)
-                os.ftruncate(fd, len(data))
+                os.ftruncate(fd, _write_all(fd, data))
             except BaseException as e:
                 _put_back(fd, old, e)
                 raise
@@ -325,6 +362,19 @@ def _put_back(fd: int, old, error: BaseException) -> None:
     except OSError as again:
         why = f"writing it failed ({error}), and so did putting its old content back ({again})"
         raise _HalfWritten(f"LEFT HALF-WRITTEN: {why}") from error
+
+
+def _write_all(fd: int, data: bytes | OpenFile) -> int:
+    """Write `data` (bytes, or the whole of an opened file, a MiB at a time) from the start of `fd`;
+    returns how many bytes that is."""
+    if isinstance(data, bytes):
+        _write_at(fd, data, 0)
+        return len(data)
+    offset = 0
+    while chunk := os.pread(data.fd, 1 << 20, offset):
+        _write_at(fd, chunk, offset)
+        offset += len(chunk)
+    return offset
 
 
 def _write_at(fd: int, data: bytes, offset: int) -> None:

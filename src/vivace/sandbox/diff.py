@@ -10,8 +10,8 @@ as `git status` would leave them out, and a comment line at the top says how man
 Writing such a diff back onto the directory the snapshot came from is sandbox/apply.py's.
 
 Not covered: ignore rules of a base without .git (a plain directory, a `git archive`
-snapshot) or inside a submodule, and .gitignore edits made in the workspace (the base's
-rules decide).
+snapshot, a subdirectory of a repository), and .gitignore edits made in the workspace (the
+base's rules decide).
 """
 
 from __future__ import annotations
@@ -150,37 +150,56 @@ def tree_diff(base: Path, work: Path, candidates: Iterable[str], ignore: Iterabl
 def git_ignored(base: Path, new_paths: list[str]) -> set[str]:
     """Which of `new_paths` (absent from `base`) the ignore rules of the git checkout `base`
     ignore: its .gitignore files, .git/info/exclude and the user's global excludes, as git
-    reads them. Empty when `base` is not a git checkout or git fails (nothing is left out)."""
+    reads them; a path inside a submodule by the submodule's own rules, as `git status` there
+    would. Empty when `base` is not a git checkout or git fails (nothing is left out)."""
     if not new_paths or not os.path.lexists(os.path.join(base, ".git")):
         return set()
-    # git refuses the whole batch for a path beyond a symlink or inside a submodule; keep those.
-    memo: dict[str, bool] = {}
-    askable = [p for p in new_paths if _plain_dirs(base, posixpath.dirname(p), memo)]
+    # git refuses the whole batch for a path beyond a symlink or inside a submodule: each path goes
+    # to the innermost checkout holding it, and one beyond a symlink to none.
+    memo: dict[str, str | None] = {}
+    by_repo: dict[str, list[str]] = {}
+    for p in new_paths:
+        repo = _checkout_of(base, posixpath.dirname(p), memo)
+        if repo is not None:
+            by_repo.setdefault(repo, []).append(p[len(repo) + 1 :] if repo else p)
+    out = set()
+    for repo, paths in by_repo.items():
+        prefix = f"{repo}/" if repo else ""
+        out |= {prefix + p for p in _check_ignore(base / repo if repo else base, paths)}
+    return out
+
+
+def _check_ignore(repo: Path, paths: list[str]) -> set[str]:
+    """`git check-ignore` of `paths` (relative) in the checkout `repo`; empty when git fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}  # e.g. GIT_INDEX_FILE from a hook
-    argv = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", f"--git-dir={base}/.git"]
-    argv += [f"--work-tree={base}", "check-ignore", "-z", "--stdin"]  # tracked files are never "ignored"
+    argv = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", f"--git-dir={repo}/.git"]
+    argv += [f"--work-tree={repo}", "check-ignore", "-z", "--stdin"]  # tracked files are never "ignored"
     try:
         proc = subprocess.run(
-            argv, input=b"\0".join(map(os.fsencode, askable)), capture_output=True, env=env, timeout=120
+            argv, input=b"\0".join(map(os.fsencode, paths)), capture_output=True, env=env, timeout=120
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        log.warning("git check-ignore in %s failed (%s); ignored files stay in the diff", base, e)
+        log.warning("git check-ignore in %s failed (%s); ignored files stay in the diff", repo, e)
         return set()
     if proc.returncode not in (0, 1):  # 1: nothing ignored
-        log.warning("git check-ignore in %s failed: %s", base, proc.stderr.decode(errors="replace").strip())
+        log.warning("git check-ignore in %s failed: %s", repo, proc.stderr.decode(errors="replace").strip())
         return set()
     return {os.fsdecode(p) for p in proc.stdout.split(b"\0") if p}
 
 
-def _plain_dirs(base: Path, rel_dir: str, memo: dict[str, bool]) -> bool:
-    """Whether every directory on `rel_dir` is, in `base`, missing or a real directory that is
-    not a submodule (a symlink or a .git inside)."""
+def _checkout_of(base: Path, rel_dir: str, memo: dict[str, str | None]) -> str | None:
+    """The innermost directory on `rel_dir` (relative to `base`; '' for `base` itself) that holds a
+    `.git` in `base` (a submodule), or '' for none; None when a symlink is on the way (git refuses
+    such a path). A directory missing from `base` (new in the workspace) is plain."""
     if not rel_dir:
-        return True
+        return ""
     if rel_dir not in memo:
         here = os.path.join(base, rel_dir)
-        plain = not os.path.islink(here) and not os.path.lexists(os.path.join(here, ".git"))
-        memo[rel_dir] = plain and _plain_dirs(base, posixpath.dirname(rel_dir), memo)
+        outer = _checkout_of(base, posixpath.dirname(rel_dir), memo)
+        if outer is None or os.path.islink(here):
+            memo[rel_dir] = None
+        else:
+            memo[rel_dir] = rel_dir if os.path.lexists(os.path.join(here, ".git")) else outer
     return memo[rel_dir]
 
 

@@ -17,10 +17,20 @@ key's own test) is hard-linked from it instead of copied, so a repository with a
 costs its changed files, not 2 GB and half a minute, per run. `.source-<hash>` names the newest
 snapshot of each directory. Snapshots are never written, so sharing their files is safe; the
 source's own files are never linked.
+
+A directory snapshot holds what can be read of the directory as it is while the copy runs:
+sockets, FIFOs and devices are left out, and so are files and directories the caller cannot read
+(`Snapshot.unreadable` names them) and whatever is removed while the copy runs (the directory may
+be in use). A git worktree or a submodule checkout, whose `.git` is a file naming a git directory
+elsewhere, gets a `.git` directory of its own in the snapshot (that git directory, with the main
+repository's objects and refs for a linked worktree), so git inside a sandbox sees the repository
+the developer sees, and never writes to the real one. Not covered: a submodule inside such a
+worktree (its own `.git` file still names a directory outside the snapshot).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -31,7 +41,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -72,6 +82,9 @@ class Snapshot:
     root: Path  # the materialised tree; never written after creation
     source: SnapshotSource
     built: bool = field(default=False, compare=False)  # this call built it (the cache grew)
+    # A directory's paths left out because they cannot be read ("name/" for a directory), as listed
+    # now: empty for other sources.
+    unreadable: tuple[str, ...] = field(default=(), compare=False)
 
 
 def materialize(
@@ -83,8 +96,12 @@ def materialize(
     path = Path(source.path).expanduser().resolve()
     if not path.exists():
         raise SandboxError(f"snapshot source {source.path!r} does not exist")
+    if kind == "dir" and not os.access(path, os.R_OK | os.X_OK):
+        raise SandboxError(f"snapshot source {source.path!r} cannot be read (permission denied)")
+    git_dirs = _linked_git_dirs(path) if kind == "dir" else None
+    unreadable: list[str] = []
     owned = f"-u{owner[0]}" if owner else ""  # ownership is part of what the cache holds
-    key = _key(kind, path, source.commit) + owned
+    key = _key(kind, path, source.commit, git_dirs, unreadable) + owned
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _cache_lock(cache_dir, exclusive=False):  # an eviction sees this use, or ran before it
         if holder:
@@ -97,7 +114,14 @@ def materialize(
 
     def build(tmp: Path) -> None:
         if kind == "dir":
-            _copy_dir(path, tmp, _snapshot_named(cache_dir, newest))
+            previous = _snapshot_named(cache_dir, newest)
+            skip = set(unreadable) | ({".git"} if git_dirs else set())
+            try:
+                _copy_dir(path, tmp, previous, skip, unreadable)
+                if git_dirs:
+                    _copy_git_dir(*git_dirs, tmp, previous)
+            except OSError as e:  # the cache's disk full, say
+                raise SandboxError(f"cannot snapshot {path} into {cache_dir}: {e}") from e
         elif kind == "tar":
             _extract_tar(path, tmp)
         else:
@@ -106,12 +130,24 @@ def materialize(
             _chown_tree(tmp, owner)
 
     if cached:
-        return Snapshot(key=key, root=cache_dir / key, source=source)
+        return Snapshot(key=key, root=cache_dir / key, source=source, unreadable=tuple(sorted(unreadable)))
     root = build_once(cache_dir / key, build)
     _record_use(root)  # a new snapshot's size
     if kind == "dir":
         _write_atomically(newest, key)
-    return Snapshot(key=key, root=root, source=source, built=True)
+    return Snapshot(key=key, root=root, source=source, built=True, unreadable=tuple(sorted(set(unreadable))))
+
+
+def enclosing_checkout(path: Path) -> Path | None:
+    """The top of the git checkout that the directory `path` lies in, when `path` is not that top
+    itself: a snapshot of `path` then holds no `.git`, so git fails inside the sandbox and the
+    diff cannot leave out what that repository's ignore rules ignore. None when `path` has its
+    own `.git` or no directory above it has one."""
+    path = path.expanduser().resolve()
+    for d in (path, *path.parents):
+        if os.path.lexists(d / ".git"):
+            return d if d != path else None
+    return None
 
 
 def _snapshot_named(cache_dir: Path, pointer: Path) -> Path | None:
@@ -129,26 +165,140 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _copy_dir(src: Path, dest: Path, previous: Path | None) -> None:
-    """Copy directory `src` into `dest`, hard-linking each file unchanged since `previous` (an earlier
-    snapshot of `src`) from it. A link that fails (that snapshot evicted meanwhile, a link limit)
-    falls back to a copy."""
+def _copy_dir(src: Path, dest: Path, previous: Path | None, skip: set[str], unreadable: list[str]) -> None:
+    """Copy directory `src` into the directory `dest`: directories, regular files and symlinks, with
+    their modes and times, leaving out sockets, FIFOs and devices, the paths in `skip` (relative;
+    "name/" for a directory) and whatever is removed meanwhile. A file that turns out unreadable is
+    added to `unreadable`. Each file unchanged since `previous` (an earlier snapshot of `src`) is
+    hard-linked from it; a link that fails (that snapshot evicted meanwhile, a link limit) falls back
+    to a copy."""
+    _copy_tree(str(src), str(dest), "", previous, skip, unreadable)
+    with suppress(OSError):
+        shutil.copystat(src, dest)
 
-    def copy(s: str, d: str) -> None:
-        if previous is not None:
-            old = previous / os.path.relpath(s, src)
-            try:
-                now, then = os.lstat(s), os.lstat(old)
-                if stat.S_ISREG(then.st_mode) and (now.st_size, now.st_mtime_ns, now.st_mode) == (
-                    then.st_size, then.st_mtime_ns, then.st_mode
-                ):  # fmt: skip
-                    os.link(old, d)
-                    return
-            except OSError:
-                pass
-        shutil.copy2(s, d)
 
-    shutil.copytree(src, dest, symlinks=True, ignore=_special_files, dirs_exist_ok=True, copy_function=copy)
+def _copy_tree(src: str, dest: str, rel: str, previous: Path | None, skip: set[str], unreadable: list[str]) -> None:
+    """`_copy_dir` of `src` (at `rel` in the snapshot) into the existing directory `dest`."""
+    try:
+        with os.scandir(src) as it:
+            entries = list(it)
+    except (FileNotFoundError, NotADirectoryError):  # removed meanwhile
+        return
+    except PermissionError:  # made unreadable since it was listed
+        unreadable.append(f"{rel}/")
+        return
+    for entry in entries:
+        name = f"{rel}/{entry.name}" if rel else entry.name
+        target = os.path.join(dest, entry.name)
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode) and f"{name}/" not in skip:
+                made = not os.path.isdir(target)  # not when a git directory's overlay adds to it
+                os.makedirs(target, 0o700, exist_ok=True)
+                try:
+                    _copy_tree(entry.path, target, name, previous, skip, unreadable)
+                    shutil.copystat(entry.path, target)
+                except FileNotFoundError:
+                    if made:
+                        shutil.rmtree(target)
+                    raise
+            elif stat.S_ISLNK(st.st_mode) and name not in skip:
+                _remove_file(target)
+                os.symlink(os.readlink(entry.path), target)
+                shutil.copystat(entry.path, target, follow_symlinks=False)
+            elif stat.S_ISREG(st.st_mode) and name not in skip:
+                _remove_file(target)
+                _copy_file(entry.path, target, st, previous / name if previous is not None else None)
+        except PermissionError:
+            unreadable.append(name)
+        except OSError as e:  # removed, or replaced by another kind of file, while being copied: left out
+            if e.errno not in _CHANGED_MEANWHILE and not isinstance(e, shutil.SpecialFileError):
+                raise
+
+
+# What copying a path that is removed or replaced meanwhile fails with.
+_CHANGED_MEANWHILE = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
+
+
+def _copy_file(src: str, dest: str, st: os.stat_result, old: Path | None) -> None:
+    """Copy file `src` (lstat `st`) to `dest`, or hard-link it from `old` when `old` is a regular file
+    of the same size, mtime and mode (the cache key's own test)."""
+    if old is not None:
+        try:
+            then = os.lstat(old)
+            if stat.S_ISREG(then.st_mode) and (st.st_size, st.st_mtime_ns, st.st_mode) == (
+                then.st_size, then.st_mtime_ns, then.st_mode
+            ):  # fmt: skip
+                os.link(old, dest)
+                return
+        except OSError:
+            pass
+    shutil.copy2(src, dest, follow_symlinks=False)
+
+
+def _remove_file(path: str) -> None:
+    """Make room at `path` for a file (a git directory's overlay replaces what is there)."""
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _linked_git_dirs(path: Path) -> tuple[Path, Path | None] | None:
+    """(git directory, common directory or None) when `path/.git` is a file naming a git directory
+    elsewhere ("gitdir: ..."): a linked worktree (whose git directory names the main repository's
+    in `commondir`), a submodule checkout, a `--separate-git-dir` clone. None otherwise, or when
+    that directory cannot be read (the `.git` file is then copied as it is)."""
+    dot_git = path / ".git"
+    try:
+        if not stat.S_ISREG(dot_git.lstat().st_mode):
+            return None
+        text = dot_git.read_text(errors="replace")
+    except OSError:
+        return None
+    if not text.startswith("gitdir: "):
+        return None
+    gitdir = (path / text[len("gitdir: ") :].strip()).resolve()
+    try:
+        common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+    except FileNotFoundError:
+        common = None
+    except OSError:
+        return None
+    dirs = [gitdir] + ([common] if common else [])
+    return (gitdir, common) if all(os.access(d, os.R_OK | os.X_OK) and d.is_dir() for d in dirs) else None
+
+
+# In a linked worktree's git directory: how it finds the repository and its checkout, nothing to copy.
+_WORKTREE_LINKS = {"commondir", "gitdir", "locked"}
+
+
+def _copy_git_dir(gitdir: Path, common: Path | None, dest: Path, previous: Path | None) -> None:
+    """Make `dest/.git` a git directory of its own for the checkout `dest`: a copy of `gitdir` or, for a
+    linked worktree, of the main repository's `common` directory (its other worktrees left out)
+    overlaid with the worktree's own files (HEAD, index, logs/HEAD, ...). Its config then names no
+    other work tree (a submodule's `core.worktree`) and is not bare (a worktree of a bare repository)."""
+    git = dest / ".git"
+    git.mkdir()
+    ignore: list[str] = []  # the git directory's own unreadable files do not concern the user
+    sources = [(common, {"worktrees/"}), (gitdir, _WORKTREE_LINKS)] if common else [(gitdir, set())]
+    for source, skip in sources:
+        _copy_tree(str(source), str(git), ".git", previous, {f".git/{n}" for n in skip}, ignore)
+    with suppress(OSError):
+        shutil.copystat(gitdir, git)
+    if common and (git / "config.worktree").exists() and not (gitdir / "config.worktree").exists():
+        os.unlink(git / "config.worktree")  # the main checkout's own settings
+    config = str(git / "config")  # git config writes a new file: one linked from an older snapshot stays
+    _git_config(config, "--unset", "core.worktree")
+    if _git_config(config, "--get", "core.bare") == "true":
+        _git_config(config, "core.bare", "false")
+
+
+def _git_config(config: str, *args: str) -> str:
+    """`git config --file config ARGS`'s output; '' when it fails (a setting that is not there)."""
+    try:
+        proc = subprocess.run(["git", "config", "--file", config, *args], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return proc.stdout.strip()
 
 
 def build_once(target: Path, build: Callable[[Path], None]) -> Path:
@@ -268,18 +418,25 @@ def _cache_lock(cache_dir: Path, exclusive: bool, wait: bool = True) -> Iterator
         os.close(fd)  # releases the lock
 
 
-def _key(kind: SourceKind, path: Path, commit: str | None) -> str:
+def _key(
+    kind: SourceKind,
+    path: Path,
+    commit: str | None,
+    git_dirs: tuple[Path, Path | None] | None = None,
+    unreadable: list[str] | None = None,
+) -> str:
+    """The cache key of a source; for a directory, from its listing (and that of the git directory
+    its `.git` file names), adding to `unreadable` the paths that cannot be read."""
     h = hashlib.sha256(kind.encode())
     if kind == "dir":
         # fsencode: a file name need not be UTF-8 (Python holds its stray bytes as surrogates).
         h.update(os.fsencode(path))
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            for name in sorted(filenames) + dirnames:
-                p = os.path.join(dirpath, name)
-                st = os.lstat(p)
-                h.update(os.fsencode(os.path.relpath(p, path)))
-                h.update(f"\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
+        _hash_listing(h, path, "", unreadable if unreadable is not None else [])
+        if git_dirs:
+            gitdir, common = git_dirs
+            if common:
+                _hash_listing(h, common, ".git-common/", [], skip="worktrees")
+            _hash_listing(h, gitdir, ".git/", [])
     elif kind == "tar":
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
@@ -289,13 +446,35 @@ def _key(kind: SourceKind, path: Path, commit: str | None) -> str:
     return h.hexdigest()[:24]
 
 
-def _special_files(directory: str, names: list[str]) -> list[str]:
-    """copytree ignore hook: skip sockets, fifos and devices (they cannot be copied)."""
-    return [n for n in names if not _is_plain(os.lstat(os.path.join(directory, n)).st_mode)]
-
-
-def _is_plain(mode: int) -> bool:
-    return stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)
+def _hash_listing(h, root: Path, label: str, unreadable: list[str], skip: str | None = None) -> None:
+    """Feed `h` each path under `root` (as `label` + its relative path) with its size, mtime and
+    mode, adding to `unreadable` the files and directories that cannot be read (a directory's
+    contents are then not listed). A path removed meanwhile is passed over, as is `skip` at the top."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        if skip and dirpath == str(root) and skip in dirnames:
+            dirnames.remove(skip)
+        rel_dir = os.path.relpath(dirpath, root)
+        blocked = set()
+        for name in sorted(filenames) + sorted(dirnames):
+            p = os.path.join(dirpath, name)
+            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:  # removed meanwhile
+                blocked.add(name)
+                continue
+            except PermissionError:  # its directory made unsearchable meanwhile
+                unreadable.append(rel)
+                blocked.add(name)
+                continue
+            if stat.S_ISDIR(st.st_mode) and not os.access(p, os.R_OK | os.X_OK):
+                unreadable.append(f"{rel}/")
+                blocked.add(name)
+            elif stat.S_ISREG(st.st_mode) and not os.access(p, os.R_OK):
+                unreadable.append(rel)
+            h.update(os.fsencode(label + rel))
+            h.update(f"\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
+        dirnames[:] = sorted(d for d in dirnames if d not in blocked)
 
 
 def _extract_tar(path: Path, dest: Path) -> None:
