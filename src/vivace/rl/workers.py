@@ -346,7 +346,8 @@ class RayWorkers:
                     raise ClusterUnavailable(f"cannot start a local Ray cluster: {e}") from e
                 raise ClusterUnavailable(
                     f"cannot join the Ray cluster at {self.address}: {e}. A cluster with token authentication "
-                    "(Ray's default once ~/.ray/auth_token exists) also needs RAY_AUTH_MODE=token and its token here"
+                    "(Ray's default for local clusters from 2.59, for all from 2.61) also needs RAY_AUTH_MODE=token and "
+                    "its token (~/.ray/auth_token or RAY_AUTH_TOKEN) here"
                 ) from e
         self.watch = ClusterWatch(ray.get_runtime_context().gcs_address, self.on_cluster)
         tc = self.cfg.train
