@@ -8,6 +8,8 @@ real uvicorn server (one per session, in a background thread on 127.0.0.1).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,3 +153,15 @@ def chat_format() -> ChatFormat:
     tokenizer = train_tokenizer(corpus, 800)
     tokenizer.chat_template = None
     return ChatFormat(tokenizer)
+
+
+def unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold: none for a user; for root, root without
+    its capabilities to override them (skips the test where setpriv cannot drop them)."""
+    if os.geteuid() != 0:
+        return []
+    caps = "-dac_override,-dac_read_search"
+    prefix = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs setpriv to drop root's file-permission override")
+    return prefix

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import ISOLATION_PROBLEM
+from conftest import ISOLATION_PROBLEM, unprivileged
 from vivace.cli import app
 from vivace.sandbox.diff import changed_paths, tree_diff, walk_files
 from vivace.sandbox.local import LocalWorkspace
@@ -280,18 +280,6 @@ def test_agent_in_a_git_worktree(repo, tmp_path, state_dir, backend, apply):
         assert snapshot(wt) == before
 
 
-def _unprivileged() -> list[str]:
-    """A command prefix under which file permissions hold: none for a user; for root, root without its
-    capabilities to override them (skips where setpriv cannot drop them)."""
-    if os.geteuid() != 0:
-        return []
-    caps = "-dac_override,-dac_read_search"
-    prefix = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
-    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs setpriv to drop root's file-permission override")
-    return prefix
-
-
 def test_agent_with_paths_it_cannot_read(setup, tmp_path):
     """A file and a directory the developer cannot read (a container's output, say) stopped the run
     with a shutil.Error traceback. They are left out of the agent's copy, and named; an agent that
@@ -307,7 +295,7 @@ def test_agent_with_paths_it_cannot_read(setup, tmp_path):
     os.chmod(work / "secret.txt", 0)
     os.chmod(work / "locked", 0)
     try:
-        done = subprocess.run([*_unprivileged(), *argv], capture_output=True, text=True, timeout=120,
+        done = subprocess.run([*unprivileged(), *argv], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "COLUMNS": "300"})  # fmt: skip
     finally:
         os.chmod(work / "locked", 0o755)

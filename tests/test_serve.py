@@ -380,6 +380,7 @@ def test_vivace_serve_command(taught, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        proc.stdout.close()
     bad = subprocess.run([*VIVACE, "serve", "--model", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "not a model" in bad.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from conftest import unprivileged
 from vivace.config import SandboxConfig, load_config, load_preset
 from vivace.sandbox import SandboxError, SnapshotSource
 from vivace.sandbox.snapshot import materialize
@@ -169,18 +170,6 @@ def test_a_linked_checkout_gets_a_git_directory_of_its_own(tmp_path, layout):
     assert materialize(SnapshotSource(str(checkout)), tmp_path / "cache").key != snap.key
 
 
-def _unprivileged() -> list[str]:
-    """A command prefix under which file permissions hold: none for a user, root without its
-    capabilities to override them for root (skips where setpriv cannot drop them)."""
-    if os.geteuid() != 0:
-        return []
-    caps = "-dac_override,-dac_read_search"
-    prefix = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
-    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs setpriv to drop root's file-permission override")
-    return prefix
-
-
 def test_unreadable_paths_are_left_out_and_named(tmp_path):
     """A file or directory the user cannot read (left by a container as another user, say) used to
     stop the snapshot with a traceback of shutil.Error; it is left out, and named."""
@@ -203,7 +192,7 @@ def test_unreadable_paths_are_left_out_and_named(tmp_path):
     os.chmod(src / "locked", 0)
     os.chmod(src / "noexec", 0o644)  # listed, not searchable
     try:
-        done = subprocess.run([*_unprivileged(), sys.executable, "-c", code, str(src), str(tmp_path / "cache")],
+        done = subprocess.run([*unprivileged(), sys.executable, "-c", code, str(src), str(tmp_path / "cache")],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     finally:
         for d in ("locked", "noexec"):

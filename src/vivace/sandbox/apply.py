@@ -90,14 +90,9 @@ async def export_changes(
     # diff removes by the time the file is written, so it is never removed with anything else in it.
     emptied = set()
     for rel in sorted(gone, key=lambda r: r.count("/"), reverse=True):
-        try:
-            verdict, _ = _against_snapshot(rel, None, target, before)
-        except (OSError, SandboxError) as e:  # it cannot be read there (another user's file)
-            report.left[rel] = _not_written(e, dest)
+        if (checked := _checked(rel, None, target, before, report, dest)) is None:
             continue
-        if verdict == "clash":
-            report.left[rel] = f"changed in {dest} since the agent started, and the two changes do not merge"
-            continue
+        verdict = checked[0]
         try:
             with _signals_held():
                 if verdict == "apply" and target.entry(rel)[0] != "missing":
@@ -146,14 +141,9 @@ def _apply_file(
 ) -> None:
     """Make the file `rel` in `target` hold `data`, unless it changed there since the snapshot
     `before` (then merged or left); what was done goes into `report`."""
-    try:
-        verdict, data = _against_snapshot(rel, data, target, before)
-    except (OSError, SandboxError) as e:  # it cannot be read there (another user's file)
-        report.left[rel] = _not_written(e, dest)
+    if (checked := _checked(rel, data, target, before, report, dest)) is None:
         return
-    if verdict == "clash":
-        report.left[rel] = f"changed in {dest} since the agent started, and the two changes do not merge"
-        return
+    verdict, data = checked
     if verdict == "done":
         report.applied.append(rel)
         return
@@ -170,6 +160,20 @@ def _apply_file(
         report.left[rel] = str(e)
     except (OSError, SandboxError) as e:
         report.left[rel] = _not_written(e, dest)
+
+
+def _checked(rel: str, data, target: ConfinedFS, before: ConfinedFS | None, report: ApplyReport, dest: Path):
+    """`_against_snapshot`, or None with `rel` recorded as left: it cannot be read in the destination
+    (another user's file), or changed there in a way that does not merge with the agent's change."""
+    try:
+        verdict, data = _against_snapshot(rel, data, target, before)
+    except (OSError, SandboxError) as e:
+        report.left[rel] = _not_written(e, dest)
+        return None
+    if verdict == "clash":
+        report.left[rel] = f"changed in {dest} since the agent started, and the two changes do not merge"
+        return None
+    return verdict, data
 
 
 def _against_snapshot(rel: str, data: bytes | OpenFile | None, target: ConfinedFS, before: ConfinedFS | None):

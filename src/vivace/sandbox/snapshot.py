@@ -39,6 +39,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -493,18 +494,24 @@ def _git(repo: Path, *args: str) -> bytes:
 
 
 def _extract_git(repo: Path, commit: str, dest: Path) -> None:
-    proc = subprocess.Popen(
-        ["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    assert proc.stdout is not None
-    try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-            tar.extractall(dest, filter="data")
-    except tarfile.TarError:
-        pass  # git's own error below is the useful one
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.wait() != 0:
-        raise SandboxError(f"git archive {commit} in {repo} failed: {err.strip()}")
+    # git's errors go to a file, not a pipe: a pipe read only after the archive could fill and stall it.
+    with (
+        tempfile.TemporaryFile() as errors,
+        subprocess.Popen(
+            ["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE, stderr=errors
+        ) as proc,
+    ):  # closes the pipe and waits, however extraction ends
+        assert proc.stdout is not None
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                tar.extractall(dest, filter="data")
+        except tarfile.TarError:
+            pass  # git's own error below is the useful one
+        if proc.wait() != 0:
+            errors.seek(0)
+            raise SandboxError(
+                f"git archive {commit} in {repo} failed: {errors.read().decode(errors='replace').strip()}"
+            )
 
 
 def _chown_tree(root: Path, owner: tuple[int, int]) -> None:

@@ -220,7 +220,8 @@ class EmbeddingCache:
                 return
             for shard in sorted(self.dir.glob("shard-*.npz")):
                 try:
-                    with np.load(shard) as data:
+                    # Our own file object: np.load leaks the one it opens when the zip is damaged.
+                    with open(shard, "rb") as f, np.load(f) as data:
                         keys, vectors = data["keys"], data["vectors"].astype(np.float32)
                     for k, v in zip(keys, vectors, strict=True):
                         self._vectors.setdefault(bytes(k).ljust(16, b"\0"), v)
