@@ -6,8 +6,9 @@ solved tasks, where it counts), median turns,
 mean tool calls and tool calls per turn, median completion tokens, median wall time, the
 share of episodes with an unsupported claim, format errors, episodes stopped by the wall-clock
 limit (failures: speed is part of the task; those that ran out waiting for the model, a slow
-endpoint perhaps, shown in brackets), and generation speed in tokens per second of model time. With several models the HTML adds a plot of success against
-median completion tokens (the source system's "smart and fast" view).
+endpoint perhaps, shown in brackets), and generation speed in tokens per second of model time.
+With several models the HTML adds a plot of success against median completion tokens (the
+source system's "smart and fast" view).
 
 Tokens here are reference tokens: every model's assistant turns counted with the one reference
 tokenizer (`reference_tokens`, see runner.py), so models with different tokenizers compare, and
