@@ -258,6 +258,20 @@ def test_a_malformed_generation_config_is_refused_by_name(tmp_path, text, proble
         ChatFormat(load_tokenizer(path))
 
 
+def test_a_malformed_generation_config_is_refused_before_the_weights_load(tmp_path, monkeypatch):
+    """The chat format is built after the weights; for a large model that is minutes before the error."""
+    from vivace.inference import samplers
+
+    path = ckpt_tokenizer_dir(tmp_path, "{not json")
+
+    def load(*args, **kwargs):
+        raise AssertionError("the weights were loaded first")
+
+    monkeypatch.setattr(samplers, "load_for_engine", load)
+    with pytest.raises(ValueError, match="generation_config.json: cannot read it as JSON"):
+        samplers.local_engine(str(path))
+
+
 def test_generation_eos_ids_outside_the_vocabulary_are_ignored_with_a_warning(tmp_path, caplog):
     path = ckpt_tokenizer_dir(tmp_path, '{"eos_token_id": [6, 99999]}')
     with caplog.at_level("WARNING", logger="vivace.harness.chat"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from vivace.harness.policy import (
 )
 from vivace.inference.engine import AsyncEngine, Engine
 from vivace.inference.http_sampler import HttpSampler
-from vivace.model.checkpoint import LoadedModel, load_model, load_tokenizer, model_config
+from vivace.model.checkpoint import LoadedModel, generation_eos_ids, load_model, load_tokenizer, model_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,6 +58,9 @@ def load_for_engine(spec: str, config: EngineConfig) -> LoadedModel:
 def local_engine(spec: str, config: EngineConfig | None = None) -> tuple[AsyncEngine, ChatFormat]:
     """The engine for a model spec on a background thread, and the chat format of its tokenizer."""
     config = config or EngineConfig()
+    # A malformed generation_config.json is refused before the weights load (minutes, for a large model).
+    if spec not in ("tiny", "tiny-init") and Path(spec).expanduser().is_dir():
+        generation_eos_ids(spec)
     loaded = load_for_engine(spec, config)
     engine = Engine(
         loaded.model,
