@@ -577,3 +577,40 @@ def test_apply_writes_a_read_only_file_and_leaves_it_read_only(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "['ro.txt', 'rw.txt'] {}", done.stdout + done.stderr
     st = os.stat(repo / "ro.txt")
     assert (repo / "ro.txt").read_bytes() == b"new\n" and stat.S_IMODE(st.st_mode) == 0o444 and st.st_ino == inode
+
+
+async def test_the_plain_diff_reads_only_what_changed_and_misses_no_change(tmp_path, state_dir, monkeypatch):
+    """The plain backend's diff compared every file of both trees (seconds for a large repository).
+    It now compares the paths in one tree only and those whose inode changed since the copy; a
+    same-size edit whose mtime is set back, a chmod and a file renamed over another still show."""
+    src = tmp_path / "src"
+    for i in range(200):
+        (src / f"d{i % 10}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 10}/f{i}.py").write_text(f"x = {i:03d}\n")
+    backend = make_backend("plain", state_dir)
+    ws = await backend.create(backend.snapshot(SnapshotSource(path=str(src))))
+    try:
+        # 200 small files copy within one or two ticks of the filesystem's clock, all of them then
+        # compared as possibly touched; stamp the copy's end a tick later, as a large copy's is.
+        await asyncio.sleep(0.05)
+        (ws.root.parent / ".copied").touch()
+        await asyncio.sleep(0.05)  # the changes come a tick after, as any command's do
+        root = ws.root
+        hidden = root / "d1/f1.py"
+        stamp = hidden.stat()
+        hidden.write_text("x = 999\n")  # same size
+        os.utime(hidden, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # mtime set back
+        os.chmod(root / "d2/f2.py", 0o755)
+        os.replace(root / "d3/f3.py", root / "d4/f4.py")
+        (root / "d5/new.py").write_text("new\n")
+        (root / "d6/f6.py").unlink()
+        read = []
+        real = ConfinedFS.entry
+        monkeypatch.setattr(ConfinedFS, "entry", lambda self, path: read.append(path) or real(self, path))
+        diff = await ws.diff()
+        assert set(changed_paths(diff)) == {"d1/f1.py", "d2/f2.py", "d3/f3.py", "d4/f4.py", "d5/new.py", "d6/f6.py"}
+        assert "+x = 999" in diff and "new mode 100755" in diff
+        assert set(read) == set(changed_paths(diff))  # the 194 unchanged files were not read
+    finally:
+        await ws.close()
+        await backend.aclose()
