@@ -24,7 +24,6 @@ import stat as stat_mod
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from vivace.sandbox.base import FileStat, NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
 from vivace.sandbox.diff import changed_paths, header_path
 from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile
+from vivace.signals import signal_handler
 
 
 @dataclass
@@ -252,16 +252,11 @@ def _signals_held() -> Iterator[None]:
     the middle of one (the report then says what was written). Python runs handlers in the main
     thread whichever thread the signal reaches, so the handlers are swapped, not the signal mask;
     elsewhere nothing is held (a failed write still puts the old content back)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     caught: list[int] = []
-    handlers = {sig: signal.signal(sig, lambda n, _: caught.append(n)) for sig in _HELD_SIGNALS}
     try:
-        yield
+        with signal_handler(lambda n, _: caught.append(n), _HELD_SIGNALS):
+            yield
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
         for sig in caught:  # now, to the handlers they were meant for
             signal.raise_signal(sig)
 
