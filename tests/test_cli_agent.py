@@ -309,17 +309,24 @@ def test_agent_with_paths_it_cannot_read(setup, tmp_path):
 
 
 def test_agent_on_a_subdirectory_of_a_repository_says_what_it_lacks(setup, tmp_path):
-    """--repo a subdirectory of a git repository: the snapshot has no .git, so git fails inside and
-    the repository's ignore rules do not apply to the diff; that was silent."""
+    """--repo a subdirectory of a git repository: the snapshot has no .git, so git fails inside; that
+    was silent. The repository's ignore rules still decide what the diff leaves out (they did not)."""
     work, args = setup
+    (work / ".gitignore").write_text("build/\n")
     _git(work, "init", "-q")
+    script = tmp_path / "build.json"
+    command = {"name": "run_terminal_cmd", "arguments": {"command": "mkdir build && touch build/a.o new.py"}}
+    script.write_text(json.dumps([{"tool_calls": [command]}, {"content": "Done."}]))
     args[args.index("--repo") + 1] = str(work / "pkg")
-    args[args.index("--model") + 1] = "scripted:null"
-    result = CliRunner().invoke(app, ["agent", "nothing", *args], env={"COLUMNS": "300"})
+    args[args.index("--model") + 1] = f"scripted:replay:{script}"
+    result = CliRunner().invoke(app, ["agent", "build", *args, "--json"], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
-    out = " ".join(result.output.split())
+    out = " ".join(result.stderr.split())
     assert f"warning: {work / 'pkg'} is inside the git repository {work}, not its top" in out
-    assert f"--repo {work} has neither problem" in out
+    assert f"--repo {work} does not have that problem" in out
+    diff = json.loads(result.stdout)["trajectory"]["diff"]
+    assert changed_paths(diff) == ["new.py"] and diff.startswith("# 1 new file left out of this diff")
     args[args.index("--repo") + 1] = str(work)
+    args[args.index("--model") + 1] = "scripted:null"
     result = CliRunner().invoke(app, ["agent", "nothing", *args])
     assert result.exit_code == 0 and "warning" not in result.output

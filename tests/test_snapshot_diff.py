@@ -126,6 +126,33 @@ def test_new_files_a_submodule_ignores_are_left_out(tmp_path):
     assert diff.startswith("# 2 new files left out of this diff") and "(build/, vendor/)" in diff
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_subdirectory_of_a_checkout_takes_that_checkouts_ignore_rules(kind, tmp_path, state_dir):
+    """`vivace agent --repo pkg/`: the copy of pkg/ has no .git, so its build output was in the diff
+    (and --apply wrote it). The checkout's rules now decide at pkg/'s place in it: an anchored
+    `/pkg/gen/` applies, `/gen/` (the top's gen/) does not; pkg's own .gitignore applies too."""
+    top = _git_repo(
+        tmp_path / "top",
+        {".gitignore": b"*.log\n/pkg/gen/\n/gen/\n", "pkg/.gitignore": b"out.txt\n", "pkg/app.py": b"x = 1\n"},
+    )
+    (top / "pkg/sub").mkdir()
+    made = "mkdir -p gen sub/gen && touch a.log gen/g.py out.txt sub/gen/s.py new.py"
+    backend = make_backend(kind, state_dir)
+    try:
+        diffs = {}
+        for wanted in (True, False):
+            ws = await backend.create(backend.snapshot(SnapshotSource(str(top / "pkg"), enclosing_ignore_rules=wanted)))
+            await ws.exec(made)
+            diffs[wanted] = await ws.diff()
+    finally:
+        await backend.aclose()
+    assert changed_paths(diffs[True]) == ["new.py", "sub/gen/s.py"]
+    assert diffs[True].startswith("# 3 new files left out of this diff") and "(a.log, gen/, out.txt)" in diffs[True]
+    # Task repositories kept inside some checkout (vivace's own bundled ones) are judged by nothing but
+    # themselves: the rules are asked for.
+    assert changed_paths(diffs[False]) == ["a.log", "gen/g.py", "new.py", "out.txt", "sub/gen/s.py"]
+
+
 # -- 3: --apply prunes directories its deletions emptied -------------------------------------
 @pytest.mark.parametrize("kind", BACKENDS)
 async def test_apply_prunes_directories_emptied_by_deletions(kind, tmp_path, state_dir):

@@ -175,13 +175,12 @@ def agent(
     async def go():
         b = open_backend(cfg.sandbox)
         try:
-            snap = b.snapshot(SnapshotSource(path=str(repo)))
-            if top := enclosing_checkout(repo):
+            snap = b.snapshot(SnapshotSource(path=str(repo), enclosing_ignore_rules=True))
+            if top := enclosing_checkout(repo):  # its ignore rules still decide what the diff leaves out
                 err.print(
                     f"[yellow]warning:[/yellow] {escape(visible(str(repo)))} is inside the git repository"
-                    f" {escape(visible(str(top)))}, not its top: the agent's copy has no .git (git commands fail"
-                    " there) and new files that repository's ignore rules ignore stay in the diff;"
-                    f" --repo {escape(visible(str(top)))} has neither problem"
+                    f" {escape(visible(str(top)))}, not its top: the agent's copy has no .git, so git commands"
+                    f" fail there; --repo {escape(visible(str(top)))} does not have that problem"
                 )
             if snap.unreadable:  # the agent cannot see them, and --apply leaves them (it cannot read them either)
                 shown = ", ".join(map(quote_path, snap.unreadable[:5])) + (", ..." * (len(snap.unreadable) > 5))

@@ -9,9 +9,11 @@ as `git status` would leave them out, and a comment line at the top says how man
 
 Writing such a diff back onto the directory the snapshot came from is sandbox/apply.py's.
 
-Not covered: ignore rules of a base without .git (a plain directory, a `git archive`
-snapshot, a subdirectory of a repository), and .gitignore edits made in the workspace (the
-base's rules decide).
+A base copied from a subdirectory of a checkout has no .git of its own; when asked (`outer`,
+what `vivace agent --repo pkg/` sets), that checkout's rules decide, read from the checkout.
+
+Not covered: ignore rules of a base without .git otherwise (a plain directory, a `git archive`
+snapshot), and .gitignore edits made in the workspace (the base's rules decide).
 """
 
 from __future__ import annotations
@@ -139,20 +141,25 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS) -> str:
     return "".join(header) + "".join(line if line.endswith("\n") else line + "\n" for line in body)
 
 
-def tree_diff(base: Path, work: Path, candidates: Iterable[str], ignore: Iterable[str] = ()) -> str:
+def tree_diff(
+    base: Path, work: Path, candidates: Iterable[str], ignore: Iterable[str] = (), outer: tuple[Path, str] | None = None
+) -> str:
     ignore = list(ignore)
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
-    left_out = git_ignored(base, [p for p in paths if not os.path.lexists(os.path.join(base, p))])
+    left_out = git_ignored(base, [p for p in paths if not os.path.lexists(os.path.join(base, p))], outer)
     base_fs, work_fs = ConfinedFS(base), ConfinedFS(work)
     return _left_out_note(left_out) + "".join(file_diff(rel, base_fs, work_fs) for rel in paths if rel not in left_out)
 
 
-def git_ignored(base: Path, new_paths: list[str]) -> set[str]:
+def git_ignored(base: Path, new_paths: list[str], outer: tuple[Path, str] | None = None) -> set[str]:
     """Which of `new_paths` (absent from `base`) the ignore rules of the git checkout `base`
     ignore: its .gitignore files, .git/info/exclude and the user's global excludes, as git
     reads them; a path inside a submodule by the submodule's own rules, as `git status` there
-    would. Empty when `base` is not a git checkout or git fails (nothing is left out)."""
-    if not new_paths or not os.path.lexists(os.path.join(base, ".git")):
+    would. A `base` without .git is judged by `outer` when given: (the top of the checkout it was
+    copied from, its prefix there, "pkg/"). Empty when neither applies or git fails (nothing is
+    left out)."""
+    own = os.path.lexists(os.path.join(base, ".git"))
+    if not new_paths or not (own or outer):
         return set()
     # git refuses the whole batch for a path beyond a symlink or inside a submodule: each path goes
     # to the innermost checkout holding it, and one beyond a symlink to none.
@@ -164,6 +171,10 @@ def git_ignored(base: Path, new_paths: list[str]) -> set[str]:
             by_repo.setdefault(repo, []).append(p[len(repo) + 1 :] if repo else p)
     out = set()
     for repo, paths in by_repo.items():
+        if not repo and not own:  # the copy's top: the outer checkout's rules, at the copy's place in it
+            top, at = outer
+            out |= {p[len(at) :] for p in _check_ignore(top, [at + p for p in paths]) if p.startswith(at)}
+            continue
         prefix = f"{repo}/" if repo else ""
         out |= {prefix + p for p in _check_ignore(base / repo if repo else base, paths)}
     return out

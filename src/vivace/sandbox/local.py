@@ -42,7 +42,7 @@ from vivace.sandbox.base import (
 from vivace.sandbox.diff import tree_diff
 from vivace.sandbox.linux import process_start_time
 from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile
-from vivace.sandbox.snapshot import Snapshot, SnapshotSource, evict, materialize
+from vivace.sandbox.snapshot import Snapshot, SnapshotSource, checkout_prefix, evict, materialize
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,10 @@ class LocalWorkspace(TextFilesMixin):
 
         def compute() -> str:
             candidates = self.backend.changed_paths(self)
-            return tree_diff(self.snapshot.root, self.root, candidates, self.backend.config.diff_ignore)
+            source = self.snapshot.source
+            wanted = source.enclosing_ignore_rules and source.resolved_kind() == "dir"
+            outer = checkout_prefix(Path(source.path)) if wanted else None
+            return tree_diff(self.snapshot.root, self.root, candidates, self.backend.config.diff_ignore, outer)
 
         return await asyncio.to_thread(compute)
 

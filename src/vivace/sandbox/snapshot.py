@@ -68,6 +68,10 @@ class SnapshotSource:
     path: str  # a directory, a tarball (.tar, .tar.gz, ...) or a git repository
     kind: SourceKind | None = None  # None: tarball if a file, git if `commit` is set, else dir
     commit: str | None = None  # git only: any revision git understands (sha, tag, branch)
+    # dir only: when the directory lies below the top of a git checkout (a developer's `--repo
+    # pkg/`), that checkout's ignore rules decide which new files diffs leave out, as `git status`
+    # there would. Off for task repositories, whose rules are their own wherever they are kept.
+    enclosing_ignore_rules: bool = False
 
     def resolved_kind(self) -> SourceKind:
         if self.kind:
@@ -149,6 +153,15 @@ def enclosing_checkout(path: Path) -> Path | None:
         if os.path.lexists(d / ".git"):
             return d if d != path else None
     return None
+
+
+def checkout_prefix(path: Path) -> tuple[Path, str] | None:
+    """(top, prefix) when the directory `path` lies below the top of a git checkout: `prefix` is
+    its path inside that checkout with a trailing slash ("pkg/sub/")."""
+    top = enclosing_checkout(path)
+    if top is None:
+        return None
+    return top, Path(path).expanduser().resolve().relative_to(top).as_posix() + "/"
 
 
 def _snapshot_named(cache_dir: Path, pointer: Path) -> Path | None:
