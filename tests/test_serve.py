@@ -25,6 +25,7 @@ from vivace.harness.policy import Completion, SamplingParams
 from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
 from vivace.inference.engine import AsyncEngine, Engine, TopCompletion
+from vivace.inference.replies import completion_token
 from vivace.inference.samplers import HttpSampler
 from vivace.inference.server import create_app
 from vivace.model.checkpoint import load_model, save_checkpoint, tiny_config
@@ -270,15 +271,18 @@ def test_openai_client_top_logprobs_are_the_models_distribution(server, taught):
     with torch.no_grad():
         logits = load_model(str(path)).model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
     ref = torch.log_softmax(logits / 0.7, dim=-1)
-    by_text: dict[str, list[int]] = {}
+    by_text: dict[str, list[int]] = {}  # as the legacy API names a token (part of a character: its bytes)
     for t in range(ref.shape[-1]):
-        by_text.setdefault(chat.decode([t]), []).append(t)
+        by_text.setdefault(completion_token(chat, t), []).append(t)
     for i, (t, top) in enumerate(zip(ids, logprobs.top_logprobs, strict=True)):
         assert abs(logprobs.token_logprobs[i] - ref[i, t].item()) < 1e-4
         third = ref[i].topk(3).values[-1].item()
         assert len(top) <= 3 and max(top.values()) == pytest.approx(ref[i].max().item(), abs=1e-4)
         for text, lp in top.items():
             assert lp == pytest.approx(max(ref[i, by_text[text]]).item(), abs=1e-4) and lp >= third - 1e-4
+    assert logprobs.tokens == [completion_token(chat, t) for t in ids]
+    offsets = logprobs.text_offset  # where each token begins in the text
+    assert len(offsets) == len(ids) and offsets == sorted(offsets) and offsets[-1] < len(out.choices[0].text)
 
 
 def test_engine_top_logprobs_are_the_reported_distribution_and_change_nothing_else(taught):

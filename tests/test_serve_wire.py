@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -517,10 +519,64 @@ def test_completion_top_logprobs(served):
     logprobs = r.choices[0].logprobs
     assert logprobs.token_logprobs == [-0.5] * len(engine.ids)
     assert logprobs.top_logprobs == [{CHAT.decode([x]): lp for x, lp in alternatives(t, 2)} for t in engine.ids]
+    # ASCII tokens are their text, each offset the length of the text before it (OpenAI's, vLLM's)
+    assert logprobs.tokens == [CHAT.decode([t]) for t in engine.ids]
+    assert logprobs.text_offset == [len(CHAT.decode(engine.ids[:i])) for i in range(len(engine.ids))]
     plain = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": 0}).json()
     assert "top_logprobs" not in plain["choices"][0]["logprobs"]
     r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": 21})
     assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"]
+
+
+def spelled(token: str) -> bytes:
+    """The bytes a legacy logprobs token names: OpenAI's "bytes:\\xe4\\xb8" form, else its text."""
+    if not token.startswith("bytes:"):
+        return token.encode()
+    assert re.fullmatch(r"bytes:(\\x[0-9a-f]{2})+", token), token
+    return bytes(int(h, 16) for h in token[len("bytes:") :].split("\\x")[1:])
+
+
+def assert_legacy_logprobs(choice: dict, ids: list[int]) -> None:
+    """A /v1/completions choice's logprobs of `ids`: each token named by its own bytes (its text
+    where they are UTF-8 alone, else "bytes:\\x.."; no U+FFFD but a generated one), and each
+    text_offset the character of the choice's text that the token's first byte is part of."""
+    logprobs, text = choice["logprobs"], choice["text"]
+    pieces = [TokenBytes(CHAT.tokenizer)(t) for t in ids]
+    assert [spelled(t) for t in logprobs["tokens"]] == pieces
+    for token, piece in zip(logprobs["tokens"], pieces, strict=True):
+        assert token.startswith("bytes:") or token == piece.decode()
+        assert "\ufffd" not in token or "\ufffd".encode() in piece  # only where the model generated one
+    # the last character of the decode up to the first byte (U+FFFD for a character cut there)
+    starts = [sum(map(len, pieces[:i])) for i in range(len(ids))]
+    data = b"".join(pieces)
+    assert data.decode(errors="replace").startswith(text)  # all of it, or the part before a stop string
+    expected = [min(len(data[: k + 1].decode(errors="replace")) - 1, len(text)) for k in starts]
+    assert logprobs["text_offset"] == expected
+
+
+def test_completion_logprobs_name_parts_of_characters_by_their_bytes(served):
+    """Byte-level BPE splits 🙂 and 世 over tokens that each decode alone to U+FFFD. /v1/completions
+    names them as OpenAI's legacy API does, "bytes:\\xe4\\xb8" (in `tokens` and `top_logprobs`),
+    and the tokens of one character share its text_offset, as OpenAI's do; every choice of n."""
+    engine, client = served
+    says(engine, TEXT)
+    r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": 2, "n": 2, "max_tokens": 99})
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        assert choice["text"] == TEXT + "<|im_end|>"
+        assert_legacy_logprobs(choice, engine.ids)
+        tokens, offsets = choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+        assert sum(t.startswith("bytes:") for t in tokens) >= 6
+        assert b"".join(map(spelled, tokens)).decode() == choice["text"]
+        world = [t for t, at in zip(tokens, offsets, strict=True) if at == TEXT.index("世")]
+        assert world == ["bytes:\\xe4", "bytes:\\xb8", "bytes:\\x96"]  # 世 is e4 b8 96
+        for t, at in zip(tokens, offsets, strict=True):  # a whole token's text is where its offset says
+            assert t.startswith("bytes:") or choice["text"][at : at + len(t)] == t
+        for top, t in zip(choice["logprobs"]["top_logprobs"], engine.ids, strict=True):
+            assert [spelled(k) for k in top] == [TokenBytes(CHAT.tokenizer)(x) for x, _ in alternatives(t, 2)]
+            assert "\ufffd" not in "".join(top)
+    official = openai_client(client).completions.create(model="m", prompt=[1, 2], logprobs=2, max_tokens=99)
+    assert official.choices[0].logprobs.model_dump() == r.json()["choices"][0]["logprobs"]
 
 
 # -- incremental detokenization ---------------------------------------------------------------------------
@@ -565,6 +621,8 @@ def test_stop_strings_across_split_characters(served, stop):
     assert not any("\ufffd" in d for d in choice["deltas"])
     r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "stop": stop, "max_tokens": 100})
     assert r.json()["choices"][0]["text"] == (expected if stop in TEXT else TEXT + "<|im_end|>")  # raw tokens
+    sampled = r.json()["choices"][0]["token_ids"]  # up to the token that completed the stop string
+    assert_legacy_logprobs(r.json()["choices"][0], sampled)
 
 
 def test_logprob_bytes_are_each_tokens_own(served):
@@ -613,6 +671,48 @@ def test_token_bytes_of_a_byte_fallback_tokenizer():
     ids = tok.encode("ab 🙂 a", add_special_tokens=False)
     assert tok.convert_ids_to_tokens(ids[3]) == "<0xF0>"
     assert b"".join(map(TokenBytes(tok), ids)) == "ab 🙂 a".encode()
+
+
+def test_text_offsets_of_any_ids():
+    """Random ids (bytes that never form a character, control tokens): each offset is the character
+    of the text, U+FFFD for invalid UTF-8, that the token's first byte is part of; cut texts too."""
+    import random
+
+    from vivace.inference.replies import Output, completion_logprobs
+
+    rng = random.Random(1)
+    for _ in range(200):
+        ids = [rng.randrange(len(CHAT.tokenizer)) for _ in range(rng.randrange(0, 40))]
+        text = CHAT.decode(ids)
+        for cut in (text, text[: rng.randrange(len(text) + 1)]):
+            logprobs = completion_logprobs(CHAT, Output(Completion(ids, [0.0] * len(ids), "stop", 0), []), cut, False)
+            assert_legacy_logprobs({"text": cut, "logprobs": logprobs}, ids)
+
+
+def test_text_offsets_where_one_tokens_decode_loses_text():
+    """Llama 2's SentencePiece decoder drops a decode's leading space, so a token's own bytes lose
+    it and do not join into the text: the offsets then come from the incremental decode, and
+    still point into the text."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vivace.inference.replies import text_offsets
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": b + 1 for b in range(256)}}
+    vocab.update((c, len(vocab) + i) for i, c in enumerate("ab▁"))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    sp = SimpleNamespace(tokenizer=tok, decode=lambda ids: tok.decode(ids, clean_up_tokenization_spaces=False))
+    ids = tok.encode("ab 🙂 ab", add_special_tokens=False)
+    text = sp.decode(ids)
+    assert text == "ab 🙂 ab" and b"".join(map(TokenBytes(tok), ids)) != text.encode()  # the spaces are lost
+    offsets = text_offsets(sp, ids, text)
+    assert [text[at] for at in offsets] == list("aab " + "🙂" * 4 + " ab")  # the first ▁ is stripped: at the start
+    assert text_offsets(sp, ids, text[:4]) == [min(at, 4) for at in offsets]
 
 
 def test_stop_strings_read_the_output_in_linear_time():

@@ -4,7 +4,8 @@ What: a `Job` is one choice to generate (the prompt, ids the reply is forced to 
 sampling parameters, stop strings, how many alternatives to report per token); `generate` runs
 one to an `Output`, `stream_choice` runs one as chat-completion chunks; `reply` turns an output
 into an assistant message (content and parsed tool calls) and finish reason; `forced_call` gives
-the ids that make a reply open a tool call (`tool_choice`).
+the ids that make a reply open a tool call (`tool_choice`); `completion_logprobs` gives a
+/v1/completions choice's logprobs in OpenAI's legacy form (tokens, their offsets in the text).
 
 Streamed and whole replies read tokens through the same `Reading` (incremental detokenization,
 the first stop string), so they end at the same token with the same text, and a streamed reply's
@@ -176,6 +177,87 @@ def chat_logprobs(chat: ChatFormat, out: Output) -> list[dict[str, Any]]:
         for t, lp, alts in zip(done.token_ids, done.logprobs, top, strict=True)
         if t not in stop
     ]
+
+
+# -- /v1/completions' logprobs ------------------------------------------------------------------------
+
+
+def completion_logprobs(chat: ChatFormat, out: Output, text: str, alternatives: bool) -> dict[str, Any]:
+    """A choice's `logprobs` in OpenAI's legacy Completions form, `text` being its reply: each
+    token named as `completion_token` names it, and its `text_offset` in `text`."""
+    ids = out.completion.token_ids
+    logprobs: dict[str, Any] = {
+        "tokens": [completion_token(chat, t) for t in ids],
+        "token_logprobs": out.completion.logprobs,
+        "text_offset": text_offsets(chat, ids, text),
+    }
+    if alternatives:
+        logprobs["top_logprobs"] = [top_by_token(chat, alts) for alts in out.top]
+    return logprobs
+
+
+def completion_token(chat: ChatFormat, token: int) -> str:
+    """A token as the legacy `tokens` and `top_logprobs` name it: its text when its own bytes are
+    UTF-8, else OpenAI's spelling of them, "bytes:\\xe9\\x80" (part of a character, which alone
+    would decode to U+FFFD, so parts of different characters would look alike)."""
+    data = token_bytes(chat.tokenizer)(token)
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
+def top_by_token(chat: ChatFormat, alternatives: TopLogprobs) -> dict[str, float]:
+    """A legacy `top_logprobs` entry: {token: logprob}, the likelier kept where two ids read the same."""
+    entry: dict[str, float] = {}
+    for t, lp in alternatives:
+        entry.setdefault(completion_token(chat, t), lp)
+    return entry
+
+
+def text_offsets(chat: ChatFormat, ids: Sequence[int], text: str) -> list[int]:
+    """Where each token begins in `text`, the decode of `ids` or the part of it before a stop
+    string: the character its first byte is part of, so the tokens of one character share its
+    offset (as OpenAI's do), and a token past the end of `text` gets len(text)."""
+    pieces = [token_bytes(chat.tokenizer)(t) for t in ids]
+    if b"".join(pieces).decode(errors="replace") == chat.decode(ids):  # byte-level BPE: always
+        offsets = _byte_offsets(pieces)
+    else:  # a tokenizer whose single-token decode loses text (SentencePiece's leading space)
+        offsets = _delta_offsets(chat, ids)
+    return [min(at, len(text)) for at in offsets]
+
+
+def _byte_offsets(pieces: Sequence[bytes]) -> list[int]:
+    """Each piece's first byte's character in the decode of them all, where invalid UTF-8 is a
+    U+FFFD per maximal invalid run: the last character of the decode up to that byte. Decoded from
+    the last byte that is not a continuation byte (a character or invalid run always ends before
+    one), so each decode is a few bytes and the whole linear."""
+    data = b"".join(pieces)
+    offsets, start, sync, chars = [], 0, 0, 0  # chars: the decode's length up to `sync`
+    for piece in pieces:
+        if start == len(data):  # nothing follows (an empty token at the end)
+            offsets.append(chars + len(data[sync:].decode(errors="replace")))
+            continue
+        at = start
+        while at > sync and 0x80 <= data[at] < 0xC0:
+            at -= 1
+        chars += len(data[sync:at].decode(errors="replace"))
+        sync = at
+        offsets.append(chars + len(data[sync : start + 1].decode(errors="replace")) - 1)
+        start += len(piece)
+    return offsets
+
+
+def _delta_offsets(chat: ChatFormat, ids: Sequence[int]) -> list[int]:
+    """Each token's offset as the length of the text before the delta it completes: exact, but for
+    a token after a U+FFFD (invalid UTF-8), which the detokenizer holds back with that token, so
+    the token is placed at the U+FFFD."""
+    detok = Detokenizer(chat.decode)
+    offsets, length = [], 0
+    for t in ids:
+        offsets.append(length)
+        length += len(detok.add(t))
+    return offsets
 
 
 async def stream_choice(

@@ -26,9 +26,13 @@ Options honoured:
 - `parallel_tool_calls` false: the first call only.
 - `logprobs` (chat, streamed too: each chunk carries its tokens' entries) with `top_logprobs`
   0 to 20, each entry's `bytes` the token's own (a token holding part of a character gives its
-  bytes, not U+FFFD's, so the entries' bytes join into the reply's UTF-8); `logprobs` N (0 to
-  20) on /v1/completions adds OpenAI's `top_logprobs` (a {token text: logprob} per token; ids
-  that decode to the same text, such as parts of characters, keep the likelier). Every
+  bytes, not U+FFFD's, so the entries' bytes join into the reply's UTF-8). /v1/completions
+  always returns OpenAI's legacy `tokens`, `token_logprobs` and `text_offset` (each token's
+  character offset in `text`; the tokens of one character share its offset, as OpenAI's do;
+  offsets count from the reply, as vLLM's do, not from the prompt, as OpenAI's do), and with
+  `logprobs` N (0 to 20) `top_logprobs` (a {token: logprob} per token; ids that read the same
+  keep the likelier). A token there is its text, or where its bytes are part of a character
+  (not UTF-8 alone) OpenAI's "bytes:\\xe9\\x80" spelling of them. Every
   logprob, the sampled token's and the alternatives', is from the distribution the engine samples
   from before top-k/top-p: `log_softmax(logits / temperature)`, the model's own at temperature 1
   (and at 0, greedy). OpenAI reports the model's own at any temperature.
@@ -69,6 +73,7 @@ from vivace.inference.replies import (
     Output,
     Shape,
     chat_logprobs,
+    completion_logprobs,
     forced_call,
     generate,
     merge,
@@ -268,17 +273,12 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
         choices = []
         for i, out in enumerate(outs):
             done = out.completion
-            logprobs: dict[str, Any] = {
-                "token_logprobs": done.logprobs,
-                "tokens": [chat.decode([t]) for t in done.token_ids],
-            }
-            if body.logprobs:
-                logprobs["top_logprobs"] = [_by_text(chat, alts) for alts in out.top]
+            text = chat.decode(done.token_ids) if out.cut is None else out.cut
             choices.append({
                 "index": i,
-                "text": chat.decode(done.token_ids) if out.cut is None else out.cut,
+                "text": text,
                 "token_ids": done.token_ids,
-                "logprobs": logprobs,
+                "logprobs": completion_logprobs(chat, out, text, bool(body.logprobs)),
                 "finish_reason": done.finish_reason,
                 "policy_version": done.policy_version,
             })  # fmt: skip
@@ -375,14 +375,6 @@ async def _stream_chat(streams: list, rid: str, model: str, prompt_tokens: int, 
     if include_usage:
         yield chunk([], usage=_usage(prompt_tokens, outs))
     yield "data: [DONE]\n\n"
-
-
-def _by_text(chat: ChatFormat, alternatives) -> dict[str, float]:
-    """/v1/completions' top_logprobs entry: {token text: logprob}, the likelier kept on a clash."""
-    entry: dict[str, float] = {}
-    for t, lp in alternatives:
-        entry.setdefault(chat.decode([t]), lp)
-    return entry
 
 
 def _usage(prompt: int, outs: list[Output]) -> dict[str, int]:
