@@ -22,6 +22,7 @@ from vivace.sandbox import SnapshotSource
 from vivace.sandbox import apply as apply_mod
 from vivace.sandbox import local as local_mod
 from vivace.sandbox.apply import ApplyReport, export_changes
+from vivace.sandbox.client import EnvClient
 from vivace.sandbox.diff import changed_paths, tree_diff, walk_files
 from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS
 from vivace.sandbox.snapshot import evict, materialize
@@ -126,8 +127,8 @@ def test_new_files_a_submodule_ignores_are_left_out(tmp_path):
     assert diff.startswith("# 2 new files left out of this diff") and "(build/, vendor/)" in diff
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
-async def test_a_subdirectory_of_a_checkout_takes_that_checkouts_ignore_rules(kind, tmp_path, state_dir):
+@pytest.mark.parametrize("kind", [*BACKENDS, "http"])
+async def test_a_subdirectory_of_a_checkout_takes_that_checkouts_ignore_rules(kind, tmp_path, state_dir, request):
     """`vivace agent --repo pkg/`: the copy of pkg/ has no .git, so its build output was in the diff
     (and --apply wrote it). The checkout's rules now decide at pkg/'s place in it: an anchored
     `/pkg/gen/` applies, `/gen/` (the top's gen/) does not; pkg's own .gitignore applies too."""
@@ -137,15 +138,22 @@ async def test_a_subdirectory_of_a_checkout_takes_that_checkouts_ignore_rules(ki
     )
     (top / "pkg/sub").mkdir()
     made = "mkdir -p gen sub/gen && touch a.log gen/g.py out.txt sub/gen/s.py new.py"
-    backend = make_backend(kind, state_dir)
+    if kind == "http":  # the setting travels to an environment server
+        server = request.getfixturevalue("env_server")
+        client = EnvClient(server.url, server.token)
+        create, close = client.create, client.aclose
+    else:
+        backend = make_backend(kind, state_dir)
+        create, close = (lambda source: backend.create(backend.snapshot(source))), backend.aclose
     try:
         diffs = {}
         for wanted in (True, False):
-            ws = await backend.create(backend.snapshot(SnapshotSource(str(top / "pkg"), enclosing_ignore_rules=wanted)))
+            ws = await create(SnapshotSource(str(top / "pkg"), enclosing_ignore_rules=wanted))
             await ws.exec(made)
             diffs[wanted] = await ws.diff()
+            await ws.close()
     finally:
-        await backend.aclose()
+        await close()
     assert changed_paths(diffs[True]) == ["new.py", "sub/gen/s.py"]
     assert diffs[True].startswith("# 3 new files left out of this diff") and "(a.log, gen/, out.txt)" in diffs[True]
     # Task repositories kept inside some checkout (vivace's own bundled ones) are judged by nothing but

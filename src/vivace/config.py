@@ -92,6 +92,18 @@ class ServerConfig(_Strict):
         description="The longest timeout a client may ask for one command, s (never below sandbox.timeout_s); "
         "a longer one is refused: it would only keep a workspace and its pool slot from everybody else.",
     )
+    max_file_streams: int = Field(
+        256,
+        ge=1,
+        description='File reads streamed at once (files over 256 KiB); one more is refused with 503 "busy" '
+        "until one ends. Each holds an open file and up to ~0.5 MiB of buffers.",
+    )
+    file_stream_stall_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a streamed file read waits for its client to take the next piece, s; then it is "
+        "abandoned (its file closed, the client sees an incomplete response), as nginx's send_timeout.",
+    )
 
 
 class AgentConfig(_Strict):

@@ -14,6 +14,10 @@ what the server sends (another service on that port, a proxy's page), becomes a
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -24,10 +28,12 @@ from vivace.sandbox.base import (
     DirEntry,
     ExecResult,
     FileStat,
+    NotAFileError,
     SandboxError,
     TextFilesMixin,
     WorkspaceClosedError,
 )
+from vivace.sandbox.paths import MAX_READ_BYTES
 from vivace.sandbox.snapshot import SnapshotSource
 
 EXEC_MARGIN_S = 30.0  # beyond the command's own limit: killing it and returning its output
@@ -69,6 +75,45 @@ def _path_query(path: str, **extra: str) -> str:
     return "?" + "&".join(f"{k}={quote(v.encode('utf-8', 'surrogateescape'), safe='')}" for k, v in query)
 
 
+async def _first_bytes(response: httpx.Response, n: int) -> bytes:
+    """Up to the first `n` bytes of a streamed body (to name what answered), not the whole of it."""
+    head = b""
+    async for chunk in response.aiter_bytes():
+        head += chunk[: n - len(head)]
+        if len(head) >= n:
+            break
+    return head
+
+
+def _declared_size(response: httpx.Response) -> int | None:
+    """The body's size as the server declares it: Content-Length, or for a file it streams chunked
+    X-File-Size (the file's size when opened: the body holds that or less, if truncated meanwhile)."""
+    declared = response.headers.get("content-length") or response.headers.get("x-file-size") or ""
+    return int(declared) if declared.isdigit() else None
+
+
+async def _file_body(response: httpx.Response, path: str) -> bytes:
+    """A file read's body, held once. Chunks joined at the end would hold the file twice (a 60 MB read
+    peaked at ~2x); a BytesIO sized from the declared size is filled in place, and its getvalue()
+    hands over that buffer without a copy (CPython). The declared size only sizes it: a size over
+    MAX_READ_BYTES is refused unread, and what arrives is counted against the limit itself."""
+    declared = _declared_size(response)
+    if declared is not None and declared > MAX_READ_BYTES:
+        raise NotAFileError(f"{path!r} is {declared} bytes, over the {MAX_READ_BYTES}-byte read limit")
+    # bytes(n) is calloc'd: pages a shorter body never writes are never touched.
+    buffer, received = io.BytesIO(bytes(declared or 0)), 0
+    async for chunk in response.aiter_bytes():
+        received += len(chunk)
+        if received > MAX_READ_BYTES:  # a server of another version, or not ours
+            raise NotAFileError(
+                f"{path!r}: the server sent more than the {MAX_READ_BYTES}-byte read limit, which a vivace "
+                "environment server refuses to; is it one, of this client's version?"
+            )
+        buffer.write(chunk)
+    buffer.truncate()  # a file truncated while it was sent: less than declared
+    return buffer.getvalue()
+
+
 class EnvClient:
     """Talks to one environment server; share one instance across many workspaces."""
 
@@ -90,11 +135,20 @@ class EnvClient:
         _raise_for(response)
         return response
 
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, path: str, **kw: Any) -> AsyncIterator[httpx.Response]:
+        """`request`, with the body of a success left to read from the response as it arrives."""
+        async with self._http.stream(method, path, **kw) as response:
+            if not response.is_success:
+                await response.aread()  # the server's error is a small JSON body
+                _raise_for(response)
+            yield response
+
     async def create(self, source: SnapshotSource | str) -> RemoteWorkspace:
         """A fresh workspace over `source` (a path on the server's machine)."""
         if isinstance(source, str):
             source = SnapshotSource(path=source)
-        body = {"source": {"path": source.path, "kind": source.kind, "commit": source.commit}}
+        body = {"source": dataclasses.asdict(source)}
         # No read limit: the server makes callers wait while its pool is at max_live, as the
         # local pool does; only connecting is bounded.
         timeout = httpx.Timeout(None, connect=self._http.timeout.connect)
@@ -150,12 +204,14 @@ class RemoteWorkspace(TextFilesMixin):
         return _json(r, lambda d: ExecResult(**d))
 
     async def read_bytes(self, path: str) -> bytes:
-        r = await self._call("GET", "/file" + _path_query(path))
-        if r.headers.get("content-type", "").split(";")[0].strip() != "application/octet-stream":
-            # A proxy's page or another service's answer, which would pass for the file's content.
-            raise SandboxError(f"unexpected response from {r.request.url} (not a vivace environment server?): "
-                               f"content type {r.headers.get('content-type')!r}; body: {r.text[:200]!r}")  # fmt: skip
-        return r.content
+        self._check()
+        async with self.client.stream("GET", self._base + "/file" + _path_query(path)) as r:
+            if r.headers.get("content-type", "").split(";")[0].strip() != "application/octet-stream":
+                # A proxy's page or another service's answer, which would pass for the file's content.
+                body = (await _first_bytes(r, 200)).decode("utf-8", "replace")
+                raise SandboxError(f"unexpected response from {r.request.url} (not a vivace environment server?): "
+                                   f"content type {r.headers.get('content-type')!r}; body: {body!r}")  # fmt: skip
+            return await _file_body(r, path)
 
     async def write_bytes(self, path: str, data: bytes) -> None:
         await self._call(

@@ -30,7 +30,13 @@ class EnvServerActor:
 
         from vivace.sandbox.background import BackgroundServer
         from vivace.sandbox.pool import open_backend
-        from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, ClosingServer, create_app, resolve_token
+        from vivace.sandbox.server import (
+            GRACEFUL_BACKSTOP_S,
+            ClosingServer,
+            configured_limits,
+            create_app,
+            resolve_token,
+        )
 
         cfg = VivaceConfig.model_validate(config)
         self._token, _ = resolve_token(cfg.server)
@@ -39,7 +45,7 @@ class EnvServerActor:
             cfg.pool,
             self._token,
             own_backend=True,
-            max_exec_timeout_s=cfg.server.max_exec_timeout_s,
+            **configured_limits(cfg.server),
         )
         self._server = BackgroundServer(
             app, cfg.server.host, cfg.server.port, ClosingServer, GRACEFUL_BACKSTOP_S

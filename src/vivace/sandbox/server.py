@@ -19,23 +19,30 @@ by default, never below the backend's default timeout) is refused with 400
 "invalid_argument" naming the limit, so no token holder keeps a workspace and its pool slot
 longer; a file is read from a descriptor opened safely inside the workspace
 (`ConfinedFS.open_regular`) and sent READ_CHUNK_BYTES at a time, never held whole (a file over the
-in-process read limit, 64 MiB, is refused as in-process). Under `ClosingServer` (`serve`),
+in-process read limit, 64 MiB, is refused as in-process); at most `server.max_file_streams` files
+stream at once (one more is refused with 503 "busy" and Retry-After), and a stream whose client
+takes nothing for `server.file_stream_stall_s` is cut short and its file closed, so a reader that
+stops reading without hanging up holds a file for that long at most. A client hanging up is
+normal: its stream ends with a debug line, not an ERROR. Under `ClosingServer` (`serve`),
 SIGTERM or Ctrl-C stops new work, gives running creates and execs SHUTDOWN_GRACE_S to finish,
-then cancels them (commands killed, clients answered 503 "shutting_down") and closes every
-workspace the server handed out, within a few seconds (inside Docker's and Kubernetes' 10 s
-stop grace); also when forced (a second Ctrl-C). Not guaranteed: TLS (bind to loopback, or put
-it behind a proxy), isolation between token holders (a token holder may snapshot any path the
-server can read and use every workspace), letting go of a file whose reader stopped reading
-without hanging up (its descriptor stays open until the connection ends or the server stops), a
-prompt stop under plain uvicorn (which waits for running commands; `serve` and the Ray actor's
-servers run ClosingServer), and reaping of workspaces whose client vanished without closing
-them (they hold a pool slot until closed or until the server stops).
+then cancels them (commands killed, clients answered 503 "shutting_down"), cuts file streams
+short, drops connections whose client takes nothing, and closes every workspace the server
+handed out, within a few seconds (inside Docker's and Kubernetes' 10 s stop grace); also when
+forced (a second Ctrl-C). Not guaranteed: TLS (bind to loopback, or put it behind a proxy),
+isolation between token holders (a token holder may snapshot any path the server can read and
+use every workspace), closing the connection of a stream cut short while its client takes
+nothing (uvicorn closes it only once its buffered bytes are sent: the socket stays, as any slow
+client's does; a proxy in front bounds those), a prompt stop under plain uvicorn (which waits
+for running commands; `serve` and the Ray actor's servers run ClosingServer), and reaping of
+workspaces whose client vanished without closing them (they hold a pool slot until closed or
+until the server stops).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hmac
 import json
 import logging
@@ -80,15 +87,32 @@ GRACEFUL_BACKSTOP_S = SHUTDOWN_GRACE_S + 4
 MAX_EXEC_TIMEOUT_S: float = ServerConfig.model_fields["max_exec_timeout_s"].default
 # A file read is sent this much at a time: what one read holds in memory, whatever the file's size.
 READ_CHUNK_BYTES = 256 << 10
+# A reader that stops reading without hanging up would hold its file open for as long as it likes
+# (measured: 20 such readers, 20 descriptors still open 10 s later). As a production server bounds
+# slow clients, both: a stream whose client takes nothing for `server.file_stream_stall_s` is
+# abandoned (nginx's send_timeout, 60 s), and at most `server.max_file_streams` stream at once, so
+# that readers opened faster than the stall frees them cannot run the server out of descriptors.
+MAX_FILE_STREAMS: int = ServerConfig.model_fields["max_file_streams"].default
+FILE_STREAM_STALL_S: float = ServerConfig.model_fields["file_stream_stall_s"].default
+# After the drain, what a connection still has unsent is for a client that takes nothing: given
+# this long, then the connection is dropped instead of holding the stop until GRACEFUL_BACKSTOP_S.
+STALLED_CLIENT_GRACE_S = 0.5
 HEALTH_PATH = "/v1/health"
 STATUS_BY_KIND = {"path_escape": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
-                  "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503}  # fmt: skip
+                  "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503, "busy": 503}  # fmt: skip
+RETRY_AFTER_BY_KIND = {"busy": "1"}  # seconds; a file stream of a client that reads lasts well under that
 
 
 class ShuttingDown(SandboxError):
     """The server is stopping: a new create or exec is refused, a running one cancelled."""
 
     kind = "shutting_down"
+
+
+class Busy(SandboxError):
+    """The server is at a limit of work at once (`server.max_file_streams`): retry in a moment."""
+
+    kind = "busy"
 
 
 class _Body(BaseModel):
@@ -99,6 +123,7 @@ class SourceBody(_Body):
     path: str = Field(min_length=1, description="Directory, tarball or git repository on the server's machine.")
     kind: Literal["dir", "tar", "git"] | None = None
     commit: str | None = None
+    enclosing_ignore_rules: bool = False  # see SnapshotSource
 
 
 class CreateBody(_Body):
@@ -177,49 +202,107 @@ def hung_up_response() -> Response:
     return error_response(499, "client_closed", "the client closed the connection; the call was cancelled")
 
 
+# Set, in its request's own context, by a FileStream that leaves its body incomplete on purpose and has
+# logged why: uvicorn then adds an ERROR ("ASGI callable returned without completing response."), which
+# reads as a bug in the server. `QUIET_CUT_SHORT` (a filter on uvicorn's logger) drops that record then.
+_cut_short_on_purpose: contextvars.ContextVar[bool] = contextvars.ContextVar("vivace_cut_short", default=False)
+
+
+class _QuietCutShort(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        incomplete = str(record.msg).startswith("ASGI callable returned without completing response")
+        return not (incomplete and _cut_short_on_purpose.get())
+
+
+QUIET_CUT_SHORT = _QuietCutShort()
+
+
 class FileStream(Response):
     """A workspace file sent from its open descriptor READ_CHUNK_BYTES at a time (chunked transfer
     encoding): a read holds one chunk in memory, not the file. It sends the file's bytes up to its
-    size when opened, or to its end if it was truncated meanwhile (what a read in-process would
-    see). When the client hangs up it stops reading; when the workspace is closed or the server's
-    shutdown grace is over (`stop`) it cuts the body short (the client sees an incomplete response,
-    not a shorter file). The descriptor is closed however the response ends, never under a read
-    still running in a thread."""
+    size when opened (told in X-File-Size, so that a client can size its buffer), or to its end if
+    it was truncated meanwhile (what a read in-process would see). It stops when the client hangs
+    up, and cuts the body short (the client sees an incomplete response, not a shorter file) when
+    the workspace is closed, when the server's shutdown grace is over (`reg.stop_now`), or when the
+    client took nothing for `stall_s` (it stopped reading without hanging up). The descriptor is
+    closed however the response ends, never under a read still running in a thread. Counted in
+    `reg.file_streams` from when it is made to when it ends; `what` names it in the log."""
 
     media_type = "application/octet-stream"
 
-    def __init__(self, ws: LocalWorkspace, opened: OpenFile, stop: asyncio.Event) -> None:
-        self.ws, self.opened, self.stop = ws, opened, stop
+    def __init__(self, ws: LocalWorkspace, opened: OpenFile, reg: Registry, stall_s: float, what: str) -> None:
+        self.ws, self.opened, self.reg, self.stall_s, self.what = ws, opened, reg, stall_s, what
         self.status_code = 200
         self.background = None
-        self.init_headers()  # no body: no Content-Length, so uvicorn sends it chunked
+        self.init_headers({"x-file-size": str(opened.size)})  # no Content-Length: sent chunked
+        reg.file_streams += 1
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         fd, size = self.opened.fd, self.opened.size
         hangup = asyncio.ensure_future(_hangup(receive))
+        stopping = asyncio.ensure_future(self.reg.stop_now.wait())
         reading: asyncio.Future[bytes] | None = None
+        start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            ended = await self._send(send, start, hangup, stopping)  # None, or why it ends before the file's end
             chunk, offset = self.opened.head, 0
-            while chunk and not hangup.done():
+            while chunk and not ended:
                 offset += len(chunk)
-                # Waits while the client lags behind (uvicorn's flow control): one chunk in memory.
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if offset >= size:
+                body = {"type": "http.response.body", "body": chunk, "more_body": True}
+                ended = await self._send(send, body, hangup, stopping)
+                if ended or offset >= size:
                     break
-                if self.ws.closed or self.stop.is_set():
-                    log.info("a read from workspace %s cut short: closed, or the server stopping", self.ws.id)
-                    return  # uvicorn closes the connection on a response left incomplete
-                n = min(READ_CHUNK_BYTES, size - offset)
-                reading = asyncio.get_running_loop().run_in_executor(None, os.pread, fd, n, offset)
-                chunk = await asyncio.shield(reading)  # b"": truncated since it was opened
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                ended = "hung_up" if hangup.done() else "closed" if self.ws.closed else None
+                if not ended:
+                    n = min(READ_CHUNK_BYTES, size - offset)
+                    reading = asyncio.get_running_loop().run_in_executor(None, os.pread, fd, n, offset)
+                    chunk = await asyncio.shield(reading)  # b"": truncated since it was opened
+            if not ended:
+                ended = await self._send(send, {"type": "http.response.body", "body": b""}, hangup, stopping)
         finally:
             hangup.cancel()
+            stopping.cancel()
+            self.reg.file_streams -= 1
             if reading is None or reading.done():
                 os.close(fd)
             else:  # cancelled (the server stopping) during a read: close once the thread is done with it
                 reading.add_done_callback(lambda _: os.close(fd))
+        self._say_why(ended)
+
+    async def _send(
+        self, send: Any, message: dict[str, Any], hangup: asyncio.Future[None], stopping: asyncio.Future[Any]
+    ) -> str | None:
+        """Hands `message` to the connection, which waits while the client lags behind (uvicorn's flow
+        control: one chunk in memory). None once it is taken; else why the stream ends instead."""
+        sending = asyncio.ensure_future(send(message))
+        try:
+            done, _ = await asyncio.wait(
+                {sending, hangup, stopping}, timeout=self.stall_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:
+            sending.cancel()
+            raise
+        if sending in done:
+            if isinstance(sending.exception(), OSError):  # how a server following ASGI 2.4 says the client left
+                return "hung_up"
+            sending.result()
+            return None
+        sending.cancel()  # still waiting for the client to take earlier chunks: nothing of this one written
+        return "hung_up" if hangup.done() else "stopping" if stopping.done() else "stalled"
+
+    def _say_why(self, ended: str | None) -> None:
+        if ended == "hung_up":  # a client may stop reading whenever it likes: not the server's problem
+            log.debug("%s ended early: the client hung up", self.what)
+            return
+        if ended is None:
+            return
+        _cut_short_on_purpose.set(True)
+        if ended == "stalled":
+            log.warning("%s cut short: its client took nothing for %g s (server.file_stream_stall_s)",
+                        self.what, self.stall_s)  # fmt: skip
+        else:
+            why = "the workspace was closed" if ended == "closed" else "the server is stopping"
+            log.info("%s cut short: %s", self.what, why)
 
 
 class TokenGate:
@@ -255,7 +338,7 @@ class Registry:
     def __init__(self, backend: LocalBackend, pool_config: PoolConfig) -> None:
         self.backend = backend
         self.pool_config = pool_config
-        self.pools: dict[str, WorkspacePool] = {}
+        self.pools: dict[tuple[str, SnapshotSource], WorkspacePool] = {}
         self.workspaces: dict[str, LocalWorkspace] = {}
         # Closed ids are remembered (bounded) so a late request says "closed", not "unknown".
         self.recently_closed: OrderedDict[str, None] = OrderedDict()
@@ -263,6 +346,7 @@ class Registry:
         self.stopping = False  # set by `drain`: new creates and execs are refused
         self.stop_now = asyncio.Event()  # set once the grace is over: running ones are cancelled
         self.running: set[asyncio.Future[Any]] = set()  # creates and execs in progress
+        self.file_streams = 0  # FileStreams made and not yet ended
 
     def check_accepting(self) -> None:
         if self.stopping:
@@ -295,9 +379,11 @@ class Registry:
 
     async def create(self, source: SnapshotSource) -> str:
         snapshot = await self.snapshot(source)
-        pool = self.pools.get(snapshot.key)
+        # By source too: a workspace's diff may read it (`enclosing_ignore_rules`), and two sources of
+        # the same content share the snapshot, not what it was asked for as.
+        pool = self.pools.get((snapshot.key, source))
         if pool is None:
-            pool = self.pools[snapshot.key] = WorkspacePool(self.backend, snapshot, self.pool_config)
+            pool = self.pools[snapshot.key, source] = WorkspacePool(self.backend, snapshot, self.pool_config)
         ws = await pool.acquire()  # waits while the pool is at max_live
         # Backend ids restart with every process; the random suffix keeps a stale client
         # from reaching a newer server's workspace of the same number.
@@ -331,6 +417,7 @@ class Registry:
         return {
             "backend": self.backend.describe(),
             "live": len(self.workspaces),
+            "file_streams": self.file_streams,
             "pools": [pool.metrics() for pool in self.pools.values()],
         }
 
@@ -345,15 +432,19 @@ def create_app(
     max_upload_bytes: int = MAX_UPLOAD_BYTES,
     shutdown_grace_s: float = SHUTDOWN_GRACE_S,
     max_exec_timeout_s: float = MAX_EXEC_TIMEOUT_S,
+    max_file_streams: int = MAX_FILE_STREAMS,
+    file_stream_stall_s: float = FILE_STREAM_STALL_S,
 ) -> FastAPI:
     """The HTTP app over `backend`; with `own_backend` its shutdown also closes the backend.
     `ClosingServer` calls `app.state.drain()` when told to stop (see `Registry.drain`). An exec
     asking for a timeout over `max_exec_timeout_s` (raised to the backend's default timeout if
-    lower) is refused."""
+    lower) is refused; a file read that would stream while `max_file_streams` do is refused (503
+    "busy"); a stream whose client takes nothing for `file_stream_stall_s` is cut short."""
     if not token:
         raise ValueError("the environment server needs a non-empty token")
     max_timeout_s = max(max_exec_timeout_s, backend.config.timeout_s)
     reg = Registry(backend, pool_config)
+    logging.getLogger("uvicorn.error").addFilter(QUIET_CUT_SHORT)  # once: the same filter is not added twice
 
     async def close_all() -> None:  # idempotent: ClosingServer calls it again after the lifespan's shutdown
         await reg.aclose()
@@ -385,7 +476,9 @@ def create_app(
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
-        return error_response(STATUS_BY_KIND.get(e.kind, 400), e.kind, str(e))
+        retry_after = RETRY_AFTER_BY_KIND.get(e.kind)
+        headers = {"Retry-After": retry_after} if retry_after else None
+        return error_response(STATUS_BY_KIND.get(e.kind, 400), e.kind, str(e), headers)
 
     @app.exception_handler(OSError)  # a name too long, a full workspace disk, an argv over the kernel's limit
     async def _os_error(_: Request, e: OSError) -> JSONResponse:
@@ -447,9 +540,15 @@ def create_app(
     async def read(ws_id: str, path: str = Depends(required_query_path)) -> Response:
         ws = reg.get(ws_id)
         opened = await ws.open_read(path, head_bytes=READ_CHUNK_BYTES)
-        if len(opened.head) < opened.size:
-            return FileStream(ws, opened, reg.stop_now)
-        os.close(opened.fd)  # read whole with the open: one trip to a thread for most files
+        streamed = len(opened.head) < opened.size
+        if streamed and reg.file_streams < max_file_streams:
+            return FileStream(ws, opened, reg, file_stream_stall_s, f"a read of {path!r} from workspace {ws_id}")
+        os.close(opened.fd)  # read whole with the open (one trip to a thread for most files), or refused
+        if streamed:
+            raise Busy(
+                f"{reg.file_streams} file reads are streaming from this environment server, its limit "
+                "(server.max_file_streams): retry in a moment, or raise the limit if this is the normal load"
+            )
         return Response(content=opened.head, media_type="application/octet-stream")
 
     @app.put("/v1/workspaces/{ws_id}/file", status_code=204)
@@ -502,12 +601,34 @@ class ClosingServer(uvicorn.Server):
     async def shutdown(self, sockets: Any = None) -> None:
         state = self.config.app.state
         drain = asyncio.ensure_future(state.drain())
+        drop = asyncio.ensure_future(self._drop_stalled_clients(drain))
         try:
             await super().shutdown(sockets)  # returns once the drained calls have answered, or forced
         finally:
+            drop.cancel()
             state.registry.stop_now.set()  # forced: no grace left
             await drain
             await state.close_all()  # idempotent: a no-op after a graceful shutdown
+
+    async def _drop_stalled_clients(self, drain: asyncio.Future[None]) -> None:
+        """Once the drain is over, connections still holding unsent bytes after STALLED_CLIENT_GRACE_S
+        are dropped: their client takes nothing (a read it stopped reading), and uvicorn, which closes a
+        connection only after sending what it holds, would wait for it until GRACEFUL_BACKSTOP_S."""
+        await asyncio.wait({drain})
+        await asyncio.sleep(STALLED_CLIENT_GRACE_S)
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None and transport.get_write_buffer_size():
+                transport.abort()
+
+
+def configured_limits(server: ServerConfig) -> dict[str, Any]:
+    """`create_app`'s limits as the config sets them (`serve` and the Ray actor's servers alike)."""
+    return {
+        "max_exec_timeout_s": server.max_exec_timeout_s,
+        "max_file_streams": server.max_file_streams,
+        "file_stream_stall_s": server.file_stream_stall_s,
+    }
 
 
 def serve(config: VivaceConfig) -> None:
@@ -527,7 +648,7 @@ def serve(config: VivaceConfig) -> None:
         config.pool,
         token,
         own_backend=True,
-        max_exec_timeout_s=config.server.max_exec_timeout_s,
+        **configured_limits(config.server),
     )
     server = ClosingServer(
         uvicorn.Config(
