@@ -66,8 +66,10 @@ class TokenBytes:
 
     A byte-level BPE vocabulary (GPT-2's, Qwen's, Llama 3's) spells each byte as one character,
     mapped back here through the same table; an added token (<|im_end|>) is its text; a
-    SentencePiece byte token (<0xE2>) its byte. Any other token is the UTF-8 of its decoded text,
-    which is its bytes when it holds whole characters."""
+    SentencePiece byte token (<0xE2>) its byte. Any other token is the UTF-8 of the text it adds
+    after an anchor token ("a"), which is its bytes when it holds whole characters: decoded alone,
+    a SentencePiece token loses its leading space (Llama 2's decoder strips a decode's first one, so
+    "▁Hello" would be "Hello" and the tokens would join without their spaces)."""
 
     def __init__(self, tokenizer: Any):
         from tokenizers import decoders
@@ -78,6 +80,8 @@ class TokenBytes:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         byte_level = backend is not None and isinstance(backend.decoder, decoders.ByteLevel)
         self.byte_of = {c: b for b, c in bytes_to_unicode().items()} if byte_level else {}
+        anchor = tokenizer.encode("a", add_special_tokens=False)[-1:]
+        self.anchor, self.anchor_text = anchor, self._decode(anchor)
 
     def __call__(self, token: int) -> bytes:
         if token in self.added:
@@ -87,8 +91,13 @@ class TokenBytes:
             return bytes(self.byte_of[c] for c in piece)
         if m := _BYTE_FALLBACK.fullmatch(piece):
             return bytes([int(m.group(1), 16)])
-        text = self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return text.encode()
+        after = self._decode([*self.anchor, token])
+        if self.anchor_text and after.startswith(self.anchor_text):
+            return after[len(self.anchor_text) :].encode()
+        return self._decode([token]).encode()
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 class StopFinder:
