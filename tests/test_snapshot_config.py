@@ -170,6 +170,56 @@ def test_a_linked_checkout_gets_a_git_directory_of_its_own(tmp_path, layout):
     assert materialize(SnapshotSource(str(checkout)), tmp_path / "cache").key != snap.key
 
 
+@pytest.mark.parametrize("layout", ["worktree", "absolute"])
+def test_submodules_in_the_snapshot_use_its_git_directory(tmp_path, layout):
+    """A submodule checked out in a linked worktree names its git directory inside the worktree's
+    (`../../../main/.git/worktrees/wt/modules/vendor/lib`), and older git wrote a submodule's as an
+    absolute path: in the snapshot the first led nowhere (git status failed, even at the top), the
+    second to the developer's real repository, which git in a plain sandbox wrote. Each now names
+    the snapshot's copy, nested submodules too."""
+    inner = tmp_path / "inner"
+    lib = tmp_path / "lib"
+    for repo in (inner, lib):
+        repo.mkdir()
+        _git(repo, "init", "-q")
+        (repo / "f.py").write_text("x = 1\n")
+        if repo == lib:
+            _git(lib, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(inner), "deep/inner")
+        _git(repo, "add", "-A")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    main = tmp_path / "main"
+    main.mkdir()
+    _git(main, "init", "-q")
+    _git(main, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib")
+    _git(main, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "sub")
+    update = ["-c", "protocol.file.allow=always", "submodule", "update", "--init", "--recursive", "-q"]
+    _git(main, *update)
+    checkout = main
+    if layout == "worktree":
+        _git(main, "worktree", "add", "-q", str(tmp_path / "wt"))
+        checkout = tmp_path / "wt"
+        _git(checkout, *update)
+    else:  # as git before 1.7.10 wrote them
+        for sub in ("vendor/lib", "vendor/lib/deep/inner"):
+            named = (main / sub / (main / sub / ".git").read_text()[len("gitdir: ") :].strip()).resolve()
+            (main / sub / ".git").write_text(f"gitdir: {named}\n")
+    real = {p: p.read_bytes() for p in main.rglob("*") if p.is_file()}
+    snap = materialize(SnapshotSource(str(checkout)), tmp_path / "cache")
+    work = tmp_path / "work"  # what the plain backend does: a copy, where git may write
+    shutil.copytree(snap.root, work, symlinks=True)
+    for sub in ("vendor/lib", "vendor/lib/deep/inner"):
+        (work / sub / "f.py").write_text("x = 2\n")
+        done = subprocess.run(["git", "status", "--short"], cwd=work / sub, capture_output=True, text=True,
+                              env=_git_env())  # fmt: skip
+        assert done.returncode == 0 and " M f.py" in done.stdout.splitlines(), done.stderr
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=work / sub, capture_output=True,
+                             text=True, env=_git_env())  # fmt: skip
+        assert top.stdout.strip() == str(work / sub)
+    done = subprocess.run(["git", "status", "--short"], cwd=work, capture_output=True, text=True, env=_git_env())
+    assert done.returncode == 0 and done.stdout.splitlines() == [" m vendor/lib"], done.stderr
+    assert {p: p.read_bytes() for p in main.rglob("*") if p.is_file()} == real  # the real repository untouched
+
+
 def test_unreadable_paths_are_left_out_and_named(tmp_path):
     """A file or directory the user cannot read (left by a container as another user, say) used to
     stop the snapshot with a traceback of shutil.Error; it is left out, and named."""

@@ -24,8 +24,10 @@ sockets, FIFOs and devices are left out, and so are files and directories the ca
 be in use). A git worktree or a submodule checkout, whose `.git` is a file naming a git directory
 elsewhere, gets a `.git` directory of its own in the snapshot (that git directory, with the main
 repository's objects and refs for a linked worktree), so git inside a sandbox sees the repository
-the developer sees, and never writes to the real one. Not covered: a submodule inside such a
-worktree (its own `.git` file still names a directory outside the snapshot).
+the developer sees, and never writes to the real one. A submodule's own `.git` file, which names
+its git directory inside the repository's (`.git/modules/...`, or the worktree's for a submodule of
+a linked worktree; by absolute path in repositories older git made), is rewritten to name the
+snapshot's copy of it, and that copy's `core.worktree` to name the submodule in the snapshot.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import posixpath
 import secrets
 import shutil
 import stat
@@ -125,6 +128,10 @@ def materialize(
                 _copy_dir(path, tmp, previous, skip, unreadable)
                 if git_dirs:
                     _copy_git_dir(*git_dirs, tmp, previous)
+                if git_dirs:
+                    _relink_submodules(path, tmp, [d for d in git_dirs if d is not None])
+                elif _real_dir(tmp / ".git"):
+                    _relink_submodules(path, tmp, [(path / ".git").resolve()])
             except OSError as e:  # the cache's disk full, say
                 raise SandboxError(f"cannot snapshot {path} into {cache_dir}: {e}") from e
         elif kind == "tar":
@@ -304,6 +311,59 @@ def _copy_git_dir(gitdir: Path, common: Path | None, dest: Path, previous: Path 
     _git_config(config, "--unset", "core.worktree")
     if _git_config(config, "--get", "core.bare") == "true":
         _git_config(config, "core.bare", "false")
+
+
+def _relink_submodules(src: Path, dest: Path, git_dirs: list[Path]) -> None:
+    """Point each submodule checkout in the snapshot `dest` of `src` (found through `.gitmodules`,
+    nested ones too) at the snapshot's copy of its git directory, when its `.git` file names one
+    inside `git_dirs` (the git directories copied into `dest/.git`): a relative name may lead out of
+    the snapshot (a linked worktree's submodules live in `.git/worktrees/<name>/modules`), and an
+    absolute one leads to the developer's real repository, which git in the sandbox would write."""
+    if not _real_dir(dest / ".git"):  # a link to a git directory elsewhere: nothing of it is ours to write
+        return
+    for rel in _submodule_paths(dest):
+        dot_git = dest / rel / ".git"
+        try:
+            text = dot_git.read_text(errors="replace")
+        except OSError:
+            continue
+        if not text.startswith("gitdir: "):
+            continue
+        named = (src / rel / text[len("gitdir: ") :].strip()).resolve()
+        inside = next((named.relative_to(d) for d in git_dirs if named.is_relative_to(d)), None)
+        if inside is None or not (dest / ".git" / inside).is_dir():
+            continue
+        copy = dest / ".git" / inside
+        if not (_within(dest, dest / rel) and _within(dest, copy)):
+            continue  # through a symlink: out of the snapshot
+        relinked = f"gitdir: {os.path.relpath(copy, dest / rel)}\n"
+        if relinked != text:
+            _write_atomically(dot_git, relinked)  # a new file: the old one may be linked from an older snapshot
+        if _git_config(str(copy / "config"), "--get", "core.worktree"):
+            _git_config(str(copy / "config"), "core.worktree", os.path.relpath(dest / rel, copy))
+
+
+def _real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _within(root: Path, path: Path) -> bool:
+    """`path` (under `root`) names itself: no symlink on the way leads elsewhere."""
+    return os.path.realpath(path) == os.path.join(os.path.realpath(root), os.path.relpath(path, root))
+
+
+def _submodule_paths(root: Path, rel: str = "") -> Iterator[str]:
+    """The submodule paths `.gitmodules` lists under `root/rel`, and theirs, relative to `root`."""
+    if not (root / rel / ".gitmodules").is_file():
+        return
+    listed = _git_config(str(root / rel / ".gitmodules"), "--get-regexp", r"^submodule\..*\.path$")
+    for line in listed.splitlines():
+        sub = posixpath.normpath(posixpath.join(rel, line.split(" ", 1)[-1]))
+        if sub.startswith("../") or sub == ".." or posixpath.isabs(sub):
+            continue  # a hostile .gitmodules: nothing outside the snapshot is touched
+        if _within(root, root / sub / ".git") and os.path.isfile(root / sub / ".git"):
+            yield sub
+            yield from _submodule_paths(root, sub)
 
 
 def _git_config(config: str, *args: str) -> str:
