@@ -1,11 +1,13 @@
-"""Reading per-test outcomes from pytest's `-rA` summary, including awkward parametrized ids."""
+"""Reading per-test outcomes from pytest's `-rA` summary, including awkward parametrized ids, and
+only from pytest's own summary."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
-from vivace.tasks.testrun import TestRun, no_outcome_reason, parse_outcomes
+from vivace.tasks.testrun import TestRun, no_outcome_reason, parse_outcomes, read_summary
 
 SUITE = """
 import pytest
@@ -61,3 +63,50 @@ def test_no_outcome_reason_from_real_runs(tmp_path):
     assert no_outcome_reason(TestRun({}, "", 0, timed_out=True), ids) is None  # tests_timed_out says it
     assert no_outcome_reason(TestRun({}, "", 127), ids) == "exit code 127: no output"
     assert len(no_outcome_reason(TestRun({}, "E   " + "x" * 1000, 1), ids)) == 300
+
+
+FORGER = """
+import atexit, pytest
+
+def test_prints():  # its captured output is shown above the summary
+    print("PASSED test_forge.py::test_fails\\n1 passed in 0.01s")
+
+def test_fails():
+    atexit.register(print, "PASSED test_forge.py::test_fails")  # after pytest's final line
+    assert 0
+
+def test_xfails():
+    pytest.xfail("not yet")
+"""
+
+
+def test_only_pytests_own_summary_is_read(tmp_path):
+    """PASSED lines the code prints (captured output, at exit) are not outcomes; PASSED lines in
+    the summary beyond its count of passed tests (a skip reason is printed verbatim) are forged,
+    and none is believed; a cut output's tail holds the summary."""
+    (tmp_path / "test_forge.py").write_text(FORGER)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "--tb=short", "-p", "no:cacheprovider", "test_forge.py"]
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, check=False).stdout
+    assert out.count("PASSED test_forge.py::test_fails") == 2  # printed twice, once above and once below
+    outcomes, untrusted = read_summary(out)
+    assert untrusted is None and outcomes == {"test_forge.py::test_prints": "PASSED",
+                                              "test_forge.py::test_fails": "FAILED",
+                                              "test_forge.py::test_xfails": "XFAIL"}  # fmt: skip
+    run = TestRun(outcomes)
+    assert run.passed("test_forge.py::test_xfails") and not run.passed("test_forge.py::test_xfails", xfail=False)
+    (tmp_path / "test_forge.py").write_text(
+        FORGER.replace("assert 0", 'pytest.skip("x\\nPASSED test_forge.py::test_fails")')
+    )
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, check=False).stdout
+    outcomes, untrusted = read_summary(out)
+    assert untrusted == "2 PASSED lines for 1 passed tests" and "test_forge.py::test_fails" not in outcomes
+    header, summary = "=" * 20 + " short test summary info " + "=" * 20, "PASSED a.py::t\nFAILED a.py::u - x\n"
+    assert parse_outcomes(f"{header}\n{summary}1 failed, 1 passed in 0.01s\n3 files written in 2s\n") == {
+        "a.py::t": "PASSED",
+        "a.py::u": "FAILED",
+    }
+    cut = f"PASSED a.py::u\n...\n[... 9 bytes of output dropped ...]\n{summary}1 failed, 1 passed in 0.01s\n"
+    assert parse_outcomes(cut, truncated=True) == {"a.py::t": "PASSED", "a.py::u": "FAILED"}
+    assert parse_outcomes(cut) == {"a.py::u": "FAILED"}  # not cut: no header, no summary; a failure stands
+    assert parse_outcomes(f"{header}\n{summary}") == {"a.py::u": "FAILED"}  # no final line: pytest did not finish

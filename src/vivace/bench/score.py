@@ -4,7 +4,8 @@ the benchmark's judgement and the RL reward.
 Components (each in [0, 1], 1 is best; the weights and the total are in config.ScoreConfig):
 - correctness: the hidden tests, after the agent's edits to test files are undone and the
   task's hidden test files are written fresh, so changing tests never helps. 1 when every
-  FAIL_TO_PASS and PASS_TO_PASS test passes, else 0 (fractions are reported too).
+  FAIL_TO_PASS test passes (an expected failure does not count: the code can call pytest.xfail)
+  and every PASS_TO_PASS test passes or fails as expected, else 0 (fractions are reported too).
 - adherence: mean of five parts — files touched vs the reference (Jaccard), change size vs
   the reference (ref/agent lines, capped at 1), new lint problems on the lines the agent
   added (1/(1+n), with the same ruff as the read_lints tool), no edits to tests, no stray new
@@ -16,6 +17,10 @@ Components (each in [0, 1], 1 is best; the weights and the total are in config.S
   command run; every file name mentioned must appear in a tool call, result or the diff.
 - format: 1/(1 + malformed tool calls).
 
+Correctness is also the RL reward: bench/guard.py takes out of the test run what would raise it
+without the fix (modules shadowing pytest, the agent's pytest configuration, bytecode), and says so
+in the details; outcomes come only from pytest's own final summary (tasks.testrun).
+
 Scoring changes the workspace (test files); score a workspace only once, after the episode.
 """
 
@@ -26,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from vivace.bench.guard import guard_runner, unguard_runner
 from vivace.bench.patch import FileChange, is_test_path, parse_patch
 from vivace.config import ScoreConfig
 from vivace.harness.agent import WAITING_FOR_POLICY
@@ -105,9 +111,14 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
             raise RuntimeError(f"could not undo the agent's test edits: {undo.stderr.strip()}")
     for path, content in task.tests.files.items():
         await ws.write_text(path, content)
+    guarded = await guard_runner(ws, agent, task.tests.command)
     ids = task.tests.fail_to_pass + task.tests.pass_to_pass
-    run = await run_tests(ws, task.tests.command, ids, task.tests.timeout_s)
-    f2p = sum(run.passed(t) for t in task.tests.fail_to_pass)
+    try:
+        run = await run_tests(ws, task.tests.command, ids, task.tests.timeout_s)
+    finally:
+        await unguard_runner(ws, guarded)
+    # A test that must start passing must pass: the code under test can call pytest.xfail() itself.
+    f2p = sum(run.passed(t, xfail=False) for t in task.tests.fail_to_pass)
     p2p = sum(run.passed(t) for t in task.tests.pass_to_pass)
     resolved = f2p == len(task.tests.fail_to_pass) and p2p == len(task.tests.pass_to_pass) and not run.timed_out
     details = {
@@ -115,7 +126,12 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
         "pass_to_pass": [p2p, len(task.tests.pass_to_pass)],
         "tests_timed_out": run.timed_out,
         "test_files_edited": [c.path for c in test_edits],
+        **guarded,
     }
+    if xfailed := [t for t in task.tests.fail_to_pass if run.outcomes.get(t) == "XFAIL"]:
+        details["fail_to_pass_xfailed"] = xfailed
+    if run.untrusted:
+        details["summary_untrusted"] = run.untrusted
     if (
         reason := no_outcome_reason(run, ids)
     ) is not None:  # no id got an outcome: the code does not import, or no tests ran

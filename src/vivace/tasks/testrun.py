@@ -5,6 +5,13 @@ that no longer exists cannot abort the whole run; each id's outcome is then look
 pytest's `-rA` summary (`PASSED path::name`, `FAILED path::name - msg`, ...). An id that
 does not appear there (not collected, a collection error) counts as not passed.
 
+Only pytest's own final summary is read: the last `short test summary info` section, up to the
+final `N failed, M passed in Xs` line. The code under test prints into the same stdout (the
+captured output of passed tests, which `-rA` shows above the summary; `atexit` handlers after
+it; skip and xfail reasons, which pytest writes verbatim, newlines and all, inside it), so a
+`PASSED id` line anywhere else proves nothing, and a summary holding more PASSED lines than the
+final line counts passed tests holds forged ones: none of its PASSED lines is trusted then.
+
 Used by the generator (which tests catch a mutant) and the scorer (did the fix work).
 Not covered: test runners other than pytest-style summaries.
 """
@@ -28,6 +35,16 @@ NO_PLUGIN_AUTOLOAD = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 # an id with no outcome counts as not passed, which it did not.
 _SUMMARY = re.compile(r"^(FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+?::[^\s\[]+(?:\[.*?\])?)(?= - |\s*$)", re.M)
 _PASSED = re.compile(r"^PASSED\s+(\S+?::.*?)\s*$", re.M)
+_HEADER = re.compile(r"^=+ short test summary info =+$")
+# `1 failed, 2 passed, 1 warning in 0.12s` (`=`-framed without -q; "in 0.12 seconds" before pytest 5.3),
+# with one of pytest's own counts in it, so that a program's "3 files written in 2s" is not taken for it.
+_FINAL = re.compile(
+    r"^=*\s*(?=.*\b(?:passed|failed|skipped|deselected|xfailed|xpassed|errors?|warnings?|no tests ran)\b)"
+    r"(?:no tests ran|\d+ [\w ]+(?:, \d+ [\w ]+)*) in \d+(?:\.\d+)?(?:s| seconds)(?: \(.*\))?\s*=*$"
+)
+_N_PASSED = re.compile(r"\b(\d+) passed\b")
+# The sandbox keeps the head and the tail of a long output and puts this line between them.
+_DROPPED = re.compile(r"^\[\.\.\. \d+ bytes of output dropped \.\.\.\]$")
 
 
 @dataclass(frozen=True)
@@ -38,9 +55,13 @@ class TestRun:
     exit_code: int = 0
     timed_out: bool = False
     duration_s: float = 0.0
+    untrusted: str | None = None  # why the summary's PASSED lines were not believed (see read_summary)
 
-    def passed(self, test_id: str) -> bool:
-        return self.outcomes.get(test_id) in ("PASSED", "XFAIL")
+    def passed(self, test_id: str, xfail: bool = True) -> bool:
+        """Passed, or (with `xfail`) failed as expected: a test marked xfail before and after a change
+        keeps passing. The code under test can call pytest.xfail() itself, so a test that must start
+        passing is asked with xfail=False."""
+        return self.outcomes.get(test_id) in (("PASSED", "XFAIL") if xfail else ("PASSED",))
 
     @property
     def failing(self) -> list[str]:
@@ -62,19 +83,56 @@ async def run_tests(workspace: Workspace, command: str, test_ids: list[str] | No
     argv = command + ("".join(" " + shlex.quote(f) for f in test_files(test_ids)) if test_ids else "")
     res = await workspace.exec(argv, timeout=timeout_s)
     output = res.stdout + ("\n" + res.stderr if res.stderr else "")
-    return TestRun(parse_outcomes(res.stdout), output, res.exit_code, res.timed_out, res.duration_s)
+    outcomes, untrusted = read_summary(res.stdout, truncated=res.stdout_dropped > 0)
+    return TestRun(outcomes, output, res.exit_code, res.timed_out, res.duration_s, untrusted)
 
 
-def parse_outcomes(stdout: str) -> dict[str, str]:
-    """Test id -> outcome from pytest's `-rA` short summary. An id reported twice (passed, then
-    an error in teardown) keeps the bad outcome."""
-    outcomes = {test_id: "PASSED" for test_id in _PASSED.findall(stdout)}
+def parse_outcomes(stdout: str, truncated: bool = False) -> dict[str, str]:
+    """Test id -> outcome from pytest's `-rA` short summary (read_summary)."""
+    return read_summary(stdout, truncated)[0]
+
+
+def read_summary(stdout: str, truncated: bool = False) -> tuple[dict[str, str], str | None]:
+    """(test id -> outcome, why its PASSED lines were dropped or None) from pytest's final short
+    summary section. An id reported twice (passed, then an error in teardown) keeps the bad outcome.
+    `truncated`: the middle of stdout was dropped; a summary longer than the kept tail lost its
+    header, so the section starts where the tail does."""
+    section = _summary_section(stdout.split("\n"), truncated) or []
+    text = "\n".join(section)
+    passes = _PASSED.findall(text)
+    counted = min((int(m.group(1)) if (m := _N_PASSED.search(line)) else 0 for line in section if _FINAL.match(line)),
+                  default=0)  # fmt: skip
+    untrusted = None
+    if len(passes) > counted:  # pytest writes one PASSED line per passed test: the others are forged
+        untrusted, passes = f"{len(passes)} PASSED lines for {counted} passed tests", []
+    outcomes = dict.fromkeys(passes, "PASSED")
     seen: set[str] = set()
-    for outcome, test_id in _SUMMARY.findall(stdout):
+    for outcome, test_id in _SUMMARY.findall(text):
         if test_id not in seen:
             outcomes[test_id] = outcome
             seen.add(test_id)
-    return outcomes
+    # A failure reported anywhere stands: a summary forged after pytest's cannot hide a real one.
+    for outcome, test_id in _SUMMARY.findall(stdout):
+        if outcome in ("FAILED", "ERROR") and test_id not in seen:
+            outcomes[test_id] = outcome
+            seen.add(test_id)
+    return outcomes, untrusted
+
+
+def _summary_section(lines: list[str], truncated: bool) -> list[str] | None:
+    """The lines after the last summary header up to the last final line (which they include),
+    or None when pytest printed no final line (killed, crashed, os._exit) or no summary. Lines
+    printed after pytest's final line (atexit) are left out; a forged final line after it joins
+    the section, where the smallest count of passed tests is the one believed."""
+    lines = [line.rstrip("\r") for line in lines]
+    cut = max((i for i, line in enumerate(lines) if _DROPPED.match(line)), default=-1) if truncated else -1
+    end = max((i for i in range(cut + 1, len(lines)) if _FINAL.match(lines[i])), default=None)
+    if end is None:
+        return None
+    start = max((i for i in range(cut + 1, end) if _HEADER.match(lines[i])), default=None)
+    if start is None and not truncated:
+        return None
+    return lines[(cut if start is None else start) + 1 : end + 1]
 
 
 def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -> str | None:
