@@ -91,3 +91,34 @@ async def test_edits_of_one_file_under_several_names_all_land(slow_ctx):
     ]  # fmt: skip
     assert await slow_ctx.workspace.read_text("pkg/mod0.py") == "def g0(x):\n    return 1\n"
     assert outcomes[3].started_s < outcomes[0].started_s + outcomes[0].duration_s  # unrelated: ran alongside
+
+
+async def test_parallel_writes_into_one_new_directory_all_land(repo, state_dir, monkeypatch):
+    """Two write_file calls of one turn into a directory that does not exist yet both create it;
+    the one that lost the race failed with "changed while resolving" (a path escape, to the model).
+    Each write now lands, as in a shell (mkdir -p)."""
+    backend = make_backend("isolated" if ISOLATION_PROBLEM is None else "plain", state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        ctx = ToolContext(workspace=ws)
+        calls = [
+            ToolCall(f"w{i}", "write_file", {"path": f"new/deep/m{i}.py", "content": f"X = {i}\n"}) for i in range(8)
+        ]
+        outcomes = await execute(calls, {t.name: t for t in default_tools()}, ctx)
+        assert not any(o.result.is_error for o in outcomes), [o.result.text for o in outcomes]
+        # The race made certain: the directory appears between the walk's look and its mkdir.
+        import vivace.sandbox.paths as paths
+
+        real_mkdir = paths.os.mkdir
+
+        def beaten_to_it(name, mode=0o777, *, dir_fd=None):
+            real_mkdir(name, mode, dir_fd=dir_fd)
+            raise FileExistsError(name)
+
+        monkeypatch.setattr(paths.os, "mkdir", beaten_to_it)
+        await ws.write_text("other/dir/a.py", "A = 1\n")
+        monkeypatch.undo()
+        assert await ws.read_text("other/dir/a.py") == "A = 1\n"
+        assert [await ws.read_text(f"new/deep/m{i}.py") for i in range(8)] == [f"X = {i}\n" for i in range(8)]
+    finally:
+        await backend.aclose()

@@ -177,8 +177,11 @@ class ConfinedFS:
                         os.mkdir(comp, 0o755, dir_fd=fds[-1])
                         if self.owner:
                             os.chown(comp, *self.owner, dir_fd=fds[-1], follow_symlinks=False)
+                    except FileExistsError:
+                        pass  # made meanwhile (a parallel write into the same new directory): judged below
+                    try:
                         st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
-                    except (FileExistsError, FileNotFoundError) as e:  # a concurrent command got there first
+                    except FileNotFoundError as e:  # a concurrent command removed it again
                         raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
                 if stat_mod.S_ISLNK(st.st_mode) and (follow_final or not final):
                     links += 1
