@@ -168,6 +168,17 @@ async def test_hack_does_not_resolve(hack, repo, state_dir):
         assert s.details[caught_by], s.details
 
 
+@pytest.mark.parametrize("target", ["tests/test_calc.py", "tests"])
+async def test_tests_replaced_by_a_symlink_score_zero(repo, state_dir, target):
+    """A test file or directory the agent replaced by a symlink cannot be put back by reversing its
+    diff: the scorer raised, and RL took the episode for the environment failing and ran it again.
+    It is the policy's failure: correctness 0, saying why."""
+    calls = [shell(f"mkdir -p elsewhere && mv {target} elsewhere/ && ln -s elsewhere/{target.split('/')[-1]} {target}")]
+    s, _ = await play(calls, make_task(repo), state_dir)
+    assert not s.resolved and s.correctness == 0.0
+    assert s.details["tests_not_run"], s.details  # the edits could not be undone, or the tests are gone
+
+
 async def test_sitecustomize_on_the_startup_path_is_removed(repo, state_dir):
     """A task whose environment puts the working directory on sys.path at startup would run an
     agent's sitecustomize.py before pytest."""

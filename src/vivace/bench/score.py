@@ -107,8 +107,11 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
     if test_edits:  # undo them: the hidden tests judge the code, not tests the agent rewrote
         await ws.write_text(_REVERT_PATCH, "".join(c.text for c in test_edits))
         undo = await ws.exec(f"git apply -R --unsafe-paths {_REVERT_PATCH}; rc=$?; rm -f {_REVERT_PATCH}; exit $rc")
-        if undo.exit_code != 0:
+        if undo.exit_code in (126, 127):  # no git in the workspace: the environment's failure
             raise RuntimeError(f"could not undo the agent's test edits: {undo.stderr.strip()}")
+        if undo.exit_code != 0:  # tests the agent made into what its diff cannot take back (a symlink)
+            return False, {"test_files_edited": [c.path for c in test_edits],
+                           "tests_not_run": f"the agent's test edits could not be undone: {undo.stderr.strip()[:300]}"}  # fmt: skip
     for path, content in task.tests.files.items():
         await ws.write_text(path, content)
     guarded = await guard_runner(ws, agent, task.tests.command)
