@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,11 @@ from vivace.config import PoolConfig, SandboxConfig
 from vivace.harness.chat import ChatFormat
 from vivace.model.tokenizer import train_tokenizer
 from vivace.sandbox.isolated import probe
+
+# The Ctrl-C tests send SIGINT as a terminal would. A background job or nohup starts pytest with it
+# ignored, and Python then raises no KeyboardInterrupt: restore the default, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ISOLATION_PROBLEM = probe()
 needs_isolation = pytest.mark.skipif(ISOLATION_PROBLEM is not None, reason=f"isolated backend: {ISOLATION_PROBLEM}")

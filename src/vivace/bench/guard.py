@@ -43,10 +43,11 @@ _NEW_MODULES = ".vivace-new-modules.json"
 _ASIDE = ".vivace-aside"  # a shadowing module's name during the test run: no module's
 # Run in the workspace with the test command's interpreter, isolated (-I: neither the working
 # directory nor PYTHONPATH on sys.path, so no module of the agent's runs in it): of the agent's new
-# files (a JSON list in the file argv[1]), those that make a module found first in a directory of the workspace
-# on the test run's sys.path (the working directory first, `python -m pytest`; PYTHONPATH; a .pth)
-# that is also installed outside it, or that Python imports at startup, are renamed (_ASIDE) and printed.
-# Shadowing an installed module (pytest, the standard library) is never a fix.
+# files (a JSON list in the file argv[1]), those that make a module found first in a directory of
+# the workspace on the test run's sys.path (the working directory first, `python -m pytest`;
+# PYTHONPATH; a .pth) that is also installed outside it, or that Python imports at startup, are
+# renamed (_ASIDE) and printed. Shadowing an installed module (pytest, the standard library) is
+# never a fix.
 _SHADOWS = """
 import importlib.machinery as m, importlib.util as u, json, os, sys
 root = os.path.realpath(".")
@@ -91,7 +92,8 @@ async def guard_runner(ws: Workspace, agent: list[FileChange], command: str) -> 
     agent added that shadow installed ones (pytest, the standard library) or run at startup
     (sitecustomize) set aside, both until the run is over (unguard_runner), and every bytecode
     file removed. Returns the score details; give them to unguard_runner after the run."""
-    config = [c for c in agent if is_pytest_config(c.path) and not is_test_path(c.path)]  # test files: undone already
+    # Test files among them (a tests/setup.cfg) were undone with the other test edits already.
+    config = [c for c in agent if is_pytest_config(c.path) and not is_test_path(c.path)]
     if config:
         await ws.write_text(_CONFIG_PATCH, "".join(c.text for c in config))
     new = sorted(c.path for c in agent if c.new_file and not c.deleted and _MODULE_FILE.search(c.path))
