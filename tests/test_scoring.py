@@ -148,3 +148,28 @@ def test_parse_patch_ends_lines_at_newline_only_and_reads_quoted_names():
     for patch, path in ((quoted, "x\ty.py"), (separators, "f.py")):
         (change,) = parse_patch(patch)
         assert (change.path, change.added, change.removed, change.added_lines) == (path, 1, 1, [2])
+
+
+async def test_what_the_setup_changed_is_not_the_agents(task, state_dir):
+    """A task's setup commands run in the workspace before the agent, so what they changed was in the
+    episode's diff and scored as the agent's: a build's egg-info as stray files, a touched file in the
+    Jaccard, a generated pytest.ini undone for the test run as the agent's configuration."""
+    from vivace.bench.runner import run_task
+    from vivace.config import load_preset
+    from vivace.sandbox import open_backend
+
+    setup = (
+        "mkdir pkg.egg-info && echo x > pkg.egg-info/PKG-INFO && printf '[pytest]\\n' > pytest.ini && echo >> README.md"
+    )
+    with_setup = task.model_copy(update={"setup": [setup]})
+    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    backend = open_backend(cfg.sandbox)
+    try:
+        _, plain = await run_task(OraclePolicy().for_task(task), task, cfg, backend)
+        traj, built = await run_task(OraclePolicy().for_task(with_setup), with_setup, cfg, backend)
+    finally:
+        await backend.aclose()
+    assert "pkg.egg-info/PKG-INFO" in traj.diff  # the workspace's diff still shows all of it
+    assert built.resolved and (built.adherence, built.total) == (plain.adherence, plain.total) == (1.0, plain.total)
+    assert built.details["setup_changes_left_out"] == ["README.md", "pkg.egg-info/PKG-INFO", "pytest.ini"]
+    assert built.details["pytest_config_undone"] == [] and "setup_changes_left_out" not in plain.details

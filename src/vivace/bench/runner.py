@@ -181,9 +181,10 @@ async def run_task(
             res = await ws.exec(command, timeout=cfg.sandbox.timeout_s)
             if res.exit_code != 0:
                 raise RuntimeError(f"setup command {command!r} failed ({res.exit_code}): {res.stderr[-500:]}")
+        setup_diff = await ws.diff() if task.setup else ""  # what the setup changed is not the agent's
         bound = policy.for_task(task) if hasattr(policy, "for_task") else policy
         traj = await run_episode(bound, ws, task.request, cfg.agent, task_id=task.id, seed=seed)
-        return traj, await score(task, traj, ws, cfg.score)
+        return traj, await score(task, traj, ws, cfg.score, setup_diff=setup_diff)
     finally:
         await ws.close()
 

@@ -65,9 +65,13 @@ class Score(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)  # every measured number behind the components
 
 
-async def score(task: Task, traj: Trajectory, workspace: Workspace, weights: ScoreConfig | None = None) -> Score:
+async def score(
+    task: Task, traj: Trajectory, workspace: Workspace, weights: ScoreConfig | None = None, setup_diff: str = ""
+) -> Score:
+    """`setup_diff`: the workspace's diff after the task's setup commands ran, before the agent (they
+    run in the workspace, so what they changed is in the episode's diff too, and is not the agent's)."""
     w = weights or ScoreConfig()
-    agent = parse_patch(traj.diff)
+    agent, by_setup = agent_changes(traj.diff, setup_diff)
     reference = parse_patch(task.reference_patch)
     tests, test_details = await _correctness(task, agent, workspace)
     adherence, adherence_details = await _adherence(agent, reference, workspace)
@@ -79,6 +83,7 @@ async def score(task: Task, traj: Trajectory, workspace: Workspace, weights: Sco
     total = correct * (w.correctness + w.adherence * adherence + w.efficiency * efficiency)
     total -= w.claims * (1 - claims) + w.format * (1 - fmt)
     details = {
+        **({"setup_changes_left_out": by_setup} if by_setup else {}),
         **test_details,
         **adherence_details,
         **efficiency_details,
@@ -100,6 +105,16 @@ async def score(task: Task, traj: Trajectory, workspace: Workspace, weights: Sco
         resolved=tests,
         details=details,
     )
+
+
+def agent_changes(diff: str, setup_diff: str = "") -> tuple[list[FileChange], list[str]]:
+    """(the agent's changes, the paths left out as the setup's): the episode's diff less each path
+    whose section is exactly what the setup left (a build's egg-info, a generated config). A path
+    the agent changed further counts as the agent's, setup's part with it."""
+    setup = {c.path: c.text for c in parse_patch(setup_diff)}
+    changes = parse_patch(diff)
+    by_setup = [c.path for c in changes if setup.get(c.path) == c.text]
+    return [c for c in changes if setup.get(c.path) != c.text], by_setup
 
 
 async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tuple[bool, dict[str, Any]]:
