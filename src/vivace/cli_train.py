@@ -65,7 +65,9 @@ def train_command(
     seed: Annotated[
         int | None, typer.Option(help="Seed of the task order, sampling and held-out draw (default: the config's).")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="Run directory name under runs/ (default: train-DATE-TIME).")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Run directory name under train.runs_dir (default: train-DATE-TIME).")
+    ] = None,
     resume: Annotated[
         Path | None, typer.Option(help="Continue the run in this directory from its last checkpoint.")
     ] = None,
@@ -108,6 +110,8 @@ def train_command(
         else:
             cfg = load_config(preset, config_file)
         if steps is not None:
+            if steps < 1:
+                raise _Refused(f"--steps {steps}: a run needs at least 1 step; give --steps 1 or more")
             cfg.train.steps = steps
         if seed is not None:
             cfg.train.seed = seed
@@ -118,6 +122,7 @@ def train_command(
             check_reachable(address)
         # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
         tasks = training_tasks(cfg)
+        warnings = check_train_config(cfg, tasks)
         check_model_and_data(cfg)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
@@ -135,6 +140,8 @@ def train_command(
     except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (new_run_dir's FileExistsError)
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+    for warning in warnings:  # legal, but likely not what was meant: said once, before the run
+        err.print(f"[yellow]warning:[/] {warning}")
     with lock:
         _train_locked(cfg, run_dir, resume is not None, tasks, eval_tasks, address, local, as_json)
 
@@ -169,6 +176,7 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
     live = Live(render(), console=err, refresh_per_second=2) if err.is_terminal and not as_json else None
 
     def on_step(row: dict) -> None:
+        trained.append(row.get("samples", 0))
         if as_json:
             print(json.dumps(row), flush=True)
         elif live is None:
@@ -178,6 +186,7 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
             live.update(render())
 
     stop, received = threading.Event(), []  # received: the stop signals, in order
+    trained: list[int] = []  # samples trained per step of this process
 
     def stopping(signum: int) -> None:
         said = _SIGNAL_NAMES[signum]
@@ -215,6 +224,8 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
         loss.say_stopped()
         raise typer.Exit(1)
     loss.cancel()
+    if trained and not any(trained):
+        err.print(f"[yellow]warning:[/] {_nothing_trained(run_dir, len(trained))}")
     stopped = summary.get("stopped_by") == "interrupted"  # before the configured steps
     if received and received[0] == signal.SIGTERM:  # the machine is going away: no time for the evaluation
         err.print(f"[yellow]stopped by SIGTERM {_stopped_at(run_dir, cfg)}; continue with "
@@ -287,6 +298,92 @@ class _ClusterLoss:
 
 class _Refused(Exception):
     """A resume or a new run this command will not start (exit 2, no traceback)."""
+
+
+def check_train_config(cfg: VivaceConfig, tasks: list) -> list[str]:
+    """What the config's fields alone cannot say, checked before the run directory and Ray: a
+    setting that can never train is a ValueError naming it and what to do; one that is legal but
+    likely not what was meant comes back as a warning (printed once, before the run)."""
+    tc, warnings = cfg.train, []
+    s = cfg.score
+    if not any((s.correctness, s.adherence, s.efficiency, s.claims, s.format, tc.milestone_read, tc.milestone_edit)):
+        raise ValueError("score: every weight is 0 (and train.milestone_read and train.milestone_edit too), so every "
+                         "reward is 0 and no group can train; give score.correctness a weight above 0 (default 1.0)")  # fmt: skip
+    context, prompt = _model_limits(tc.model)
+    if prompt >= context:
+        raise ValueError(f"train.model: its context is {context} tokens and the agent's system turn alone takes "
+                         f"{prompt}: no episode can start; give a model with a longer context")  # fmt: skip
+    if tc.eval_tasks:
+        _check_baselines(tc.eval_baselines)
+    if cfg.engine.temperature == 0 or cfg.engine.top_k == 1:
+        knob = "engine.temperature is 0" if cfg.engine.temperature == 0 else "engine.top_k is 1"
+        warnings.append(f"{knob}: rollouts are greedy, so a group's {tc.group_size} rollouts come out the same, "
+                        "score alike and train nothing; sample (engine.temperature 0.7, engine.top_k 0) to train, "
+                        "and set train.eval_temperature 0 for a greedy evaluation")  # fmt: skip
+    if cfg.agent.max_tokens <= prompt:
+        warnings.append(f"agent.max_tokens {cfg.agent.max_tokens} is not above the {prompt} tokens of the agent's "
+                        "system turn: every episode stops after its first turn (stop reason max_tokens) and can "
+                        "neither edit nor test; it counts the whole conversation: give "
+                        f"{prompt + 4 * cfg.agent.max_turn_tokens} or more (agent.max_turn_tokens limits one turn)")  # fmt: skip
+    if cfg.agent.max_turn_tokens >= context:
+        warnings.append(f"agent.max_turn_tokens {cfg.agent.max_turn_tokens} is not below the model's context "
+                        f"({context} tokens): a turn ends where the context does, {context - prompt} tokens after "
+                        "the system turn at most")  # fmt: skip
+    if tc.pipeline == "async" and tc.max_staleness == 0:
+        warnings.append("train.pipeline async with train.max_staleness 0: no rollout may run ahead of the trainer, "
+                        "so it runs as sync; give max_staleness 1 or more to overlap rollouts with updates")  # fmt: skip
+    if tc.tasks_per_step > len(tasks):
+        warnings.append(f"train.tasks_per_step {tc.tasks_per_step} is more than the {len(tasks)} training "
+                        f"task{'s' if len(tasks) != 1 else ''}: a step rolls out some tasks more than once")  # fmt: skip
+    return warnings
+
+
+def _model_limits(spec: str) -> tuple[int, int]:
+    """train.model's context (positions) and the length of the agent's system turn with its tokenizer;
+    a model without weights is refused here, not in the trainer after Ray has started."""
+    from vivace.harness.chat import ChatFormat
+    from vivace.harness.messages import Message
+    from vivace.harness.prompts import SYSTEM_PROMPT
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import tool_schema
+    from vivace.model.checkpoint import load_tokenizer, model_config, require_weights
+
+    try:
+        tokenizer = load_tokenizer(spec)
+        config = model_config(spec)
+        require_weights(spec)
+    except ValueError as e:
+        raise ValueError(f"train.model: {e}") from None
+    context = getattr(config, "max_position_embeddings", None) or 1 << 30
+    tools = [tool_schema(t) for t in default_tools()]
+    prompt = len(ChatFormat(tokenizer).prompt_ids([Message("system", SYSTEM_PROMPT), Message("user", "")], tools))
+    return context, prompt
+
+
+def _check_baselines(specs: list[str]) -> None:
+    """train.eval_baselines, checked before the run: an unknown one would stop the evaluation after training."""
+    from vivace.harness.policies import load_policy
+
+    for spec in specs:
+        model = spec.startswith(("http://", "https://", "tokens:")) or spec in ("tiny", "tiny-init")
+        if model or (Path(spec).expanduser() / "config.json").is_file():  # models: loaded when evaluated
+            continue
+        try:
+            load_policy(spec)  # scripted ones: cheap, and a replay file is read
+        except (ValueError, OSError) as e:
+            raise ValueError(f"train.eval_baselines: {e}") from None
+
+
+def _nothing_trained(run_dir: Path, steps: int) -> str:
+    """Why a run whose steps all trained nothing did so, from its metrics: the policy is unchanged."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line][-steps:]
+    keys = ("groups_zero_variance", "groups_same_correctness", "rollouts_failed", "samples_too_stale",
+            "samples_masked_truncated", "samples_without_tokens")  # fmt: skip
+    why = ", ".join(f"{k} {n}" for k in keys if (n := sum(r.get(k, 0) for r in rows)))
+    return (f"no step trained anything ({sum(r.get('groups', 0) for r in rows)} groups over {len(rows)} steps: "
+            f"{why or 'no samples'}); the policy is unchanged. Groups whose rollouts all score alike carry no "
+            "signal: sample more diversely (engine.temperature), or give more rollouts per task (train.group_size) "
+            "or easier tasks")  # fmt: skip
 
 
 def _step_of(checkpoint: Path) -> int:

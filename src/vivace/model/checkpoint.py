@@ -176,6 +176,27 @@ def model_dir(spec: str) -> Path:
     return path
 
 
+# Weight files of a Hugging Face checkpoint directory (one file, or an index of shards).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def require_weights(spec: str) -> None:
+    """ValueError when the checkpoint directory `spec` has a config but no weight files (`tiny` and
+    `tiny-init` without a shipped checkpoint are initialised, and need none): found before a
+    trainer loads it after minutes of start-up, not there."""
+    if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
+        return
+    path = model_dir(spec)
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{spec} has a config but no weights ({', '.join(WEIGHT_FILES[:3])}); give `tiny` "
+                         "or a complete checkpoint directory (as save_checkpoint writes it)")  # fmt: skip
+
+
 def model_config(spec: str) -> PretrainedConfig:
     """The config of `tiny`, `tiny-init` or a checkpoint directory, without loading the weights;
     ValueError if `spec` names no model or its config.json cannot be read."""
