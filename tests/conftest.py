@@ -171,3 +171,18 @@ def unprivileged() -> list[str]:
     if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip("needs setpriv to drop root's file-permission override")
     return prefix
+
+
+async def benchmark_episodes(state_dir: Path, *episodes) -> list:
+    """(trajectory, score) of each (policy, task) in `episodes`, run as the benchmark and RL run an
+    episode (bench.runner.run_task: setup, the agent, scoring), on the plain backend."""
+    from vivace.bench.runner import run_task
+    from vivace.config import load_preset
+    from vivace.sandbox import open_backend
+
+    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(state_dir)})
+    backend = open_backend(cfg.sandbox)
+    try:
+        return [await run_task(policy.for_task(task), task, cfg, backend) for policy, task in episodes]
+    finally:
+        await backend.aclose()

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from conftest import benchmark_episodes
 from vivace.bench.patch import parse_patch
 from vivace.tasks.families import FAMILIES, MULTI_FILE, _make_task, _misspell, bugs, generate_families, run_project
 from vivace.tasks.projects import THEMES, generated_theme, make_project, split_of_theme
@@ -104,18 +105,11 @@ def test_bug_candidates_stay_in_the_package():
 
 async def test_oracle_solves_a_multi_file_task_and_random_edit_does_not_crash(state_dir):
     from vivace.bench.baselines import OraclePolicy, RandomEditPolicy
-    from vivace.bench.runner import run_task
-    from vivace.config import load_preset
-    from vivace.sandbox import open_backend
 
     task = _task_for("wrong_keyword", seed=3)
-    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(state_dir)})
-    backend = open_backend(cfg.sandbox)
-    try:
-        traj, score = await run_task(OraclePolicy().for_task(task), task, cfg, backend)
-        _, random_score = await run_task(RandomEditPolicy().for_task(task), task, cfg, backend)
-    finally:
-        await backend.aclose()
+    (traj, score), (_, random_score) = await benchmark_episodes(
+        state_dir, (OraclePolicy(), task), (RandomEditPolicy(), task)
+    )
     assert score.resolved
     reads = [c for t in traj.turns for c in t.tool_calls if c.name == "read_file"]
     assert {c.arguments["path"] for c in reads} == {task.metadata["file"], *task.metadata["context_files"]}

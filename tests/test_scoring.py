@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_backend
+from conftest import benchmark_episodes, make_backend
 from vivace.bench.baselines import OraclePolicy, RandomEditPolicy, RandomPolicy
 from vivace.bench.score import score, unsupported_claims
 from vivace.harness.agent import run_episode
@@ -154,21 +154,13 @@ async def test_what_the_setup_changed_is_not_the_agents(task, state_dir):
     """A task's setup commands run in the workspace before the agent, so what they changed was in the
     episode's diff and scored as the agent's: a build's egg-info as stray files, a touched file in the
     Jaccard, a generated pytest.ini undone for the test run as the agent's configuration."""
-    from vivace.bench.runner import run_task
-    from vivace.config import load_preset
-    from vivace.sandbox import open_backend
-
     setup = (
         "mkdir pkg.egg-info && echo x > pkg.egg-info/PKG-INFO && printf '[pytest]\\n' > pytest.ini && echo >> README.md"
     )
     with_setup = task.model_copy(update={"setup": [setup]})
-    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(state_dir)})
-    backend = open_backend(cfg.sandbox)
-    try:
-        _, plain = await run_task(OraclePolicy().for_task(task), task, cfg, backend)
-        traj, built = await run_task(OraclePolicy().for_task(with_setup), with_setup, cfg, backend)
-    finally:
-        await backend.aclose()
+    (_, plain), (traj, built) = await benchmark_episodes(
+        state_dir, (OraclePolicy(), task), (OraclePolicy(), with_setup)
+    )
     assert "pkg.egg-info/PKG-INFO" in traj.diff  # the workspace's diff still shows all of it
     assert built.resolved and (built.adherence, built.total) == (plain.adherence, plain.total) == (1.0, plain.total)
     assert built.details["setup_changes_left_out"] == ["README.md", "pkg.egg-info/PKG-INFO", "pytest.ini"]
