@@ -84,13 +84,7 @@ def train_command(
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
     if ctx.invoked_subcommand is not None:
         return
-    from vivace.rl.controller import (
-        check_model_and_data,
-        load_run_config,
-        new_run_dir,
-        training_tasks,
-        write_atomic,
-    )
+    from vivace.rl.controller import load_run_config, new_run_dir, training_tasks, write_atomic
     from vivace.rl.evaluate import held_out_tasks
     from vivace.rl.workers import ClusterUnavailable, check_reachable
 
@@ -122,8 +116,7 @@ def train_command(
             check_reachable(address)
         # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
         tasks = training_tasks(cfg)
-        warnings = check_train_config(cfg, tasks)
-        check_model_and_data(cfg)
+        warnings = check_train_config(cfg, tasks)  # with the model and sft_data (check_model_and_data)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
             run_dir = new_run_dir(cfg, name)
@@ -304,15 +297,14 @@ def check_train_config(cfg: VivaceConfig, tasks: list) -> list[str]:
     """What the config's fields alone cannot say, checked before the run directory and Ray: a
     setting that can never train is a ValueError naming it and what to do; one that is legal but
     likely not what was meant comes back as a warning (printed once, before the run)."""
+    from vivace.rl.controller import check_model_and_data
+
     tc, warnings = cfg.train, []
     s = cfg.score
     if not any((s.correctness, s.adherence, s.efficiency, s.claims, s.format, tc.milestone_read, tc.milestone_edit)):
         raise ValueError("score: every weight is 0 (and train.milestone_read and train.milestone_edit too), so every "
                          "reward is 0 and no group can train; give score.correctness a weight above 0 (default 1.0)")  # fmt: skip
-    context, prompt = _model_limits(tc.model)
-    if prompt >= context:
-        raise ValueError(f"train.model: its context is {context} tokens and the agent's system turn alone takes "
-                         f"{prompt}: no episode can start; give a model with a longer context")  # fmt: skip
+    context, prompt = check_model_and_data(cfg)
     if tc.eval_tasks:
         _check_baselines(tc.eval_baselines)
     if cfg.engine.temperature == 0 or cfg.engine.top_k == 1:
@@ -338,35 +330,12 @@ def check_train_config(cfg: VivaceConfig, tasks: list) -> list[str]:
     return warnings
 
 
-def _model_limits(spec: str) -> tuple[int, int]:
-    """train.model's context (positions) and the length of the agent's system turn with its tokenizer;
-    a model without weights is refused here, not in the trainer after Ray has started."""
-    from vivace.harness.chat import ChatFormat
-    from vivace.harness.messages import Message
-    from vivace.harness.prompts import SYSTEM_PROMPT
-    from vivace.harness.tools import default_tools
-    from vivace.harness.tools.base import tool_schema
-    from vivace.model.checkpoint import load_tokenizer, model_config, require_weights
-
-    try:
-        tokenizer = load_tokenizer(spec)
-        config = model_config(spec)
-        require_weights(spec)
-    except ValueError as e:
-        raise ValueError(f"train.model: {e}") from None
-    context = getattr(config, "max_position_embeddings", None) or 1 << 30
-    tools = [tool_schema(t) for t in default_tools()]
-    prompt = len(ChatFormat(tokenizer).prompt_ids([Message("system", SYSTEM_PROMPT), Message("user", "")], tools))
-    return context, prompt
-
-
 def _check_baselines(specs: list[str]) -> None:
     """train.eval_baselines, checked before the run: an unknown one would stop the evaluation after training."""
-    from vivace.harness.policies import load_policy
+    from vivace.harness.policies import load_policy, names_model
 
     for spec in specs:
-        model = spec.startswith(("http://", "https://", "tokens:")) or spec in ("tiny", "tiny-init")
-        if model or (Path(spec).expanduser() / "config.json").is_file():  # models: loaded when evaluated
+        if names_model(spec):  # loaded when evaluated
             continue
         try:
             load_policy(spec)  # scripted ones: cheap, and a replay file is read

@@ -53,6 +53,16 @@ def deterministic(spec: str) -> bool:
     return spec == "scripted:null" or spec.startswith("scripted:replay:") or spec in _LAZY
 
 
+def names_model(spec: str) -> bool:
+    """Whether a spec names a model (an endpoint, `tiny`, a checkpoint directory), which loading
+    starts or reaches, rather than a scripted policy."""
+    return (
+        spec.startswith(("http://", "https://", "tokens:"))
+        or spec in ("tiny", "tiny-init")
+        or (Path(spec).expanduser() / "config.json").is_file()
+    )
+
+
 def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     """The policy a spec names; an unknown spec raises ValueError listing the valid forms.
     `engine` sets how a token-level model is run and sampled (temperature...)."""
@@ -66,11 +76,7 @@ def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     if spec in _LAZY:
         module, _, attr = _LAZY[spec].partition(":")
         return getattr(importlib.import_module(module), attr)()
-    if (
-        spec in ("tiny", "tiny-init")
-        or spec.startswith("tokens:")
-        or (Path(spec).expanduser() / "config.json").is_file()
-    ):
+    if names_model(spec):  # token level: tiny, a checkpoint directory, tokens:URL
         return importlib.import_module("vivace.inference.samplers").token_policy(spec, engine)
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 

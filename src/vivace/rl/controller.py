@@ -80,16 +80,33 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
     return tasks
 
 
-def check_model_and_data(cfg: VivaceConfig) -> None:
-    """train.model's tokenizer, and train.sft_data read as the trainer will read it, before the run
-    directory exists: a wrong model path or a bad data file stops here, not in a trainer rank after
-    the first rollouts (the weights are read there)."""
-    from vivace.model.checkpoint import load_tokenizer
+def check_model_and_data(cfg: VivaceConfig) -> tuple[int, int]:
+    """train.model (its tokenizer, config and weight files; a context that holds the agent's system
+    turn) and train.sft_data read as the trainer will read it, before the run directory exists: a
+    wrong model path or a bad data file stops here, not in a trainer rank after the first rollouts
+    (the weights are read there). Returns the model's context and the system turn's length in tokens."""
+    from vivace.harness.chat import ChatFormat
+    from vivace.harness.messages import Message
+    from vivace.harness.prompts import SYSTEM_PROMPT
+    from vivace.harness.tools import default_tools
+    from vivace.harness.tools.base import tool_schema
+    from vivace.model.checkpoint import load_tokenizer, model_config, require_weights
 
     tc = cfg.train
-    vocab = len(load_tokenizer(tc.model))
+    try:
+        tokenizer = load_tokenizer(tc.model)
+        config = model_config(tc.model)
+        require_weights(tc.model)
+    except ValueError as e:
+        raise ValueError(f"train.model: {e}") from None
+    context = getattr(config, "max_position_embeddings", None) or 1 << 30
+    tools = [tool_schema(t) for t in default_tools()]
+    prompt = len(ChatFormat(tokenizer).prompt_ids([Message("system", SYSTEM_PROMPT), Message("user", "")], tools))
+    if prompt >= context:
+        raise ValueError(f"train.model: its context is {context} tokens and the agent's system turn alone takes "
+                         f"{prompt}: no episode can start; give a model with a longer context")  # fmt: skip
     if tc.sft_data is None or tc.sft_coef == 0:  # the trainer does not read it
-        return
+        return context, prompt
     from vivace.rl.sft_train import read_episodes
 
     path = Path(tc.sft_data)
@@ -97,7 +114,8 @@ def check_model_and_data(cfg: VivaceConfig) -> None:
         what = "is a directory" if path.is_dir() else "does not exist"
         raise ValueError(f"{path}: train.sft_data {what}; give a JSONL file made by `vivace sft data`, or null")
     # Ids are checked against the tokenizer, as `vivace sft train` does: one beyond it is no token of this model.
-    read_episodes(path, vocab)  # an SftDataError (a ValueError) naming file and line
+    read_episodes(path, len(tokenizer))  # an SftDataError (a ValueError) naming file and line
+    return context, prompt
 
 
 class TaskOrder:
