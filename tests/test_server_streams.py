@@ -5,10 +5,12 @@ while it reads. Over real HTTP; the logs and the stop through the real `vivace s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -20,10 +22,10 @@ import vivace.sandbox.client as client_module
 from conftest import make_backend
 from test_server_limits import _open_files_named, _peak_rss, _reset_peak_rss, _start_serve, _until_closed
 from vivace.config import PoolConfig
-from vivace.sandbox import NotAFileError, SandboxError
+from vivace.sandbox import BackendUnavailable, NotAFileError, SandboxError
 from vivace.sandbox.background import BackgroundServer
 from vivace.sandbox.client import EnvClient, RemoteWorkspace
-from vivace.sandbox.server import create_app
+from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, ClosingServer, create_app
 
 STREAMED = 16 << 20  # over a chunk (256 KiB), so streamed; over what the socket buffers hold, so it stalls
 
@@ -75,7 +77,7 @@ async def test_a_reader_that_stops_reading_is_let_go(tmp_path, repo):
     vivace_level = logging.getLogger("vivace.sandbox.server").level
     logging.getLogger("vivace.sandbox.server").setLevel(logging.DEBUG)
     try:
-        async with EnvClient(server.url, "t") as client:
+        async with EnvClient(server.url, "t", busy_retry_s=0) as client:  # 0: refused at once, not repeated
             ws = await client.create(str(repo))
             await ws.exec(
                 f"truncate -s {STREAMED} a.bin && truncate -s {STREAMED} b.bin && truncate -s {STREAMED} c.bin"
@@ -114,6 +116,126 @@ async def test_a_reader_that_stops_reading_is_let_go(tmp_path, repo):
         ("WARNING", f"a read of {name!r} from workspace {ws.id} cut short: its client took nothing for 1 s "
                     "(server.file_stream_stall_s)") for name in ("a.bin", "b.bin")]  # fmt: skip
     assert not [m for m in messages if m[0] in ("ERROR", "CRITICAL")], messages
+
+
+@contextlib.asynccontextmanager
+async def _one_stream_held(tmp_path, repo, **client_kw):
+    """A server that streams one file at a time, that one held by a reader taking nothing (the socket,
+    to hang up); a workspace with a streamed file of random bytes, its digest; the statuses answered."""
+    app = create_app(make_backend("plain", tmp_path / "state"), PoolConfig(), "t", own_backend=True, max_file_streams=1)
+    server = BackgroundServer(app).start()
+    statuses: list[int] = []
+
+    async def seen(response: httpx.Response) -> None:
+        statuses.append(response.status_code)
+
+    try:
+        async with EnvClient(server.url, "t", **client_kw) as client:
+            ws = await client.create(str(repo))
+            made = await ws.exec(f"head -c {STREAMED} /dev/urandom > wanted.bin && sha256sum wanted.bin")
+            await ws.exec(f"truncate -s {STREAMED} held.bin")
+            client._http.event_hooks["response"].append(seen)
+            held = _stalled_reader(server.url, "t", ws.id, "held.bin")
+            try:
+                yield ws, made.stdout.split()[0], held, statuses
+            finally:
+                held.close()
+    finally:
+        server.stop()
+
+
+async def test_a_read_refused_as_busy_is_repeated_until_a_stream_frees(tmp_path, repo):
+    """A read refused as "busy" (server.max_file_streams) failed at once: in training, an episode lost
+    as an environment error. Now it is repeated after the server's Retry-After, and gets the file."""
+    async with _one_stream_held(tmp_path, repo) as (ws, digest, held, statuses):
+        reading = asyncio.ensure_future(ws.read_bytes("wanted.bin"))
+        for _ in range(200):
+            if statuses or reading.done():
+                break
+            await asyncio.sleep(0.01)
+        held.close()  # its stream ends as its reader hangs up: the slot is free again
+        data = await asyncio.wait_for(reading, 10)
+    assert hashlib.sha256(data).hexdigest() == digest
+    assert statuses[0] == 503 and statuses[-1] == 200 and set(statuses[:-1]) == {503}, statuses
+
+
+async def test_a_read_busy_past_its_budget_fails_naming_the_tries(tmp_path, repo, monkeypatch):
+    """Repeated for `busy_retry_s` at most, then the server's busy error, saying how often it was tried."""
+    monkeypatch.setattr(client_module, "BUSY_WAIT_CAP_S", 0.1, raising=False)  # the server asks for 1 s
+    async with _one_stream_held(tmp_path, repo, busy_retry_s=1.0) as (ws, _, _, statuses):
+        t0 = time.monotonic()
+        with pytest.raises(SandboxError, match=r"1 file reads are streaming .* \(still busy after (\d+) tries in") as e:
+            await ws.read_bytes("wanted.bin")
+        took = time.monotonic() - t0
+    tries = int(re.search(r"after (\d+) tries", str(e.value))[1])
+    assert 0.8 < took < 3 and tries >= 3 and statuses == [503] * tries, (took, tries, statuses)
+
+
+async def test_only_busy_is_repeated():
+    """A 503 for another reason (the server stopping, a backend missing, a proxy's page) may come after
+    work began, or says nothing of when to come back: raised at once, as before."""
+    others = [
+        (BackendUnavailable, "^no bwrap$", httpx.Response(503, json={"error": {"kind": "backend_unavailable", "message": "no bwrap"}})),
+        (SandboxError, r"^the server is stopping$", httpx.Response(503, json={"error": {"kind": "shutting_down", "message": "the server is stopping"}}, headers={"Retry-After": "0"})),
+        (SandboxError, "HTTP 503: <html>busy", httpx.Response(503, text="<html>busy", headers={"Retry-After": "0"})),
+    ]  # fmt: skip
+    for error, said, other in others:
+        busy = httpx.Response(503, json={"error": {"kind": "busy", "message": "busy"}}, headers={"Retry-After": "0"})
+        answers = [busy, other, httpx.Response(200, content=b"never asked for")]
+        asked = []
+
+        def answer(request: httpx.Request, answers=answers, asked=asked) -> httpx.Response:
+            asked.append(request.method)
+            return answers.pop(0)
+
+        ws = _workspace_answering(answer)
+        try:
+            with pytest.raises(error, match=said):
+                await ws.read_bytes("f")
+        finally:
+            await ws.client.aclose()
+        assert asked == ["GET", "GET"]  # busy repeated once, then the other answer raised
+
+
+def _server_end_open(server_port: int, client_port: int) -> bool:
+    """Whether this process holds a descriptor of the server's end of the connection from `client_port`."""
+    inodes = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, remote, inode = (line.split()[i] for i in (1, 2, 9))
+        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == client_port:
+            inodes.add(f"socket:[{inode}]")
+    found = False
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed since the listing
+            found |= os.readlink(f"/proc/self/fd/{fd}") in inodes
+    return found
+
+
+async def test_a_stalled_reader_s_connection_is_dropped(tmp_path, repo):
+    """A stream cut short for stalling left its connection open (uvicorn closes it only once its buffered
+    bytes are sent, which a client taking nothing never lets it): a descriptor held until the client
+    left. Under ClosingServer (`serve`, the Ray actor) the connection is now dropped with the stream."""
+    app = create_app(make_backend("plain", tmp_path / "state"), PoolConfig(), "t", own_backend=True,
+                     file_stream_stall_s=0.5)  # fmt: skip
+    server = BackgroundServer(app, server_class=ClosingServer, graceful_s=GRACEFUL_BACKSTOP_S).start()
+    try:
+        async with EnvClient(server.url, "t") as client:
+            ws = await client.create(str(repo))
+            await ws.exec(f"truncate -s {STREAMED} held.bin")
+            sock = _stalled_reader(server.url, "t", ws.id, "held.bin")
+            assert _server_end_open(server.port, sock.getsockname()[1])
+            await _until_closed("held.bin")  # cut short for stalling
+            for _ in range(40):
+                if not _server_end_open(server.port, sock.getsockname()[1]):
+                    break
+                await asyncio.sleep(0.05)
+            held = _server_end_open(server.port, sock.getsockname()[1])
+            rest = await asyncio.to_thread(_rest_of, sock)  # what it had sent already, then the end
+            await ws.close()
+    finally:
+        server.stop()
+    assert not held, "the server still holds the connection of the reader it cut short"
+    assert len(rest) < STREAMED and not rest.endswith(b"\r\n0\r\n\r\n")  # incomplete, as before
 
 
 def _server_files(pid: int, name: str) -> int:

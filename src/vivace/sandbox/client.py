@@ -5,18 +5,24 @@ and creates `RemoteWorkspace`s, which implement exactly the methods of `base.Wor
 return the same dataclasses. Server errors are re-raised as the same exception classes as
 the in-process backend (chosen by the error's `kind`), so callers cannot tell the two apart.
 
-Not guaranteed: retries (a request that failed in transit is not repeated: exec is not
-idempotent), and translating transport failures (refused connection, timeout) -- those
-surface as `httpx.TransportError`. Any other HTTP error, and a success whose body is not
-what the server sends (another service on that port, a proxy's page), becomes a
-`SandboxError`.
+A request the server refuses as "busy" (503, at `server.max_file_streams`) is repeated after
+the Retry-After it asks for, for up to `busy_retry_s` (the client's timeout by default): the
+server refuses so before doing any work, so repeating is safe. Not guaranteed: other retries
+(a request that failed in transit, or was refused otherwise, "shutting_down" included, is not
+repeated: exec is not idempotent), and translating transport failures (refused connection,
+timeout) -- those surface as `httpx.TransportError`. Any other HTTP error, and a success
+whose body is not what the server sends (another service on that port, a proxy's page),
+becomes a `SandboxError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import io
+import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
@@ -37,6 +43,9 @@ from vivace.sandbox.paths import MAX_READ_BYTES
 from vivace.sandbox.snapshot import SnapshotSource
 
 EXEC_MARGIN_S = 30.0  # beyond the command's own limit: killing it and returning its output
+# The longest wait between tries of a request refused as "busy", whatever Retry-After says: a stream
+# slot may free at any moment, and a server (or proxy) asking for minutes would outlast the budget.
+BUSY_WAIT_CAP_S = 5.0
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -55,6 +64,21 @@ def _raise_for(response: httpx.Response) -> None:
     if kind == "os_error" and isinstance(err.get("errno"), int):
         raise OSError(err["errno"], message)  # the same subclass (FileNotFoundError, ...) and str as in-process
     raise ERRORS_BY_KIND.get(kind, SandboxError)(message)
+
+
+def _busy_retry_after(response: httpx.Response) -> float | None:
+    """The seconds to wait before repeating a request the server refused as "busy"; None for any other answer."""
+    if response.status_code != 503:
+        return None
+    try:
+        if response.json()["error"]["kind"] != "busy":
+            return None
+    except (ValueError, KeyError, TypeError):  # not our error body: a proxy's 503 is not known to be safe to repeat
+        return None
+    try:
+        return max(0.1, float(response.headers.get("retry-after", "")))  # never 0: tries without a pause
+    except ValueError:  # missing, or an HTTP date (never sent by our server)
+        return 1.0
 
 
 def _json(response: httpx.Response, build: Any = dict) -> Any:
@@ -117,9 +141,20 @@ async def _file_body(response: httpx.Response, path: str) -> bytes:
 class EnvClient:
     """Talks to one environment server; share one instance across many workspaces."""
 
-    def __init__(self, base_url: str, token: str, timeout: float = 60.0, max_connections: int = 1024) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = 60.0,
+        max_connections: int = 1024,
+        busy_retry_s: float | None = None,
+    ) -> None:
+        """`busy_retry_s`: how long a request refused as "busy" keeps being repeated (0: never); None: `timeout`,
+        which the caller already allows one answer, and which covers the server's default stall limit (60 s)
+        after which slots held by readers that stopped reading are freed."""
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.busy_retry_s = timeout if busy_retry_s is None else busy_retry_s
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {token}"},
@@ -128,21 +163,42 @@ class EnvClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
-    async def request(
-        self, method: str, path: str, *, timeout: Any = httpx.USE_CLIENT_DEFAULT, **kw: Any
-    ) -> httpx.Response:
-        response = await self._http.request(method, path, timeout=timeout, **kw)
-        _raise_for(response)
-        return response
+    async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        return await self._send(method, path, stream=False, **kw)
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, **kw: Any) -> AsyncIterator[httpx.Response]:
         """`request`, with the body of a success left to read from the response as it arrives."""
-        async with self._http.stream(method, path, **kw) as response:
-            if not response.is_success:
-                await response.aread()  # the server's error is a small JSON body
-                _raise_for(response)
+        response = await self._send(method, path, stream=True, **kw)
+        try:
             yield response
+        finally:
+            await response.aclose()
+
+    async def _send(self, method: str, path: str, *, stream: bool, **kw: Any) -> httpx.Response:
+        """A success, or the server's error raised. Refused as "busy", the request is repeated after the
+        server's Retry-After (at most BUSY_WAIT_CAP_S, times 1-1.5 at random, so that readers refused
+        together do not all come back together) while `busy_retry_s` allows. Any request: the server
+        refuses as busy before doing any work (server.Busy); today only a streamed file read is."""
+        start, tries = time.monotonic(), 0
+        while True:
+            response = await self._http.send(self._http.build_request(method, path, **kw), stream=stream)
+            tries += 1
+            if response.is_success:
+                return response
+            try:
+                await response.aread()  # the server's error is a small JSON body
+            finally:
+                await response.aclose()
+            after = _busy_retry_after(response)
+            if after is None:
+                _raise_for(response)
+            wait = min(after, BUSY_WAIT_CAP_S) * random.uniform(1.0, 1.5)
+            if time.monotonic() + wait > start + self.busy_retry_s:
+                message, took = response.json()["error"].get("message", "busy"), time.monotonic() - start
+                said = f"still busy after {tries} tr{'y' if tries == 1 else 'ies'} in {took:.1f} s"
+                raise ERRORS_BY_KIND.get("busy", SandboxError)(f"{message} ({said})")  # as _raise_for would
+            await asyncio.sleep(wait)
 
     async def create(self, source: SnapshotSource | str) -> RemoteWorkspace:
         """A fresh workspace over `source` (a path on the server's machine)."""

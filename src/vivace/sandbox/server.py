@@ -30,12 +30,11 @@ short, drops connections whose client takes nothing, and closes every workspace 
 handed out, within a few seconds (inside Docker's and Kubernetes' 10 s stop grace); also when
 forced (a second Ctrl-C). Not guaranteed: TLS (bind to loopback, or put it behind a proxy),
 isolation between token holders (a token holder may snapshot any path the server can read and
-use every workspace), closing the connection of a stream cut short while its client takes
-nothing (uvicorn closes it only once its buffered bytes are sent: the socket stays, as any slow
-client's does; a proxy in front bounds those), a prompt stop under plain uvicorn (which waits
-for running commands; `serve` and the Ray actor's servers run ClosingServer), and reaping of
-workspaces whose client vanished without closing them (they hold a pool slot until closed or
-until the server stops).
+use every workspace), under plain uvicorn: closing the connection of a stream cut short for
+stalling (uvicorn closes it only once its buffered bytes are sent: the socket stays, as any slow
+client's does; ClosingServer drops it) and a prompt stop (uvicorn waits for running commands;
+`serve` and the Ray actor's servers run ClosingServer), and reaping of workspaces whose client
+vanished without closing them (they hold a pool slot until closed or until the server stops).
 """
 
 from __future__ import annotations
@@ -110,7 +109,8 @@ class ShuttingDown(SandboxError):
 
 
 class Busy(SandboxError):
-    """The server is at a limit of work at once (`server.max_file_streams`): retry in a moment."""
+    """The server is at a limit of work at once (`server.max_file_streams`): retry in a moment. Raised
+    only before any work is done, so that a client may repeat any request refused so (client.py does)."""
 
     kind = "busy"
 
@@ -267,6 +267,8 @@ class FileStream(Response):
                 os.close(fd)
             else:  # cancelled (the server stopping) during a read: close once the thread is done with it
                 reading.add_done_callback(lambda _: os.close(fd))
+        if ended == "stalled":  # uvicorn would hold the connection until its client takes what is buffered
+            self.reg.drop_connection(scope)
         self._say_why(ended)
 
     async def _send(
@@ -347,6 +349,8 @@ class Registry:
         self.stop_now = asyncio.Event()  # set once the grace is over: running ones are cancelled
         self.running: set[asyncio.Future[Any]] = set()  # creates and execs in progress
         self.file_streams = 0  # FileStreams made and not yet ended
+        # Drops the connection of a request (its scope) at once, unsent bytes and all; set by ClosingServer.
+        self.drop_connection: Callable[[dict], None] = lambda scope: None
 
     def check_accepting(self) -> None:
         if self.stopping:
@@ -596,7 +600,18 @@ class ClosingServer(uvicorn.Server):
     running command held it for as long as the command ran; and when forced to exit (a second
     Ctrl-C, which its "CTRL+C to force quit" invites) it skips the app's shutdown. Here the app
     drains alongside uvicorn's wait (running calls get the app's short grace, then are cancelled
-    and answered), and the workspaces are closed, killing their commands, in either case."""
+    and answered), and the workspaces are closed, killing their commands, in either case. A stream
+    cut short for stalling has its connection dropped, which uvicorn would keep until sent."""
+
+    async def startup(self, sockets: Any = None) -> None:
+        self.config.app.state.registry.drop_connection = self._drop_connection
+        await super().startup(sockets)
+
+    def _drop_connection(self, scope: dict) -> None:
+        # By the scope itself, not its "client": behind a local proxy that is the forwarded address.
+        for connection in list(self.server_state.connections):
+            if getattr(getattr(connection, "cycle", None), "scope", None) is scope:
+                connection.transport.abort()  # frees the descriptor; close() would wait for the buffer to drain
 
     async def shutdown(self, sockets: Any = None) -> None:
         state = self.config.app.state
