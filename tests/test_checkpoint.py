@@ -4,11 +4,12 @@ names it and says what is wrong, never loaded as a silently different model."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 
-from vivace.model.checkpoint import TINY_DIR, load_model, load_tokenizer
+from vivace.model.checkpoint import TINY_DIR, load_model, load_tokenizer, require_weights
 
 
 @pytest.fixture
@@ -56,3 +57,56 @@ def test_model_and_tokenizer_loaders_agree_on_what_is_a_tokenizer(ckpt):
     for load in (load_model, load_tokenizer):
         with pytest.raises(ValueError, match="has no tokenizer"):
             load(str(ckpt))
+
+
+def in_memory_form(path):
+    """The weights rewritten as transformers holds them in memory (each MoE layer's experts fused into
+    one tensor), not as it saves them: its loader takes both."""
+    from safetensors.torch import save_file
+
+    state = load_model(str(path)).model.state_dict()
+    save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, path / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda p: None,
+     in_memory_form,
+     lambda p: (in_memory_form(p), edit_config(p, moe_intermediate_size=128)),
+     lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:-1]),
+     lambda p: edit_config(p, hidden_size=384),
+     lambda p: edit_config(p, num_hidden_layers=6),
+     lambda p: edit_config(p, num_hidden_layers=2),
+     lambda p: edit_config(p, tie_word_embeddings=False),  # no lm_head.weight in the file to untie
+     lambda p: edit_config(p, head_dim=64)],
+    ids=["intact", "fused-experts", "fused-experts-narrower", "one-byte-short", "wrong-width", "more-layers",
+         "fewer-layers", "untied", "wider-heads"],
+)  # fmt: skip
+def test_the_header_check_refuses_what_load_model_refuses(ckpt, damage):
+    """require_weights (headers and a meta-device model, for `vivace train`'s start) against the reference,
+    the trainer's own load: the same verdict, and the check names the file."""
+    damage(ckpt)
+    try:
+        load_model(str(ckpt))
+        loads = True
+    except ValueError:
+        loads = False
+    if loads:
+        require_weights(str(ckpt))
+    else:
+        with pytest.raises(ValueError, match=f"^{re.escape(str(ckpt / 'model.safetensors'))}"):
+            require_weights(str(ckpt))
+
+
+def test_a_checkpoint_that_does_not_load_to_resume_from_is_named(tmp_path):
+    """Trainer.load: a damaged trainer.pt (optimizer and step) is a ValueError naming the checkpoint."""
+    from vivace.config import TrainConfig
+    from vivace.rl.trainer import Trainer
+
+    trainer = Trainer("tiny-init", TrainConfig(model="tiny-init"))
+    trainer.save(tmp_path / "step_1")
+    trainer.load(tmp_path / "step_1")
+    state = tmp_path / "step_1" / "trainer.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'step_1'))}: cannot resume from this checkpoint"):
+        trainer.load(tmp_path / "step_1")

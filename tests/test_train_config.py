@@ -160,3 +160,88 @@ def test_config_file_errors_keep_their_style(tmp_path):
         f.write_text(json.dumps(sections))
         with pytest.raises(ValueError, match=rf"^{f}: {where}: .*`vivace config show` lists every setting"):
             load_config("smoke", f)
+
+
+def _tiny_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    from vivace.model.checkpoint import TINY_DIR
+
+    return Path(shutil.copytree(TINY_DIR, tmp_path / "model"))
+
+
+def _edit_config(model: Path, **changes) -> None:
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_weights_that_config_json_does_not_describe_are_refused_up_front(tmp_path):
+    """An edited dimension: the tensor, both shapes and what to do, at most 3 of the 96 mismatches."""
+    model = _tiny_copy(tmp_path)
+    _edit_config(model, moe_intermediate_size=128)
+    said = _refused(tmp_path, {"train": {"model": str(model)}})
+    assert f"train.model: {model / 'model.safetensors'} does not hold the model its config.json describes" in said
+    assert "model.layers.0.mlp.experts.0.down_proj.weight: the weights have shape (256, 256), config.json makes " \
+           "(256, 128)" in said  # fmt: skip
+    assert "; and 93 more. Fix config.json to match the weights, or save the checkpoint again" in said
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [(lambda b: b[: len(b) - 1000], "cut short: 15,502,232 bytes where its header describes 15,503,232"),
+     (lambda b: b[:5000], "cut short: 5,000 bytes, inside its header of"),
+     (lambda b: bytes(range(256)) * 40, "not a safetensors file"),
+     (lambda b: b"", "not a safetensors file; copy it again"),
+     (lambda b: b"version https://git-lfs.github.com/spec/v1\nsize 1\n", "a Git LFS pointer, not the weights")],
+    ids=["truncated-data", "truncated-header", "garbage", "empty", "lfs-pointer"],
+)  # fmt: skip
+def test_a_damaged_weight_file_is_refused_up_front(tmp_path, damage, words):
+    model = _tiny_copy(tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    said = _refused(tmp_path, {"train": {"model": str(model)}})
+    assert f"train.model: {weights}: {words}" in said
+
+
+def test_saved_checkpoints_pass_and_a_missing_shard_is_refused(tmp_path):
+    """As save_checkpoint writes it, and in shards (an index and the shards' headers, read together);
+    a shard the index lists must be there."""
+    from vivace.model.checkpoint import load_model, require_weights, save_checkpoint
+
+    tiny = load_model("tiny")
+    require_weights(str(save_checkpoint(tiny.model, tiny.tokenizer, tmp_path / "single")))
+    tiny.model.save_pretrained(tmp_path / "model", max_shard_size="4MB")
+    tiny.tokenizer.save_pretrained(tmp_path / "model")
+    shards = sorted((tmp_path / "model").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model" / "model.safetensors.index.json").is_file()
+    require_weights(str(tmp_path / "model"))
+    shards[-1].unlink()
+    said = _refused(tmp_path, {"train": {"model": str(tmp_path / "model")}})
+    assert f"model.safetensors.index.json lists the shard {shards[-1].name}, which is not in" in said
+
+
+def test_clip_low_of_1_or_more_is_refused(tmp_path):
+    """Its lower bound 1 - clip_low would be 0 or below: no bound on a ratio of probabilities."""
+    said = _refused(tmp_path, {"train": {"clip_low": 1.0}})
+    assert "train.clip_low: Input should be less than 1" in said
+    assert _train(tmp_path, {"train": {"clip_low": 0.99}})[0] == STARTED
+
+
+async def test_a_model_that_stops_loading_after_the_checks_ends_the_run_in_one_line(tmp_path):
+    """The weights changed between the check and the trainer's load: the trainer's ValueError, which
+    names the file (unwrapped from Ray's remote traceback by RayWorkers), ends the run as StartFailed."""
+    from vivace.rl.controller import StartFailed, train
+
+    class Workers:
+        closed = False
+
+        async def start(self, version, checkpoint):
+            raise ValueError("/m: cannot load the checkpoint's weights (truncated)")
+
+        async def close(self):
+            self.closed = True
+
+    workers = Workers()
+    with pytest.raises(StartFailed, match=r"^the run could not start: /m: cannot load the checkpoint's weights"):
+        await train(load_preset("smoke"), tmp_path, workers=workers)
+    assert workers.closed

@@ -142,7 +142,7 @@ def train_command(
 def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, eval_tasks: list, address: str | None,
                   local: bool, as_json: bool) -> None:  # fmt: skip
     """The run itself, while this process holds the run directory's lock."""
-    from vivace.rl.controller import NoExpertData, TrainerFailed, latest_checkpoint, train
+    from vivace.rl.controller import NoExpertData, StartFailed, TrainerFailed, latest_checkpoint, train
     from vivace.rl.workers import ClusterUnavailable, LocalWorkers, RayWorkers
 
     if cfg.sandbox.backend == "auto" and address is None:
@@ -197,6 +197,9 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
     except TrainerFailed as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
+    except StartFailed as e:  # a model or checkpoint that does not load: its one line says which and why
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from None
     except (NoExpertData, ClusterUnavailable) as e:  # a bad input, not a bug: no traceback
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e

@@ -300,7 +300,13 @@ class TrainConfig(_Strict):
         "many parameters with tiny, noisy gradients nearly still, so the update goes where the samples point.",
     )
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
-    clip_low: float = Field(0.2, ge=0, description="PPO clip range below 1.")
+    clip_low: float = Field(
+        0.2,
+        ge=0,
+        lt=1,
+        description="PPO clip range below 1: the ratio is clipped from below at 1 - clip_low, which must stay "
+        "above 0 (a ratio of probabilities is positive).",
+    )
     clip_high: float = Field(0.28, ge=0, description="PPO clip range above 1 (clip-higher).")
     is_cap: float = Field(2.0, ge=1, description="Cap of the sampler-to-trainer importance weight (truncated IS).")
     kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3); 0: off.")

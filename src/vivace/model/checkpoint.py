@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,7 +177,8 @@ def model_dir(spec: str) -> Path:
     return path
 
 
-# Weight files of a Hugging Face checkpoint directory (one file, or an index of shards).
+# Weight files of a Hugging Face checkpoint directory (one file, or an index of shards), in the order
+# transformers picks them: the first one present is what loads.
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -186,15 +188,125 @@ WEIGHT_FILES = (
 
 
 def require_weights(spec: str) -> None:
-    """ValueError when the checkpoint directory `spec` has a config but no weight files (`tiny` and
-    `tiny-init` without a shipped checkpoint are initialised, and need none): found before a
-    trainer loads it after minutes of start-up, not there."""
+    """ValueError when the checkpoint directory `spec` has a config but no weight files, or weights that
+    `load_model` would refuse: a safetensors file whose header cannot be read or whose data is cut short,
+    or tensor names or shapes other than those of the model its config.json describes (an edited
+    config.json, weights of another model). `tiny` and `tiny-init` without a shipped checkpoint are
+    initialised, and need none. Found before a trainer loads it after minutes of start-up, not there.
+
+    Cheap for any size: it reads the safetensors headers, not the weights, and builds the model on the
+    meta device (no memory). Not covered: .bin weights (pickles: no header to read without loading
+    them) and damaged bytes inside a file whose header and length are right."""
     if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
         return
     path = model_dir(spec)
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"{spec} has a config but no weights ({', '.join(WEIGHT_FILES[:3])}); give `tiny` "
                          "or a complete checkpoint directory (as save_checkpoint writes it)")  # fmt: skip
+    found = _weight_shapes(path)
+    if found is None:
+        return
+    file, shapes = found
+    problems = _mismatches(shapes, model_config(spec), path / "config.json")
+    if problems:
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise ValueError(f"{file} does not hold the model its config.json describes: {'; '.join(problems[:3])}"
+                         f"{more}. Fix config.json to match the weights, or save the checkpoint again")  # fmt: skip
+
+
+def _weight_shapes(path: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
+    """The safetensors weights transformers loads from checkpoint directory `path` (the file, or the
+    shards' index) and every tensor's shape in them, read from the headers; None for .bin weights."""
+    if (single := path / "model.safetensors").is_file():
+        return single, _header_shapes(single)
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index}: cannot read its weight_map ({type(e).__name__}: {e}); copy or save the "
+                         "checkpoint again") from None  # fmt: skip
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in shards:
+        if not (path / shard).is_file():
+            raise ValueError(f"{index} lists the shard {shard}, which is not in {path}; copy it there or save the "
+                             "checkpoint again")  # fmt: skip
+        shapes.update(_header_shapes(path / shard))
+    return index, shapes
+
+
+def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors file's header (its length in 8 bytes, then JSON), read
+    without reading or mapping the tensors (safetensors' own `safe_open` maps the whole file, which a
+    machine may refuse for one of 60 GB); ValueError naming the file and what to do when it is not a
+    safetensors file or not as long as its header says (a copy or download that stopped: safetensors
+    refuses both)."""
+    again = "copy it again or save the checkpoint again"
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(64)
+        if head.startswith(b"version https://git-lfs"):
+            raise ValueError(f"{file}: a Git LFS pointer, not the weights: fetch them (git lfs pull)")
+        n = int.from_bytes(head[:8], "little")
+        if len(head) < 8 or n > 100_000_000:  # safetensors' own limit on a header
+            raise ValueError(f"{file}: not a safetensors file; {again}")
+        if size < 8 + n:
+            raise ValueError(f"{file}: cut short: {size:,} bytes, inside its header of {8 + n:,}; {again}")
+        f.seek(8)
+        text = f.read(n)
+    try:
+        header = json.loads(text)
+        tensors = {name: t for name, t in header.items() if name != "__metadata__"}
+        shapes = {name: tuple(int(d) for d in t["shape"]) for name, t in tensors.items()}
+        end = 8 + n + max((t["data_offsets"][1] for t in tensors.values()), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise ValueError(f"{file}: not a safetensors file (its header is not one); {again}") from None
+    if size != end:
+        what = "cut short" if size < end else "too long"
+        raise ValueError(f"{file}: {what}: {size:,} bytes where its header describes {end:,}; {again}")
+    return shapes
+
+
+def _mismatches(found: dict[str, tuple[int, ...]], config: PretrainedConfig, config_file: Path) -> list[str]:
+    """How tensor shapes `found` in a checkpoint differ from the model `config` describes, each in words,
+    as `load_model` judges them (every tensor there, none extra, each of the model's shape); [] when
+    they fit."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4 holds every tensor as checkpoints store it
+        revert_weight_conversion = None
+    try:
+        with torch.device("meta"):  # names and shapes without memory for the weights
+            model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, TypeError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        return [f"{config_file} makes no model transformers can build ({first})"]
+    native = model.state_dict()
+    # transformers holds some tensors fused (an MoE layer's experts in one) and writes them unfused,
+    # as published checkpoints have them; its loader takes either form: compare with the file's.
+    forms = [native] + ([revert_weight_conversion(model, dict(native))] if revert_weight_conversion else [])
+    expected = {k: tuple(v.shape) for k, v in max(forms, key=lambda f: len(f.keys() & found.keys())).items()}
+    prefix = model.base_model_prefix  # a base model's checkpoint lacks it; the loader adds it
+    found = {k if k in expected or f"{prefix}.{k}" not in expected else f"{prefix}.{k}": v for k, v in found.items()}
+    # Tied (lm_head): the loader ties it to its source. transformers 4 has no all_tied_weights_keys.
+    tied = model._tied_weights_keys if getattr(config, "tie_word_embeddings", False) else None
+    optional = set(getattr(model, "all_tied_weights_keys", tied) or ())
+    # The loader's own exceptions: names a model declares ignorable, and buffers older checkpoints saved.
+    skip_missing = re.compile("|".join(model._keys_to_ignore_on_load_missing or ()) or "(?!)")
+    skip_extra = re.compile("|".join([*(model._keys_to_ignore_on_load_unexpected or ()), r"rotary_emb\.inv_freq",
+                                      r"(^|\.)position_ids$"]))  # fmt: skip
+
+    def shape(s: tuple[int, ...]) -> str:
+        return f"({', '.join(map(str, s))})"
+
+    wrong = [f"{k}: the weights have shape {shape(s)}, config.json makes {shape(expected[k])}"
+             for k, s in sorted(found.items()) if k in expected and s != expected[k]]  # fmt: skip
+    missing = [f"{k}: config.json's model has it, the weights do not" for k in sorted(expected)
+               if k not in found and k not in optional and not skip_missing.search(k)]  # fmt: skip
+    extra = [f"{k}: in the weights, not in config.json's model" for k in sorted(found)
+             if k not in expected and not skip_extra.search(k)]  # fmt: skip
+    return wrong + missing + extra
 
 
 def model_config(spec: str) -> PretrainedConfig:

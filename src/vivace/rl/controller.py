@@ -81,10 +81,11 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
 
 
 def check_model_and_data(cfg: VivaceConfig) -> tuple[int, int]:
-    """train.model (its tokenizer, config and weight files; a context that holds the agent's system
-    turn) and train.sft_data read as the trainer will read it, before the run directory exists: a
-    wrong model path or a bad data file stops here, not in a trainer rank after the first rollouts
-    (the weights are read there). Returns the model's context and the system turn's length in tokens."""
+    """train.model (its tokenizer, config, and weight files whose headers fit that config; a context
+    that holds the agent's system turn) and train.sft_data read as the trainer will read it, before the
+    run directory exists: a wrong model path, weights that do not load or a bad data file stop here,
+    not in a trainer rank after minutes of start-up (the weights themselves are read there). Returns
+    the model's context and the system turn's length in tokens."""
     from vivace.harness.chat import ChatFormat
     from vivace.harness.messages import Message
     from vivace.harness.prompts import SYSTEM_PROMPT
@@ -188,6 +189,11 @@ class TrainerFailed(RuntimeError):
     """The trainer failed; the run stopped at its last checkpoint."""
 
 
+class StartFailed(RuntimeError):
+    """The workers could not start: the model or the checkpoint to resume from does not load (changed since
+    `check_model_and_data`, or a checkpoint of the run that is damaged). Nothing was trained."""
+
+
 def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
     name = name or time.strftime("train-%Y%m%d-%H%M%S")
     path = (cfg.train.runs_dir / name).resolve()  # absolute: actors write into it from their own cwd
@@ -275,7 +281,10 @@ async def train(
     board = SummaryWriter(str(run_dir / "tensorboard"))
     pipeline = None
     try:
-        await workers.start(start, ckpt)
+        try:
+            await workers.start(start, ckpt)
+        except ValueError as e:  # load_model and Trainer.load name the model or checkpoint and say why
+            raise StartFailed(f"the run could not start: {e}") from e
         pipeline = Pipeline(cfg, workers, order.at, version=start, position=position, pending=pending,
                             timeline=run_dir / "timeline.jsonl")  # fmt: skip
         pipeline.start()

@@ -29,6 +29,7 @@ it near what the warm start learnt from those episodes.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import time
 from dataclasses import dataclass
@@ -270,9 +271,17 @@ class Trainer:
             torch.save({"optimizer": optim, "step": self.step}, path / "trainer.pt")
 
     def load(self, path: Path) -> None:
+        """Weights, optimizer and step of checkpoint `path` (as `save` wrote them); a ValueError naming it
+        and saying why when it does not load (load_model's for the weights)."""
         options = StateDictOptions(full_state_dict=True)
         weights = load_model(str(path / "model")).model.state_dict()
-        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-        saved = torch.load(path / "trainer.pt", weights_only=False)
-        set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
-        self.step = saved["step"]
+        try:
+            set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+            saved = torch.load(path / "trainer.pt", weights_only=False)
+            set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
+            self.step = saved["step"]
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{path}: cannot resume from this checkpoint ({type(e).__name__}: {first}); it is "
+                             "damaged or of another model: move it out of checkpoints/ to resume from the one "
+                             "before") from e  # fmt: skip

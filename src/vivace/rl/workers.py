@@ -369,12 +369,12 @@ class RayWorkers:
             for r in range(self.trainer_ranks)
         ]
         master = await self.trainers[0].sync_address.remote()  # rank 0's node, wherever the cluster put it
-        await asyncio.gather(*(t.start.remote(master) for t in self.trainers))  # ranks > 1 meet there together
+        await _unwrapped(*(t.start.remote(master) for t in self.trainers))  # ranks > 1 meet there together
         self.samplers = [self._new_sampler(version, i) for i in range(tc.sampler_replicas)]
         self.workers = [self._new_worker() for _ in range(self.rollout_workers)]
         await self._note_unisolated(self.workers)
         if checkpoint is not None:
-            await asyncio.gather(*(t.load.remote(str(checkpoint)) for t in self.trainers))
+            await _unwrapped(*(t.load.remote(str(checkpoint)) for t in self.trainers))
         mode = tc.weight_sync
         # NCCL needs a GPU per member: on a shared GPU weights go through the object store.
         self.broadcast = mode == "broadcast" or (mode == "auto" and self.gpu >= 1.0)
@@ -523,6 +523,20 @@ class RayWorkers:
             await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), ROLLOUT_CLOSE_TIMEOUT_S)
         for actor in [*getattr(self, "workers", []), *getattr(self, "samplers", []), *getattr(self, "trainers", [])]:
             ray.kill(actor)
+
+
+async def _unwrapped(*refs: Any) -> list:
+    """The results of actor calls `refs`; an actor's ValueError (a model or checkpoint that does not load:
+    load_model and Trainer.load say which and why) is raised as itself, without Ray's wrapper, whose
+    message is the whole remote traceback."""
+    import ray
+
+    try:
+        return await asyncio.gather(*refs)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, ValueError):
+            raise e.cause from None
+        raise
 
 
 def _free_port() -> int:
