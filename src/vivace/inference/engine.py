@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import itertools
 import threading
@@ -189,6 +190,14 @@ class Engine:
     def add(self, prompt_ids: Sequence[int], params: SamplingParams, on_token=None, top_logprobs: int = 0) -> Request:
         """Queues a request; bad input raises ValueError saying what is wrong. With `top_logprobs`
         > 0 every sampled token also records that many most likely alternatives (`Request.top`)."""
+        req = self.request(prompt_ids, params, on_token, top_logprobs)
+        self.waiting.append(req)
+        return req
+
+    def request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, on_token=None, top_logprobs: int = 0
+    ) -> Request:
+        """The checked request `add` queues, not queued; reads nothing a step changes, so any thread may call it."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token id")
@@ -205,9 +214,7 @@ class Engine:
         if not 0 <= top_logprobs <= self.vocab_size:
             raise ValueError(f"top_logprobs must be in [0, {self.vocab_size}], got {top_logprobs}")
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
-        req = Request(next(self._ids), prompt, params, gen, on_token, top_logprobs)
-        self.waiting.append(req)
-        return req
+        return Request(next(self._ids), prompt, params, gen, on_token, top_logprobs)
 
     @property
     def has_work(self) -> bool:
@@ -378,8 +385,12 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine, name: str = "local"):
         self.engine, self.name = engine, name
+        # `_lock` is held through each step and each weight update (which so lands between two steps).
+        # The loop releases it and takes it straight back, which starves a thread waiting for it (an event
+        # loop submitting a request there froze for seconds), so submitting takes only `_wake`, held for moments.
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._wake = threading.Condition()
+        self._inbox: list[Request] = []  # submitted, not yet in the engine's queue (under `_wake`)
         self._closed = False
         self.started_at = time.time()
         self._thread = threading.Thread(target=self._loop, name="vivace-engine", daemon=True)
@@ -420,11 +431,12 @@ class AsyncEngine:
             req.cancelled = True  # no-op when finished; stops generation when the reader left
 
     def _submit(self, prompt_ids, params, on_token, top_logprobs: int = 0) -> Request:
+        req = self.engine.request(prompt_ids, params, on_token, top_logprobs)
+        req.future = concurrent.futures.Future()
         with self._wake:
             if self._closed:
                 raise RuntimeError("the engine is closed")
-            req = self.engine.add(prompt_ids, params, on_token, top_logprobs)
-            req.future = concurrent.futures.Future()
+            self._inbox.append(req)
             self._wake.notify()
         return req
 
@@ -438,16 +450,18 @@ class AsyncEngine:
 
     def load(self) -> int:
         """In-flight tokens (prompt + generated so far, over running and waiting requests): what a
-        router balances replicas by."""
-        with self._lock:
-            return sum(r.known for r in (*self.engine.running, *self.engine.waiting))
+        router balances replicas by. Read without waiting for the step in progress, so a request
+        the step is admitting may be missed or counted twice."""
+        with self._wake:
+            inbox = list(self._inbox)
+        return sum(r.known for r in (*self.engine.running, *self.engine.waiting, *inbox))
 
     def metrics(self) -> dict:
         s, e = self.engine.stats, self.engine
         return {
             "version": e.version,
             "running": len(e.running),
-            "waiting": len(e.waiting),
+            "waiting": len(e.waiting) + len(self._inbox),
             "in_flight_tokens": self.load(),
             "steps": s.steps,
             "generated_tokens": s.generated_tokens,
@@ -469,13 +483,17 @@ class AsyncEngine:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self._closed and not self.engine.has_work:
+                while not self._closed and not self._inbox and not self.engine.has_work:
                     self._wake.wait()
-                if self._closed:
+                closed, arrived, self._inbox = self._closed, self._inbox, []
+            with self._lock:
+                self.engine.waiting.extend(arrived)
+                if closed:
                     pending = list(self.engine.running) + list(self.engine.waiting)
                     for r in pending:
                         if r.future and not r.future.done():
-                            r.future.set_exception(RuntimeError("the engine was closed"))
+                            with contextlib.suppress(concurrent.futures.InvalidStateError):  # see below
+                                r.future.set_exception(RuntimeError("the engine was closed"))
                     return
                 try:
                     finished = self.engine.step()
@@ -487,9 +505,13 @@ class AsyncEngine:
             for r in finished:
                 if r.future is None or r.future.done():
                     continue
-                if error is not None:
-                    r.future.set_exception(RuntimeError(f"generation failed: {error}"))
-                elif r.finish_reason == "cancelled":
-                    r.future.cancel()
-                else:
-                    r.future.set_result(r.completion())
+                # A waiter that leaves cancels the future from its event loop's thread, which can land after
+                # done() above; setting it then raises, and that must not end this thread (every later request
+                # would wait forever).
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    if error is not None:
+                        r.future.set_exception(RuntimeError(f"generation failed: {error}"))
+                    elif r.finish_reason == "cancelled":
+                        r.future.cancel()
+                    else:
+                        r.future.set_result(r.completion())

@@ -10,7 +10,8 @@ Endpoints:
 - GET /v1/models, GET /health, GET /metrics (tokens/s, batch occupancy, queue).
 
 Options honoured:
-- `stop` strings (both endpoints): generation ends at the first, the text ends before it.
+- `stop` strings (both endpoints; at most 4, of at most 1,000 characters: a streamed reply checks
+  each token for the beginning of one): generation ends at the first, the text ends before it.
 - `n` (1 to 16, both endpoints): independent samples of one prompt, `choices[i].index` = i, each
   with its own seed when `seed` is given (choice 0 keeps `seed`); streamed chunks carry their
   choice's index. The choices are submitted together, so the engine prefills a long prompt once
@@ -36,21 +37,25 @@ Options honoured:
   logprob, the sampled token's and the alternatives', is from the distribution the engine samples
   from before top-k/top-p: `log_softmax(logits / temperature)`, the model's own at temperature 1
   (and at 0, greedy). OpenAI reports the model's own at any temperature.
-A client that disconnects cancels its generation.
+A client that disconnects cancels its generation. `max_tokens` beyond the context is cut to it
+(the reply ends with finish_reason "length"), where OpenAI and vLLM refuse the request.
 
-Bad requests (invalid JSON, a field of the wrong type, a malformed message, a prompt over the
-context, an unknown model, `tool_choice` naming a function not in `tools`) get a 4xx with an
+Bad requests (invalid JSON, a field of the wrong type, a malformed message or tool, a prompt over
+the context, an unknown model, `tool_choice` naming a function not in `tools`, a `seed` outside
+int64, a string holding a lone surrogate, messages or tools nested over 64 deep) get a 4xx with an
 OpenAI-style error body; so do OpenAI options this server cannot honour, which are refused rather
 than ignored: penalties, `logit_bias`, `response_format` other than text, `best_of`, `echo`,
 `suffix`, streaming on /v1/completions, `tool_choice` in other forms. The server goes on serving.
 A request body larger than a prompt of the whole context could need (`body_cap`) is refused with
-413 before it is read, so one request cannot take the server's memory.
+413 before it is read, so one request cannot take the server's memory. A stream that fails after
+its 200 ends with an error event (`data: {"error": ...}`), which the openai client raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -81,10 +86,14 @@ from vivace.inference.replies import (
     stream_choice,
 )
 
+log = logging.getLogger(__name__)
+
 MAX_STOPS = 4  # as OpenAI's API
+MAX_STOP_CHARS = 1000  # per stop string: a streamed reply holds back what may begin one, checked per token
 MAX_CHOICES = 16  # n
 MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API
 MIN_TEMPERATURE = 1e-4  # below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38
+MAX_NESTING = 64  # arrays and objects within one message or tool: the chat template recurses over them
 
 
 class _Body(BaseModel):
@@ -97,7 +106,7 @@ class _Body(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="independent samples of the prompt")
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -108,8 +117,10 @@ class _Body(BaseModel):
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stops) > MAX_STOPS or any(not s for s in stops):
-            raise ApiError(400, f"stop: give at most {MAX_STOPS} non-empty strings")
+        if len(stops) > MAX_STOPS or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stops):
+            raise ApiError(
+                400, f"stop: give at most {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters"
+            )
         return stops
 
     def refuse_unsupported(self) -> None:
@@ -266,6 +277,8 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
     async def completions(body: CompletionBody, request: Request):
         check_model(body.model)
         body.refuse_unsupported()
+        if isinstance(body.prompt, str):
+            _check_renderable(body.prompt, "prompt")
         prompt = body.prompt if isinstance(body.prompt, list) else await asyncio.to_thread(chat.encode, body.prompt)
         outs = await run(
             request, jobs(body, prompt, body.max_tokens or 16, body.stop_token_ids or [], [], body.logprobs or 0)
@@ -300,6 +313,13 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
             messages = messages_from_openai(body.messages)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
+        except RecursionError as exc:  # a call's arguments string nested deeper than json decodes
+            raise ApiError(400, f"messages: a tool call's arguments are nested too deep ({exc})") from exc
+        for i, m in enumerate(messages):  # what the template renders of them
+            calls = [[c.id, c.name, c.arguments] for c in m.tool_calls]
+            _check_renderable([m.content, m.name, m.tool_call_id, calls], f"messages[{i}]")
+        for i, tool in enumerate(body.tools or ()):
+            _check_renderable(tool, f"tools[{i}]")
         use_tools = bool(body.tools) and body.tool_choice != "none"
         tools = _tools(body.tools) if use_tools else None
         forcing, name = body.forced_function()
@@ -344,10 +364,31 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
     return app
 
 
+def _check_renderable(value: Any, where: str) -> None:
+    """Refuses (400) what the chat template and tokenizer would fail on (a 500): a string, key or
+    value, holding a lone surrogate (JSON's "\\ud800" outside a pair; no UTF-8 spells it), and arrays
+    and objects nested over MAX_NESTING deep (rendering recurses over them). Iterative: any depth."""
+    todo = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError as exc:
+                raise ApiError(400, f"{where}: {item[exc.start]!a} is a lone surrogate, not a character") from None
+        elif isinstance(item, dict | list):
+            if depth == MAX_NESTING:
+                raise ApiError(400, f"{where}: arrays and objects nested over {MAX_NESTING} deep")
+            children = [*item, *item.values()] if isinstance(item, dict) else item
+            todo += [(child, depth + 1) for child in children]
+
+
 def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools, each a function with a name and (when given) a JSON Schema object of parameters."""
     for i, t in enumerate(tools):
         fn = t.get("function")
-        if t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        named = isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]
+        if t.get("type", "function") != "function" or not named or not isinstance(fn.get("parameters"), dict | None):
             raise ApiError(
                 400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}"
             )
@@ -367,11 +408,19 @@ async def _stream_chat(streams: list, rid: str, model: str, prompt_tokens: int, 
         return f"data: {json.dumps(data)}\n\n"
 
     outs: list[Output] = []
-    async for item in merge(streams):
-        if isinstance(item, Output):
-            outs.append(item)
-        else:
-            yield chunk([item])
+    try:
+        async for item in merge(streams):
+            if isinstance(item, Output):
+                outs.append(item)
+            else:
+                yield chunk([item])
+    except Exception as exc:  # past the 200: an error event, which the openai client raises, as vLLM's streams do
+        log.exception("a streamed chat completion failed")
+        message = f"internal error ({type(exc).__name__}); the server log has the traceback"  # as a 500's
+        error = {"message": message, "type": "server_error", "code": 500}
+        yield f"data: {json.dumps({'error': error})}\n\n"
+        yield "data: [DONE]\n\n"
+        return
     if include_usage:
         yield chunk([], usage=_usage(prompt_tokens, outs))
     yield "data: [DONE]\n\n"
