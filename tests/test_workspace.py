@@ -273,3 +273,20 @@ def test_a_read_stops_one_byte_past_the_limit_of_a_file_still_growing(tmp_path, 
     monkeypatch.setattr(ConfinedFS, "open_regular", grows)
     with pytest.raises(NotAFileError, match="growing, over the 100-byte read limit"):
         fs.read_bytes("log", max_bytes=100)
+
+
+@pytest.mark.parametrize("kind", ["isolated", "plain"])
+async def test_a_relative_state_dir_works_from_where_it_was_given(kind, tmp_path, monkeypatch):
+    # bwrap resolved the relative bind sources under it from elsewhere: every command failed.
+    from conftest import make_backend
+    from vivace.sandbox import SnapshotSource
+
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "a.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    backend = make_backend(kind, Path("state"))
+    ws = await backend.create(backend.snapshot(SnapshotSource(path="repo")))
+    try:
+        assert (await ws.exec(["cat", "a.txt"])).stdout == "x"
+    finally:
+        await ws.close()

@@ -236,7 +236,7 @@ class LocalBackend(abc.ABC):
 
     def __init__(self, config: SandboxConfig):
         self.config = config
-        self.state = Path(config.state_dir).expanduser()
+        self.state = Path(config.state_dir).expanduser().absolute()  # bwrap resolves bind sources from elsewhere
         self.owner = owner_id()
         self.owner_dir = self.state / "owners" / self.owner
         self.metrics = SandboxMetrics()
