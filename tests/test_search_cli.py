@@ -94,7 +94,7 @@ def test_index_errors(tmp_path):
     assert code == 2 and "not a sentence-transformers model directory" in out
     (tmp_path / "a_file").write_text("")
     code, out = invoke("index", "build", "--repo", str(tmp_path), "--cache-dir", str(tmp_path / "a_file"))
-    assert code == 2 and "--cache-dir" in out and "is not a directory" in out
+    assert code == 2 and "--cache-dir" in out and "a_file is a file; give a directory" in out
     (tmp_path / "bogus_model").mkdir()
     (tmp_path / "bogus_model" / "config.json").write_text("{}")  # looks like a model until it loads
     (tmp_path / "src.py").write_text("def f():\n    pass\n")

@@ -83,13 +83,50 @@ def sigterm_interrupts(received: list[int]):
     return signal_handler(handler, (signal.SIGTERM,))
 
 
+BACKENDS = ("auto", "isolated", "plain")
+
+
 def with_sandbox_options(cfg: VivaceConfig, backend: str | None, state_dir: Path | None) -> VivaceConfig:
-    """`--backend` and `--state-dir` over a config's sandbox section (unset options leave it as it is)."""
+    """`--backend` and `--state-dir` over a config's sandbox section (unset options leave it as it is).
+    A bad value is a ValueError naming the option; the state directory is made absolute, because the
+    isolated backend hands paths under it to bwrap, which resolves a relative one elsewhere (every
+    command then failed)."""
     if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"--backend {backend!r}: choose {', '.join(BACKENDS)} (plain is NOT isolated)")
         cfg.sandbox.backend = backend  # type: ignore[assignment]
     if state_dir is not None:
         cfg.sandbox.state_dir = state_dir
+    given = Path(cfg.sandbox.state_dir).expanduser()
+    if problem := path_problem(given, directory=True):
+        raise ValueError(f"{'--state-dir' if state_dir is not None else 'sandbox.state_dir'} {problem}")
+    cfg.sandbox.state_dir = given.absolute()
     return cfg
+
+
+def path_problem(path: Path, directory: bool) -> str | None:
+    """Why `path` cannot be written as a file (or, with `directory`, used as a directory): it is the other
+    kind, or a parent of it is a file. None when it can. Checked before the work, so that a typo in
+    --out does not end a long command with a traceback."""
+    if path.exists():
+        if directory and not path.is_dir():
+            return f"{path} is a file; give a directory"
+        if not directory and path.is_dir():
+            return f"{path} is a directory; give a file path, e.g. {path / 'out.jsonl'}"
+        return None
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        return f"{path} cannot be made: {parent} is a file, not a directory; give a path in a directory"
+    return None
+
+
+def check_out(path: Path, directory: bool, option: str = "--out") -> None:
+    """Exit 2 with one line when `path` cannot be written (path_problem)."""
+    if problem := path_problem(path, directory):
+        from rich.markup import escape
+
+        err.print(f"[red]error:[/red] {option}: {escape(problem)}")
+        raise typer.Exit(2)
 
 
 def _config(
@@ -133,7 +170,7 @@ def agent(
         Path, typer.Option("--repo", help="Repository to work on; it changes only with --apply or a yes.")
     ] = Path("."),
     max_turns: Annotated[
-        int | None, typer.Option("--max-turns", help="Assistant turns at most (default: the preset's).")
+        int | None, typer.Option("--max-turns", min=1, help="Assistant turns at most (default: the preset's).")
     ] = None,
     apply: Annotated[
         bool, typer.Option("--apply", help="Write the agent's changes into --repo without asking.")
@@ -159,7 +196,7 @@ def agent(
     from vivace.sandbox.snapshot import enclosing_checkout
 
     if not repo.is_dir():
-        err.print(f"[red]error:[/red] --repo {repo} is not a directory")
+        err.print(f"[red]error:[/red] --repo {repo} is not a directory; give the repository to work on with --repo DIR")
         raise typer.Exit(2)
     cfg = _config(preset, backend, state_dir)
     try:
@@ -288,6 +325,12 @@ def sandbox_run(
     if not cmd:
         err.print("[red]error:[/red] no command given; usage: vivace sandbox run --repo DIR -- CMD...")
         raise typer.Exit(2)
+    if timeout is not None and not timeout > 0:
+        err.print(f"[red]error:[/red] --timeout {timeout:g}: give a number of seconds above 0 (or leave it out)")
+        raise typer.Exit(2)
+    if not repo.exists():
+        err.print(f"[red]error:[/red] --repo {repo} does not exist; give a directory, a tarball or a git repository")
+        raise typer.Exit(2)
     cfg = _config(preset, backend, state_dir)
 
     async def go() -> int:
@@ -317,12 +360,12 @@ def sandbox_run(
 
 @sandbox_app.command("bench")
 def sandbox_bench(
-    n: Annotated[int, typer.Option("--n", help="Workspaces per backend (all live at once).")] = 100,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Workspaces created at the same time.")] = 16,
-    files: Annotated[int, typer.Option("--files", help="Files in the generated repository.")] = 2000,
+    n: Annotated[int, typer.Option("--n", min=1, help="Workspaces per backend (all live at once).")] = 100,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Workspaces created at the same time.")] = 16,
+    files: Annotated[int, typer.Option("--files", min=0, help="Files in the generated repository.")] = 2000,
     baseline: Annotated[bool, typer.Option(help="Also measure the full-copy (plain) baseline.")] = True,
     baseline_n: Annotated[
-        int, typer.Option("--baseline-n", help="Workspaces for the full-copy baseline (it is slow).")
+        int, typer.Option("--baseline-n", min=1, help="Workspaces for the full-copy baseline (it is slow).")
     ] = 100,
     scaling: Annotated[
         str | None, typer.Option(help="Instead: exec latency with N live workspaces, e.g. 0,100,500.")
@@ -381,8 +424,12 @@ def _bench_scaling(steps_text: str, files: int, as_json: bool, cfg: VivaceConfig
 
     try:
         steps = [int(x) for x in steps_text.split(",") if x.strip()]
+        if not steps or min(steps) < 0:
+            raise ValueError
     except ValueError:
-        err.print(f"[red]error:[/red] --scaling wants comma-separated counts like 0,100,500, not {steps_text!r}")
+        err.print(
+            f"[red]error:[/red] --scaling wants comma-separated counts of 0 or more like 0,100,500, not {steps_text!r}"
+        )
         raise typer.Exit(2) from None
 
     async def go() -> dict:
@@ -423,11 +470,19 @@ def sandbox_serve(
     config_file: ConfigOpt = None,
 ) -> None:
     """Serve workspaces over HTTP (token-authenticated, loopback by default)."""
+    from pydantic import ValidationError
+    from rich.markup import escape
+
     from vivace.sandbox.server import serve
 
     cfg = _config(preset, backend, state_dir, config_file)
     updates = {k: v for k, v in {"host": host, "port": port, "token": token}.items() if v is not None}
-    cfg.server = ServerConfig.model_validate({**cfg.server.model_dump(), **updates})
+    try:  # the config file's values were checked as it loaded: a bad one here is an option's
+        cfg.server = ServerConfig.model_validate({**cfg.server.model_dump(), **updates})
+    except ValidationError as e:
+        problems = "; ".join(f"--{x['loc'][0]}: {x['msg']}" for x in e.errors())  # no value: --token is a secret
+        err.print(f"[red]error:[/red] {escape(problems)}")
+        raise typer.Exit(2) from None
     serve(cfg)
 
 

@@ -22,6 +22,7 @@ from vivace.cli import (
     StateOpt,
     _config,
     app,
+    check_out,
     err,
     out,
     sigterm_interrupts,
@@ -39,12 +40,14 @@ def tasks_generate(
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Inject bugs into the bundled repositories; keep those the tests catch; write the tasks."""
     from vivace.sandbox import open_backend
     from vivace.tasks.format import BUNDLED_REPOS, bundled_repos, save_jsonl
     from vivace.tasks.generate import generate
 
+    check_out(out_dir, directory=True)
     cfg = _config(preset, backend, state_dir)
     names = [r.strip() for r in repos.split(",")] if repos else bundled_repos()
     unknown = sorted(set(names) - set(bundled_repos()))
@@ -89,6 +92,10 @@ def tasks_generate(
         chosen = [t for t in tasks if t.split == split]
         save_jsonl(chosen, out_dir / f"{split}.jsonl")
         counts[split] = len(chosen)
+    if as_json:
+        report = {"tasks": len(tasks), "splits": counts, "out": str(out_dir / "tasks.jsonl")}
+        sys.stdout.write(json.dumps(report) + "\n")
+        return
     out.print(f"wrote {len(tasks)} tasks to {out_dir / 'tasks.jsonl'} (by split: {counts})")
 
 
@@ -100,12 +107,14 @@ def tasks_families(
     test: Annotated[int, typer.Option(min=0, help="Held-out test tasks (themes never seen in training).")] = 210,
     seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
     workers: Annotated[int, typer.Option(min=1, help="Test runs at the same time.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Generate the learnable task families (small projects, bugs the tools reveal), validated by
     running their tests; spread evenly over families and curriculum levels."""
     from vivace.tasks.families import generate_families
     from vivace.tasks.format import save_jsonl
 
+    check_out(out_file, directory=False)
     wanted = {"train": train, "validation": validation, "test": test}
     if not any(wanted.values()):
         err.print("[red]error:[/red] no tasks asked for: give --train, --validation or --test above 0")
@@ -121,6 +130,10 @@ def tasks_families(
     for t in tasks:
         key = f"{t.split}/{t.metadata['family']}"
         counts[key] = counts.get(key, 0) + 1
+    if as_json:  # one document (the text line below, then the counts, are two)
+        report = {"tasks": len(tasks), "counts": dict(sorted(counts.items())), "out": str(out_file)}
+        sys.stdout.write(json.dumps(report) + "\n")
+        return
     out.print(f"wrote {len(tasks)} tasks to {out_file}")
     out.print_json(json.dumps(dict(sorted(counts.items()))))
 
@@ -161,7 +174,7 @@ def tasks_swebench(
             "fix passes and no change fails (episodes in OUT's folder, NAME-check/).",
         ),
     ] = False,
-    concurrency: Annotated[int, typer.Option(help="--check: episodes at the same time.")] = 2,
+    concurrency: Annotated[int, typer.Option(min=1, help="--check: episodes at the same time.")] = 2,
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
@@ -172,6 +185,7 @@ def tasks_swebench(
     from vivace.tasks.format import TaskFormatError, save_jsonl
     from vivace.tasks.swebench import load_repo_runs, load_swebench_jsonl
 
+    check_out(out_file, directory=False)
     try:
         if split not in ("train", "validation", "test"):
             raise ValueError(f"unknown split {split!r}; use train, validation or test")
@@ -274,6 +288,7 @@ def tasks_select(
     from vivace.tasks.select import read_pass_rates, select_tasks
     from vivace.tasks.suites import load_suite
 
+    check_out(out_file, directory=False)
     try:
         tasks = load_suite(suite, split)
         rates = read_pass_rates(results, model)
@@ -377,7 +392,12 @@ def bench(
 
     cfg = _config(preset, backend, state_dir, config_file)
     if temperature is not None:
+        if not temperature >= 0:  # NaN too
+            err.print(f"[red]error:[/red] --temperature {temperature:g}: give 0 (greedy) or more")
+            raise typer.Exit(2)
         cfg.engine.temperature = temperature
+    if out_dir is not None:
+        check_out(out_dir, directory=True)
     if (suite is None) == (tasks_path is None):
         err.print("[red]error:[/red] give exactly one of --suite NAME and --tasks PATH")
         raise typer.Exit(2)
@@ -402,8 +422,12 @@ def bench(
     out_dir = out_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     try:
         finished = start_run(out_dir, run_settings(model, tasks, cfg, samples), resume)
-    except (ValueError, OSError) as e:
+    except ValueError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
+    except OSError as e:  # a directory that cannot be made or written here
+        err.print(f"[red]error:[/red] cannot write the run in --out {escape(str(out_dir))}: "
+                  f"{escape(e.strerror or str(e))}; give a directory you can write", highlight=False)  # fmt: skip
         raise typer.Exit(2) from None
     if finished:
         err.print(f"resuming {out_dir}: {len(finished)} episodes already finished", markup=False, highlight=False)

@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vivace.cli import LoggedProgress, app, err, out
+from vivace.cli import LoggedProgress, app, check_out, err, out
 
 index_app = typer.Typer(help="Semantic codebase index: build, search, benchmark, fine-tune the embedder.")
 app.add_typer(index_app, name="index")
@@ -35,9 +35,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON.")]
 def _config(model: str | None, cache_dir: Path | None, **kw: Any):
     from vivace.search.config import SearchConfig
 
-    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
-        err.print(f"[red]error:[/red] --cache-dir {escape(str(cache_dir))} is not a directory; pass a directory")
-        raise typer.Exit(2)
+    if cache_dir is not None:
+        check_out(cache_dir, directory=True, option="--cache-dir")
     updates = {k: v for k, v in {"model": model, "cache_dir": cache_dir, **kw}.items() if v is not None}
     try:
         return SearchConfig(**updates)
@@ -176,9 +175,11 @@ def index_search(
 
 @index_app.command("bench")
 def index_bench(
-    files: Annotated[int, typer.Option(help="Files of the synthetic repository (throughput, incremental).")] = 2_000,
-    chunks: Annotated[int, typer.Option(help="Chunks at least in the latency index.")] = 20_000,
-    workspaces: Annotated[int, typer.Option(help="Workspaces over one snapshot (sharing).")] = 100,
+    files: Annotated[
+        int, typer.Option(min=1, help="Files of the synthetic repository (throughput, incremental).")
+    ] = 2_000,
+    chunks: Annotated[int, typer.Option(min=1, help="Chunks at least in the latency index.")] = 20_000,
+    workspaces: Annotated[int, typer.Option(min=1, help="Workspaces over one snapshot (sharing).")] = 100,
     model: ModelOpt = None,
     cache_dir: Annotated[
         Path | None, typer.Option("--cache-dir", help="Reuse and keep embeddings here (default: none, all cold).")
@@ -188,6 +189,8 @@ def index_bench(
     """Localization (recall@1/5/10, MRR per mode), throughput, incremental re-indexing, sharing, latency."""
     from vivace.search.bench import run_bench
 
+    if cache_dir is not None:
+        check_out(cache_dir, directory=True, option="--cache-dir")
     cfg = _config(model, None).model_copy(update={"cache_dir": cache_dir})
     result = asyncio.run(run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{escape(s)}[/]")))
     if as_json:
@@ -254,6 +257,10 @@ def index_train_embedder(
             f"[red]error:[/red] {escape(str(traces))} does not exist; pass a `vivace bench --out` directory with --traces"
         )
         raise typer.Exit(2)
+    if not lr > 0:
+        err.print(f"[red]error:[/red] --lr {lr:g}: give a learning rate above 0, e.g. 3e-5")
+        raise typer.Exit(2)
+    check_out(out_dir, directory=True)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, holdout=holdout, seed=seed)
     try:
         report = train_embedder(traces, out_dir, model, cfg, state_dir, say=lambda s: err.print(f"[dim]{escape(s)}[/]"))

@@ -20,7 +20,18 @@ from typing import Annotated, TextIO
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from vivace.cli import BackendOpt, LoggedProgress, PresetOpt, StateOpt, _config, app, err, out, sigterm_interrupts
+from vivace.cli import (
+    BackendOpt,
+    LoggedProgress,
+    PresetOpt,
+    StateOpt,
+    _config,
+    app,
+    err,
+    out,
+    path_problem,
+    sigterm_interrupts,
+)
 
 sft_app = typer.Typer(help="Supervised warm start: expert data, training.", no_args_is_help=True)
 app.add_typer(sft_app, name="sft")
@@ -32,6 +43,8 @@ def _fresh_file(path: Path) -> None:
         raise ValueError(f"--out {path} is a directory; give a file path, e.g. {path / 'data.jsonl'}")
     if path.exists() and path.stat().st_size:
         raise ValueError(f"--out {path} already exists; give another --out, or delete it first to write it again")
+    if problem := path_problem(path, directory=False):  # a parent that is a file
+        raise ValueError(f"--out: {problem}")
 
 
 @contextlib.contextmanager
@@ -553,6 +566,9 @@ def sft_train(
             raise typer.Exit(2)
     if out_dir.exists() and not out_dir.is_dir():
         err.print(f"[red]error:[/] --out {escape(str(out_dir))} is a file; give a new or empty directory")
+        raise typer.Exit(2)
+    if problem := path_problem(out_dir, directory=True):  # a parent that is a file
+        err.print(f"[red]error:[/] --out: {escape(problem)}")
         raise typer.Exit(2)
     if out_dir.is_dir() and any(out_dir.iterdir()):
         err.print(f"[red]error:[/] --out {escape(str(out_dir))} already holds a run or other files; give a new or "

@@ -553,17 +553,19 @@ def bench_pipeline_command(
     config_file: ConfigOpt = None,
     modes: Annotated[str, typer.Option(help="Comma-separated: sync, async, async-abort.")] = "sync,async",
     steps: Annotated[
-        int, typer.Option(help="Training steps per mode (the first step's cold start is amortized over them).")
+        int, typer.Option(min=1, help="Training steps per mode (the first step's cold start is amortized over them).")
     ] = 16,
-    tasks_per_step: Annotated[int, typer.Option(help="Groups per step.")] = 4,
-    group_size: Annotated[int, typer.Option(help="Episodes per group.")] = 4,
-    concurrency: Annotated[int, typer.Option(help="Episodes running at once (both modes).")] = 32,
-    max_staleness: Annotated[int, typer.Option(help="Async: versions a trained token may lag.")] = 2,
-    replicas: Annotated[int, typer.Option(help="Sampler replicas.")] = 1,
-    median_s: Annotated[float, typer.Option(help="Median tool latency (seconds).")] = 1.0,
-    sigma: Annotated[float, typer.Option(help="Log-normal sigma of tool latency (heavier tail when larger).")] = 1.0,
+    tasks_per_step: Annotated[int, typer.Option(min=1, help="Groups per step.")] = 4,
+    group_size: Annotated[int, typer.Option(min=1, help="Episodes per group.")] = 4,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes running at once (both modes).")] = 32,
+    max_staleness: Annotated[int, typer.Option(min=0, help="Async: versions a trained token may lag.")] = 2,
+    replicas: Annotated[int, typer.Option(min=1, help="Sampler replicas.")] = 1,
+    median_s: Annotated[float, typer.Option(help="Median tool latency (seconds, above 0).")] = 1.0,
+    sigma: Annotated[
+        float, typer.Option(min=0, help="Log-normal sigma of tool latency (heavier tail when larger).")
+    ] = 1.0,
     turns: Annotated[str, typer.Option(help="Turns per episode, drawn uniformly from MIN-MAX.")] = "2-6",
-    turn_tokens: Annotated[int, typer.Option(help="Tokens the model samples per turn at most.")] = 128,
+    turn_tokens: Annotated[int, typer.Option(min=1, help="Tokens the model samples per turn at most.")] = 128,
     work_dir: Annotated[Path, typer.Option(help="Where the runs go.")] = Path("runs/bench-pipeline"),
     local: Annotated[bool, typer.Option("--local", help="In this process instead of Ray actors.")] = False,
     backend: BackendOpt = None,
@@ -572,12 +574,21 @@ def bench_pipeline_command(
 ) -> None:
     """Synchronous vs asynchronous rollouts on a heavy-tailed synthetic environment, side by side:
     trajectories per minute, sampler busy fraction, staleness, p50/p99 episode time."""
-    from vivace.rl.bench import bench_pipeline
+    from vivace.rl.bench import MODES, bench_pipeline
 
     cfg = _config(preset, backend, state_dir, config_file)
     try:
+        chosen = [m.strip() for m in modes.split(",") if m.strip()]
+        if not chosen or (unknown := [m for m in chosen if m not in MODES]):
+            said = f"unknown {', '.join(map(repr, unknown))}" if chosen else "no mode"
+            raise ValueError(f"--modes {modes!r}: {said}; choose from {', '.join(MODES)} (comma-separated)")
+        if not median_s > 0:
+            raise ValueError(f"--median-s {median_s:g}: give a latency above 0 seconds")
         lo, _, hi = turns.partition("-")
-        turn_range = (int(lo), int(hi or lo))
+        try:
+            turn_range = (int(lo), int(hi or lo))
+        except ValueError:
+            raise ValueError(f"--turns {turns!r}: give MIN-MAX, e.g. 2-6") from None
         cfg.train = cfg.train.model_copy(update={"steps": steps, "tasks_per_step": tasks_per_step,
             "group_size": group_size, "rollout_concurrency": concurrency, "max_staleness": max_staleness,
             "sampler_replicas": replicas, "checkpoint_every": 1_000_000})  # fmt: skip
@@ -589,9 +600,11 @@ def bench_pipeline_command(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     with err.status("measuring the rollout pipeline...") as status:
-        result = asyncio.run(bench_pipeline(cfg, work_dir.resolve(), modes=[m.strip() for m in modes.split(",")],
+        # rich draws no status where stderr is not a terminal (a log, a pipe): there each step is a line
+        say = status.update if err.is_terminal else lambda s: err.print(s, markup=False, highlight=False)
+        result = asyncio.run(bench_pipeline(cfg, work_dir.resolve(), modes=chosen,
                                             median_s=median_s, sigma=sigma, turns=turn_range, local=local,
-                                            say=lambda s: status.update(s)))  # fmt: skip
+                                            say=say))  # fmt: skip
     if as_json:
         print(json.dumps(result, indent=2))
         return
