@@ -25,6 +25,7 @@ WORK = {
     "tokenizer": ["vivace.model.corpus.code_files"],
     "sft": ["vivace.rl.sft_train.train_sft"],
     "pipeline": ["vivace.rl.bench.bench_pipeline"],
+    "serve": ["vivace.inference.samplers.load_for_engine", "vivace.cli_serve._engine"],
     "records": ["vivace.tasks.swebench.load_swebench_jsonl"],
     "suite": ["vivace.tasks.suites.load_suite"],
 }
@@ -104,6 +105,8 @@ STATE = ["--state-dir", "NEW"]
         ("pipeline", [*PIPELINE, "--group-size", "0"], "--group-size"),  # hung
         ("pipeline", [*PIPELINE, "--tasks-per-step", "0"], "--tasks-per-step"),  # measured nothing, exit 0
         ("pipeline", [*PIPELINE, "--replicas", "0"], "--replicas"),
+        ("serve", ["serve", "bench", "--n", "0"], "--n"),
+        ("serve", ["serve", "--model", "tiny", "--port", "70000"], "--port"),
     ],
 )
 def test_bad_values_are_refused_with_one_line_before_any_work(paths, tmp_path, monkeypatch, work, args, says):

@@ -25,7 +25,7 @@ def serve(
     ctx: typer.Context,
     model: ModelOpt = None,
     host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
     served_name: Annotated[
         str | None, typer.Option(help="Model name clients send (default: the --model spec).")
     ] = None,
@@ -78,7 +78,7 @@ def _engine(model: str, config: EngineConfig):
 @serve_app.command("bench")
 def serve_bench(
     model: Annotated[str, typer.Option("--model", help="tiny, or a local checkpoint directory.")] = "tiny",
-    n: Annotated[int, typer.Option("--n", help="Requests in the mixed-length workload.")] = 64,
+    n: Annotated[int, typer.Option("--n", min=1, help="Requests in the mixed-length workload.")] = 64,
     max_batch: MaxBatchOpt = 16,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     device: DeviceOpt = "auto",
@@ -96,8 +96,10 @@ def serve_bench(
         raise typer.Exit(2) from exc
     pad = loaded.tokenizer.pad_token_id or 0
     with err.status("benchmarking") as status:
+        # rich draws no status where stderr is not a terminal (a log, a pipe): there each stage is a line
+        say = status.update if err.is_terminal else lambda s: err.print(s, markup=False, highlight=False)
         result = bench.run(loaded.model, n=n, max_batch=max_batch, seed=seed, pad_id=pad,
-                           progress=lambda s: status.update(f"benchmarking: {s}"))  # fmt: skip
+                           progress=lambda s: say(f"benchmarking: {s}"))  # fmt: skip
     result["model"] = model
     if as_json:
         print(json.dumps(result))
