@@ -94,6 +94,8 @@ STATE = ["--state-dir", "NEW"]
         ("tokenizer", ["tokenizer", "train", "--out", "NEW", "--vocab-size", "10"], "--vocab-size 10: give 263"),
         ("tokenizer", ["tokenizer", "train", "--out", "UNDER_FILE"], "file is a file, not a directory"),
         (None, ["sft", "copies", "--n", "1", "--out", "UNDER_FILE"], "file is a file, not a directory"),
+        (None, ["sft", "copies", "--n", "1", "--out", "NEW", "--vocab", "5:3"], "--vocab 5:3: give LO:HI with"),
+        (None, ["sft", "copies", "--n", "1", "--out", "NEW", "--lookback", "0"], "--lookback 0: give 24 or more"),
         ("sft", ["sft", "train", "--data", "FILE", "--out", "UNDER_FILE"], "file is a file, not a directory"),
         (None, ["train", "--local", "--preset", "smoke", "--backend", "nope"], "--backend 'nope'"),
         (None, ["train", "--local", "--preset", "smoke", "--state-dir", "FILE"], "--state-dir file is a file"),

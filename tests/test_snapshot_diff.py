@@ -649,3 +649,13 @@ async def test_the_plain_diff_reads_only_what_changed_and_misses_no_change(tmp_p
     finally:
         await ws.close()
         await backend.aclose()
+
+
+@pytest.mark.parametrize("content", [b"", b"not an archive\n"])
+def test_a_file_that_is_no_tarball_is_refused_in_one_line_saying_what_to_give(tmp_path, content):
+    from vivace.sandbox.base import SandboxError
+
+    (tmp_path / "notes.txt").write_bytes(content)
+    with pytest.raises(SandboxError) as e:
+        materialize(SnapshotSource(str(tmp_path / "notes.txt")), tmp_path / "cache")
+    assert "\n" not in str(e.value) and "give a directory, a tarball or a git repository" in str(e.value)

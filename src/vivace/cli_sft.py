@@ -306,7 +306,7 @@ def sft_copies(
     """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
     the first stage of the warm start, where the induction heads that copying needs form."""
     from vivace.model.checkpoint import load_tokenizer
-    from vivace.rl.copying import copy_sequences, lookback_sequences, name_pieces, system_opening
+    from vivace.rl.copying import LOOKBACK_SPAN, copy_sequences, lookback_sequences, name_pieces, system_opening
 
     def span(option: str, text: str) -> tuple[int, int]:
         try:
@@ -323,12 +323,18 @@ def sft_copies(
         if pool is not None and lookback is None:
             raise ValueError("--vocab pieces goes with --lookback")
         lo, hi = (min(pool), max(pool) + 1) if pool else span("--vocab", vocab)
+        if not 0 <= lo < hi:
+            raise ValueError(f"--vocab {vocab}: give LO:HI with 0 <= LO < HI (HI excluded), e.g. 300:800")
         if hi > vocab_size:
             raise ValueError(f"--vocab {vocab}: {model}'s tokenizer has ids 0..{vocab_size - 1} only; keep HI <= "
                              f"{vocab_size} (ids past it cannot be trained)")  # fmt: skip
         gap = span("--filler", filler)
         if not 0 <= gap[0] <= gap[1]:
             raise ValueError(f"--filler must be LO:HI with 0 <= LO <= HI, got {filler!r}")
+        if lookback is not None and lookback < LOOKBACK_SPAN[1]:
+            raise ValueError(
+                f"--lookback {lookback}: give {LOOKBACK_SPAN[1]} or more, room for the longest span copied"
+            )
         if lookback is not None:
             rows = lookback_sequences(n, (lo, hi), seed, context=lookback, pool=pool)
         else:

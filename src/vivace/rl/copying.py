@@ -57,12 +57,15 @@ def copy_sequences(
         yield {"ids": ids, "loss_mask": mask}
 
 
+LOOKBACK_SPAN = (8, 24)  # tokens per copied span, lo and hi: what a path or an old_string fragment takes
+
+
 def lookback_sequences(
     n: int,
     vocab: tuple[int, int],
     seed: int = 0,
     context: int = 1024,
-    span: tuple[int, int] = (8, 24),
+    span: tuple[int, int] = LOOKBACK_SPAN,
     pool: Sequence[int] | None = None,
 ) -> Iterator[dict[str, list[int]]]:
     """`n` rows of `context` random tokens followed by as many tokens of spans copied from random

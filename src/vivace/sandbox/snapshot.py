@@ -555,6 +555,9 @@ def _extract_tar(path: Path, dest: Path) -> None:
     try:
         with tarfile.open(path) as tar:
             tar.extractall(dest, filter="data")  # refuses absolute paths, `..`, device files
+    except tarfile.ReadError as e:  # its message lists every compression tried, one line each
+        raise SandboxError(f"{path} is a file but not a tar archive (.tar, .tar.gz, .tar.bz2, .tar.xz) that can be "
+                           "read; give a directory, a tarball or a git repository") from e  # fmt: skip
     except (tarfile.TarError, OSError) as e:
         raise SandboxError(f"cannot extract snapshot tarball {path}: {e}") from e
 
