@@ -199,3 +199,12 @@ def test_sft_eval_refuses_models_with_different_tokenizers_and_missing_inputs_up
                  ["--data", str(data), "--model", "tiny-init", "--model", str(tmp_path / "typo")]):  # fmt: skip
         result = _run("eval", *args, "--json")
         assert result.exit_code == 2 and result.stdout.strip() == "", result.output
+
+
+def test_sft_eval_says_which_evaluation_runs_on_stderr_and_prints_json_lines(tmp_path):
+    data = _data(tmp_path / "a.jsonl")
+    result = _run("eval", "--data", str(data), "--data", str(data), "--model", "tiny-init", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]  # only JSON on stdout
+    assert [r["episodes"] for r in rows] == [2, 2]
+    assert "[1/2] evaluating tiny-init on" in result.stderr and "[2/2] done in" in result.stderr

@@ -13,6 +13,7 @@ import contextlib
 import json
 import random
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, TextIO
@@ -435,21 +436,24 @@ def sft_eval(
         "new_string",
         title="first token right / whole value right (teacher-forced, greedy)",
     )
-    for m in model:
-        for d in data:
-            try:
-                r = evaluate_checkpoint(m, d, seq_len, threads)
-            except (ValueError, FileNotFoundError) as e:
-                err.print(f"[red]error:[/] {escape(str(e))}")
-                raise typer.Exit(2) from e
-            if as_json:
-                print(json.dumps(r), flush=True)
-                continue
-            probes = [f"{r[f'eval_first_{a}']:.2f} / {r[f'eval_exact_{a}']:.2f}" if f"eval_first_{a}" in r else "-"
-                      for a in ("path", "old_string", "new_string")]  # fmt: skip
-            table.add_row(
-                Path(m).name, d.name, str(r["episodes"]), f"{r['eval_loss']:.3f}", f"{r['eval_token_acc']:.3f}", *probes
-            )
+    pairs = [(m, d) for m in model for d in data]
+    for i, (m, d) in enumerate(pairs, 1):
+        t0 = time.monotonic()
+        err.print(f"[{i}/{len(pairs)}] evaluating {m} on {d}...", markup=False, highlight=False)
+        try:
+            r = evaluate_checkpoint(m, d, seq_len, threads)
+        except (ValueError, FileNotFoundError) as e:
+            err.print(f"[red]error:[/] {escape(str(e))}")
+            raise typer.Exit(2) from e
+        err.print(f"[{i}/{len(pairs)}] done in {time.monotonic() - t0:.0f} s", markup=False, highlight=False)
+        if as_json:
+            print(json.dumps(r), flush=True)
+            continue
+        probes = [f"{r[f'eval_first_{a}']:.2f} / {r[f'eval_exact_{a}']:.2f}" if f"eval_first_{a}" in r else "-"
+                  for a in ("path", "old_string", "new_string")]  # fmt: skip
+        table.add_row(
+            Path(m).name, d.name, str(r["episodes"]), f"{r['eval_loss']:.3f}", f"{r['eval_token_acc']:.3f}", *probes
+        )
     if not as_json:
         out.print(table)
 
