@@ -131,3 +131,20 @@ def test_train_embedder_improves_heldout_recall(tmp_path):
     code, out = invoke("index", "build", "--repo", str(tmp_path / "model"), "--model", str(tmp_path / "model"),
                        "--cache-dir", str(tmp_path / "cache"), "--json")  # fmt: skip
     assert code == 0, out  # the tuned model is a model directory the index loads
+
+
+def test_train_embedder_refuses_traces_that_give_no_batch_before_loading_a_model(tmp_path, monkeypatch):
+    # Two resolved episodes: one task trains, one is held out, and one pair makes no batch of two, so
+    # nothing trained and the "fine-tuned" model was the base one (with numpy's empty-mean warning).
+    from vivace.search import finetune
+    from vivace.search.chunking import Chunk
+
+    held = next(t for t in (f"t{i}" for i in range(100)) if finetune.heldout(t, 0.25, 0))
+    trained = next(t for t in (f"t{i}" for i in range(100)) if not finetune.heldout(t, 0.25, 0))
+    chunk = Chunk(path="a.py", start=1, end=1, text="def f(): pass", symbols=("f",))
+    episodes = [finetune.Episode(t, ["fix f"], [chunk], {"fix f": {0}}) for t in (trained, held)]
+    monkeypatch.setattr(finetune, "mine_episodes", lambda traces, work: (episodes, "0 skipped"))
+    monkeypatch.setattr(finetune, "Embedder", lambda *a: pytest.fail("a model was loaded"))
+    (tmp_path / "traces").mkdir()
+    code, out = invoke("index", "train-embedder", "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "m"))
+    assert code == 2 and "nothing would train" in " ".join(out.split()), out

@@ -237,6 +237,12 @@ def train_embedder(
     for ep in train:
         mine = [(q, embed_text(ep.chunks[i])) for q in ep.queries for i in sorted(ep.relevant[q])]
         pairs += mine[: cfg.max_pairs_per_task]
+    if not _batches(pairs, cfg.batch_size, random.Random(cfg.seed)):
+        raise ValueError(
+            f"{len(episodes)} usable episodes under {traces} give {len(pairs)} training pairs from {len(train)} "
+            "tasks, and no batch of 2 pairs with distinct queries and chunks (each query's negatives are the other "
+            "pairs' chunks): nothing would train; run `vivace bench` with more tasks"
+        )
     say(f"{len(episodes)} episodes: {len(pairs)} training pairs from {len(train)} tasks, {len(test)} tasks held out")
     base = Embedder(model)
     before = evaluate(EmbeddingCache(base), test)
