@@ -186,7 +186,7 @@ def test_cli_train_json(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
     assert len(tok) == 300 and tok.chat_template == QWEN_TEMPLATE
     bad = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(tmp_path / "x"), "--vocab-size", "10"])
-    assert bad.exit_code == 2 and "vocab_size must be at least" in bad.output
+    assert bad.exit_code == 2 and "--vocab-size 10: give 263 or more" in bad.output
     files = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     again = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(tmp_path), "--vocab-size", "300"])
     assert again.exit_code == 2 and "already holds files" in again.output  # refused before any training
