@@ -188,7 +188,7 @@ def test_weights_that_config_json_does_not_describe_are_refused_up_front(tmp_pat
 
 @pytest.mark.parametrize(
     ("damage", "words"),
-    [(lambda b: b[: len(b) - 1000], "cut short: 15,502,232 bytes where its header describes 15,503,232"),
+    [(lambda b: b[: len(b) - 1000], "cut short: {short:,} bytes where its header describes {size:,}"),
      (lambda b: b[:5000], "cut short: 5,000 bytes, inside its header of"),
      (lambda b: bytes(range(256)) * 40, "not a safetensors file"),
      (lambda b: b"", "not a safetensors file; copy it again"),
@@ -198,9 +198,10 @@ def test_weights_that_config_json_does_not_describe_are_refused_up_front(tmp_pat
 def test_a_damaged_weight_file_is_refused_up_front(tmp_path, damage, words):
     model = _tiny_copy(tmp_path)
     weights = model / "model.safetensors"
+    size = weights.stat().st_size
     weights.write_bytes(damage(weights.read_bytes()))
     said = _refused(tmp_path, {"train": {"model": str(model)}})
-    assert f"train.model: {weights}: {words}" in said
+    assert f"train.model: {weights}: {words.format(short=weights.stat().st_size, size=size)}" in said
 
 
 def test_saved_checkpoints_pass_and_a_missing_shard_is_refused(tmp_path):
