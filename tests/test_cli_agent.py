@@ -157,6 +157,52 @@ def test_ctrl_c_keeps_what_the_agent_did_so_far(setup, tmp_path, as_json):
         assert "interrupted" in out and "+partial" in out and "applied only after a yes" in out
 
 
+def test_ctrl_c_while_the_snapshot_is_taken_stops_at_once(setup, state_dir, monkeypatch):
+    """A big repository's first snapshot takes seconds; a Ctrl-C then stops it there (exit 130, no
+    half-built snapshot left in the cache) instead of being noticed after it, or lost."""
+    import vivace.sandbox.snapshot as snapshot_mod
+
+    work, args = setup
+    copy_dir = snapshot_mod._copy_dir
+
+    def interrupted(*a, **kw):  # the Ctrl-C lands in the middle of the copy
+        signal.raise_signal(signal.SIGINT)
+        return copy_dir(*a, **kw)
+
+    monkeypatch.setattr(snapshot_mod, "_copy_dir", interrupted)
+    before = snapshot(work)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
+    try:
+        result = CliRunner().invoke(app, ["agent", "go", *args, "--apply"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.exit_code == 130, result.output
+    assert "unchanged" in result.output and "stopped: done" not in result.output
+    assert snapshot(work) == before
+    assert not [p.name for p in (state_dir / "snapshots").iterdir() if ".tmp-" in p.name]
+
+
+def test_ctrl_d_at_the_prompt_is_a_no(setup):
+    """From a terminal the agent asks before applying; Ctrl-D (end of input) there answers no, as
+    `n` does: the repository is unchanged and says so, exit 0, not click's "Aborted!" and 1."""
+    import pty
+
+    work, args = setup
+    before = snapshot(work)
+    main, tty = pty.openpty()
+    argv = [sys.executable, "-c", "from vivace.cli import main; main()", "agent", "go", *args]
+    try:
+        proc = subprocess.Popen(argv, stdin=tty, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        os.write(main, b"\x04")  # the terminal's end of input, read when the prompt asks
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(main)
+        os.close(tty)
+    assert "Apply these changes" in out, out
+    assert proc.returncode == 0 and "is unchanged" in out and "Aborted" not in out, out
+    assert snapshot(work) == before
+
+
 def _running(cmdline: str) -> bool:
     for proc in Path("/proc").iterdir():
         try:

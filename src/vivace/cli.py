@@ -183,6 +183,8 @@ def agent(
     state_dir: StateOpt = None,
 ) -> None:
     """Run the agent on REPO in a sandbox: streams each turn, then shows the final answer and the diff."""
+    import signal
+
     from rich.markup import escape
     from rich.prompt import Confirm
 
@@ -194,6 +196,7 @@ def agent(
     from vivace.sandbox.apply import ApplyReport, export_changes
     from vivace.sandbox.diff import changed_paths, quote_path
     from vivace.sandbox.snapshot import enclosing_checkout
+    from vivace.signals import signal_handler
 
     if not repo.is_dir():
         err.print(f"[red]error:[/red] --repo {repo} is not a directory; give the repository to work on with --repo DIR")
@@ -209,10 +212,20 @@ def agent(
     interactive = not as_json and sys.stdin.isatty()
     report = ApplyReport()  # filled as files are written: a Ctrl-C while applying still says which
 
+    def confirmed() -> bool:
+        try:
+            return Confirm.ask(f"Apply these changes to {repo}?", console=out)
+        except EOFError:  # Ctrl-D: a no, not click's "Aborted!" and exit 1
+            out.print()
+            return False
+
     async def go():
         b = open_backend(cfg.sandbox)
         try:
-            snap = b.snapshot(SnapshotSource(path=str(repo), enclosing_ignore_rules=True))
+            # Seconds on a big repository's first run, and synchronous: under asyncio's handler a Ctrl-C
+            # would only be noticed after it (or lost), so here it stops the copy at once.
+            with signal_handler(signal.default_int_handler):
+                snap = b.snapshot(SnapshotSource(path=str(repo), enclosing_ignore_rules=True))
             if top := enclosing_checkout(repo):  # its ignore rules still decide what the diff leaves out
                 err.print(
                     f"[yellow]warning:[/yellow] {escape(visible(str(repo)))} is inside the git repository"
@@ -241,7 +254,7 @@ def agent(
                     out.print(colour_diff(diff) if diff else "[dim](no changes)[/dim]")
             applied = False
             changed = bool(changed_paths(diff))  # a diff may be only a note (ignored files left out)
-            if changed and ((apply and not interrupted) or (interactive and Confirm.ask(f"Apply these changes to {repo}?", console=out))):  # fmt: skip
+            if changed and ((apply and not interrupted) or (interactive and confirmed())):
                 await export_changes(ws, diff, repo, base=ws.snapshot.root, report=report)
                 applied = True
             return traj, diff, applied, changed
