@@ -121,6 +121,29 @@ async def test_wall_clock_limit(ws):
     assert "wall-clock" in traj.error
 
 
+async def test_a_cancel_that_lands_as_the_model_answers_stops_the_episode(ws):
+    """A Ctrl-C or an aborted rollout may cancel the episode in the very step its model call returns:
+    Python 3.11's wait_for then returned the reply and the cancel was lost (the episode went on)."""
+    answered = asyncio.get_running_loop().create_future()
+    acts = []
+
+    class Waits:
+        name = "waits"
+
+        async def act(self, conv):
+            acts.append(1)
+            return await answered
+
+    episode = asyncio.ensure_future(run_episode(Waits(), ws, "x", AgentConfig(max_turns=3)))
+    while not acts:
+        await asyncio.sleep(0.01)
+    answered.set_result(AssistantTurn(Message("assistant", "", tool_calls=(ToolCall("c1", "list_dir", {}),))))
+    episode.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await episode
+    assert len(acts) == 1
+
+
 async def test_wall_clock_limit_interrupts_tools(ws):
     script = [{"tool_calls": [call("run_terminal_cmd", command="sleep 5")]}]
     t0 = time.monotonic()

@@ -137,12 +137,15 @@ async def run_episode(
 
 
 async def _within(deadline: float, awaitable: Any, doing: str) -> Any:
-    """Await with what is left of the episode's wall-clock budget."""
+    """Await with what is left of the episode's wall-clock budget. asyncio.timeout, not wait_for: on
+    Python 3.11 wait_for returns the result when a cancel (a Ctrl-C, an aborted rollout) lands as the
+    awaitable finishes, and the cancel is lost."""
     left = deadline - time.monotonic()
     try:
         if left <= 0:
             raise TimeoutError
-        return await asyncio.wait_for(awaitable, left)
+        async with asyncio.timeout(left):
+            return await awaitable
     except TimeoutError:
         if asyncio.iscoroutine(awaitable):
             awaitable.close()
