@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -67,6 +68,12 @@ StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="Sandbox stat
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="JSON or TOML file of sections merged over the preset.")
 ]
+
+
+def status_say(status: Any) -> Callable[[str], None]:
+    """What updates rich `status` (err.status) where stderr is a terminal; elsewhere (a log, a pipe),
+    where rich draws no status, each update is printed as a line."""
+    return status.update if err.is_terminal else lambda s: err.print(s, markup=False, highlight=False)
 
 
 def sigterm_interrupts(received: list[int]):

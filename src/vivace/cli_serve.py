@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import app, err, out
+from vivace.cli import app, err, out, status_say
 from vivace.config import EngineConfig
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
@@ -96,8 +96,7 @@ def serve_bench(
         raise typer.Exit(2) from exc
     pad = loaded.tokenizer.pad_token_id or 0
     with err.status("benchmarking") as status:
-        # rich draws no status where stderr is not a terminal (a log, a pipe): there each stage is a line
-        say = status.update if err.is_terminal else lambda s: err.print(s, markup=False, highlight=False)
+        say = status_say(status)
         result = bench.run(loaded.model, n=n, max_batch=max_batch, seed=seed, pad_id=pad,
                            progress=lambda s: say(f"benchmarking: {s}"))  # fmt: skip
     result["model"] = model

@@ -28,6 +28,7 @@ from vivace.cli import (
     StateOpt,
     _config,
     app,
+    check_out,
     err,
     out,
     path_problem,
@@ -39,13 +40,12 @@ app.add_typer(sft_app, name="sft")
 
 
 def _fresh_file(path: Path) -> None:
-    """Refuses an --out that would replace what is there: a file with content (the user's data) or a directory."""
-    if path.is_dir():
-        raise ValueError(f"--out {path} is a directory; give a file path, e.g. {path / 'data.jsonl'}")
+    """Refuses an --out that would replace what is there (a file with content: the user's data) or that
+    cannot be a file (a directory, a path under a file)."""
+    if problem := path_problem(path, directory=False):
+        raise ValueError(f"--out: {problem}")
     if path.exists() and path.stat().st_size:
         raise ValueError(f"--out {path} already exists; give another --out, or delete it first to write it again")
-    if problem := path_problem(path, directory=False):  # a parent that is a file
-        raise ValueError(f"--out: {problem}")
 
 
 @contextlib.contextmanager
@@ -574,12 +574,7 @@ def sft_train(
         if value is not None and not value > 0:
             err.print(f"[red]error:[/] {name} {value:g}: give a number above 0")
             raise typer.Exit(2)
-    if out_dir.exists() and not out_dir.is_dir():
-        err.print(f"[red]error:[/] --out {escape(str(out_dir))} is a file; give a new or empty directory")
-        raise typer.Exit(2)
-    if problem := path_problem(out_dir, directory=True):  # a parent that is a file
-        err.print(f"[red]error:[/] --out: {escape(problem)}")
-        raise typer.Exit(2)
+    check_out(out_dir, directory=True)
     if out_dir.is_dir() and any(out_dir.iterdir()):
         err.print(f"[red]error:[/] --out {escape(str(out_dir))} already holds a run or other files; give a new or "
                   f"empty directory. `sft train` does not resume: to train on from that checkpoint, give --init "

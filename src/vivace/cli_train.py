@@ -48,6 +48,7 @@ from vivace.cli import (
     err,
     out,
     sigterm_interrupts,
+    status_say,
     with_sandbox_options,
 )
 from vivace.config import VivaceConfig, load_config
@@ -600,8 +601,7 @@ def bench_pipeline_command(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     with err.status("measuring the rollout pipeline...") as status:
-        # rich draws no status where stderr is not a terminal (a log, a pipe): there each step is a line
-        say = status.update if err.is_terminal else lambda s: err.print(s, markup=False, highlight=False)
+        say = status_say(status)
         result = asyncio.run(bench_pipeline(cfg, work_dir.resolve(), modes=chosen,
                                             median_s=median_s, sigma=sigma, turns=turn_range, local=local,
                                             say=say))  # fmt: skip

@@ -187,7 +187,7 @@ WEIGHT_FILES = (
 )
 
 
-def require_weights(spec: str) -> None:
+def require_weights(spec: str, config: PretrainedConfig | None = None) -> None:
     """ValueError when the checkpoint directory `spec` has a config but no weight files, or weights that
     `load_model` would refuse: a safetensors file whose header cannot be read or whose data is cut short,
     or tensor names or shapes other than those of the model its config.json describes (an edited
@@ -196,7 +196,8 @@ def require_weights(spec: str) -> None:
 
     Cheap for any size: it reads the safetensors headers, not the weights, and builds the model on the
     meta device (no memory). Not covered: .bin weights (pickles: no header to read without loading
-    them) and damaged bytes inside a file whose header and length are right."""
+    them) and damaged bytes inside a file whose header and length are right. `config`: model_config(spec),
+    when the caller has read it already."""
     if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
         return
     path = model_dir(spec)
@@ -207,7 +208,7 @@ def require_weights(spec: str) -> None:
     if found is None:
         return
     file, shapes = found
-    problems = _mismatches(shapes, model_config(spec), path / "config.json")
+    problems = _mismatches(shapes, config or model_config(spec), path / "config.json")
     if problems:
         more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
         raise ValueError(f"{file} does not hold the model its config.json describes: {'; '.join(problems[:3])}"

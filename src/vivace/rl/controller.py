@@ -97,7 +97,7 @@ def check_model_and_data(cfg: VivaceConfig) -> tuple[int, int]:
     try:
         tokenizer = load_tokenizer(tc.model)
         config = model_config(tc.model)
-        require_weights(tc.model)
+        require_weights(tc.model, config)
     except ValueError as e:
         raise ValueError(f"train.model: {e}") from None
     context = getattr(config, "max_position_embeddings", None) or 1 << 30
