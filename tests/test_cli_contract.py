@@ -6,6 +6,7 @@ a case that reaches it fails."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,24 @@ def test_bad_values_are_refused_with_one_line_before_any_work(paths, tmp_path, m
     assert result.exit_code == 2 and says in said, result.output
     assert "Traceback" not in result.output and result.stdout == ""
     assert not (tmp_path / "new").exists() and not (tmp_path / "runs").exists()  # nothing made
+
+
+@pytest.mark.parametrize("command", [["serve", "--model", "tiny"], ["sandbox", "serve", *STATE]])
+def test_servers_refuse_an_address_they_cannot_listen_on_before_starting(paths, tmp_path, monkeypatch, command):
+    """uvicorn only logged a port in use or a host that does not resolve, after the app started (for
+    `serve`, after the model loaded), and exited 3."""
+    monkeypatch.setattr("vivace.cli_serve._engine", _ran)
+    monkeypatch.setattr("vivace.sandbox.server.serve", _ran)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        cases = [(["--port", port], "Address already in use; give another --port"),
+                 (["--host", "bad host!", "--port", "0"], "host 'bad host!' is no address or name")]  # fmt: skip
+        for extra, says in cases:
+            result = CliRunner().invoke(app, _args([*command, *extra], paths))
+            assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+            assert "Traceback" not in result.output
 
 
 def test_tasks_generate_and_families_print_one_json_document(paths, tmp_path, monkeypatch):

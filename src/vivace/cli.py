@@ -136,6 +136,41 @@ def check_out(path: Path, directory: bool, option: str = "--out") -> None:
         raise typer.Exit(2)
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server cannot listen on `host`:`port` now (a name that does not resolve, an address this
+    machine does not have, a port in use or not allowed), else None. Found by binding a socket the way
+    uvicorn will (SO_REUSEADDR) and closing it: uvicorn only logs the failure, after the app (and the
+    model it serves) started. A port taken between this check and the server's bind still fails there."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as e:
+        return f"host {host!r} is no address or name this machine resolves ({e}); give e.g. 127.0.0.1 or 0.0.0.0"
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            what = {errno.EADDRINUSE: "give another --port (0 picks a free one) or stop what holds it",
+                    errno.EADDRNOTAVAIL: "give an address of this machine, or 0.0.0.0 for all of them",
+                    errno.EACCES: "ports below 1024 need privileges; give one of 1024 or more"}.get(e.errno, "")  # fmt: skip
+            return f"cannot listen on {host}:{port}: {e.strerror}" + (f"; {what}" if what else "")
+    return None
+
+
+def check_listen(host: str, port: int) -> None:
+    """Exit 2 with one line when a server cannot listen on `host`:`port` (listen_problem)."""
+    if problem := listen_problem(host, port):
+        from rich.markup import escape
+
+        err.print(f"[red]error:[/red] {escape(problem)}")
+        raise typer.Exit(2)
+
+
 def _config(
     preset: str, backend: str | None = None, state_dir: Path | None = None, config_file: Path | None = None
 ) -> VivaceConfig:
@@ -503,6 +538,7 @@ def sandbox_serve(
         problems = "; ".join(f"--{x['loc'][0]}: {x['msg']}" for x in e.errors())  # no value: --token is a secret
         err.print(f"[red]error:[/red] {escape(problems)}")
         raise typer.Exit(2) from None
+    check_listen(cfg.server.host, cfg.server.port)
     serve(cfg)
 
 

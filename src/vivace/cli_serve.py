@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import app, err, out, status_say
+from vivace.cli import app, check_listen, err, out, status_say
 from vivace.config import EngineConfig
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
@@ -40,6 +40,7 @@ def serve(
     if model is None:
         err.print("[red]error:[/] give --model (tiny or a checkpoint directory)")
         raise typer.Exit(2)
+    check_listen(host, port)  # before the model loads, which can take minutes
     import uvicorn
 
     from vivace.inference.server import create_app
