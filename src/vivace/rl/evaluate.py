@@ -11,10 +11,13 @@ self-contained RUN/report.html (tables, SVG curves, bench's success-vs-tokens pl
 - held-out success per policy, overall and per task family (`metadata["family"]`, else
   `metadata["kind"]`); families with `metadata["learnable"] is False` are the harder ones and
   are shown apart, so a gain on the learnable families is not averaged away (or faked) by them;
-- per policy: tool calls per turn, turns per episode and per solved task, reference tokens per
-  episode, reads/searches before the first edit (rl.metrics.behaviour on the saved
-  trajectories; an episode that never edits counts all its reads), unsupported-claim rate,
-  format errors, repeats of a call the tools had rejected;
+- per policy: tool calls per turn (over the turns that call a tool, as the scorer counts them; the
+  training curves' calls/turn is over all turns, the final answer's included, so the two are labelled
+  apart), turns per episode and per solved task, reference tokens per episode, reads/searches before
+  the first edit (rl.metrics.behaviour on the saved trajectories; an episode that never edits counts
+  all its reads), unsupported-claim rate, format errors, repeats of a call the tools had rejected;
+- episodes that could not run count as unsolved (in success, reward, the family tables and the paired
+  counts; the behaviour numbers leave them out), and the report says how many there were;
 - a "before -> after" line with the delta for each of those, and the paired count: episodes
   only the trained policy solved, only the starting one, or both. The benchmark seeds each
   (task, sample) episode the same for every policy (common random numbers), so where the
@@ -60,6 +63,7 @@ from typing import Any
 
 from vivace.bench.report import _plot as success_vs_tokens_plot
 from vivace.bench.report import summarize
+from vivace.bench.results import result_rows
 from vivace.bench.runner import run_benchmark
 from vivace.config import VivaceConfig
 from vivace.harness.policies import deterministic
@@ -77,7 +81,7 @@ METRICS = [
     ("success_learnable", "success, learnable families", "pct"),
     ("success_harder", "success, harder families", "pct"),
     ("mean_reward", "reward (benchmark score)", "{:.3f}"),
-    ("tool_calls_per_turn", "tool calls per turn", "{:.2f}"),
+    ("tool_calls_per_turn", "tool calls per turn with calls", "{:.2f}"),
     ("turns_per_episode", "turns per episode", "{:.1f}"),
     ("turns_per_solved", "turns per solved task", "{:.1f}"),
     ("tokens_per_episode", "tokens per episode (reference)", "{:.0f}"),
@@ -335,8 +339,8 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
     solved in more of their paired episodes after (`tasks_up`) and in fewer (`tasks_down`), and
     the sign test's p-value of that split. `change` is the success rate's change over the paired
     episodes (each task weighs alike) and `change_ci95` its 95% interval from the spread of the
-    per-task changes (normal approximation; None under two tasks): how large a change this
-    evaluation can tell from sampling luck."""
+    per-task changes (normal approximation, kept within the -1..+1 a rate's change can span; None
+    under two tasks): how large a change this evaluation can tell from sampling luck."""
     outcome: dict[tuple[str, int], dict[str, bool]] = {}
     for r in rows:
         if r["model"] in (before, after):
@@ -360,7 +364,9 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
         "tasks_down": down,
         "p_value": sign_test(up, down),
         "change": mean,
-        "change_ci95": [mean - half, mean + half] if mean is not None and half is not None else None,
+        "change_ci95": [max(-1.0, mean - half), min(1.0, mean + half)]
+        if mean is not None and half is not None
+        else None,
     }
 
 
@@ -373,9 +379,12 @@ def sign_test(up: int, down: int) -> float:
 
 
 def training_curves(metrics_file: Path) -> list[dict[str, Any]]:
+    """The curve keys of each step in metrics.jsonl. A last line cut short (the run was killed while
+    appending it) is left out, as bench.results does for results.jsonl: it must not cost the report
+    after the whole evaluation has run."""
     if not metrics_file.is_file():
         return []
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    rows = [row for _, row in result_rows(metrics_file)]
     return [{"step": r["step"], **{k: r[k] for k in CURVE_KEYS if k in r}} for r in rows]
 
 
@@ -489,7 +498,7 @@ def curve_table(report: dict[str, Any]) -> Table:
     if len(curves) > MAX_CURVE_ROWS:  # evenly spaced steps, first and last kept; all are in report.json
         idx = sorted({round(i * (len(curves) - 1) / (MAX_CURVE_ROWS - 1)) for i in range(MAX_CURVE_ROWS)})
         curves = [curves[i] for i in idx]
-    head = ["step", "reward", "success", "turns", "calls/turn"]
+    head = ["step", "reward", "success", "turns", "calls/turn (all turns)"]
     fmts = ("{:.3f}", "pct", "{:.1f}", "{:.2f}")
     rows = [[str(c["step"]), *(_fmt(c.get(k), f) for k, f in zip(CURVE_KEYS, fmts, strict=True))] for c in curves]
     return head, rows
@@ -516,7 +525,18 @@ def _intro(report: dict[str, Any]) -> list[str]:
         f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s"
         + (f" at temperature {report['temperature']:g}" if report.get("temperature") is not None else ""),
         *_supervised_line(report["training"].get("supervised")),
+        *_errors_line(p),
     ]
+
+
+def _errors_line(policies: dict[str, Any]) -> list[str]:
+    """Episodes that could not run count as unsolved (success, reward, the family tables, the paired
+    counts): a reader must be told, or a setup failure or a server outage reads as the policy's doing."""
+    failed = [f"{label} {p['errors']} of {p['episodes']}" for label, p in policies.items() if p.get("errors")]
+    if not failed:
+        return []
+    return [f"- episodes that could not run (a setup or the policy's server failed), counted below as unsolved: "
+            f"{', '.join(failed)}; the benchmark's own success rate (report.json, `bench`) leaves them out"]  # fmt: skip
 
 
 def _supervised_line(term: dict[str, Any] | None) -> list[str]:
