@@ -176,7 +176,10 @@ async def test_tests_replaced_by_a_symlink_score_zero(repo, state_dir, target):
     calls = [shell(f"mkdir -p elsewhere && mv {target} elsewhere/ && ln -s elsewhere/{target.split('/')[-1]} {target}")]
     s, _ = await play(calls, make_task(repo), state_dir)
     assert not s.resolved and s.correctness == 0.0
-    assert s.details["tests_not_run"], s.details  # the edits could not be undone, or the tests are gone
+    assert s.details["test_files_edited"], s.details
+    # A file that became a link is undone as a deletion and a creation (as git writes that change), so
+    # the hidden tests run, and fail without the fix; a directory's files are judged as written fresh.
+    assert s.details.get("tests_not_run") or s.details["fail_to_pass"][0] == 0, s.details
 
 
 async def test_sitecustomize_on_the_startup_path_is_removed(repo, state_dir):

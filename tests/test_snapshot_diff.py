@@ -212,6 +212,47 @@ def test_awkward_names_round_trip_through_the_diff(tmp_path, name):
     assert _applies(base, diff).returncode == 0, _applies(base, diff).stderr
 
 
+def test_a_file_that_became_a_link_and_back_applies_with_git(tmp_path):
+    """git refuses a mode change between a file and a link ("new mode (120000) ... does not match old
+    mode"); like git, the diff deletes one and creates the other. A link's target that is not UTF-8
+    is diffed by its bytes (it raised UnicodeEncodeError)."""
+    base = _git_repo(tmp_path / "base", {"f.txt": b"f\n", "g.txt": b"g\n"})
+    os.symlink("g.txt", base / "l")
+    _git(base, "add", "-A")
+    _git(base, "commit", "-qm", "link")
+    work = tmp_path / "work"
+    shutil.copytree(base, work, symlinks=True)
+    (work / "f.txt").unlink()
+    os.symlink("g.txt", work / "f.txt")
+    (work / "l").unlink()
+    (work / "l").write_bytes(b"now a file\n")
+    diff = _diff(base, work)
+    assert changed_paths(diff) == ["f.txt", "l"]
+    done = _git(base, "apply", "-", input=diff.encode())
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(base / "f.txt") == "g.txt" and (base / "l").read_bytes() == b"now a file\n"
+    os.symlink(b"caf\xe9", os.fsencode(work / "n"))  # shown as binary, as any content that is not text
+    assert changed_paths(_diff(base, work)) == ["n"]
+
+
+def test_a_directory_replaced_by_a_link_loses_its_files_in_the_diff(tmp_path):
+    """The diff read d/a.py through the new link d -> other, and showed it changed to other/a.py's
+    content, where git (which tracks nothing beyond a link) has it deleted."""
+    base = _git_repo(tmp_path / "base", {"d/a.py": b"x\n", "keep.txt": b"k\n"})
+    work = tmp_path / "work"
+    shutil.copytree(base, work, symlinks=True)
+    shutil.rmtree(work / "d")
+    (work / "other").mkdir()
+    (work / "other" / "a.py").write_bytes(b"y\n")
+    os.symlink("other", work / "d")
+    diff = _diff(base, work)
+    assert changed_paths(diff) == ["d", "d/a.py", "other/a.py"]
+    assert "deleted file mode 100644" in diff.split("diff --git a/d/a.py")[1].split("diff --git")[0]
+    done = _git(base, "apply", "-", input=diff.encode())
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(base / "d") == "other" and (base / "other" / "a.py").read_bytes() == b"y\n"
+
+
 # -- 5: the snapshot cache is bounded ---------------------------------------------------------
 def _source(tmp_path: Path, name: str) -> SnapshotSource:
     (tmp_path / name).mkdir()

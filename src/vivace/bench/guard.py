@@ -19,7 +19,9 @@ anything the code printed.
 What stays possible: the code under test runs inside the test process, so it can in principle
 forge any report there: patch pytest's objects, or write a complete summary (header, PASSED lines,
 final count) to the saved stdout or at exit. Tests that read data files outside test directories
-can be satisfied by editing those files; with plugin autoload on (not vivace's tasks), a plugin
+can be satisfied by editing those files; a new file that the repository's own ignore rules match is
+left out of the diff (sandbox/diff.py), so a shadowing module there is not seen (the workspace's git
+cannot say it is new: the agent can change it); with plugin autoload on (not vivace's tasks), a plugin
 can be registered from distribution metadata in the working directory. These defenses close the
 cheap holes a policy stumbles on, not a determined forger's.
 """

@@ -125,7 +125,7 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
         if undo.exit_code in (126, 127):  # no git in the workspace: the environment's failure
             raise RuntimeError(f"could not undo the agent's test edits: {undo.stderr.strip()}")
         if undo.exit_code != 0:  # tests the agent made into what its diff cannot take back (a symlink)
-            return False, {"test_files_edited": [c.path for c in test_edits],
+            return False, {"test_files_edited": list(dict.fromkeys(c.path for c in test_edits)),
                            "tests_not_run": f"the agent's test edits could not be undone: {undo.stderr.strip()[:300]}"}  # fmt: skip
     for path, content in task.tests.files.items():
         await ws.write_text(path, content)
@@ -143,7 +143,7 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
         "fail_to_pass": [f2p, len(task.tests.fail_to_pass)],
         "pass_to_pass": [p2p, len(task.tests.pass_to_pass)],
         "tests_timed_out": run.timed_out,
-        "test_files_edited": [c.path for c in test_edits],
+        "test_files_edited": list(dict.fromkeys(c.path for c in test_edits)),
         **guarded,
     }
     if xfailed := [t for t in task.tests.fail_to_pass if run.outcomes.get(t) == "XFAIL"]:

@@ -8,10 +8,14 @@ Why this care: the repository is the user's. Existing files are written in place
 owner, ACLs and extended attributes stay; a file the developer changed while the agent ran is
 merged or left, never overwritten; a symlink leading out of the repository is never followed; a
 failed write puts the old content back; Ctrl-C lands between files, so the report is always true.
+Symlinks the agent made are written as links (git's mode 120000), but only those that lead to a
+place inside the repository (`_link_refused`): an absolute one (`/workspace/x` is the sandbox's
+mount point, meaningless here) or one leading out is left, and so are special files.
 
 Not covered: atomicity against a crash or power loss in the middle of a file (see `_overwrite`),
 and a developer's save landing between the check against the snapshot and the write (a window
-of microseconds per file).
+of microseconds per file). A link the developer already had whose target holds `..` after a name
+(`u -> m/..`) may lead elsewhere once the apply makes `m` a link; links it writes never do.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import secrets
 import signal
 import stat as stat_mod
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from vivace.sandbox.base import FileStat, NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
@@ -50,8 +56,10 @@ async def export_changes(
 ) -> ApplyReport:
     """Make `dest` (the directory the workspace was made from) hold the workspace's version of
     every path in `diff_text`, as `git apply` of it would: changed and new files written, deleted
-    ones removed, directories those removals emptied pruned. Writes are confined to `dest`: a path
-    that leads outside it through a symlink is left, never followed.
+    ones removed, directories those removals emptied pruned, symlinks written as links (never
+    followed) when they lead inside `dest` (`_link_refused`; one whose target does not exist yet is
+    written too, as git stores it). Writes are confined to `dest`: a path that leads outside it
+    through a symlink is left, never followed.
 
     A file that exists is written in place (`_overwrite`): it keeps its inode (hard links), owner,
     extended attributes and permission bits, of which only an executable-bit change the diff shows
@@ -70,17 +78,26 @@ async def export_changes(
     target = ConfinedFS(Path(dest), mount=None)
     before = ConfinedFS(base, mount=None) if base is not None else None
     files: dict[str, FileStat] = {}  # path -> its stat in the workspace, for the paths to write
+    links: dict[str, str] = {}  # path -> its target in the workspace, for the symlinks to write
     gone: list[str] = []  # paths to remove
+    link_dirs: dict[str, bool] = {}
     for rel in changed_paths(diff_text):
         try:
-            st = await workspace.stat(rel)
+            # Beyond a directory the agent replaced by a link, a path is gone (as in the diff), not the
+            # file of the same name in the link's target.
+            st = None if await _beyond_link(workspace, rel, link_dirs) else await workspace.stat(rel)
         except (WorkspaceFileNotFound, NotAFileError):  # NotAFileError: a parent is a file now
             st = None
         except (OSError, SandboxError) as e:
             report.left[rel] = f"not written: {e}"
             continue
-        if st is not None and st.kind not in ("file", "dir"):
-            report.left[rel] = "a symlink or special file, which cannot be carried over"
+        if st is not None and st.kind == "symlink":
+            try:
+                links[rel] = _workspace_link(workspace, rel)
+            except (OSError, SandboxError) as e:
+                report.left[rel] = f"not written: {e}"
+        elif st is not None and st.kind == "other":
+            report.left[rel] = "a special file (a fifo, socket or device), which cannot be carried over"
         elif st is not None and st.kind == "file":
             files[rel] = st
         else:  # deleted (or replaced by a directory) in the workspace
@@ -103,7 +120,7 @@ async def export_changes(
             report.left[rel] = f"a directory in {dest} that holds files"
         except (OSError, SandboxError) as e:
             report.left[rel] = _not_written(e, dest)
-    parents = {d for rel in files for d in _ancestors(rel)}  # kept: they keep their mode and owner
+    parents = {d for rel in [*files, *links] for d in _ancestors(rel)}  # kept: they keep their mode and owner
     _prune_empty_dirs(target, emptied, keep=parents)
 
     mode_changed = _mode_changes(diff_text)
@@ -113,12 +130,80 @@ async def export_changes(
         except (OSError, SandboxError) as e:
             report.left[rel] = f"not written: {e}"
             continue
+        write = partial(_write_file, target, rel, executable=bool(st.mode & 0o111), mode_changed=rel in mode_changed)
         try:
-            _apply_file(rel, data, bool(st.mode & 0o111), rel in mode_changed, target, before, report, dest)
+            _apply_entry(rel, data, "file", write, target, before, report, dest)
         finally:
             if isinstance(data, OpenFile):
                 os.close(data.fd)
+    for rel, to in links.items():  # last: what they lead to may be written above
+        if (why := _link_refused(rel, to, target, dest)) is not None:
+            report.left[rel] = why
+            continue
+        write = partial(_write_link, target, rel)
+        _apply_entry(rel, os.fsencode(to), "symlink", write, target, before, report, dest)
     return report
+
+
+async def _beyond_link(workspace, rel: str, memo: dict[str, bool]) -> bool:
+    """Whether a directory on the way to `rel` is a symlink in the workspace (`memo`: by directory)."""
+    parent = posixpath.dirname(rel)
+    if not parent:
+        return False
+    if parent not in memo:
+        memo[parent] = await _beyond_link(workspace, parent, memo)
+        if not memo[parent]:
+            with suppress(WorkspaceFileNotFound, NotAFileError):
+                memo[parent] = (await workspace.stat(parent)).kind == "symlink"
+    return memo[parent]
+
+
+def _workspace_link(workspace, rel: str) -> str:
+    """The target of the workspace's symlink `rel`, as written (never followed). Read through the
+    workspace's own tree (`fs`): the Workspace protocol has no call for it, so a workspace on another
+    machine (over HTTP) cannot tell, and its links are left."""
+    fs = getattr(workspace, "fs", None)
+    if not isinstance(fs, ConfinedFS):
+        raise SandboxError("a symlink in a workspace that cannot say where it points (not on this machine)")
+    with fs.resolve(rel, follow_final=False) as (dfd, name):
+        if name is None:
+            raise NotAFileError(f"{rel!r} is the workspace itself")
+        return os.readlink(name, dir_fd=dfd)  # str with surrogate escapes: os.symlink gives the same bytes back
+
+
+def _link_refused(rel: str, to: str, target: ConfinedFS, dest: Path) -> str | None:
+    """Why the symlink `rel` -> `to` is not to be written into `target` (the repository `dest`), or
+    None: its target, taken from the directory the link is in (through the repository's links,
+    as the kernel takes it), must stay inside.
+
+    The target must be `..`s, then names: a `..` after a name climbs from wherever that name leads
+    when followed, and this apply may itself make it a link (`d -> .` makes `d/..` the repository's
+    parent). So each link it writes leads inside whatever else it writes: what its `..`s reach is
+    fixed by where the link is, and every link on its way down was checked the same way. A target
+    that does not exist (yet) is fine: git stores such links, and one leads nowhere outside."""
+    if to.startswith("/"):
+        return f"a symlink to the absolute path {to}, which here is not the sandbox's: not carried over"
+    parts = [p for p in to.split("/") if p not in ("", ".")]
+    ups = next((i for i, p in enumerate(parts) if p != ".."), len(parts))  # the leading `..`s
+    names = parts[ups:]
+    if ".." in names:
+        return f"a symlink to {to}, with `..` after a name (where that leads depends on what the name is): not carried over"
+    try:
+        where = target.realpath(posixpath.dirname(rel) or ".")  # the directory the link will be in
+    except (OSError, SandboxError) as e:  # one leading outside: the write would be refused too
+        return _not_written(e, dest)
+    here = [] if where == "." else where.split("/")
+    if ups > len(here):
+        return f"a symlink to {to}, which climbs out of {dest}: not carried over"
+    try:
+        target.realpath("/".join([*here[: len(here) - ups], *names]) or ".")
+    except PathEscapeError as e:  # through a link leading out, or round a loop of links
+        return f"a symlink to {to}, which leads outside {dest} ({e}): not carried over"
+    except NotAFileError:  # a file where the target has a directory: it leads nowhere, as in the workspace
+        pass
+    except (OSError, SandboxError) as e:
+        return _not_written(e, dest)
+    return None
 
 
 async def _workspace_version(workspace, rel: str, size: int) -> bytes | OpenFile:
@@ -129,19 +214,20 @@ async def _workspace_version(workspace, rel: str, size: int) -> bytes | OpenFile
     return await workspace.read_bytes(rel)
 
 
-def _apply_file(
+def _apply_entry(
     rel: str,
     data: bytes | OpenFile,
-    executable: bool,
-    mode_changed: bool,
+    kind: str,
+    write: Callable[[bytes | OpenFile], None],
     target: ConfinedFS,
     before: ConfinedFS | None,
     report: ApplyReport,
     dest: Path,
 ) -> None:
-    """Make the file `rel` in `target` hold `data`, unless it changed there since the snapshot
-    `before` (then merged or left); what was done goes into `report`."""
-    if (checked := _checked(rel, data, target, before, report, dest)) is None:
+    """Make `rel` in `target` the `kind` ("file" or "symlink") holding `data` (a link: its target)
+    by `write(data)`, unless it changed there since the snapshot `before` (then merged or left);
+    what was done goes into `report`."""
+    if (checked := _checked(rel, data, target, before, report, dest, kind)) is None:
         return
     verdict, data = checked
     if verdict == "done":
@@ -152,7 +238,7 @@ def _apply_file(
             if not _make_room(target, rel):
                 report.left[rel] = f"a directory in {dest} that still holds files the diff does not remove"
                 return
-            _write_file(target, rel, data, executable=executable, mode_changed=mode_changed)
+            write(data)
             report.applied.append(rel)
             if verdict == "merged":
                 report.merged.append(rel)
@@ -162,11 +248,13 @@ def _apply_file(
         report.left[rel] = _not_written(e, dest)
 
 
-def _checked(rel: str, data, target: ConfinedFS, before: ConfinedFS | None, report: ApplyReport, dest: Path):
+def _checked(
+    rel: str, data, target: ConfinedFS, before: ConfinedFS | None, report: ApplyReport, dest: Path, kind: str = "file"
+):
     """`_against_snapshot`, or None with `rel` recorded as left: it cannot be read in the destination
     (another user's file), or changed there in a way that does not merge with the agent's change."""
     try:
-        verdict, data = _against_snapshot(rel, data, target, before)
+        verdict, data = _against_snapshot(rel, data, target, before, kind)
     except (OSError, SandboxError) as e:
         report.left[rel] = _not_written(e, dest)
         return None
@@ -176,16 +264,20 @@ def _checked(rel: str, data, target: ConfinedFS, before: ConfinedFS | None, repo
     return verdict, data
 
 
-def _against_snapshot(rel: str, data: bytes | OpenFile | None, target: ConfinedFS, before: ConfinedFS | None):
+def _against_snapshot(
+    rel: str, data: bytes | OpenFile | None, target: ConfinedFS, before: ConfinedFS | None, kind: str = "file"
+):
     """How `rel` in the destination stands against the snapshot `before`, given the workspace's
-    version `data` (None: removed): ("apply", data) when unchanged there; ("merged", the merge)
-    when both changed a text file and the changes merge; ("done", data) when the destination
-    already holds the workspace's version; ("clash", None) otherwise."""
+    version `data` (None: removed), a `kind` ("file" or "symlink", whose data is its target):
+    ("apply", data) when unchanged there; ("merged", the merge) when both changed a text file and
+    the changes merge; ("done", data) when the destination already holds the workspace's version;
+    ("clash", None) otherwise (a link included: anything else there than the snapshot had)."""
     if before is None or (now := _state(target, rel)) == (was := _state(before, rel)):
         return "apply", data
-    if (now[0], now[1]) == ("file", data) or (now[0] == "missing" and data is None):
+    if (now[0], now[1]) == (kind, data) or (now[0] == "missing" and data is None):
         return "done", data  # the same change on both sides
-    if now[0] == was[0] == "file" and isinstance(data, bytes) and (merged := _merged(now[1], was[1], data)) is not None:
+    mergeable = kind == now[0] == was[0] == "file" and isinstance(data, bytes)
+    if mergeable and (merged := _merged(now[1], was[1], data)) is not None:
         return "merged", merged
     return "clash", None
 
@@ -286,6 +378,25 @@ def _write_file(target: ConfinedFS, rel: str, data: bytes | OpenFile, executable
         _overwrite(pfd, data, mode)
     finally:
         os.close(pfd)
+
+
+def _write_link(target: ConfinedFS, rel: str, to: bytes) -> None:
+    """Make `rel` under `target` a symlink to `to`: made beside it under a temporary name and renamed
+    over the file or link there (a rename replaces a link, never follows one; `_make_room` has removed
+    an empty directory), so `rel` is the old entry or the new link at every moment. Resolved as
+    every ConfinedFS operation is (its directory may be reached through a link inside), so it never
+    writes outside `target`."""
+    with target.resolve(rel, follow_final=False, create_parents=True) as (dfd, name):
+        if name is None:
+            raise NotAFileError(f"{rel!r} is a directory")
+        tmp = f".{name[:200]}.vivace-{secrets.token_hex(6)}.tmp"
+        os.symlink(os.fsdecode(to), tmp, dir_fd=dfd)
+        try:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
 
 
 def _create(dfd: int, name: str, data: bytes | OpenFile, mode: int) -> None:

@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
+from vivace.sandbox.base import SandboxError
 from vivace.sandbox.paths import ConfinedFS
 
 log = logging.getLogger(__name__)
@@ -114,16 +115,45 @@ def _unquote(text: str) -> tuple[bytes, str]:
     raise ValueError(f"unterminated quoted name: {text!r}")
 
 
-def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS) -> str:
-    """The diff of one path between `base` and `work` trees; '' when unchanged."""
-    a_kind, a, a_mode = base.entry(rel)
-    b_kind, b, b_mode = work.entry(rel)
+def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS, memo: dict | None = None) -> str:
+    """The diff of one path between `base` and `work` trees; '' when unchanged. A file that became a
+    symlink (or back) is a deletion and a creation, as git writes it: `git apply` refuses a mode
+    change between the two kinds. A path beyond a symlinked directory is absent, as git has it: a
+    directory replaced by a link loses its files, and does not take on those of the link's target.
+    `memo`: the directories found beyond a link or not, kept across the calls of one diff."""
+    memo = {} if memo is None else memo
+    a_kind, a, a_mode = ("missing", None, 0) if _beyond_link(base, rel, memo, "a") else base.entry(rel)
+    b_kind, b, b_mode = ("missing", None, 0) if _beyond_link(work, rel, memo, "b") else work.entry(rel)
     if a_kind == "dir":
         a_kind, a = "missing", None
     if b_kind == "dir":
         b_kind, b = "missing", None
     if a_kind == b_kind and a == b and a_mode == b_mode:
         return ""
+    if "missing" not in (a_kind, b_kind) and a_kind != b_kind:
+        return _section(rel, a, a_mode, None, 0) + _section(rel, None, 0, b, b_mode)
+    return _section(rel, a, a_mode, b, b_mode)
+
+
+def _beyond_link(fs: ConfinedFS, rel: str, memo: dict, side: str) -> bool:
+    """Whether a directory on the way to `rel` is a symlink in `fs` (`side` keys `memo` by tree)."""
+    parent = posixpath.dirname(rel)
+    if not parent:
+        return False
+    if (side, parent) not in memo:
+        memo[side, parent] = _beyond_link(fs, parent, memo, side) or _is_link(fs, parent)
+    return memo[side, parent]
+
+
+def _is_link(fs: ConfinedFS, path: str) -> bool:
+    try:
+        return fs.stat(path).kind == "symlink"
+    except (OSError, SandboxError):  # missing, or a file on the way: no link there
+        return False
+
+
+def _section(rel: str, a: bytes | None, a_mode: int, b: bytes | None, b_mode: int) -> str:
+    """One `diff --git` section for `rel` from content `a` to `b` (None: absent)."""
     header = [f"diff --git {quote_path('a/' + rel)} {quote_path('b/' + rel)}\n"]
     if a is None:
         header.append(f"new file mode {b_mode:o}\n")
@@ -147,8 +177,10 @@ def tree_diff(
     ignore = list(ignore)
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
     left_out = git_ignored(base, [p for p in paths if not os.path.lexists(os.path.join(base, p))], outer)
-    base_fs, work_fs = ConfinedFS(base), ConfinedFS(work)
-    return _left_out_note(left_out) + "".join(file_diff(rel, base_fs, work_fs) for rel in paths if rel not in left_out)
+    base_fs, work_fs, memo = ConfinedFS(base), ConfinedFS(work), {}
+    return _left_out_note(left_out) + "".join(
+        file_diff(rel, base_fs, work_fs, memo) for rel in paths if rel not in left_out
+    )
 
 
 def git_ignored(base: Path, new_paths: list[str], outer: tuple[Path, str] | None = None) -> set[str]:
@@ -231,7 +263,7 @@ def changed_paths(diff_text: str) -> list[str]:
     for line in diff_text.split("\n"):  # content lines may hold \f, \r, U+2028: they are no line ends
         if line.startswith("diff --git "):
             rel = header_path(line[len("diff --git ") :])
-            if rel is not None:
+            if rel is not None and (not paths or paths[-1] != rel):  # a change of kind: two sections
                 paths.append(rel)
     return paths
 

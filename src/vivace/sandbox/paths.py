@@ -347,7 +347,7 @@ class ConfinedFS:
                     return "dir", None, 0
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 if stat_mod.S_ISLNK(st.st_mode):
-                    return "symlink", os.readlink(name, dir_fd=dfd).encode(), 0o120000
+                    return "symlink", os.fsencode(os.readlink(name, dir_fd=dfd)), 0o120000
                 if not stat_mod.S_ISREG(st.st_mode):
                     return "dir", None, 0
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
