@@ -735,6 +735,20 @@ def test_resume_says_when_it_restarts_from_step_0(tmp_path, monkeypatch):
     assert "from step 0" in result.output and "incomplete" in result.output
 
 
+def test_resume_after_a_kill_mid_append_to_metrics(tmp_path, monkeypatch):
+    """A run killed while appending a step's metrics line leaves it cut short: resuming raised
+    JSONDecodeError (and the report's curves too). The cut line goes; the rest is kept."""
+    assert _cli_run(tmp_path, monkeypatch).exit_code == 0
+    run_dir = tmp_path / "runs" / "t"
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "rew')
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(run_dir), "--steps", "3")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+
+
 def test_a_second_process_on_the_same_run_is_refused_naming_the_holder(tmp_path, monkeypatch):
     import fcntl
 

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 
-def result_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) for each row of a results.jsonl. A last line cut short (the process was
-    killed while writing it) is left out; any other line that is not a JSON object raises ValueError
-    naming the file and line. Reading errors (OSError, UnicodeDecodeError) are the caller's."""
+def result_rows(path: Path, what: str = "benchmark result row") -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) for each row of a results.jsonl (or any JSON-lines file of `what`s, such as
+    a run's metrics.jsonl). A last line cut short (the process was killed while writing it) is left
+    out; any other line that is not a JSON object raises ValueError naming the file and line. Reading
+    errors (OSError, UnicodeDecodeError) are the caller's."""
     lines = path.read_text(encoding="utf-8").split("\n")
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -22,7 +23,7 @@ def result_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         except json.JSONDecodeError as e:
             if n == len(lines):  # no newline after it: its write never finished
                 continue
-            raise ValueError(f"{path}:{n}: not a benchmark result row (not JSON: {e.msg})") from None
+            raise ValueError(f"{path}:{n}: not a {what} (not JSON: {e.msg})") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{path}:{n}: not a benchmark result row (a JSON {type(row).__name__}, not an object)")
+            raise ValueError(f"{path}:{n}: not a {what} (a JSON {type(row).__name__}, not an object)")
         yield n, row

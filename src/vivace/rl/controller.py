@@ -41,6 +41,7 @@ import torch
 from pydantic import ValidationError
 from torch.utils.tensorboard import SummaryWriter
 
+from vivace.bench.results import result_rows
 from vivace.config import VivaceConfig, validation_message
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
@@ -451,10 +452,12 @@ def _prune_checkpoints(run_dir: Path, keep: int) -> None:
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
+    """metrics.jsonl up to `step`, the checkpoint a resume starts from; a last line cut short by a kill
+    mid-append goes too (the next step's line would be glued to it)."""
     path = run_dir / "metrics.jsonl"
     if path.exists():
-        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        write_atomic(path, "".join(line + "\n" for line in keep))
+        keep = [row for _, row in result_rows(path, "metrics row") if row["step"] <= step]
+        write_atomic(path, "".join(json.dumps(row) + "\n" for row in keep))
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -474,7 +477,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped_by: str = "steps") -> dict[str, Any]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    rows = [row for _, row in result_rows(run_dir / "metrics.jsonl", "metrics row")]
     first, last = rows[0], rows[-1]
     keys = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn", "loss", "entropy")
     summary = {

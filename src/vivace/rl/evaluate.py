@@ -384,7 +384,7 @@ def training_curves(metrics_file: Path) -> list[dict[str, Any]]:
     after the whole evaluation has run."""
     if not metrics_file.is_file():
         return []
-    rows = [row for _, row in result_rows(metrics_file)]
+    rows = [row for _, row in result_rows(metrics_file, "metrics row")]
     return [{"step": r["step"], **{k: r[k] for k in CURVE_KEYS if k in r}} for r in rows]
 
 
