@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -282,6 +283,62 @@ async def test_async_engine_concurrency_streaming_and_versions(model):
     finally:
         engine.close()
     assert not any(t.name == "vivace-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_weight_update_lands_at_the_next_step_boundary():
+    # The loop releases the engine's lock after each step and takes it straight back: an update that only
+    # waited for the lock waited up to hundreds of steps, as the scheduler had it (in 20 runs, always within
+    # 5 updates). Counted in steps, not seconds, so a slow machine passes no more easily than a fast one.
+    engine = AsyncEngine(Engine(small_model(seed=0), max_batch=4))
+    states = [small_model(seed=1).state_dict(), small_model(seed=0).state_dict()]
+    seen: list[list[int]] = [[] for _ in range(4)]  # per request, its tokens so far (appended on the engine thread)
+    reqs = [
+        engine._submit(p, SamplingParams(max_tokens=400), lambda tok, lp, s=s: s.append(tok))
+        for p, s in zip(prompts(4, seed=9, lengths=(3, 40, 100, 1)), seen, strict=True)
+    ]
+    marks = []  # per update: its version, each request's token count at the call and at the return
+    try:
+        while min(map(len, seen)) < 5:  # all four decoding
+            time.sleep(0.001)
+        for version in range(1, 41):
+            last = engine.engine.stats.steps
+            while engine.engine.stats.steps < last + 2 and not reqs[0].future.done():  # called mid-decoding
+                time.sleep(0.0005)
+            steps, at_call = engine.engine.stats.steps, [len(s) for s in seen]
+            assert engine.update_weights(states[version % 2], version=version) == version
+            waited = engine.engine.stats.steps - steps
+            # The step in progress, and one that may begin between reading the count and the call.
+            assert waited <= 2, f"update {version} waited {waited} steps"
+            marks.append((version, at_call, [len(s) for s in seen]))
+        with pytest.raises(ValueError, match="shape"):  # the write's error reaches the caller
+            engine.update_weights({"model.norm.weight": torch.zeros(3)})
+        outs = [r.future.result(timeout=60) for r in reqs]
+    finally:
+        engine.close()
+    assert max(marks[-1][2]) < 400 and engine.version == 40  # every update landed mid-generation
+    for version, at_call, at_return in marks:
+        for o, before, after in zip(outs, at_call, at_return, strict=True):
+            assert max(o.token_versions[:before]) < version <= min(o.token_versions[after:])
+
+
+def test_closing_while_a_weight_update_waits_does_not_hang():
+    engine = AsyncEngine(Engine(small_model(seed=0)))
+    inside, release = threading.Event(), threading.Event()
+    req = engine._submit([1, 2, 3], SamplingParams(max_tokens=400), lambda tok, lp: (inside.set(), release.wait(10)))
+    assert inside.wait(10)  # the engine thread is inside a step, holding its lock
+    state, got = small_model(seed=1).state_dict(), []
+    update = threading.Thread(target=lambda: got.append(engine.update_weights(state)))
+    closing = threading.Thread(target=engine.close)
+    update.start()
+    closing.start()
+    time.sleep(0.05)  # most likely both wait by now; in any order, neither may hang
+    release.set()
+    update.join(10)
+    closing.join(10)
+    assert not update.is_alive() and not closing.is_alive() and not engine._thread.is_alive()
+    assert got == [1]
+    with pytest.raises(RuntimeError, match="closed"):
+        req.future.result(timeout=1)
 
 
 @pytest.mark.slow

@@ -387,10 +387,12 @@ class AsyncEngine:
         self.engine, self.name = engine, name
         # `_lock` is held through each step and each weight update (which so lands between two steps).
         # The loop releases it and takes it straight back, which starves a thread waiting for it (an event
-        # loop submitting a request there froze for seconds), so submitting takes only `_wake`, held for moments.
+        # loop submitting a request there froze for seconds), so submitting takes only `_wake`, held for moments,
+        # and a weight update first says it waits (`_updates`): the loop starts no step until none does.
         self._lock = threading.Lock()
         self._wake = threading.Condition()
         self._inbox: list[Request] = []  # submitted, not yet in the engine's queue (under `_wake`)
+        self._updates = 0  # weight updates waiting for `_lock` or holding it (under `_wake`)
         self._closed = False
         self.started_at = time.time()
         self._thread = threading.Thread(target=self._loop, name="vivace-engine", daemon=True)
@@ -440,12 +442,28 @@ class AsyncEngine:
             self._wake.notify()
         return req
 
+    @contextlib.contextmanager
+    def _between_steps(self):
+        """Holds `_lock` from the end of the step in progress: the loop starts no step while an update waits."""
+        with self._wake:
+            self._updates += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._wake:
+                self._updates -= 1
+                self._wake.notify()
+
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
-        with self._lock:  # between two steps
+        with self._between_steps():
             return self.engine.update_weights(state, version)
 
     def apply_weights(self, write: Callable[[dict[str, torch.Tensor]], None], version: int | None = None) -> int:
-        with self._lock:
+        # `write` runs on the calling thread while the engine's waits at the step boundary: a collective receive
+        # runs where its caller set up the group (the CUDA device and stream are per thread), and what it
+        # raises reaches the caller as it is.
+        with self._between_steps():
             return self.engine.apply_weights(write, version)
 
     def load(self) -> int:
@@ -483,7 +501,7 @@ class AsyncEngine:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self._closed and not self._inbox and not self.engine.has_work:
+                while not self._closed and (self._updates or (not self._inbox and not self.engine.has_work)):
                     self._wake.wait()
                 closed, arrived, self._inbox = self._closed, self._inbox, []
             with self._lock:

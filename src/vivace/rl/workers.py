@@ -202,10 +202,14 @@ class LocalWorkers:
         return await asyncio.to_thread(self.trainer.train_step, samples)
 
     async def sync(self, version: int) -> tuple[int, float]:
+        def push() -> dict:
+            state = self.trainer.full_state_dict()
+            for s in self.samplers:
+                s.update_weights(state, version=version)  # waits for each engine's step in progress
+            return state
+
         t0 = time.perf_counter()
-        state = self.trainer.full_state_dict()
-        for s in self.samplers:
-            s.update_weights(state, version=version)
+        state = await asyncio.to_thread(push)  # off the event loop: rollouts go on meanwhile (async mode)
         return _nbytes(state), time.perf_counter() - t0
 
     async def save(self, path: Path) -> None:
