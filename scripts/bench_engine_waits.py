@@ -1,13 +1,14 @@
-"""Engine: how long a caller on the event loop waits to submit a request and to read `load()` while the
-engine decodes (8 sequences at a long prompt), for this checkout's AsyncEngine and for the one of an
-earlier revision, in one process, alternating, two runs each.
+"""Engine: how long a caller on the event loop waits to submit a request, to read `load()` and to update
+the weights while the engine decodes (8 sequences at a long prompt), for this checkout's AsyncEngine and
+for the one of an earlier revision, in one process, alternating, two runs each.
 
     .venv/bin/python scripts/bench_engine_waits.py [--old 5d2c1e4^]
 
-Before 5d2c1e4 both calls took the lock the engine thread holds through every step and retakes at once,
+Before 5d2c1e4 all three took the lock the engine thread holds through every step and retakes at once,
 so a caller could wait out several steps; since, requests go through an inbox and `load()` does not wait.
-Prints each run and the results as JSON (docs/benchmarks.md, "The engine's submissions do not wait for
-its steps").
+Before 35323c3 a weight update still did (`--old 35323c3^`); since, the loop yields to it at the next
+step boundary. Prints each run and the results as JSON (docs/benchmarks.md, "The engine's submissions do
+not wait for its steps").
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ async def measure(module, model, prompt: list[int], calls: int = 40) -> dict:
     busy = [asyncio.ensure_future(engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=400, seed=i)))
             for i in range(8)]  # fmt: skip
     await asyncio.sleep(1.0)  # all decoding
-    submit, load, extra = [], [], []
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # the same values: the samples do not change
+    submit, load, extra, update, update_steps = [], [], [], [], []
     for i in range(calls):
         t = time.perf_counter()
         engine.load()
@@ -57,7 +59,12 @@ async def measure(module, model, prompt: list[int], calls: int = 40) -> dict:
         extra.append(asyncio.ensure_future(engine.generate(prompt[:50], params)))
         await asyncio.sleep(0)  # generate's first step submits, on this loop
         submit.append(time.perf_counter() - t)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.025)
+        steps, t = engine.engine.stats.steps, time.perf_counter()
+        engine.update_weights(state)  # on the event loop, as an in-process trainer's sync calls it
+        update.append(time.perf_counter() - t)
+        update_steps.append(engine.engine.stats.steps - steps)
+        await asyncio.sleep(0.025)
     await asyncio.gather(*busy, *extra)
     engine.close()
 
@@ -65,7 +72,13 @@ async def measure(module, model, prompt: list[int], calls: int = 40) -> dict:
         return {"median_ms": round(1e3 * statistics.median(xs), 2), "max_ms": round(1e3 * max(xs), 1),
                 "over_10ms": sum(x > 0.01 for x in xs)}  # fmt: skip
 
-    return {"calls": calls, "submit": summary(submit), "load": summary(load)}
+    return {
+        "calls": calls,
+        "submit": summary(submit),
+        "load": summary(load),
+        "update": summary(update),
+        "update_steps_waited": {"median": statistics.median(update_steps), "max": max(update_steps)},
+    }
 
 
 async def main() -> None:
