@@ -182,6 +182,27 @@ async def test_apply_prunes_directories_emptied_by_deletions(kind, tmp_path, sta
     assert (repo / "empty").is_dir() and (repo / "pkg/was_empty").is_dir()  # empty before: not the agent's
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_directories_replaced_by_a_link_or_a_file_diff_and_apply_as_git_has_them(kind, tmp_path, state_dir):
+    """The isolated backend listed a link or file that took a lower directory's place, but not the
+    directory's files it hid: the diff made `d` a link without deleting d/a.py (git apply refuses it)
+    and --apply left `d` as a directory still holding files."""
+    repo = _git_repo(tmp_path / "repo", {"d/a.py": b"x\n", "e/b.py": b"y\n", "keep.txt": b"k\n"})
+    backend = make_backend(kind, state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        await ws.exec("rm -r d e && mkdir other && echo z > other/a.py && ln -s other d && echo f > e")
+        diff = await ws.diff()
+        assert changed_paths(diff) == ["d", "d/a.py", "e", "e/b.py", "other/a.py"]
+        assert _applies(repo, diff).returncode == 0, _applies(repo, diff).stderr
+        report = await export_changes(ws, diff, repo)
+    finally:
+        await backend.aclose()
+    assert report.left == {}, report.left
+    assert os.readlink(repo / "d") == "other" and (repo / "e").read_text() == "f\n"
+    assert (repo / "other/a.py").read_text() == "z\n"
+
+
 # -- 4: file names that are not UTF-8 --------------------------------------------------------
 @pytest.mark.parametrize("kind", BACKENDS)
 async def test_non_utf8_file_name_snapshots_diffs_and_applies(kind, tmp_path, state_dir):

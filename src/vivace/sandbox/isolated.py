@@ -33,7 +33,6 @@ import os
 import resource
 import shutil
 import signal
-import stat as stat_mod
 import subprocess
 from pathlib import Path
 
@@ -368,7 +367,8 @@ class IsolatedBackend(LocalBackend):
         return ExecResult(**vars(raw), oom_killed=self.cgroups.oom_kills(name) > ooms_before)
 
     def changed_paths(self, ws: LocalWorkspace) -> list[str]:
-        """Every path the upper layer touched, plus lower files hidden by whiteouts/opaque dirs."""
+        """Every path the upper layer touched, plus lower files hidden by whiteouts, opaque dirs, and
+        files or links that took a lower directory's place (`rm -r d; ln -s x d`)."""
         upper = self.upper_dir(ws)
         lower = ws.snapshot.root
         out: list[str] = []
@@ -380,9 +380,7 @@ class IsolatedBackend(LocalBackend):
             for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
                 rel = os.path.join(rel_dir, name)
                 out.append(rel)
-                st = os.lstat(os.path.join(dirpath, name))
-                if stat_mod.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # whiteout: maybe a whole dir
-                    out += walk_files(lower, rel)
+                out += walk_files(lower, rel)  # a directory's files there, hidden by this entry
         return out
 
 
