@@ -21,6 +21,7 @@ from vivace.config import PoolConfig, SandboxConfig
 from vivace.harness.chat import ChatFormat
 from vivace.model.tokenizer import train_tokenizer
 from vivace.sandbox.isolated import probe
+from vivace.sandbox.paths import ConfinedFS
 
 # The Ctrl-C tests send SIGINT as a terminal would. A background job or nohup starts pytest with it
 # ignored, and Python then raises no KeyboardInterrupt: restore the default, as in a terminal.
@@ -186,3 +187,23 @@ async def benchmark_episodes(state_dir: Path, *episodes) -> list:
         return [await run_task(policy.for_task(task), task, cfg, backend) for policy, task in episodes]
     finally:
         await backend.aclose()
+
+
+def git(repo: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+    """git in `repo` with an author and committer set (a fresh machine has neither)."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input, env=env)
+
+
+class DirWorkspace:
+    """What export_changes reads of a workspace (stat, read_bytes, its tree), over a plain directory."""
+
+    def __init__(self, root: Path):
+        self.fs = ConfinedFS(root)
+
+    async def stat(self, path: str):
+        return self.fs.stat(path)
+
+    async def read_bytes(self, path: str) -> bytes:
+        return self.fs.read_bytes(path)

@@ -10,30 +10,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from typer.testing import CliRunner
 
-from conftest import make_backend
+from conftest import DirWorkspace, git, make_backend
 from vivace.cli import app
 from vivace.sandbox.apply import export_changes
 from vivace.sandbox.diff import tree_diff, walk_files
 from vivace.sandbox.paths import ConfinedFS
-
-
-class _DirWorkspace:
-    """What export_changes reads of a workspace (stat, read_bytes, its tree), over a directory."""
-
-    def __init__(self, root: Path):
-        self.fs = ConfinedFS(root)
-
-    async def stat(self, path: str):
-        return self.fs.stat(path)
-
-    async def read_bytes(self, path: str) -> bytes:
-        return self.fs.read_bytes(path)
 
 
 class _RemoteLike:
@@ -72,7 +58,7 @@ def _agent_ran(tmp_path: Path, files: dict[str, str], change: Callable[[Path], o
     shutil.copytree(repo, work, symlinks=True)
     change(work)
     diff = tree_diff(snapshot, work, set(walk_files(snapshot)) | set(walk_files(work)), [".git", "__pycache__"])
-    return repo, snapshot, _DirWorkspace(work), diff
+    return repo, snapshot, DirWorkspace(work), diff
 
 
 def _links(root: Path) -> dict[str, str]:
@@ -93,12 +79,6 @@ def _inside(repo: Path, rel: str) -> bool:
     """The link `rel`, followed as far as it goes (dangling or not), stays inside `repo`."""
     real = os.path.realpath(repo / rel)
     return real == str(repo.resolve()) or real.startswith(str(repo.resolve()) + os.sep)
-
-
-def _git(repo: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input, env=env)
 
 
 BASE = {"a.py": "a\n", "b.py": "b\n", "old": "-> a.py", "gone": "-> a.py", "d/x.py": "x\n", "sub/s.py": "s\n"}
@@ -124,8 +104,8 @@ async def test_links_are_written_as_links_as_git_apply_writes_them(tmp_path):
     repo, snapshot, ws, diff = _agent_ran(tmp_path, BASE, _links_made)
     reference = tmp_path / "reference"
     shutil.copytree(repo, reference, symlinks=True)
-    _git(reference, "init", "-q")
-    applied = _git(reference, "apply", "-", input=diff.encode())
+    git(reference, "init", "-q")
+    applied = git(reference, "apply", "-", input=diff.encode())
     assert applied.returncode == 0, applied.stderr
     shutil.rmtree(reference / ".git")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ISOLATION_PROBLEM, make_backend
+from conftest import ISOLATION_PROBLEM, DirWorkspace, git, make_backend
 from vivace.sandbox import SnapshotSource
 from vivace.sandbox import apply as apply_mod
 from vivace.sandbox import local as local_mod
@@ -30,25 +30,19 @@ from vivace.sandbox.snapshot import evict, materialize
 BACKENDS = ["plain"] + ([] if ISOLATION_PROBLEM else ["isolated"])
 
 
-def _git(repo: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input, env=env)
-
-
 def _git_repo(root: Path, files: dict[str, bytes]) -> Path:
     root.mkdir()
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
-    _git(root, "init", "-q")
-    _git(root, "add", "-A")
-    assert _git(root, "commit", "-qm", "base").returncode == 0
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    assert git(root, "commit", "-qm", "base").returncode == 0
     return root
 
 
 def _applies(repo: Path, diff: str) -> subprocess.CompletedProcess:
-    return _git(repo, "apply", "--check", "-", input=diff.encode())
+    return git(repo, "apply", "--check", "-", input=diff.encode())
 
 
 def _diff(base: Path, work: Path) -> str:
@@ -77,8 +71,8 @@ async def test_new_ignored_files_are_left_out_of_diff_and_apply(kind, tmp_path, 
     (tmp_path / "xdg/git/ignore").write_text("*.globalignored\n")
     repo = _git_repo(tmp_path / "repo", {".gitignore": b"build/\nnode_modules/\n*.secret\n", "app.py": b"x = 1\n"})
     (repo / "tracked.secret").write_text("t\n")
-    _git(repo, "add", "-f", "tracked.secret")
-    _git(repo, "commit", "-qm", "tracked despite .gitignore")
+    git(repo, "add", "-f", "tracked.secret")
+    git(repo, "commit", "-qm", "tracked despite .gitignore")
     (repo / "present.secret").write_text("in the snapshot, untracked\n")
     (repo / ".git/info/exclude").write_text("*.log\n")
     backend = make_backend(kind, state_dir)
@@ -114,7 +108,7 @@ def test_new_files_a_submodule_ignores_are_left_out(tmp_path):
     lib = _git_repo(tmp_path / "lib", {".gitignore": b"*.o\n", "lib.py": b"x = 1\n"})
     base = _git_repo(tmp_path / "base", {".gitignore": b"build/\n", "main.py": b"y = 1\n"})
     assert (
-        _git(base, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib").returncode == 0
+        git(base, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib").returncode == 0
     )
     work = tmp_path / "work"
     shutil.copytree(base, work, symlinks=True)
@@ -233,14 +227,14 @@ def test_awkward_names_round_trip_through_the_diff(tmp_path, name):
     assert _applies(base, diff).returncode == 0, _applies(base, diff).stderr
 
 
-def test_a_file_that_became_a_link_and_back_applies_with_git(tmp_path):
+def test_a_file_that_became_a_link_and_back_applies_withgit(tmp_path):
     """git refuses a mode change between a file and a link ("new mode (120000) ... does not match old
     mode"); like git, the diff deletes one and creates the other. A link's target that is not UTF-8
     is diffed by its bytes (it raised UnicodeEncodeError)."""
     base = _git_repo(tmp_path / "base", {"f.txt": b"f\n", "g.txt": b"g\n"})
     os.symlink("g.txt", base / "l")
-    _git(base, "add", "-A")
-    _git(base, "commit", "-qm", "link")
+    git(base, "add", "-A")
+    git(base, "commit", "-qm", "link")
     work = tmp_path / "work"
     shutil.copytree(base, work, symlinks=True)
     (work / "f.txt").unlink()
@@ -249,7 +243,7 @@ def test_a_file_that_became_a_link_and_back_applies_with_git(tmp_path):
     (work / "l").write_bytes(b"now a file\n")
     diff = _diff(base, work)
     assert changed_paths(diff) == ["f.txt", "l"]
-    done = _git(base, "apply", "-", input=diff.encode())
+    done = git(base, "apply", "-", input=diff.encode())
     assert done.returncode == 0, done.stderr
     assert os.readlink(base / "f.txt") == "g.txt" and (base / "l").read_bytes() == b"now a file\n"
     os.symlink(b"caf\xe9", os.fsencode(work / "n"))  # shown as binary, as any content that is not text
@@ -269,7 +263,7 @@ def test_a_directory_replaced_by_a_link_loses_its_files_in_the_diff(tmp_path):
     diff = _diff(base, work)
     assert changed_paths(diff) == ["d", "d/a.py", "other/a.py"]
     assert "deleted file mode 100644" in diff.split("diff --git a/d/a.py")[1].split("diff --git")[0]
-    done = _git(base, "apply", "-", input=diff.encode())
+    done = git(base, "apply", "-", input=diff.encode())
     assert done.returncode == 0, done.stderr
     assert os.readlink(base / "d") == "other" and (base / "other" / "a.py").read_bytes() == b"y\n"
 
@@ -405,22 +399,11 @@ async def test_apply_never_overwrites_what_changed_in_the_repository_meanwhile(k
 
 
 # -- 6: --apply writes into the developer's own files ---------------------------------------
-class _DirWorkspace:
-    """What export_changes reads of a workspace (stat, read_bytes), over a plain directory."""
-
-    def __init__(self, root: Path):
-        self.fs = ConfinedFS(root)
-
-    async def stat(self, path: str):
-        return self.fs.stat(path)
-
-    async def read_bytes(self, path: str) -> bytes:
-        return self.fs.read_bytes(path)
 
 
 def _agent_ran(
     tmp_path: Path, files: dict[str, bytes], change, modes: dict[str, int] | None = None
-) -> tuple[Path, Path, _DirWorkspace, str]:
+) -> tuple[Path, Path, DirWorkspace, str]:
     """A repository holding `files` (with `modes`), its snapshot, and a workspace copy `change(work)`
     edited: (repo, snapshot, workspace, diff), the diff as a workspace makes it (.git and
     __pycache__ left out)."""
@@ -435,7 +418,7 @@ def _agent_ran(
     shutil.copytree(repo, work, symlinks=True)
     change(work)
     diff = tree_diff(snapshot, work, set(walk_files(snapshot)) | set(walk_files(work)), [".git", "__pycache__"])
-    return repo, snapshot, _DirWorkspace(work), diff
+    return repo, snapshot, DirWorkspace(work), diff
 
 
 async def test_apply_writes_files_in_place_keeping_hard_links_owner_and_xattrs(tmp_path):
