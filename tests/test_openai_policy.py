@@ -313,6 +313,25 @@ async def test_no_tools_sends_no_tools_field(ws, endpoint):
     assert "tools" not in fake.requests[0]
 
 
+@pytest.mark.parametrize(("temperature", "sent"), [(0.0, 0.0), (0.7, 0.7), (1.0, None), (None, None)])
+async def test_the_engine_temperature_is_sent_unless_it_is_the_apis_default(ws, server, temperature, sent):
+    """`vivace bench --model URL#M --temperature 0` sampled at the server's default: the policy sent
+    no temperature. The API's own default (1) stays unsent: some models refuse the field."""
+    from vivace.config import EngineConfig
+    from vivace.harness.policies import load_policy
+
+    fake, url = server
+    fake.replies, fake.requests, fake.refused = [DONE], [], []
+    engine = EngineConfig() if temperature is None else EngineConfig(temperature=temperature)
+    policy = load_policy(f"{url}/v1#fake-1", engine if temperature is not None else None)
+    try:
+        traj = await run_episode(policy, ws, "just answer")
+    finally:
+        await policy.aclose()
+    assert traj.stop_reason == "done", traj.error
+    assert fake.requests[0].get("temperature") == sent and ("temperature" in fake.requests[0]) == (sent is not None)
+
+
 def test_request_form_for_strict_servers():
     from vivace.harness.policies import _for_api
 

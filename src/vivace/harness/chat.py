@@ -48,7 +48,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from vivace.harness.messages import Message, ToolCall, decode_call
+from vivace.harness.messages import Message, SpelledArguments, ToolCall, decode_call
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ _NAME = re.compile(r'"name"\s*:\s*("(?:[^"\\]|\\.)*")')
 _ALL_TAG_RE = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")")
 _TEXT = False  # piece kinds in a parsed turn: text, or a control tag
 _TAG = True
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 class ChatFormat:
@@ -411,7 +412,8 @@ def _template_dict(message: Message) -> dict[str, Any]:
     d = message.to_openai()
     for call, rendered in zip(message.tool_calls, d.get("tool_calls", ()), strict=True):
         if isinstance(call.arguments, dict):
-            rendered["function"]["arguments"] = call.arguments
+            spelled = getattr(call.arguments, "json_text", None)  # as the model wrote it, rendered verbatim
+            rendered["function"]["arguments"] = spelled if isinstance(spelled, str) else call.arguments
     return d
 
 
@@ -552,7 +554,30 @@ def _parse_body(call_id: str, raw: str) -> ToolCall:
         got = f" (got {', '.join(map(json.dumps, extra))})" if extra else ""
         return ToolCall(call_id, name, raw, f'the tool call must have exactly the keys "name" and "arguments"{got}')
     decoded = decode_call(call_id, name, obj["arguments"])
-    return decoded if decoded.error is None else ToolCall(call_id, name, raw, decoded.error)
+    if decoded.error is not None:
+        return ToolCall(call_id, name, raw, decoded.error)
+    spelled = _member_text(raw, "arguments")
+    if spelled is not None and spelled.startswith("{"):  # an object as written (not a JSON string of one)
+        return ToolCall(call_id, name, SpelledArguments(decoded.arguments, spelled))
+    return decoded
+
+
+def _member_text(raw: str, key: str) -> str | None:
+    """The text of the value of `key` in the JSON object `raw` (valid JSON), the last one when the
+    key repeats (as json.loads takes it)."""
+    decoder, found = json.JSONDecoder(), None
+    at = _JSON_SPACE.match(raw).end() + 1  # past the object's "{"
+    while True:
+        at = _JSON_SPACE.match(raw, at).end()
+        if raw[at] == "}":
+            return found
+        name, at = decoder.raw_decode(raw, at)
+        at = _JSON_SPACE.match(raw, _JSON_SPACE.match(raw, at).end() + 1).end()  # past the ":"
+        _, end = decoder.raw_decode(raw, at)
+        if name == key:
+            found = raw[at:end]
+        at = _JSON_SPACE.match(raw, end).end()
+        at += raw[at] == ","
 
 
 def _recover_name(raw: str) -> str:

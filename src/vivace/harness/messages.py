@@ -25,8 +25,23 @@ class ToolCall:
     error: str | None = None  # why the call is malformed (set by the parser); None when well formed
 
     def to_openai(self) -> dict[str, Any]:
-        args = self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments, ensure_ascii=False)
+        """The OpenAI form; the arguments string is spelled as the model wrote it (SpelledArguments)."""
+        args = self.arguments
+        if not isinstance(args, str):
+            spelled = getattr(args, "json_text", None)
+            args = spelled if isinstance(spelled, str) else json.dumps(args, ensure_ascii=False)
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
+
+
+class SpelledArguments(dict):
+    """A call's JSON-object arguments that remember the text they were decoded from (`json_text`: key
+    order, spacing, escapes, repeated keys). Over the chat API a past call comes back as that text,
+    and the chat format renders it verbatim, not re-dumped: the model reads the call as it wrote it,
+    as a token-level rollout holds it (training samples the exact tokens)."""
+
+    def __init__(self, arguments: dict[str, Any], json_text: str):
+        super().__init__(arguments)
+        self.json_text = json_text
 
 
 @dataclass(frozen=True)
@@ -114,15 +129,18 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
     """A ToolCall from a name and arguments that may be a JSON string (OpenAI) or an object."""
     if not isinstance(name, str) or not name:
         return ToolCall(call_id, "", arguments, "the tool call has no tool name")
-    if isinstance(arguments, str):
+    text = arguments if isinstance(arguments, str) else None
+    if text is not None:
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = json.loads(text) if text.strip() else {}
         except json.JSONDecodeError as e:
-            return ToolCall(call_id, name, arguments, f"the arguments are not valid JSON ({e})")
+            return ToolCall(call_id, name, text, f"the arguments are not valid JSON ({e})")
     if not isinstance(arguments, dict):
         return ToolCall(
             call_id, name, arguments, f"the arguments must be a JSON object, got {type(arguments).__name__}"
         )
+    if text is not None and text[:1] == "{" and text[-1:] == "}":  # the object as written: keep its spelling
+        return ToolCall(call_id, name, SpelledArguments(arguments, text))
     return ToolCall(call_id, name, arguments)
 
 

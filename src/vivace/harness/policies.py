@@ -68,7 +68,8 @@ def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     `engine` sets how a token-level model is run and sampled (temperature...)."""
     if spec.startswith(("http://", "https://")):
         base_url, _, model = spec.partition("#")
-        return OpenAIPolicy(base_url, model or None, name=spec)
+        temperature = engine.temperature if engine is not None else None
+        return OpenAIPolicy(base_url, model or None, name=spec, temperature=temperature)
     if spec == "scripted:null":
         return NullPolicy()
     if spec.startswith("scripted:replay:"):
@@ -170,11 +171,19 @@ class OpenAIPolicy:
     times with backoff (honouring Retry-After up to two minutes); nothing else is retried."""
 
     def __init__(
-        self, base_url: str, model: str | None, name: str, timeout_s: float = 600.0, max_retries: int = 2
+        self,
+        base_url: str,
+        model: str | None,
+        name: str,
+        timeout_s: float = 600.0,
+        max_retries: int = 2,
+        temperature: float | None = None,
     ) -> None:
         import openai  # lazy: only this policy needs the client
 
         self.name, self.model = name, model
+        # Sent unless it is the API's own default (1), which some models refuse to be sent at all.
+        self.temperature = None if temperature == 1.0 else temperature
         key = os.environ.get("OPENAI_API_KEY") or "EMPTY"  # local servers accept any key
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries)
         self._openai = openai
@@ -205,6 +214,8 @@ class OpenAIPolicy:
             "messages": [_for_api(m) for m in conversation.messages],
             "max_tokens": conversation.max_turn_tokens,
         }
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
         if conversation.tools:  # OpenAI refuses an empty list ("tools: expected at least 1 item")
             request["tools"] = conversation.tools
         try:
