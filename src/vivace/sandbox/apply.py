@@ -182,7 +182,7 @@ def _link_refused(rel: str, to: str, target: ConfinedFS, dest: Path) -> str | No
     fixed by where the link is, and every link on its way down was checked the same way. A target
     that does not exist (yet) is fine: git stores such links, and one leads nowhere outside."""
     if to.startswith("/"):
-        return f"a symlink to the absolute path {to}, which here is not the sandbox's: not carried over"
+        return f"a symlink to the absolute path {to}: in the sandbox that named the sandbox's file, not this machine's; not carried over"
     parts = [p for p in to.split("/") if p not in ("", ".")]
     ups = next((i for i, p in enumerate(parts) if p != ".."), len(parts))  # the leading `..`s
     names = parts[ups:]
