@@ -144,8 +144,10 @@ class _EngineActor:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         return await self.engine.generate(prompt_ids, params)
 
-    def update_weights(self, state: dict[str, torch.Tensor], version: int | None = None) -> int:
-        return self.engine.update_weights(state, version)
+    async def update_weights(self, state: dict[str, torch.Tensor], version: int | None = None) -> int:
+        # From a thread: a sync method would hold the actor's event loop (every generate call waiting to be
+        # submitted) while the update waits for the step in progress and copies the weights.
+        return await asyncio.to_thread(self.engine.update_weights, state, version)
 
     def join_weight_sync(self, address: str, rank: int, world_size: int) -> None:
         """Joins the trainer's broadcast group (rl/weight_sync.py) as receiver `rank`."""
