@@ -25,23 +25,12 @@ from vivace.harness.tools import default_tools
 from vivace.harness.tools.base import tool_schema
 from vivace.inference.replies import Output, Shape, reply
 from vivace.model.checkpoint import load_tokenizer
-
-
-def sampled_spans(mask: list[int]) -> list[tuple[int, int]]:
-    """The (start, end) of each run of trained (sampled) tokens."""
-    spans, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
+from vivace.rl.rollout import _runs  # the sampled turns' [start, end) in the token log
 
 
 def first_parting(chat: ChatFormat, trajectory: dict, tools: list[dict]) -> str | None:
     """None when every turn's prompt over the chat API equals the episode's tokens, else where it parts."""
-    ids, spans = trajectory["tokens"]["ids"], sampled_spans(trajectory["tokens"]["loss_mask"])
+    ids, spans = trajectory["tokens"]["ids"], _runs(trajectory["tokens"]["loss_mask"])
     conversation = [Message("system", trajectory["system_prompt"]), Message("user", trajectory["request"])]
     if chat.prompt_ids(conversation, tools) != ids[: spans[0][0]]:
         return "turn 0: the first prompt differs"
