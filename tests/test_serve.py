@@ -9,6 +9,7 @@ OpenAI wire format — is checked against a known answer."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -388,6 +389,30 @@ def test_vivace_serve_command(taught, tmp_path):
     bad = subprocess.run([*VIVACE, "serve", "--model", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "not a model" in bad.stderr
+
+
+def test_vivace_serve_on_port_0_says_the_port_it_took():
+    """uvicorn picked a free port and the command said `on http://127.0.0.1:0/v1`: nobody could reach it.
+    The command binds the socket itself, says its port, and serves on it."""
+    proc = subprocess.Popen([*VIVACE, "serve", "--model", "tiny", "--port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = next(line for line in proc.stderr if line.startswith("serving"))
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", line).group(1))
+        assert port > 0, line
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["status"] == "ok"
+                break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            raise AssertionError(f"nothing answers on the port it said ({line.strip()})")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stderr.close()
 
 
 VIVACE = [sys.executable, "-c", "from vivace.cli import main; main()"]

@@ -136,11 +136,12 @@ def check_out(path: Path, directory: bool, option: str = "--out") -> None:
         raise typer.Exit(2)
 
 
-def listen_problem(host: str, port: int) -> str | None:
-    """Why a server cannot listen on `host`:`port` now (a name that does not resolve, an address this
-    machine does not have, a port in use or not allowed), else None. Found by binding a socket the way
-    uvicorn will (SO_REUSEADDR) and closing it: uvicorn only logs the failure, after the app (and the
-    model it serves) started. A port taken between this check and the server's bind still fails there."""
+def listening_socket(host: str, port: int):
+    """A socket bound to `host`:`port` the way uvicorn binds one (SO_REUSEADDR; port 0 picks a free one),
+    for a server to be handed (`uvicorn.Server.run(sockets=...)`), so that what was checked is what
+    serves; ValueError saying why it cannot be (a name that does not resolve, an address this machine
+    does not have, a port in use or not allowed). uvicorn itself only logs such a failure, after the
+    app (and the model it serves) started."""
     import errno
     import socket
 
@@ -149,16 +150,28 @@ def listen_problem(host: str, port: int) -> str | None:
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except (socket.gaierror, UnicodeError) as e:
-        return f"host {host!r} is no address or name this machine resolves ({e}); give e.g. 127.0.0.1 or 0.0.0.0"
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(address)
-        except OSError as e:
-            what = {errno.EADDRINUSE: "give another --port (0 picks a free one) or stop what holds it",
-                    errno.EADDRNOTAVAIL: "give an address of this machine, or 0.0.0.0 for all of them",
-                    errno.EACCES: "ports below 1024 need privileges; give one of 1024 or more"}.get(e.errno, "")  # fmt: skip
-            return f"cannot listen on {host}:{port}: {e.strerror}" + (f"; {what}" if what else "")
+        raise ValueError(f"host {host!r} is no address or name this machine resolves ({e}); give e.g. 127.0.0.1 "
+                         "or 0.0.0.0") from None  # fmt: skip
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        what = {errno.EADDRINUSE: "give another --port (0 picks a free one) or stop what holds it",
+                errno.EADDRNOTAVAIL: "give an address of this machine, or 0.0.0.0 for all of them",
+                errno.EACCES: "ports below 1024 need privileges; give one of 1024 or more"}.get(e.errno, "")  # fmt: skip
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}" + (f"; {what}" if what else "")) from None
+    return sock
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server cannot listen on `host`:`port` now (listening_socket), else None. A port taken
+    between this check and the server's own bind still fails there."""
+    try:
+        listening_socket(host, port).close()
+    except ValueError as e:
+        return str(e)
     return None
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import app, check_listen, err, out, status_say
+from vivace.cli import app, err, listening_socket, out, status_say
 from vivace.config import EngineConfig
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
@@ -40,18 +40,26 @@ def serve(
     if model is None:
         err.print("[red]error:[/] give --model (tiny or a checkpoint directory)")
         raise typer.Exit(2)
-    check_listen(host, port)  # before the model loads, which can take minutes
+    try:  # bound before the model loads, which can take minutes; --port 0 is then the port it picked
+        sock = listening_socket(host, port)
+    except ValueError as e:
+        from rich.markup import escape
+
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
     import uvicorn
 
     from vivace.inference.server import create_app
 
-    engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))
-    name = served_name or model
-    err.print(f"serving {name!r} on http://{host}:{port}/v1 (max batch {max_batch})")
-    try:
-        uvicorn.run(create_app(engine, chat, name), host=host, port=port, log_level="warning")
-    finally:
-        engine.close()
+    with sock:
+        engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))
+        name = served_name or model
+        shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+        err.print(f"serving {name!r} on http://{shown}:{sock.getsockname()[1]}/v1 (max batch {max_batch})")
+        try:
+            uvicorn.Server(uvicorn.Config(create_app(engine, chat, name), log_level="warning")).run(sockets=[sock])
+        finally:
+            engine.close()
 
 
 def _engine_config(**options) -> EngineConfig:
