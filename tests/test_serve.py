@@ -391,19 +391,26 @@ def test_vivace_serve_command(taught, tmp_path):
     assert bad.returncode == 2 and "not a model" in bad.stderr
 
 
-def test_vivace_serve_on_port_0_says_the_port_it_took():
-    """uvicorn picked a free port and the command said `on http://127.0.0.1:0/v1`: nobody could reach it.
-    The command binds the socket itself, says its port, and serves on it."""
-    proc = subprocess.Popen([*VIVACE, "serve", "--model", "tiny", "--port", "0"],
+@pytest.mark.parametrize(
+    ("command", "health", "healthy"),
+    [(["serve", "--model", "tiny"], "/health", ("status", "ok")),
+     (["sandbox", "serve", "--backend", "plain"], "/v1/health", ("ok", True))],
+)  # fmt: skip
+def test_servers_on_port_0_say_the_port_they_took(command, health, healthy, tmp_path):
+    """uvicorn picked a free port and `serve` said `on http://127.0.0.1:0/v1`: nobody could reach it.
+    Both commands bind the socket themselves, say its port, and serve on it."""
+    extra = ["--state-dir", str(tmp_path / "state")] if command[0] == "sandbox" else []
+    proc = subprocess.Popen([*VIVACE, *command, "--port", "0", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         line = next(line for line in proc.stderr if line.startswith("serving"))
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", line).group(1))
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", line).group(1))
         assert port > 0, line
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
-                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["status"] == "ok"
+                key, value = healthy
+                assert httpx.get(f"http://127.0.0.1:{port}{health}", timeout=2).json()[key] == value
                 break
             except httpx.HTTPError:
                 time.sleep(0.3)

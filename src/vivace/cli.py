@@ -165,23 +165,15 @@ def listening_socket(host: str, port: int):
     return sock
 
 
-def listen_problem(host: str, port: int) -> str | None:
-    """Why a server cannot listen on `host`:`port` now (listening_socket), else None. A port taken
-    between this check and the server's own bind still fails there."""
+def bound_or_exit(host: str, port: int):
+    """listening_socket, or exit 2 with one line saying why it cannot be."""
     try:
-        listening_socket(host, port).close()
+        return listening_socket(host, port)
     except ValueError as e:
-        return str(e)
-    return None
-
-
-def check_listen(host: str, port: int) -> None:
-    """Exit 2 with one line when a server cannot listen on `host`:`port` (listen_problem)."""
-    if problem := listen_problem(host, port):
         from rich.markup import escape
 
-        err.print(f"[red]error:[/red] {escape(problem)}")
-        raise typer.Exit(2)
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
 
 
 def _config(
@@ -551,8 +543,7 @@ def sandbox_serve(
         problems = "; ".join(f"--{x['loc'][0]}: {x['msg']}" for x in e.errors())  # no value: --token is a secret
         err.print(f"[red]error:[/red] {escape(problems)}")
         raise typer.Exit(2) from None
-    check_listen(cfg.server.host, cfg.server.port)
-    serve(cfg)
+    serve(cfg, bound_or_exit(cfg.server.host, cfg.server.port))
 
 
 def main() -> None:

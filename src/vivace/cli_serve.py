@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import app, err, listening_socket, out, status_say
+from vivace.cli import app, bound_or_exit, err, out, status_say
 from vivace.config import EngineConfig
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
@@ -40,13 +40,7 @@ def serve(
     if model is None:
         err.print("[red]error:[/] give --model (tiny or a checkpoint directory)")
         raise typer.Exit(2)
-    try:  # bound before the model loads, which can take minutes; --port 0 is then the port it picked
-        sock = listening_socket(host, port)
-    except ValueError as e:
-        from rich.markup import escape
-
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2) from None
+    sock = bound_or_exit(host, port)  # before the model loads, which can take minutes; --port 0: the port taken
     import uvicorn
 
     from vivace.inference.server import create_app

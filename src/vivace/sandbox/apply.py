@@ -80,12 +80,15 @@ async def export_changes(
     files: dict[str, FileStat] = {}  # path -> its stat in the workspace, for the paths to write
     links: dict[str, str] = {}  # path -> its target in the workspace, for the symlinks to write
     gone: list[str] = []  # paths to remove
-    link_dirs: dict[str, bool] = {}
+    # What the diff removes is gone, though the workspace's stat may find something there: beyond a
+    # directory the agent replaced by a link it follows the link to its target's file of that name.
+    # A special file, which a diff shows as removed, is the one exception: it is left, with why.
+    removed = _header_paths(diff_text, "deleted file mode ") - _header_paths(diff_text, "new file mode ")
     for rel in changed_paths(diff_text):
         try:
-            # Beyond a directory the agent replaced by a link, a path is gone (as in the diff), not the
-            # file of the same name in the link's target.
-            st = None if await _beyond_link(workspace, rel, link_dirs) else await workspace.stat(rel)
+            st = await workspace.stat(rel)
+            if rel in removed and st.kind != "other":
+                st = None
         except (WorkspaceFileNotFound, NotAFileError):  # NotAFileError: a parent is a file now
             st = None
         except (OSError, SandboxError) as e:
@@ -123,7 +126,7 @@ async def export_changes(
     parents = {d for rel in [*files, *links] for d in _ancestors(rel)}  # kept: they keep their mode and owner
     _prune_empty_dirs(target, emptied, keep=parents)
 
-    mode_changed = _mode_changes(diff_text)
+    mode_changed = _header_paths(diff_text, "old mode ")
     for rel, st in files.items():
         try:
             data = await _workspace_version(workspace, rel, st.size)
@@ -143,19 +146,6 @@ async def export_changes(
         write = partial(_write_link, target, rel)
         _apply_entry(rel, os.fsencode(to), "symlink", write, target, before, report, dest)
     return report
-
-
-async def _beyond_link(workspace, rel: str, memo: dict[str, bool]) -> bool:
-    """Whether a directory on the way to `rel` is a symlink in the workspace (`memo`: by directory)."""
-    parent = posixpath.dirname(rel)
-    if not parent:
-        return False
-    if parent not in memo:
-        memo[parent] = await _beyond_link(workspace, parent, memo)
-        if not memo[parent]:
-            with suppress(WorkspaceFileNotFound, NotAFileError):
-                memo[parent] = (await workspace.stat(parent)).kind == "symlink"
-    return memo[parent]
 
 
 def _workspace_link(workspace, rel: str) -> str:
@@ -306,14 +296,14 @@ def _ancestors(rel: str) -> Iterator[str]:
         yield rel
 
 
-def _mode_changes(diff_text: str) -> set[str]:
-    """The paths whose header in `diff_text` says their mode changed (`old mode`, `new mode`);
-    a hunk's lines start with a space, + or -, so no content line reads like this."""
+def _header_paths(diff_text: str, prefix: str) -> set[str]:
+    """The paths whose section header in `diff_text` has a line starting with `prefix` (`old mode `,
+    `deleted file mode `); a hunk's lines start with a space, + or -, so no content line reads like one."""
     out, rel = set(), None
     for line in diff_text.split("\n"):
         if line.startswith("diff --git "):
             rel = header_path(line[len("diff --git ") :])
-        elif line.startswith("old mode ") and rel is not None:
+        elif line.startswith(prefix) and rel is not None:
             out.add(rel)
     return out
 

@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import sys
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -646,8 +647,9 @@ def configured_limits(server: ServerConfig) -> dict[str, Any]:
     }
 
 
-def serve(config: VivaceConfig) -> None:
-    """Run the server in the foreground until interrupted (the `vivace sandbox serve` command)."""
+def serve(config: VivaceConfig, sock: socket.socket | None = None) -> None:
+    """Run the server in the foreground until interrupted (the `vivace sandbox serve` command), on
+    `sock` when given (bound to config.server's address already), else binding that address."""
     token, generated = resolve_token(config.server)
     if generated:
         # Printed once, here only: it is needed by every client and stored nowhere.
@@ -656,6 +658,9 @@ def serve(config: VivaceConfig) -> None:
             file=sys.stderr,
             flush=True,
         )
+    host, port = config.server.host, sock.getsockname()[1] if sock is not None else config.server.port
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+    print(f"serving workspaces on http://{shown}:{port}", file=sys.stderr, flush=True)  # --port 0: the one taken
     if config.server.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("environment server bound to %s: reachable from the network, without TLS", config.server.host)
     app = create_app(
@@ -675,4 +680,4 @@ def serve(config: VivaceConfig) -> None:
         )
     )
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is how it stops
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
