@@ -65,3 +65,63 @@ def test_two_ranks_equal_one(tmp_path):
         assert torch.allclose(v, two["state"][k], atol=1e-5), k
     uneven = run(2, tmp_path, uneven=True)  # rank 0 gets 3 samples, rank 1 gets 2: padded, no hang
     assert uneven["stats"]["grad_norm"] > 0
+
+
+RESUME = r"""
+import json, os, sys, torch
+import torch.distributed as dist
+rank, world, port, ckpt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+from pathlib import Path
+import vivace.rl.trainer as T
+from vivace.config import TrainConfig
+reads = []
+real_load_model = T.load_model
+T.load_model = lambda spec, *a, **k: (reads.append(spec), real_load_model(spec, *a, **k))[1]
+cfg = TrainConfig(model="tiny", lr=1e-2, micro_batch_tokens=64)
+trainer = T.Trainer("tiny", cfg, rank=rank, world_size=world)
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(7, 2048, (40,), generator=g).tolist()
+sample = T.Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-8.0] * 30, [-1] * 10 + [0] * 30, 1.0)
+trainer.train_step([sample, sample])
+trainer.save(Path(ckpt))
+fresh = T.Trainer("tiny", cfg, rank=rank, world_size=world)
+fresh.load(Path(ckpt))
+a, b = trainer.full_state_dict(), fresh.full_state_dict()
+same = rank != 0 or all(torch.equal(a[k], b[k]) for k in a)
+out = {"rank": rank, "reads": reads, "same": same, "step": fresh.step}
+dist.barrier()
+if rank == 0:  # a damaged optimizer state, which only rank 0 reads
+    state = Path(ckpt) / "trainer.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+dist.barrier()
+try:
+    fresh.load(Path(ckpt))
+    out["damaged"] = "loaded"
+except ValueError as e:
+    out["damaged"] = str(e)
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_read_the_checkpoint_once_and_fail_together(tmp_path):
+    """Rank 0 alone reads the weights (at the start and on resume) and the others get their shards by
+    broadcast: a resumed trainer holds the saved weights and step; a damaged checkpoint, which only rank 0
+    reads, is the same ValueError on every rank instead of a rank waiting forever for the broadcast."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ckpt = tmp_path / "step_1"
+    procs = [subprocess.Popen([sys.executable, "-c", RESUME, str(r), "2", port, str(ckpt)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[0][1][-2000:] + outs[1][1][-2000:]
+    zero, one = (json.loads(o[0].strip().splitlines()[-1]) for o in outs)
+    assert zero["reads"] == ["tiny", "tiny", str(ckpt / "model"), str(ckpt / "model")] and one["reads"] == []
+    assert zero["same"] and zero["step"] == one["step"] == 1
+    for out in (zero, one):
+        assert out["damaged"].startswith(f"{ckpt}: cannot resume from this checkpoint"), out["damaged"]

@@ -13,7 +13,7 @@ and the Hugging Face ecosystem with no conversion step.
 a freshly initialised model (seeded, so every process gets the same weights) with the reference
 tokenizer; `tiny-init` is always that fresh model (the warm start's starting point, and tests
 that need an untrained policy). Not covered: downloading from a hub (nothing is fetched at run
-time) and sharded loading across devices (the trainer does that).
+time) and sharded loading across devices (rl/trainer.py's load_sharded does that).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ gives the weights for the sampler; `save`/`load` checkpoint the weights (a Huggi
 directory), the optimizer and the step.
 
 How: the model is sharded with FSDP2 (`fully_shard` per decoder layer, then the root) over a
-process group (gloo on CPU, NCCL on GPU); with one rank that is a group of one, so the same code
+process group (gloo on CPU, NCCL on GPU) before it holds any weight, and rank 0 broadcasts the
+checkpoint into the shards (`load_sharded`), so no rank ever holds the whole model on its device
+(a 30B model is 120 GB in fp32); with one rank that is a group of one, so the same code
 runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
 gradients; ranks with fewer micro-batches run empty ones so their collectives stay in step).
 Micro-batches are rows of about `micro_batch_tokens` tokens: several rollouts packed end to end,
@@ -28,6 +30,7 @@ it near what the warm start learnt from those episodes.
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import random
@@ -46,9 +49,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from vivace.config import TrainConfig
-from vivace.model.checkpoint import load_model, save_checkpoint
+from vivace.model.checkpoint import load_model, load_tokenizer, save_checkpoint
 from vivace.rl.loss import LossConfig, policy_loss
 from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, shared_prefix
 from vivace.rl.sft_train import read_episodes
@@ -92,6 +96,41 @@ def init_distributed(rank: int = 0, world_size: int = 1) -> None:
     dist.init_process_group(backend, rank=rank, world_size=world_size)
 
 
+def load_sharded(spec: str, device: str, rank: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model `spec` names, sharded with FSDP2 over the trainer's group, and its tokenizer; every rank
+    calls it. Each rank builds the model on the meta device and shards it before any weight exists, so a
+    rank never holds more than its shard; rank 0 alone reads the checkpoint (on CPU, with load_model's
+    checks) and broadcasts the weights into the shards. Buffers no checkpoint holds (rotary
+    frequencies) are rank 0's too. A checkpoint rank 0 refuses raises the same ValueError on every rank."""
+    found: list = [None]
+    if rank == 0:
+        try:
+            loaded = load_model(spec)
+            found = [(loaded.model.config, dict(loaded.model.named_buffers()))]
+        except Exception as e:  # the other ranks wait for this broadcast: they must hear of it
+            found = [ValueError(str(e)) if isinstance(e, ValueError) else RuntimeError(f"rank 0: {e!r}")]
+            if dist.get_world_size() == 1:
+                raise
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0, device=torch.device(device))
+    if isinstance(found[0], Exception):
+        raise found[0]
+    config, buffers = found[0]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    model.to_empty(device=device)
+    weights = loaded.model.state_dict() if rank == 0 else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, weights, options=options)
+    with torch.no_grad():
+        for name, value in buffers.items():
+            model.get_buffer(name).copy_(value)
+    return model, (loaded.tokenizer if rank == 0 else load_tokenizer(spec))
+
+
 class Trainer:
     def __init__(
         self,
@@ -109,13 +148,9 @@ class Trainer:
         self.temperature = temperature if temperature > 0 else 1.0
         self.updates_per_step = updates_per_step
         self.device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-        loaded = load_model(model_spec, device=self.device)
-        self.tokenizer = loaded.tokenizer
-        self.model = loaded.model.train()
-        self.model.set_attn_implementation(PACKED)
-        for layer in self.model.model.layers:
-            fully_shard(layer)
-        fully_shard(self.model)
+        self.model, self.tokenizer = load_sharded(model_spec, self.device, rank)
+        self.config = copy.deepcopy(self.model.config)  # as loaded: what a saved checkpoint describes
+        self.model.train().set_attn_implementation(PACKED)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps
         )
@@ -265,23 +300,52 @@ class Trainer:
         optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
         if self.rank == 0:
             path.mkdir(parents=True, exist_ok=True)
-            plain = load_model(self.cfg.model).model  # an unsharded twin writes the standard directory
-            plain.load_state_dict(weights, strict=False)  # tied weights (lm_head) follow the embedding
+            with torch.device("meta"):  # an unsharded twin writes the standard directory, holding `weights`
+                plain = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+            plain.load_state_dict(weights, strict=False, assign=True)
+            plain.tie_weights()  # tied weights (lm_head) follow the embedding
             save_checkpoint(plain, self.tokenizer, path / "model")
             torch.save({"optimizer": optim, "step": self.step}, path / "trainer.pt")
 
     def load(self, path: Path) -> None:
         """Weights, optimizer and step of checkpoint `path` (as `save` wrote them); a ValueError naming it
-        and saying why when it does not load (load_model's for the weights)."""
-        options = StateDictOptions(full_state_dict=True)
-        weights = load_model(str(path / "model")).model.state_dict()
+        and saying why when it does not load (load_model's for the weights), on every rank. Rank 0 alone
+        reads it and broadcasts it into the other ranks' shards, as at the start (load_sharded)."""
+        weights: dict = {}
+        saved: dict = {"optimizer": {}}
+        found: list = [None]
+        if self.rank == 0:
+            try:
+                weights = load_model(str(path / "model")).model.state_dict()
+                saved = torch.load(path / "trainer.pt", weights_only=False)
+                found = [(int(saved["step"]), self._mismatch(weights))]
+            except Exception as e:  # the other ranks wait for this broadcast: they must hear of it
+                found = [e]
+        if self.world_size > 1:
+            dist.broadcast_object_list(found, src=0, device=torch.device(self.device))
         try:
-            set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-            saved = torch.load(path / "trainer.pt", weights_only=False)
+            if isinstance(found[0], Exception):
+                raise found[0]
+            step, mismatch = found[0]
+            if mismatch:
+                raise ValueError(mismatch)
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+            set_model_state_dict(self.model, weights, options=options)
             set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
-            self.step = saved["step"]
+            self.step = step
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"{path}: cannot resume from this checkpoint ({type(e).__name__}: {first}); it is "
                              "damaged or of another model: move it out of checkpoints/ to resume from the one "
                              "before") from e  # fmt: skip
+
+    def _mismatch(self, weights: dict[str, torch.Tensor]) -> str:
+        """How a checkpoint's weights differ in names or shapes from the policy's ('' when they fit): found
+        before the broadcast, which a mismatch would leave half done on some ranks."""
+        own = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}  # global shapes of the shards
+        wrong = sorted(k for k in weights.keys() & own.keys() if tuple(weights[k].shape) != own[k])
+        missing = sorted(own.keys() - weights.keys())
+        extra = sorted(weights.keys() - own.keys())
+        parts = [f"{what}: {', '.join(keys[:3])}" for what, keys in
+                 (("other shapes", wrong), ("missing", missing), ("not in this model", extra)) if keys]  # fmt: skip
+        return "; ".join(parts)
