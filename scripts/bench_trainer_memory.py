@@ -1,7 +1,7 @@
 """The trainer's memory per rank: two FSDP2 ranks (gloo, CPU) start, take one step and save, for this
 checkout's trainer and for an earlier revision's, on a ~200M-parameter Qwen3-MoE made for the run.
 
-    .venv/bin/python scripts/bench_trainer_memory.py [--old REV] [--layers 12] [--hidden 768]
+    .venv/bin/python scripts/bench_trainer_memory.py [--old 913b0d2^] [--layers 12] [--hidden 768]
 
 Before load_sharded every rank loaded the whole model and then sharded it, so each rank's peak held the
 full weights (a 30B model is 120 GB in fp32: more than a GPU has); since, every rank builds the model on
@@ -99,7 +99,7 @@ def run(src: Path, model: Path, out: Path, world: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--old", default="HEAD", help="The revision to compare with.")
+    parser.add_argument("--old", default="913b0d2^", help="The revision to compare with.")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--world", type=int, default=2)

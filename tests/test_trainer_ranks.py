@@ -125,3 +125,50 @@ def test_two_ranks_read_the_checkpoint_once_and_fail_together(tmp_path):
     assert zero["same"] and zero["step"] == one["step"] == 1
     for out in (zero, one):
         assert out["damaged"].startswith(f"{ckpt}: cannot resume from this checkpoint"), out["damaged"]
+
+
+ANCHORED = r"""
+import json, os, sys, torch
+import torch.distributed as dist
+rank, world, port, data = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from vivace.config import TrainConfig
+from vivace.model.checkpoint import load_model
+from vivace.rl.trainer import Sample, Trainer
+cfg = TrainConfig(model="tiny", lr=1e-2, micro_batch_tokens=64, kl_coef=0.1, sft_data=data, sft_episodes=3)
+trainer = Trainer("tiny", cfg, rank=rank, world_size=world)
+ids = list(range(100, 140))
+sample = Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-8.0] * 30, [-1] * 10 + [0] * 30, 1.0)
+kl = [trainer.train_step([sample, sample])["kl_reference_k3"] for _ in range(2)]
+full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+ref = get_model_state_dict(trainer.reference, options=full)
+start = load_model("tiny").model.state_dict() if rank == 0 else {}
+print(json.dumps({"kl": kl, "experts": len(trainer._expert_rows()),
+                  "reference_kept": all(torch.equal(ref[k], start[k]) for k in ref)}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_with_a_sharded_reference_and_uneven_expert_rows(tmp_path):
+    """The frozen reference (kl_coef) is sharded like the policy, so its forward is a collective: with
+    three expert episodes a step, rank 0 packs two expert rows and rank 1 one, yet every rank's all-gathers
+    pair with the others' (the reference runs on expert rows too), and the reference stays the start."""
+    import socket
+
+    data = tmp_path / "expert.jsonl"
+    with data.open("w") as f:
+        for i in range(3):
+            f.write(json.dumps({"ids": list(range(200 + i, 248 + i)), "loss_mask": [0] * 16 + [1] * 32}) + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", ANCHORED, str(r), "2", port, str(data)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[0][1][-2000:] + outs[1][1][-2000:]
+    zero, one = (json.loads(o[0].strip().splitlines()[-1]) for o in outs)
+    assert (zero["experts"], one["experts"]) == (2, 1)
+    assert zero["kl"][0] == pytest.approx(0.0, abs=1e-9) and zero["kl"][1] > 1e-6
+    assert zero["reference_kept"]

@@ -157,7 +157,7 @@ class Trainer:
         self.loss_cfg = LossConfig(cfg.clip_low, cfg.clip_high, cfg.is_cap, cfg.kl_coef)
         self.reference = None
         if cfg.kl_coef > 0:  # a frozen copy of the starting policy
-            self.reference = load_model(model_spec, device=self.device).model.eval().requires_grad_(False)
+            self.reference = load_sharded(model_spec, self.device, rank)[0].eval().requires_grad_(False)
             self.reference.set_attn_implementation(PACKED)
         # Expert episodes for the supervised term (cfg.sft_data), visited in one seeded shuffled order
         # that every rank shares; the step number says where the cycle is, so a resumed run continues it.
@@ -207,6 +207,11 @@ class Trainer:
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)
             if isinstance(micro[0], Episode):  # the supervised term: mean cross-entropy over expert tokens
                 out, labels = forward_row(self.model, micro, trained_only=True)
+                if self.reference is not None and self.world_size > 1:
+                    # The sharded reference's forward is a collective too: ranks on a rollout row run it
+                    # here, so this rank runs it as well (unused), or the ranks' all-gathers would pair wrongly.
+                    with torch.no_grad():
+                        forward_row(self.reference, micro, trained_only=True)
                 ce = F.cross_entropy(out.logits[0].float(), labels, reduction="sum") / max(expert_tokens, 1)
                 (self.cfg.sft_coef * ce).backward()
                 stats_sum["sft_loss"] = stats_sum.get("sft_loss", 0.0) + float(ce.detach())
