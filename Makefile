@@ -43,7 +43,7 @@ bench: setup
 	$(BIN)/vivace serve bench --model tiny --json
 	$(BIN)/vivace train bench-pipeline --json
 
-# RL on the built-in defaults (the tiny preset: bundled tasks, 2 CPU cores).
+# RL on the built-in defaults (the tiny preset: the learnable task families, 2 CPU cores).
 train: setup
 	$(BIN)/vivace train
 

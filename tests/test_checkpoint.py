@@ -110,3 +110,43 @@ def test_a_checkpoint_that_does_not_load_to_resume_from_is_named(tmp_path):
     state.write_bytes(state.read_bytes()[:1000])
     with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'step_1'))}: cannot resume from this checkpoint"):
         trainer.load(tmp_path / "step_1")
+
+
+def test_a_resumed_trainer_takes_the_step_the_uninterrupted_one_takes(tmp_path):
+    """Trainer.save/load carry Adam's moments (a sharded distributed checkpoint, path/optimizer) and the step:
+    the step after a resume equals the uninterrupted run's, from this format and from the one before it
+    (trainer.pt holding the whole optimizer); an optimizer shard missing is a ValueError naming the checkpoint."""
+    import copy
+
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from vivace.config import TrainConfig
+    from vivace.rl.trainer import Sample, Trainer
+
+    cfg = TrainConfig(model="tiny-init", lr=1e-3)
+    ids = list(range(50, 90))
+    sample = Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-7.0] * 30, [-1] * 10 + [0] * 30, 1.0)
+    trainer = Trainer("tiny-init", cfg)
+    trainer.train_step([sample])
+    trainer.save(tmp_path / "step_1")
+    assert (tmp_path / "step_1" / "optimizer" / ".metadata").is_file()
+    whole = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True))
+    whole = copy.deepcopy(whole)  # on one rank it shares the live moments, which the next step changes
+    trainer.train_step([sample])
+    expected = trainer.full_state_dict()
+
+    old = tmp_path / "old_format"  # as vivace wrote checkpoints before the optimizer was sharded
+    shutil.copytree(tmp_path / "step_1" / "model", old / "model")
+    torch.save({"optimizer": whole, "step": 1}, old / "trainer.pt")
+    for checkpoint in (tmp_path / "step_1", old):
+        resumed = Trainer("tiny-init", cfg)
+        resumed.load(checkpoint)
+        assert resumed.step == 1
+        resumed.train_step([sample])
+        got = resumed.full_state_dict()
+        assert all(torch.equal(got[k], expected[k]) for k in expected), checkpoint
+    shard = next((tmp_path / "step_1" / "optimizer").glob("*.distcp"))
+    shard.unlink()
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'step_1'))}: cannot resume from this checkpoint"):
+        Trainer("tiny-init", cfg).load(tmp_path / "step_1")

@@ -29,7 +29,8 @@ stats = trainer.train_step(samples)
 state = trainer.full_state_dict()
 if rank == 0:
     torch.save(state, out)
-    print(json.dumps(stats))
+    print(json.dumps(stats), flush=True)
+dist.barrier()  # neither rank leaves the group while the other still talks to it (gloo aborted at exit)
 dist.destroy_process_group()
 """
 
@@ -100,7 +101,8 @@ try:
     out["damaged"] = "loaded"
 except ValueError as e:
     out["damaged"] = str(e)
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+dist.barrier()  # neither rank leaves the group while the other still talks to it
 dist.destroy_process_group()
 """
 
@@ -145,7 +147,8 @@ full = StateDictOptions(full_state_dict=True, cpu_offload=True)
 ref = get_model_state_dict(trainer.reference, options=full)
 start = load_model("tiny").model.state_dict() if rank == 0 else {}
 print(json.dumps({"kl": kl, "experts": len(trainer._expert_rows()),
-                  "reference_kept": all(torch.equal(ref[k], start[k]) for k in ref)}))
+                  "reference_kept": all(torch.equal(ref[k], start[k]) for k in ref)}), flush=True)
+dist.barrier()
 dist.destroy_process_group()
 """
 

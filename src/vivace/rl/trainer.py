@@ -40,7 +40,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -299,31 +301,34 @@ class Trainer:
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def save(self, path: Path) -> None:
-        """Weights as a Hugging Face directory (path/model), optimizer and step (path/trainer.pt)."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        """Weights as a Hugging Face directory (path/model, written by rank 0), the optimizer as a distributed
+        checkpoint (path/optimizer: every rank writes its own shard, so no rank gathers Adam's two copies of
+        the model) and the step (path/trainer.pt). Every rank calls it; the ranks must share `path`."""
         weights = self.full_state_dict()
-        optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        path.mkdir(parents=True, exist_ok=True)
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=path / "optimizer")
         if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
             with torch.device("meta"):  # an unsharded twin writes the standard directory, holding `weights`
                 plain = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
             plain.load_state_dict(weights, strict=False, assign=True)
             plain.tie_weights()  # tied weights (lm_head) follow the embedding
             save_checkpoint(plain, self.tokenizer, path / "model")
-            torch.save({"optimizer": optim, "step": self.step}, path / "trainer.pt")
+            torch.save({"step": self.step}, path / "trainer.pt")
 
     def load(self, path: Path) -> None:
         """Weights, optimizer and step of checkpoint `path` (as `save` wrote them); a ValueError naming it
         and saying why when it does not load (load_model's for the weights), on every rank. Rank 0 alone
-        reads it and broadcasts it into the other ranks' shards, as at the start (load_sharded)."""
+        reads the weights and broadcasts them into the other ranks' shards, as at the start (load_sharded);
+        each rank reads its own shard of the optimizer. A checkpoint from before the optimizer was sharded
+        (trainer.pt holding it whole) loads too, from rank 0 by broadcast."""
         weights: dict = {}
-        saved: dict = {"optimizer": {}}
+        saved: dict = {}
         found: list = [None]
         if self.rank == 0:
             try:
                 weights = load_model(str(path / "model")).model.state_dict()
                 saved = torch.load(path / "trainer.pt", weights_only=False)
-                found = [(int(saved["step"]), self._mismatch(weights))]
+                found = [(int(saved["step"]), "optimizer" in saved, self._mismatch(weights))]
             except Exception as e:  # the other ranks wait for this broadcast: they must hear of it
                 found = [e]
         if self.world_size > 1:
@@ -331,14 +336,20 @@ class Trainer:
         try:
             if isinstance(found[0], Exception):
                 raise found[0]
-            step, mismatch = found[0]
+            step, whole_optimizer, mismatch = found[0]
             if mismatch:
                 raise ValueError(mismatch)
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
             set_model_state_dict(self.model, weights, options=options)
-            set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
+            if whole_optimizer:
+                set_optimizer_state_dict(self.model, self.optimizer, saved.get("optimizer", {}), options=options)
+            else:
+                state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the shapes to fill
+                dcp.load(state, checkpoint_id=path / "optimizer")
+                set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
             self.step = step
-        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError,
+                CheckpointException) as e:  # fmt: skip
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"{path}: cannot resume from this checkpoint ({type(e).__name__}: {first}); it is "
                              "damaged or of another model: move it out of checkpoints/ to resume from the one "

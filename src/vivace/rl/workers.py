@@ -258,7 +258,7 @@ class _TrainerActor:
         """Rank 0 joins the broadcast group as the sender; returns the names it will send."""
         from vivace.rl.weight_sync import WeightBroadcast
 
-        names = sorted(self.trainer.full_state_dict())
+        names = sorted(self.trainer.model.state_dict())  # the full state's names, without gathering it
         if self.trainer.rank == 0:
             self.sync = WeightBroadcast(address, 0, world_size, self.trainer.device)
         return names

@@ -5,8 +5,8 @@
 - features: the hand-written feature tasks (vivace/tasks/features/*);
 - bundled: both;
 - families: the learnable task families in generated projects (vivace/tasks/families.py), stored
-  in vivace/tasks/data/families.jsonl (made with `vivace tasks families --out FILE`; the warm
-  start and `make train` use it).
+  in vivace/tasks/data/families.jsonl (made with `vivace tasks families --out FILE --train 700`, seed 0:
+  700 train, 70 validation, 210 test; the warm start and `make train` use it).
 
 Feature tasks come first, so `--n N` always includes them. `split` keeps one split (train / validation / test), which is decided by repository.
 
