@@ -175,3 +175,23 @@ def test_two_ranks_with_a_sharded_reference_and_uneven_expert_rows(tmp_path):
     assert (zero["experts"], one["experts"]) == (2, 1)
     assert zero["kl"][0] == pytest.approx(0.0, abs=1e-9) and zero["kl"][1] > 1e-6
     assert zero["reference_kept"]
+
+
+def test_an_error_rank_0_broadcasts_always_crosses():
+    """What rank 0 sends the other ranks when it cannot read a checkpoint must unpickle there: an exception
+    that does not (here: a class local to a function, which pickle cannot name) goes as a RuntimeError
+    naming it."""
+    import pickle
+
+    from vivace.rl.trainer import _portable
+
+    class Odd(Exception):
+        def __init__(self, a, b):
+            super().__init__(f"{a} and {b}")
+
+    with pytest.raises(AttributeError):
+        pickle.dumps(Odd(1, 2))
+    sent = pickle.loads(pickle.dumps(_portable(Odd(1, 2))))
+    assert isinstance(sent, RuntimeError) and str(sent) == "Odd: 1 and 2"
+    error = FileNotFoundError(2, "No such file", "trainer.pt")
+    assert _portable(error) is error

@@ -98,6 +98,17 @@ def init_distributed(rank: int = 0, world_size: int = 1) -> None:
     dist.init_process_group(backend, rank=rank, world_size=world_size)
 
 
+def _portable(error: Exception) -> Exception:
+    """`error` as it can cross broadcast_object_list (a pickle): itself when it pickles, else a
+    RuntimeError with its type and message (an exception that does not pickle would fail rank 0's send
+    and leave the other ranks waiting)."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
 def load_sharded(spec: str, device: str, rank: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model `spec` names, sharded with FSDP2 over the trainer's group, and its tokenizer; every rank
     calls it. Each rank builds the model on the meta device and shards it before any weight exists, so a
@@ -110,9 +121,9 @@ def load_sharded(spec: str, device: str, rank: int) -> tuple[PreTrainedModel, Pr
             loaded = load_model(spec)
             found = [(loaded.model.config, dict(loaded.model.named_buffers()))]
         except Exception as e:  # the other ranks wait for this broadcast: they must hear of it
-            found = [ValueError(str(e)) if isinstance(e, ValueError) else RuntimeError(f"rank 0: {e!r}")]
             if dist.get_world_size() == 1:
                 raise
+            found = [_portable(e)]
     if dist.get_world_size() > 1:
         dist.broadcast_object_list(found, src=0, device=torch.device(device))
     if isinstance(found[0], Exception):
@@ -330,7 +341,7 @@ class Trainer:
                 saved = torch.load(path / "trainer.pt", weights_only=False)
                 found = [(int(saved["step"]), "optimizer" in saved, self._mismatch(weights))]
             except Exception as e:  # the other ranks wait for this broadcast: they must hear of it
-                found = [e]
+                found = [_portable(e)]
         if self.world_size > 1:
             dist.broadcast_object_list(found, src=0, device=torch.device(self.device))
         try:
