@@ -264,6 +264,8 @@ BAD = [
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0]"),
     ({"messages": USER, "tools": [*TOOLS, {"type": "function", "function": {"name": "g", "parameters": "x"}}]},
      "tools[1]"),
+    ({"messages": USER, "tools": [*TOOLS, {"type": "function", "function": {"name": "f"}}]},
+     "tools[1] repeats the name 'f' of tools[0]"),
     ({"messages": USER, "tool_choice": "required"}, "needs tools"),
     ({"messages": USER, "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice 'sometimes' is not supported"),
     ({"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "g"}}},

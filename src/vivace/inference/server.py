@@ -384,7 +384,9 @@ def _check_renderable(value: Any, where: str) -> None:
 
 
 def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The tools, each a function with a name and (when given) a JSON Schema object of parameters."""
+    """The tools, each a function with a name of its own (a call names only its function) and (when given)
+    a JSON Schema object of parameters."""
+    first: dict[str, int] = {}
     for i, t in enumerate(tools):
         fn = t.get("function")
         named = isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]
@@ -392,6 +394,10 @@ def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ApiError(
                 400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}"
             )
+        if fn["name"] in first:
+            raise ApiError(400, f"tools[{i}] repeats the name {fn['name']!r} of tools[{first[fn['name']]}]: a call "
+                                "names only its function, so give each function a name of its own")  # fmt: skip
+        first[fn["name"]] = i
     return tools
 
 
