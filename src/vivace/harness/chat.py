@@ -411,9 +411,10 @@ def _template_dict(message: Message) -> dict[str, Any]:
     (so a rendered call is exactly what the model must generate)."""
     d = message.to_openai()
     for call, rendered in zip(message.tool_calls, d.get("tool_calls", ()), strict=True):
-        if isinstance(call.arguments, dict):
-            spelled = getattr(call.arguments, "json_text", None)  # as the model wrote it, rendered verbatim
-            rendered["function"]["arguments"] = spelled if isinstance(spelled, str) else call.arguments
+        if isinstance(call.arguments, SpelledArguments):  # as the model wrote it, rendered verbatim
+            rendered["function"]["arguments"] = call.arguments.json_text
+        elif isinstance(call.arguments, dict):
+            rendered["function"]["arguments"] = call.arguments
     return d
 
 

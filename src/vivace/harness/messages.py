@@ -27,9 +27,10 @@ class ToolCall:
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI form; the arguments string is spelled as the model wrote it (SpelledArguments)."""
         args = self.arguments
-        if not isinstance(args, str):
-            spelled = getattr(args, "json_text", None)
-            args = spelled if isinstance(spelled, str) else json.dumps(args, ensure_ascii=False)
+        if isinstance(args, SpelledArguments):
+            args = args.json_text
+        elif not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=False)
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
 
 

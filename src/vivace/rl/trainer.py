@@ -35,8 +35,10 @@ import os
 import pickle
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -109,18 +111,16 @@ def _portable(error: Exception) -> Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def load_sharded(spec: str, device: str, rank: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model `spec` names, sharded with FSDP2 over the trainer's group, and its tokenizer; every rank
-    calls it. Each rank builds the model on the meta device and shards it before any weight exists, so a
-    rank never holds more than its shard; rank 0 alone reads the checkpoint (on CPU, with load_model's
-    checks) and broadcasts the weights into the shards. Buffers no checkpoint holds (rotary
-    frequencies) are rank 0's too. A checkpoint rank 0 refuses raises the same ValueError on every rank."""
-    found: list = [None]
-    if rank == 0:
+def _read_on_rank0(read: Callable[[], tuple[Any, Any]], device: str) -> tuple[Any, Any]:
+    """Runs `read` on rank 0 alone; it returns (what rank 0 keeps, what every rank is sent). Returns that
+    pair on rank 0 and (None, what was sent) on the others. An error in `read` is raised on every rank:
+    the others wait for the broadcast and must hear of it."""
+    kept, found = None, [None]
+    if dist.get_rank() == 0:
         try:
-            loaded = load_model(spec)
-            found = [(loaded.model.config, dict(loaded.model.named_buffers()))]
-        except Exception as e:  # the other ranks wait for this broadcast: they must hear of it
+            kept, sent = read()
+            found = [sent]
+        except Exception as e:
             if dist.get_world_size() == 1:
                 raise
             found = [_portable(e)]
@@ -128,20 +128,33 @@ def load_sharded(spec: str, device: str, rank: int) -> tuple[PreTrainedModel, Pr
         dist.broadcast_object_list(found, src=0, device=torch.device(device))
     if isinstance(found[0], Exception):
         raise found[0]
-    config, buffers = found[0]
+    return kept, found[0]
+
+
+def load_sharded(spec: str, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model `spec` names, sharded with FSDP2 over the trainer's group, and its tokenizer; every rank
+    calls it. Each rank builds the model on the meta device and shards it before any weight exists, so a
+    rank never holds more than its shard; rank 0 alone reads the checkpoint (on CPU, with load_model's
+    checks) and broadcasts the weights into the shards. Buffers no checkpoint holds (rotary
+    frequencies) are rank 0's too. A checkpoint rank 0 refuses raises the same ValueError on every rank."""
+
+    def read():
+        loaded = load_model(spec)
+        return loaded, (loaded.model.config, dict(loaded.model.named_buffers()))
+
+    loaded, (config, buffers) = _read_on_rank0(read, device)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
     model.to_empty(device=device)
-    weights = loaded.model.state_dict() if rank == 0 else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, weights, options=options)
+    weights = loaded.model.state_dict() if loaded else {}
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     with torch.no_grad():
         for name, value in buffers.items():
             model.get_buffer(name).copy_(value)
-    return model, (loaded.tokenizer if rank == 0 else load_tokenizer(spec))
+    return model, (loaded.tokenizer if loaded else load_tokenizer(spec))
 
 
 class Trainer:
@@ -161,7 +174,7 @@ class Trainer:
         self.temperature = temperature if temperature > 0 else 1.0
         self.updates_per_step = updates_per_step
         self.device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-        self.model, self.tokenizer = load_sharded(model_spec, self.device, rank)
+        self.model, self.tokenizer = load_sharded(model_spec, self.device)
         self.config = copy.deepcopy(self.model.config)  # as loaded: what a saved checkpoint describes
         self.model.train().set_attn_implementation(PACKED)
         self.optimizer = torch.optim.AdamW(
@@ -170,7 +183,7 @@ class Trainer:
         self.loss_cfg = LossConfig(cfg.clip_low, cfg.clip_high, cfg.is_cap, cfg.kl_coef)
         self.reference = None
         if cfg.kl_coef > 0:  # a frozen copy of the starting policy
-            self.reference = load_sharded(model_spec, self.device, rank)[0].eval().requires_grad_(False)
+            self.reference = load_sharded(model_spec, self.device)[0].eval().requires_grad_(False)
             self.reference.set_attn_implementation(PACKED)
         # Expert episodes for the supervised term (cfg.sft_data), visited in one seeded shuffled order
         # that every rank shares; the step number says where the cycle is, so a resumed run continues it.
@@ -332,22 +345,15 @@ class Trainer:
         reads the weights and broadcasts them into the other ranks' shards, as at the start (load_sharded);
         each rank reads its own shard of the optimizer. A checkpoint from before the optimizer was sharded
         (trainer.pt holding it whole) loads too, from rank 0 by broadcast."""
-        weights: dict = {}
-        saved: dict = {}
-        found: list = [None]
-        if self.rank == 0:
-            try:
-                weights = load_model(str(path / "model")).model.state_dict()
-                saved = torch.load(path / "trainer.pt", weights_only=False)
-                found = [(int(saved["step"]), "optimizer" in saved, self._mismatch(weights))]
-            except Exception as e:  # the other ranks wait for this broadcast: they must hear of it
-                found = [_portable(e)]
-        if self.world_size > 1:
-            dist.broadcast_object_list(found, src=0, device=torch.device(self.device))
+
+        def read():
+            weights = load_model(str(path / "model")).model.state_dict()
+            saved = torch.load(path / "trainer.pt", weights_only=False)
+            return (weights, saved), (int(saved["step"]), "optimizer" in saved, self._mismatch(weights))
+
         try:
-            if isinstance(found[0], Exception):
-                raise found[0]
-            step, whole_optimizer, mismatch = found[0]
+            kept, (step, whole_optimizer, mismatch) = _read_on_rank0(read, self.device)
+            weights, saved = kept or ({}, {})
             if mismatch:
                 raise ValueError(mismatch)
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
