@@ -1,6 +1,6 @@
 """The trainer as a torch.distributed group of two FSDP2 ranks (gloo) makes the same update as one
 rank when the ranks hold equal token counts — and does not hang when they hold different
-numbers of micro-batches."""
+numbers of micro-batches; a checkpoint saved by one number of ranks resumes on another."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ dist.destroy_process_group()
 """
 
 
-def run(world: int, tmp_path, uneven: bool = False) -> dict:
+def run(world: int, tmp_path, uneven: bool = False, script: str = SCRIPT, extra: tuple[str, ...] = ()) -> dict:
+    """`script` on `world` ranks, each given (rank, world, port, out, uneven, *extra): what rank 0 saved to
+    `out` and the JSON it printed last."""
     import socket
 
     with socket.socket() as s:
@@ -44,7 +46,7 @@ def run(world: int, tmp_path, uneven: bool = False) -> dict:
     out = tmp_path / f"w{world}{uneven}.pt"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, str(r), str(world), port, str(out), "1" if uneven else "0"],
+            [sys.executable, "-c", script, str(r), str(world), port, str(out), "1" if uneven else "0", *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -66,6 +68,65 @@ def test_two_ranks_equal_one(tmp_path):
         assert torch.allclose(v, two["state"][k], atol=1e-5), k
     uneven = run(2, tmp_path, uneven=True)  # rank 0 gets 3 samples, rank 1 gets 2: padded, no hang
     assert uneven["stats"]["grad_norm"] > 0
+
+
+RESHARD = r"""
+import json, os, sys, torch
+import torch.distributed as dist
+rank, world, port, out, mode, ckpt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[6:8]
+os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+from pathlib import Path
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+from vivace.config import TrainConfig
+from vivace.rl.trainer import Sample, Trainer
+cfg = TrainConfig(model="tiny-init", lr=1e-3)
+trainer = Trainer("tiny-init", cfg, rank=rank, world_size=world)
+if mode == "save":  # one real step, so Adam's moments are not zero, then the checkpoint
+    ids = list(range(50, 90))
+    sample = Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-7.0] * 30, [-1] * 10 + [0] * 30, 1.0)
+    trainer.train_step([sample, sample])
+    trainer.save(Path(ckpt))
+else:
+    trainer.load(Path(ckpt))
+full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered, unsharded, on rank 0
+state = {"weights": trainer.full_state_dict(), "step": trainer.step,
+         "optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full)}
+# Adam's per-parameter step is a plain tensor, not a shard: the gathered state shows rank 0's alone.
+state["ranks"] = [None] * world
+mine = (trainer.step, sorted({float(s["step"]) for s in trainer.optimizer.state.values()}))
+dist.all_gather_object(state["ranks"], mine)
+if rank == 0:
+    torch.save(state, out)
+    print(json.dumps({"step": trainer.step}), flush=True)
+dist.barrier()  # neither rank leaves the group while the other still talks to it
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("saved_on", "resumed_on"), [(2, 1), (1, 2)], ids=["2-to-1-rank", "1-to-2-ranks"])
+def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, resumed_on):
+    """Trainer.save writes the optimizer as each rank's shard (a distributed checkpoint) and Trainer.load
+    reads it into the current ranks' shards: saved by 2 ranks it resumes on 1 and saved by 1 on 2, with the
+    weights, the step and every parameter's AdamW state (exp_avg, exp_avg_sq, step) the saver held,
+    compared whole (gathered on rank 0)."""
+    ckpt = tmp_path / "step_1"
+    saved = run(saved_on, tmp_path, script=RESHARD, extra=("save", str(ckpt)))["state"]
+    resumed = run(resumed_on, tmp_path, script=RESHARD, extra=("load", str(ckpt)))["state"]
+    assert saved["step"] == resumed["step"] == 1
+    assert saved["ranks"] == [(1, [1.0])] * saved_on and resumed["ranks"] == [(1, [1.0])] * resumed_on
+    assert saved["weights"].keys() == resumed["weights"].keys()
+    for k, v in saved["weights"].items():
+        assert torch.equal(v, resumed["weights"][k]), k
+    moments, got = saved["optimizer"]["state"], resumed["optimizer"]["state"]
+    assert moments.keys() == got.keys() and len(moments) == len(saved["weights"]) - 1  # lm_head is tied
+    assert sum(float(s["exp_avg_sq"].sum()) for s in moments.values()) > 0  # a real step moved them
+    for name, state in moments.items():
+        assert state.keys() == got[name].keys() == {"exp_avg", "exp_avg_sq", "step"}, name
+        assert float(state["step"]) == 1, name
+        for key, value in state.items():
+            assert torch.equal(value, got[name][key]), (name, key)
+    assert saved["optimizer"]["param_groups"] == resumed["optimizer"]["param_groups"]
 
 
 RESUME = r"""
