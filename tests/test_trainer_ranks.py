@@ -18,7 +18,7 @@ rank, world, port, out, uneven = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
 from vivace.config import TrainConfig
 from vivace.rl.trainer import Sample, Trainer
-cfg = TrainConfig(lr=1e-2, micro_batch_tokens=64)
+cfg = TrainConfig(lr=1e-2, micro_batch_tokens=64, param_dtype=sys.argv[6] if len(sys.argv) > 6 else "float32")
 trainer = Trainer("tiny", cfg, rank=rank, world_size=world)
 g = torch.Generator().manual_seed(0)
 def sample(n, adv):
@@ -68,6 +68,15 @@ def test_two_ranks_equal_one(tmp_path):
         assert torch.allclose(v, two["state"][k], atol=1e-5), k
     uneven = run(2, tmp_path, uneven=True)  # rank 0 gets 3 samples, rank 1 gets 2: padded, no hang
     assert uneven["stats"]["grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_two_bf16_ranks_equal_one(tmp_path):
+    """With param_dtype bfloat16 the ranks gather bf16 parameters and reduce fp32 gradients (gloo): the same
+    update as one rank."""
+    one, two = (run(world, tmp_path, extra=("bfloat16",)) for world in (1, 2))
+    for k, v in one["state"].items():
+        assert v.dtype == torch.float32 and torch.allclose(v, two["state"][k], atol=1e-5), k
 
 
 RESHARD = r"""

@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from vivace.config import TrainConfig
@@ -131,9 +131,12 @@ def _read_on_rank0(read: Callable[[], tuple[Any, Any]], device: str) -> tuple[An
     return kept, found[0]
 
 
-def load_sharded(spec: str, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_sharded(
+    spec: str, device: str, param_dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model `spec` names, sharded with FSDP2 over the trainer's group, and its tokenizer; every rank
-    calls it. Each rank builds the model on the meta device and shards it before any weight exists, so a
+    calls it. The shards are fp32; each layer computes in `param_dtype` (FSDP2's mixed precision: the
+    gathered parameters cast, gradients reduced in fp32). Each rank builds the model on the meta device and shards it before any weight exists, so a
     rank never holds more than its shard; rank 0 alone reads the checkpoint (on CPU, with load_model's
     checks) and broadcasts the weights into the shards. Buffers no checkpoint holds (rotary
     frequencies) are rank 0's too. A checkpoint rank 0 refuses raises the same ValueError on every rank."""
@@ -145,9 +148,10 @@ def load_sharded(spec: str, device: str) -> tuple[PreTrainedModel, PreTrainedTok
     loaded, (config, buffers) = _read_on_rank0(read, device)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=mixed)
+    fully_shard(model, mp_policy=mixed)
     model.to_empty(device=device)
     weights = loaded.model.state_dict() if loaded else {}
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -174,7 +178,8 @@ class Trainer:
         self.temperature = temperature if temperature > 0 else 1.0
         self.updates_per_step = updates_per_step
         self.device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-        self.model, self.tokenizer = load_sharded(model_spec, self.device)
+        param_dtype = getattr(torch, cfg.param_dtype)
+        self.model, self.tokenizer = load_sharded(model_spec, self.device, param_dtype)
         self.config = copy.deepcopy(self.model.config)  # as loaded: what a saved checkpoint describes
         self.model.train().set_attn_implementation(PACKED)
         self.optimizer = torch.optim.AdamW(
@@ -183,7 +188,7 @@ class Trainer:
         self.loss_cfg = LossConfig(cfg.clip_low, cfg.clip_high, cfg.is_cap, cfg.kl_coef)
         self.reference = None
         if cfg.kl_coef > 0:  # a frozen copy of the starting policy
-            self.reference = load_sharded(model_spec, self.device)[0].eval().requires_grad_(False)
+            self.reference = load_sharded(model_spec, self.device, param_dtype)[0].eval().requires_grad_(False)
             self.reference.set_attn_implementation(PACKED)
         # Expert episodes for the supervised term (cfg.sft_data), visited in one seeded shuffled order
         # that every rank shares; the step number says where the cycle is, so a resumed run continues it.
