@@ -39,3 +39,26 @@ def test_broadcast_into_a_running_engine():
     p = list(range(1, 20))
     greedy = SamplingParams(max_tokens=8, temperature=0)
     assert engine.run([p], [greedy])[0].token_ids == Engine(trainer).run([p], [greedy])[0].token_ids
+
+
+def test_broadcast_into_a_bf16_engine_sends_bf16():
+    """A bf16 sampler of an fp32 trainer: the sender casts every tensor to the dtype the receiver reported
+    (gloo aborts the receiving process on a size that differs; NCCL would garble the weights), so the engine
+    holds the trainer's weights rounded to bf16, in half the bytes."""
+    trainer, engine = model(1), Engine(model(0).to(torch.bfloat16))
+    state = {k: v for k, v in trainer.state_dict().items() if k != "lm_head.weight"}
+    dtypes = {n: p.dtype for n, p in engine.model.named_parameters(remove_duplicate=False)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    sent: list[int] = []
+    sender = threading.Thread(target=lambda: sent.append(WeightBroadcast(address, 0, 2).send(state, dtypes)))
+    sender.start()
+    receiver = WeightBroadcast(address, 1, 2)
+    received: list[int] = []
+    engine.apply_weights(lambda params: received.append(receiver.receive(list(state), params)), version=1)
+    sender.join(timeout=60)
+    assert sent == received and sent[0] == sum(t.numel() * 2 for t in state.values())
+    held = dict(engine.model.named_parameters(remove_duplicate=False))
+    for name, value in state.items():
+        assert held[name].dtype == torch.bfloat16 and torch.equal(held[name], value.to(torch.bfloat16)), name

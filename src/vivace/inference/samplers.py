@@ -149,12 +149,15 @@ class _EngineActor:
         # submitted) while the update waits for the step in progress and copies the weights.
         return await asyncio.to_thread(self.engine.update_weights, state, version)
 
-    def join_weight_sync(self, address: str, rank: int, world_size: int) -> None:
-        """Joins the trainer's broadcast group (rl/weight_sync.py) as receiver `rank`."""
+    def join_weight_sync(self, address: str, rank: int, world_size: int) -> dict[str, torch.dtype]:
+        """Joins the trainer's broadcast group (rl/weight_sync.py) as receiver `rank`; returns the dtype of each
+        of the model's tensors, by name, for the sender to cast to (an fp32 trainer, a bf16 sampler)."""
         from vivace.rl.weight_sync import WeightBroadcast
 
-        device = str(next(self.engine.engine.model.parameters()).device)
-        self.sync = WeightBroadcast(address, rank, world_size, device)
+        model = self.engine.engine.model
+        self.sync = WeightBroadcast(address, rank, world_size, str(next(model.parameters()).device))
+        tensors = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
+        return {name: t.dtype for name, t in tensors.items()}
 
     def receive_weights(self, names: list[str], version: int) -> int:
         """Receives one broadcast into the model, between two engine steps; returns the bytes."""

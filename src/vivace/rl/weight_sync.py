@@ -4,7 +4,9 @@ copy), gloo on CPU (the same code path, testable anywhere).
 
 The group is separate from the trainer's FSDP group (its own TCPStore and ProcessGroup objects,
 not the default group), so samplers never join the trainer's collectives. Tensors go in sorted
-name order; each receiver writes straight into its model's parameters (the engine holds its lock
+name order, each cast by the sender to the receivers' dtype (a bf16 sampler of an fp32 trainer:
+a collective moves bytes, and a size that differs aborts gloo's process or garbles NCCL's);
+each receiver writes straight into its model's parameters (the engine holds its lock
 meanwhile, so no step sees half-updated weights).
 """
 
@@ -30,11 +32,12 @@ class WeightBroadcast:
         else:
             self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
 
-    def send(self, state: Mapping[str, torch.Tensor]) -> int:
-        """Rank 0: broadcasts every tensor; returns the bytes sent (per receiver)."""
+    def send(self, state: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype] | None = None) -> int:
+        """Rank 0: broadcasts every tensor, as the receivers hold it (`dtypes`, by name: what their
+        join_weight_sync returned; None: as it is); returns the bytes sent (per receiver)."""
         total = 0
         for name in sorted(state):
-            tensor = state[name].to(self.device).contiguous()
+            tensor = state[name].to(device=self.device, dtype=(dtypes or {}).get(name)).contiguous()
             self.group.broadcast(tensor, 0).wait()
             total += tensor.numel() * tensor.element_size()
         return total

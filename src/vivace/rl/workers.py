@@ -40,7 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vivace.config import EngineConfig, VivaceConfig
 from vivace.harness.chat import ChatFormat
@@ -49,6 +49,9 @@ from vivace.rl.rollout import EpisodeResult, run_attempt
 from vivace.rl.trainer import Sample, Trainer
 from vivace.signals import blocked_in_children
 from vivace.tasks.format import Task
+
+if TYPE_CHECKING:
+    import torch
 
 ROLLOUT_CLOSE_TIMEOUT_S = 30.0
 
@@ -263,9 +266,10 @@ class _TrainerActor:
             self.sync = WeightBroadcast(address, 0, world_size, self.trainer.device)
         return names
 
-    def broadcast_weights(self) -> int:
+    def broadcast_weights(self, dtypes: dict[str, torch.dtype]) -> int:
+        """Sends the weights in the replicas' `dtypes` (what they returned on joining); returns the bytes."""
         state = self.trainer.full_state_dict()  # every rank takes part in the gather
-        return self.sync.send(state) if self.trainer.rank == 0 else 0
+        return self.sync.send(state, dtypes) if self.trainer.rank == 0 else 0
 
     def weights(self) -> list:
         """[ref to the full state dict, its bytes] (rank 0; other ranks take part in the gather)."""
@@ -413,6 +417,7 @@ class RayWorkers:
             *(s.join_weight_sync.remote(address, i + 1, world) for i, s in enumerate(self.samplers)),
         )
         self.names = joined[0]
+        self.dtypes = joined[len(self.trainers)]  # as the replicas hold the weights: they load them alike
 
     def capacity(self) -> list[int]:
         return _split(self.cfg.train.rollout_concurrency, len(self.workers))
@@ -499,7 +504,7 @@ class RayWorkers:
     async def _push(self, version: int) -> int:
         if self.broadcast:
             sent, _ = await asyncio.gather(
-                asyncio.gather(*(t.broadcast_weights.remote() for t in self.trainers)),
+                asyncio.gather(*(t.broadcast_weights.remote(self.dtypes) for t in self.trainers)),
                 asyncio.gather(*(s.receive_weights.remote(self.names, version) for s in self.samplers)),
             )
             return sent[0]
