@@ -11,6 +11,8 @@ checkpoint into the shards (`load_sharded`), so no rank ever holds the whole mod
 (a 30B model is 120 GB in fp32); with one rank that is a group of one, so the same code
 runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
 gradients; ranks with fewer micro-batches run empty ones so their collectives stay in step).
+With `param_dtype` bfloat16 each layer computes in bf16 (FSDP2's mixed precision) while the shards,
+AdamW's state and the gradient reduction stay fp32.
 Micro-batches are rows of about `micro_batch_tokens` tokens: several rollouts packed end to end,
 each attending only to itself and to the prompt they all open with, which the row computes once
 (rl/packing.py: restarted positions, no padding), with logits computed only at the generated tokens (an agent episode is mostly prompt
@@ -135,11 +137,12 @@ def load_sharded(
     spec: str, device: str, param_dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model `spec` names, sharded with FSDP2 over the trainer's group, and its tokenizer; every rank
-    calls it. The shards are fp32; each layer computes in `param_dtype` (FSDP2's mixed precision: the
-    gathered parameters cast, gradients reduced in fp32). Each rank builds the model on the meta device and shards it before any weight exists, so a
+    calls it. Each rank builds the model on the meta device and shards it before any weight exists, so a
     rank never holds more than its shard; rank 0 alone reads the checkpoint (on CPU, with load_model's
     checks) and broadcasts the weights into the shards. Buffers no checkpoint holds (rotary
-    frequencies) are rank 0's too. A checkpoint rank 0 refuses raises the same ValueError on every rank."""
+    frequencies) are rank 0's too. A checkpoint rank 0 refuses raises the same ValueError on every rank.
+    The shards stay fp32; each layer computes in `param_dtype` (FSDP2's mixed precision: the gathered
+    parameters cast, gradients reduced in fp32)."""
 
     def read():
         loaded = load_model(spec)
