@@ -337,6 +337,58 @@ def test_a_busy_cluster_is_said_to_be_short_of_what_the_run_needs():
     assert said == "0.5 of 8 CPUs free, 2 needed"
 
 
+def _placed(gpus: int, trainer: float, sampler: float, trainers: int, samplers: int) -> list[list[str]]:
+    """The actors on each GPU as Ray places fractional requests (best fit: the fullest GPU with room), in the
+    order RayWorkers creates them (trainer ranks first); raises AssertionError when one does not fit."""
+    free, where = [1.0] * gpus, [[] for _ in range(gpus)]
+    for name, share in [(f"t{i}", trainer) for i in range(trainers)] + [(f"s{i}", sampler) for i in range(samplers)]:
+        fits = [g for g in range(gpus) if free[g] + 1e-9 >= share]
+        assert fits, f"{name} ({share:g} GPU) does not fit: {free}"
+        g = min(fits, key=lambda g: free[g])
+        free[g] -= share
+        where[g].append(name)
+    return where
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("trainers", [1, 2, 4])
+@pytest.mark.parametrize("samplers", [1, 2, 3, 8])
+def test_gpu_shares_fit_and_never_put_two_trainer_ranks_on_one_gpu(gpus, trainers, samplers):
+    """Every layout gpu_shares gives is schedulable (even fractions of 0.667 GPU left the third actor of
+    three on two GPUs waiting forever), and no GPU holds two trainer ranks (NCCL refuses a group with two
+    ranks on one device); a cluster without room for that is a ValueError saying how many ranks fit."""
+    from vivace.rl.workers import gpu_shares
+
+    if 1 < trainers and gpus <= trainers:
+        with pytest.raises(
+            ValueError, match=f"trainer_ranks {trainers} needs {trainers} GPUs .* most {max(1, gpus - 1)}"
+        ):
+            gpu_shares(gpus, trainers, samplers)
+        return
+    trainer, sampler = gpu_shares(gpus, trainers, samplers)
+    placed = _placed(gpus, trainer, sampler, trainers, samplers)
+    assert all(sum(a.startswith("t") for a in on) <= 1 for on in placed), placed
+    if gpus >= trainers + samplers:
+        assert (trainer, sampler) == (1.0, 1.0)
+    assert gpu_shares(0, trainers, samplers) == (0.0, 0.0)  # CPUs only
+
+
+def test_broadcast_sync_only_between_whole_gpus_or_on_cpus():
+    """NCCL needs a GPU of its own per member and one backend for all: `auto` broadcasts only then (gloo on
+    CPUs is chosen only explicitly, as before), and an explicit broadcast that NCCL cannot form is refused."""
+    from vivace.rl.workers import broadcast_sync
+
+    assert broadcast_sync("auto", 1.0, 1.0, "auto") and broadcast_sync("broadcast", 1.0, 1.0, "cuda")
+    assert not broadcast_sync("auto", 0.5, 0.5, "auto") and not broadcast_sync("auto", 1.0, 1.0, "cpu")
+    assert not broadcast_sync("auto", 0.0, 0.0, "auto") and broadcast_sync("broadcast", 0.0, 0.0, "auto")  # gloo
+    assert not broadcast_sync("object_store", 1.0, 1.0, "auto")
+    for shares, device in (((0.5, 0.5), "auto"), ((1.0, 0.5), "auto"), ((1.0, 1.0), "cpu")):
+        with pytest.raises(
+            ValueError, match="weight_sync broadcast needs NCCL .* use weight_sync auto or object_store"
+        ):
+            broadcast_sync("broadcast", *shares, device)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_first_stop_signal_asks_for_a_stop_and_the_second_stops_at_once(signum):
     from vivace.cli_train import _stop_signals

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -94,6 +95,45 @@ def _for_actors(cfg: VivaceConfig) -> VivaceConfig:
     sandbox.state_dir = sandbox.state_dir.expanduser().resolve()
     sandbox.toolchain = [d.expanduser().resolve() for d in sandbox.toolchain]
     return cfg
+
+
+def gpu_shares(gpus: float, trainers: int, samplers: int) -> tuple[float, float]:
+    """GPUs per trainer rank and per sampler replica on a cluster of `gpus` GPUs ((0, 0) without any).
+    Ray puts a fractional request on one GPU, the fullest that fits, so shares are 1/k of a GPU with k
+    actors per GPU (equal shares always fit); and NCCL cannot put two ranks of one group on one GPU, so
+    several trainer ranks each get a whole GPU and the replicas share the rest. A ValueError says what
+    to change when there is no such layout."""
+    whole = int(gpus + 1e-6)
+    if whole <= 0:
+        return 0.0, 0.0
+    if whole >= trainers + samplers:
+        return 1.0, 1.0
+    if trainers == 1:  # the trainer and the replicas share the GPUs (one GPU: half each)
+        share = 1 / math.ceil((1 + samplers) / whole)
+        return share, share
+    if whole <= trainers:
+        raise ValueError(
+            f"train.trainer_ranks {trainers} needs {trainers} GPUs of its own (NCCL cannot put two ranks of one "
+            f"group on one GPU) and the sampler replicas at least one more; the cluster has {whole}: use at "
+            f"most {max(1, whole - 1)} (one rank shares its GPU with the replicas)"
+        )
+    return 1.0, 1 / math.ceil(samplers / (whole - trainers))
+
+
+def broadcast_sync(mode: str, trainer_gpu: float, sampler_gpu: float, engine_device: str) -> bool:
+    """Whether weights go by collective broadcast (else the object store), given `train.weight_sync` and the
+    actors' GPU shares (gpu_shares). On GPUs that is NCCL, which needs a GPU of its own for each member
+    (trainer rank 0, every replica) and the same backend on all (an engine on the CPU would be gloo);
+    `auto` takes the object store otherwise, and an explicit `broadcast` there is a ValueError. Without
+    GPUs, broadcast is gloo, which has neither limit."""
+    separate = trainer_gpu >= 1.0 and sampler_gpu >= 1.0 and engine_device != "cpu"
+    if mode == "broadcast" and trainer_gpu > 0 and not separate:
+        raise ValueError(
+            "train.weight_sync broadcast needs NCCL between GPUs, a whole GPU each for trainer rank 0 and every "
+            f"sampler replica with the engine on it; this run's trainer ranks get {trainer_gpu:g} GPU, its "
+            f"replicas {sampler_gpu:g} (engine.device {engine_device}): use weight_sync auto or object_store"
+        )
+    return mode == "broadcast" or (mode == "auto" and separate)
 
 
 def resources_short(total: dict[str, float], free: dict[str, float], need: dict[str, float]) -> str | None:
@@ -360,19 +400,21 @@ class RayWorkers:
         self.watch = ClusterWatch(ray.get_runtime_context().gcs_address, self.on_cluster)
         tc = self.cfg.train
         resources = ray.cluster_resources()
-        # One CPU (GPU when there are GPUs) per trainer rank and sampler replica, or an even share
-        # of what the cluster has: asking for more than exists would leave actors unscheduled and
-        # the run waiting forever (one GPU: trainer and sampler share it).
+        # One CPU per trainer rank and sampler replica, or an even share of what the cluster has, and GPUs as
+        # gpu_shares lays them out: asking for more than exists, or for shares that do not fit on one GPU,
+        # would leave actors unscheduled and the run waiting forever (one GPU: trainer and sampler share it).
         wanted = tc.trainer_ranks + tc.sampler_replicas
         self.cpus = min(1.0, resources.get("CPU", 1.0) / wanted)
-        self.gpu = min(1.0, resources.get("GPU", 0.0) / wanted)
-        if short := resources_short(
-            resources, ray.available_resources(), {"CPU": self.cpus * wanted, "GPU": self.gpu * wanted}
-        ):
+        self.trainer_gpu, self.sampler_gpu = gpu_shares(
+            resources.get("GPU", 0.0), tc.trainer_ranks, tc.sampler_replicas
+        )
+        self.broadcast = broadcast_sync(tc.weight_sync, self.trainer_gpu, self.sampler_gpu, self.cfg.engine.device)
+        gpus = self.trainer_gpu * tc.trainer_ranks + self.sampler_gpu * tc.sampler_replicas
+        if short := resources_short(resources, ray.available_resources(), {"CPU": self.cpus * wanted, "GPU": gpus}):
             self.on_note(f"the Ray cluster has {short}: this run's actors wait until other work on it ends")
         self.trainers = [
             ray.remote(_TrainerActor)
-            .options(num_cpus=self.cpus, num_gpus=self.gpu)
+            .options(num_cpus=self.cpus, num_gpus=self.trainer_gpu)
             .remote(self.cfg, r, self.trainer_ranks)
             for r in range(self.trainer_ranks)
         ]
@@ -383,9 +425,6 @@ class RayWorkers:
         await self._note_unisolated(self.workers)
         if checkpoint is not None:
             await _unwrapped(*(t.load.remote(str(checkpoint)) for t in self.trainers))
-        mode = tc.weight_sync
-        # NCCL needs a GPU per member: on a shared GPU weights go through the object store.
-        self.broadcast = mode == "broadcast" or (mode == "auto" and self.gpu >= 1.0)
         if self.broadcast:
             await self._join_broadcast()
         await self.sync(version)
@@ -399,7 +438,7 @@ class RayWorkers:
         # Async actor: many episodes' requests at once, batched by the engine.
         return (
             ray.remote(_EngineActor)
-            .options(num_cpus=self.cpus, num_gpus=self.gpu, max_concurrency=1000)
+            .options(num_cpus=self.cpus, num_gpus=self.sampler_gpu, max_concurrency=1000)
             .remote(self.cfg.train.model, cfg)
         )
 
