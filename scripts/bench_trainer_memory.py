@@ -23,7 +23,8 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
-RANK = r"""
+# The start of a rank's script: `high[0]` follows the process's peak anonymous memory, sampled every 5 ms.
+MEMORY_WATCH = r"""
 import json, os, sys, threading, time
 def anon_mb():  # memory the process owns (not the checkpoint's pages mapped from the file, which the OS can drop)
     with open("/proc/self/status") as f:
@@ -34,7 +35,9 @@ def watch():
         high[0] = max(high[0], anon_mb())
         time.sleep(0.005)
 threading.Thread(target=watch, daemon=True).start()
-def peak_mb():
+"""
+
+RANK = r"""def peak_mb():
     time.sleep(0.02)
     high[0] = max(high[0], anon_mb())
     return high[0]
@@ -87,7 +90,7 @@ def run(src: Path, model: Path, out: Path, world: int) -> list[dict]:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {**os.environ, "PYTHONPATH": str(src)}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(world), port, str(model), str(out)],
+    procs = [subprocess.Popen([sys.executable, "-c", MEMORY_WATCH + RANK, str(r), str(world), port, str(model), str(out)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(world)]  # fmt: skip
     outs = [p.communicate(timeout=1800) for p in procs]

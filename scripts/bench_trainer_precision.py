@@ -20,19 +20,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_trainer_memory import make_checkpoint  # noqa: E402
+from bench_trainer_memory import MEMORY_WATCH, make_checkpoint  # noqa: E402
 
 RANK = r"""
-import json, random, sys, threading, time
-def anon_mb():  # memory the process owns (not the checkpoint's pages mapped from its file)
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
-high = [0.0]
-def watch():
-    while True:
-        high[0] = max(high[0], anon_mb())
-        time.sleep(0.005)
-threading.Thread(target=watch, daemon=True).start()
+import random
 import torch
 from vivace.config import TrainConfig
 from vivace.rl.trainer import Sample, Trainer
@@ -59,9 +50,8 @@ def fp32_logprobs():  # the weights as the sampler gets them (full_state_dict, f
     with torch.no_grad():
         rows = [trainer._forward(m, plain) for m in trainer._micro_batches(batch)]
     return torch.cat([r[0] for r in rows]), torch.cat([r[4] for r in rows])  # logprobs, advantages
-with torch.no_grad():
-    own = trainer._logprobs_no_grad(batch)
-torch.save(torch.cat([own[id(s)] for s in batch]), out)
+with torch.no_grad():  # the trainer's own logprobs, in its precision (rows packed alike in both runs)
+    torch.save(torch.cat([trainer._forward(m)[0] for m in trainer._micro_batches(batch)]), out)
 before, advantages = fp32_logprobs()
 times = []
 for _ in range(steps + 1):  # the first is a warm-up
@@ -77,7 +67,7 @@ print(json.dumps({"step_s": times[1:], "tokens": tokens, "peak_mb": peak, "moved
 
 
 def run(model: str, dtype: str, steps: int, samples: int, out: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", RANK, model, dtype, str(steps), str(samples), str(out)],
+    done = subprocess.run([sys.executable, "-c", MEMORY_WATCH + RANK, model, dtype, str(steps), str(samples), str(out)],
                           capture_output=True, text=True, timeout=3600)  # fmt: skip
     if done.returncode != 0:
         sys.exit(f"the {dtype} run failed:\n{done.stderr[-3000:]}")

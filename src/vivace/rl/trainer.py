@@ -22,7 +22,7 @@ single-rank update).
 
 One update per batch: the trainer's own logprobs before the update (`logp_old`) equal the
 current ones, so the PPO ratio is 1 and only the truncated importance weight (sampler vs trainer)
-acts; clipping matters when a batch is split into several updates (`updates_per_step`).
+acts (the loss's clipping would matter only for several updates per batch, which vivace does not make).
 
 With `cfg.sft_data`, every update also takes `sft_episodes` expert episodes' mean cross-entropy,
 weighted by `sft_coef`, packed into rows like the rollouts (their own micro-batches, in the same
@@ -171,7 +171,6 @@ class Trainer:
         cfg: TrainConfig,
         rank: int = 0,
         world_size: int = 1,
-        updates_per_step: int = 1,
         temperature: float = 1.0,
     ):
         init_distributed(rank, world_size)
@@ -179,7 +178,6 @@ class Trainer:
         # The policy being trained is the one the sampler draws from: logits / temperature
         # (0, greedy, has no logprobs to train on and counts as 1).
         self.temperature = temperature if temperature > 0 else 1.0
-        self.updates_per_step = updates_per_step
         self.device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         param_dtype = getattr(torch, cfg.param_dtype)
         self.model, self.tokenizer = load_sharded(model_spec, self.device, param_dtype)
@@ -208,20 +206,14 @@ class Trainer:
         """One step on this rank's samples; returns the step's statistics."""
         t0 = time.perf_counter()
         mine = samples[self.rank :: self.world_size]
-        chunks = [mine[i :: self.updates_per_step] for i in range(self.updates_per_step)]
-        old = self._logprobs_no_grad(mine) if self.updates_per_step > 1 else None
-        totals: dict[str, float] = {}
-        for chunk in chunks:
-            stats = self._update(chunk, old)
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v / len(chunks)
+        totals = self._update(mine)
         self.step += 1
         tokens = sum(len(s.ids) for s in mine)
         totals["train_s"] = time.perf_counter() - t0
         totals["train_tokens_per_s"] = tokens / totals["train_s"]
         return totals
 
-    def _update(self, samples: list[Sample], old: dict[int, torch.Tensor] | None) -> dict[str, float]:
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
         n_tokens = sum(s.n_generated for s in samples)
         stats_sum: dict[str, float] = {}
         weight_sum = 0.0
@@ -233,7 +225,7 @@ class Trainer:
         if self.world_size > 1:
             # FSDP's forward and backward are collectives: every rank runs as many micro-batches
             # (padding with empty ones, loss 0) and syncs gradients on the last backward only.
-            count = torch.tensor([len(micros)])
+            count = torch.tensor([len(micros)], device=self.device)  # NCCL reduces only GPU tensors
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
             micros += [[_EMPTY]] * (int(count) - len(micros))
         for i, micro in enumerate(micros):
@@ -251,9 +243,8 @@ class Trainer:
                 stats_sum["sft_loss"] = stats_sum.get("sft_loss", 0.0) + float(ce.detach())
                 continue
             logp, entropy, mask, behav, adv = self._forward(micro)
-            logp_old = torch.cat([old[id(s)] for s in micro]) if old is not None else logp.detach()
             ref = self._reference_logprobs(micro) if self.reference is not None else None
-            loss, stats = policy_loss(logp, logp_old, behav, adv, mask, self.loss_cfg, max(n_tokens, 1), ref)
+            loss, stats = policy_loss(logp, logp.detach(), behav, adv, mask, self.loss_cfg, max(n_tokens, 1), ref)
             loss.backward()
             w = stats["tokens"]
             weight_sum += w
@@ -275,7 +266,7 @@ class Trainer:
         if not self.expert:
             return []
         k, n = self.cfg.sft_episodes, len(self.expert)
-        start = self.step * k  # per step, not per update: with updates_per_step > 1 each sees the same ones
+        start = self.step * k
         picked = [self.expert[self.expert_order[(start + j) % n]] for j in range(k)][self.rank :: self.world_size]
         return self._rows(picked, picked)
 
@@ -309,18 +300,6 @@ class Trainer:
             [s.advantage for s, js in zip(micro, generated, strict=True) for _ in js], dtype=torch.float32
         )
         return logp, entropy, torch.ones_like(logp), behav.to(self.device), adv.to(self.device)
-
-    @torch.no_grad()
-    def _logprobs_no_grad(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
-        out = {}
-        for micro in self._micro_batches(samples):
-            logp, *_ = self._forward(micro)
-            start = 0
-            for s in micro:
-                n = s.n_generated - s.mask[0]  # the first token is never a target
-                out[id(s)] = logp[start : start + n].detach()
-                start += n
-        return out
 
     @torch.no_grad()
     def _reference_logprobs(self, micro: list[Sample]) -> torch.Tensor:
