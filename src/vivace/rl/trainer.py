@@ -33,6 +33,7 @@ it near what the warm start learnt from those episodes.
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 import pickle
 import random
@@ -87,10 +88,13 @@ def init_distributed(rank: int = 0, world_size: int = 1) -> None:
     if dist.is_initialized():
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # NCCL's default is 10 minutes, gloo's 30: the other ranks wait in a collective while rank 0 alone reads
+    # the checkpoint (load_sharded), and a large one on a network filesystem takes longer than 10.
+    timeout = datetime.timedelta(minutes=30)
     if world_size == 1:
         # One rank needs no rendezvous: an in-memory store cannot lose a race for a free port
         # to another process (a TCP store on a just-freed port sometimes did, beside Ray).
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
@@ -99,7 +103,7 @@ def init_distributed(rank: int = 0, world_size: int = 1) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _portable(error: Exception) -> Exception:
