@@ -116,6 +116,16 @@ def test_greedy_rollouts_warn(engine):
     assert "rollouts are greedy" in said and "train nothing" in said
 
 
+def test_bf16_training_on_a_cpu_warns(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (said,) = _warnings(train={"param_dtype": "bfloat16"})
+    assert said.startswith("train.param_dtype bfloat16 with no GPU here") and "use float32 on CPUs" in said
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _warnings(train={"param_dtype": "bfloat16"}) == []
+
+
 def test_max_tokens_below_the_system_turn_warns():
     (said,) = _warnings(agent={"max_tokens": 1024})
     assert said.startswith("agent.max_tokens 1024 is not above the") and "first turn" in said

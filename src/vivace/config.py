@@ -332,8 +332,9 @@ class TrainConfig(_Strict):
         description="Precision of the trainer's forward and backward (FSDP2 mixed precision). bfloat16: each "
         "layer's parameters are gathered in bf16 for its computation, while the sharded weights, AdamW's state, "
         "the gradient reduction and what the sampler and checkpoints get stay fp32. GPUs' bf16 matrix units are "
-        "many times faster than their fp32 ones; on a CPU with AVX512-BF16 a step took 1.5-1.65x less time and "
-        "~1.25x the memory (docs/benchmarks.md). An fp32 sampler's logprobs then differ from the trainer's "
+        "many times faster than their fp32 ones; on a CPU with AVX512-BF16 a step took 1.13-1.65x less time, and "
+        "memory grew with every new rollout shape (docs/benchmarks.md): use it on GPUs. An fp32 sampler's logprobs "
+        "then differ from the trainer's "
         "(k3 up to 0.005 a token on the tiny preset's rollouts); the truncated importance weight takes that up.",
     )
     trainer_ranks: int = Field(1, ge=1, description="Trainer processes (FSDP2 ranks; one GPU each when GPUs exist).")
