@@ -368,3 +368,18 @@ async def test_ray_actor_engine(tmp_path):
         assert (await remote.metrics())["generated_tokens"] == 20
     finally:
         ray.shutdown()
+
+
+def test_a_low_precision_engine_on_a_cpu_warns_that_its_memory_grows():
+    """bf16 and fp16 on a CPU: oneDNN keeps kernels per input shape, so a long-lived engine's memory grows
+    (docs/benchmarks.md); loading one says so, and fp32 says nothing."""
+    import warnings
+
+    from vivace.config import EngineConfig
+    from vivace.inference.samplers import load_for_engine
+
+    with pytest.warns(RuntimeWarning, match="engine.dtype bfloat16 on a CPU: memory grows"):
+        load_for_engine("tiny-init", EngineConfig(dtype="bfloat16", device="cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_for_engine("tiny-init", EngineConfig(dtype="float32", device="cpu"))

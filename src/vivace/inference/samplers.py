@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,17 @@ def resolve_device(device: str) -> str:
 
 
 def load_for_engine(spec: str, config: EngineConfig) -> LoadedModel:
-    return load_model(spec, dtype=DTYPES[config.dtype], device=resolve_device(config.device))
+    device = resolve_device(config.device)
+    if config.dtype != "float32" and torch.device(device).type == "cpu":
+        # oneDNN builds (and keeps) kernels per input shape for bf16 and fp16, and an engine meets new shapes
+        # all the time: tiny's engine grew 610 -> 1,266 MB over 30 batches where fp32 stayed at ~470.
+        warnings.warn(
+            f"engine.dtype {config.dtype} on a CPU: memory grows with every new batch shape (docs/benchmarks.md, "
+            "'The trainer in bf16'), which a long-lived server or run may not survive; float32 stays flat on CPUs",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return load_model(spec, dtype=DTYPES[config.dtype], device=device)
 
 
 def local_engine(spec: str, config: EngineConfig | None = None) -> tuple[AsyncEngine, ChatFormat]:
