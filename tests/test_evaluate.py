@@ -78,7 +78,7 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     up, down = len(solved[AFTER] - solved[BEFORE]), len(solved[BEFORE] - solved[AFTER])  # one episode per task
     per_task = [(t.id in solved[AFTER]) - (t.id in solved[BEFORE]) for t in tasks]
     half = 1.96 * statistics.stdev(per_task) / len(tasks) ** 0.5
-    assert pair == {"episodes": len(tasks), "both": len(solved[BEFORE] & solved[AFTER]),
+    assert pair == {"episodes": len(tasks), "left_out": 0, "both": len(solved[BEFORE] & solved[AFTER]),
                     "before_only": down, "after_only": up, "tasks_up": up, "tasks_down": down,
                     "p_value": pytest.approx(sign_test(up, down)), "change": pytest.approx((up - down) / len(tasks)),
                     "change_ci95": pytest.approx([(up - down) / len(tasks) - half, (up - down) / len(tasks) + half])}  # fmt: skip
@@ -108,19 +108,23 @@ def test_paired_outcomes_match_episodes_by_task_and_sample():
         ("b", "t2", 0, True), ("a", "t2", 0, True),  # kept
         ("b", "t3", 0, False), ("x", "t3", 0, True),  # after never ran it: not a pair
     ]]  # fmt: skip
-    rows.append({"model": "a", "task_id": "t2", "sample": 1, "error": "boom"})  # failed to run: unsolved
+    rows.append({"model": "a", "task_id": "t2", "sample": 1, "error": "boom"})  # failed to run: not the policy's
     rows.append({"model": "b", "task_id": "t2", "sample": 1, "resolved": True})
     rows += [{"model": m, "task_id": "t4", "sample": k, "resolved": ok} for m, k, ok in [
         ("b", 0, False), ("a", 0, True), ("b", 1, False), ("a", 1, True)]]  # gained twice: one task up  # fmt: skip
     assert paired(rows, "b", "a") == {
-        "episodes": 6, "both": 1, "before_only": 2, "after_only": 3,
-        # t1 one lost, one gained (no change); t2 one lost (down); t4 up
-        "tasks_up": 1, "tasks_down": 1, "p_value": 1.0,
-        # per-task changes 0 (t1), -1/2 (t2), +1 (t4): mean 1/6, sample sd 0.764 over 3 tasks; the upper
-        # bound, 1.03, is kept at +1: no rate rises by more than 100 points
-        "change": pytest.approx(1 / 6),
-        "change_ci95": pytest.approx([1 / 6 - 1.96 * 0.76376 / 3**0.5, 1.0], abs=1e-4),
+        "episodes": 5, "left_out": 1, "both": 1, "before_only": 1, "after_only": 3,
+        # t1 one lost, one gained (no change); t2 kept in the pair that ran (the errored pair is left out,
+        # not counted as lost); t4 up
+        "tasks_up": 1, "tasks_down": 0, "p_value": 1.0,
+        # per-task changes 0 (t1), 0 (t2), +1 (t4): mean 1/3, sample sd 0.577 over 3 tasks
+        "change": pytest.approx(1 / 3),
+        "change_ci95": pytest.approx([1 / 3 - 1.96 * 0.57735 / 3**0.5, 1 / 3 + 1.96 * 0.57735 / 3**0.5], abs=1e-4),
     }  # fmt: skip
+    ok = [r for r in rows if "error" not in r and not (r["task_id"] == "t2" and r["sample"] == 1)]
+    assert {k: v for k, v in paired(ok, "b", "a").items() if k != "left_out"} == {
+        k: v for k, v in paired(rows, "b", "a").items() if k != "left_out"
+    }  # the same as if the failed pair had never been asked for
     one_task = [r for r in rows if r["task_id"] == "t4"]
     assert paired(one_task, "b", "a")["change"] == 1.0 and paired(one_task, "b", "a")["change_ci95"] is None
     assert paired([], "b", "a")["change"] is None

@@ -76,7 +76,8 @@ def test_numbers_match_a_plain_recomputation(tmp_path):
 
 def test_report_says_how_many_episodes_could_not_run(tmp_path):
     """An episode that could not run (a setup failing, the policy's server down) counts as unsolved in
-    success and in the paired counts; a report that does not say so shows an outage as training's harm."""
+    success, and its pair is left out of the paired counts (it says nothing about what training changed);
+    a report that does not say so shows an outage as training's harm."""
 
     def rows(out):
         return [_row(out, "b", t, 0, True) for t in TASKS] + [_row(out, "a", TASKS[0], 0, True)] + [
@@ -85,11 +86,10 @@ def test_report_says_how_many_episodes_could_not_run(tmp_path):
     report = _report(tmp_path, rows)
     after = report["policies"]["after"]
     assert (after["errors"], after["success"], after["bench"]["success"]) == (2, 1 / 3, 1.0)
-    assert report["paired"]["before_only"] == 2  # counted as lost
-    said = (
-        "episodes that could not run (a setup or the policy's server failed), counted below as unsolved: after 2 of 3"
-    )
+    assert (report["paired"]["before_only"], report["paired"]["episodes"], report["paired"]["left_out"]) == (0, 1, 2)
+    said = "episodes that could not run (a setup or the policy's server failed), counted below as unsolved (the paired"
     assert said in markdown_report(report) and html.escape(said) in html_report(report)
+    assert "of 1 (2 pairs left out: an episode could not run)" in markdown_report(report)
     clean = _report(tmp_path / "clean", lambda out: [_row(out, m, t, 0, True) for m in "ba" for t in TASKS])
     assert "could not run" not in markdown_report(clean)
 

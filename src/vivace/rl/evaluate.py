@@ -340,12 +340,19 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
     the sign test's p-value of that split. `change` is the success rate's change over the paired
     episodes (each task weighs alike) and `change_ci95` its 95% interval from the spread of the
     per-task changes (normal approximation, kept within the -1..+1 a rate's change can span; None
-    under two tasks): how large a change this evaluation can tell from sampling luck."""
+    under two tasks): how large a change this evaluation can tell from sampling luck. A pair with an episode
+    that could not run (an `error` row: a setup or the policy's server failed) says nothing about what
+    training changed: it is left out, and counted (`left_out`)."""
     outcome: dict[tuple[str, int], dict[str, bool]] = {}
+    failed: set[tuple[str, int]] = set()
     for r in rows:
         if r["model"] in (before, after):
-            outcome.setdefault((r["task_id"], r.get("sample", 0)), {})[r["model"]] = bool(r.get("resolved"))
-    pairs = {key: o for key, o in outcome.items() if before in o and after in o}
+            key = (r["task_id"], r.get("sample", 0))
+            outcome.setdefault(key, {})[r["model"]] = bool(r.get("resolved"))
+            if "error" in r:
+                failed.add(key)
+    both_ran = {key: o for key, o in outcome.items() if before in o and after in o}
+    pairs = {key: o for key, o in both_ran.items() if key not in failed}
     change: dict[str, int] = {}
     episodes: dict[str, int] = {}
     for (task, _), o in pairs.items():
@@ -357,6 +364,7 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
     half = 1.96 * statistics.stdev(per_task) / math.sqrt(len(per_task)) if len(per_task) > 1 else None
     return {
         "episodes": len(pairs),
+        "left_out": len(both_ran) - len(pairs),
         "both": sum(o[before] and o[after] for o in pairs.values()),
         "before_only": sum(o[before] and not o[after] for o in pairs.values()),
         "after_only": sum(o[after] and not o[before] for o in pairs.values()),
@@ -429,8 +437,9 @@ def change_lines(report: dict[str, Any]) -> list[str]:
         c = report["before_after"][key]
         out.append(f"{label}: {_fmt(c['before'], fmt)} → {_fmt(c['after'], fmt)} ({_fmt_delta(c['delta'], fmt)})")
     if (p := report.get("paired")) and p["episodes"]:
+        left_out = f" ({p['left_out']} pairs left out: an episode could not run)" if p.get("left_out") else ""
         out.append(f"paired episodes (same task, same seed): {p['after_only']} solved only after, {p['before_only']} "
-                   f"only before, {p['both']} by both, of {p['episodes']}")  # fmt: skip
+                   f"only before, {p['both']} by both, of {p['episodes']}{left_out}")  # fmt: skip
         if "tasks_up" in p:  # reports written before the task-level count have none
             out.append(f"paired tasks: {p['tasks_up']} solved more often after, {p['tasks_down']} less often "
                        f"(sign test p = {p['p_value']:.2f}{'' if p['p_value'] < 0.05 else ': not beyond chance'})")  # fmt: skip
@@ -530,13 +539,15 @@ def _intro(report: dict[str, Any]) -> list[str]:
 
 
 def _errors_line(policies: dict[str, Any]) -> list[str]:
-    """Episodes that could not run count as unsolved (success, reward, the family tables, the paired
-    counts): a reader must be told, or a setup failure or a server outage reads as the policy's doing."""
+    """Episodes that could not run count as unsolved (success, reward, the family tables; the paired
+    comparison leaves their pairs out): a reader must be told, or a setup failure or a server outage reads
+    as the policy's doing."""
     failed = [f"{label} {p['errors']} of {p['episodes']}" for label, p in policies.items() if p.get("errors")]
     if not failed:
         return []
-    return [f"- episodes that could not run (a setup or the policy's server failed), counted below as unsolved: "
-            f"{', '.join(failed)}; the benchmark's own success rate (report.json, `bench`) leaves them out"]  # fmt: skip
+    return [f"- episodes that could not run (a setup or the policy's server failed), counted below as unsolved "
+            f"(the paired comparison leaves their pairs out): {', '.join(failed)}; the benchmark's own success rate "
+            "(report.json, `bench`) leaves them out"]  # fmt: skip
 
 
 def _supervised_line(term: dict[str, Any] | None) -> list[str]:
