@@ -332,7 +332,7 @@ def check_train_config(cfg: VivaceConfig, tasks: list) -> list[str]:
                         "so it runs as sync; give max_staleness 1 or more to overlap rollouts with updates")  # fmt: skip
     if tc.param_dtype == "bfloat16" and not torch.cuda.is_available():
         warnings.append("train.param_dtype bfloat16 with no GPU here: on a CPU the trainer's memory grows with every "
-                        "new rollout shape (1.8 -> 3.2 GB over 30 steps of the tiny policy, where fp32 held 1.05 GB; "
+                        "new rollout shape (about 2 -> 3 GB over 30 steps of the tiny policy, where fp32 held about 1 GB; "
                         "docs/benchmarks.md), which a long run may not survive; use float32 on CPUs (trainers on a "
                         "joined cluster's GPU nodes are not affected)")  # fmt: skip
     if tc.tasks_per_step > len(tasks):
