@@ -305,9 +305,15 @@ class TrainConfig(_Strict):
         ge=0,
         lt=1,
         description="PPO clip range below 1: the ratio is clipped from below at 1 - clip_low, which must stay "
-        "above 0 (a ratio of probabilities is positive).",
+        "above 0 (a ratio of probabilities is positive). The ratio is the trainer's against its own weights at the "
+        "start of the update, and the trainer makes one update per batch, so it is 1 and the clip never acts; "
+        "the sampler's staleness is is_cap's to bound.",
     )
-    clip_high: float = Field(0.28, ge=0, description="PPO clip range above 1 (clip-higher).")
+    clip_high: float = Field(
+        0.28,
+        ge=0,
+        description="PPO clip range above 1 (clip-higher); like clip_low, it never acts with one update per batch.",
+    )
     is_cap: float = Field(2.0, ge=1, description="Cap of the sampler-to-trainer importance weight (truncated IS).")
     kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3); 0: off.")
     sft_data: Path | None = Field(
