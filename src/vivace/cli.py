@@ -10,12 +10,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from vivace import __version__
 from vivace.config import PRESETS, ServerConfig, VivaceConfig, load_config
@@ -30,6 +32,14 @@ app.add_typer(tasks_app, name="tasks")
 
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable)
 out = Console()
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Exit `code` with one line on stderr, `error: MESSAGE`. The message is plain text, shown exactly as
+    given: rich reads no markup in it (a path like runs/x[3], a glob [abc], a repr like ['a'] or a stray
+    [/b] would be dropped or raise), no emoji codes (:100:) and colours none of its numbers or paths."""
+    err.print(Text.assemble(("error:", "red"), " ", message))
+    raise typer.Exit(code)
 
 
 class LoggedProgress(Progress):
@@ -130,10 +140,7 @@ def path_problem(path: Path, directory: bool) -> str | None:
 def check_out(path: Path, directory: bool, option: str = "--out") -> None:
     """Exit 2 with one line when `path` cannot be written (path_problem)."""
     if problem := path_problem(path, directory):
-        from rich.markup import escape
-
-        err.print(f"[red]error:[/red] {option}: {escape(problem)}")
-        raise typer.Exit(2)
+        fail(f"{option}: {problem}")
 
 
 def listening_socket(host: str, port: int):
@@ -170,10 +177,7 @@ def bound_or_exit(host: str, port: int):
     try:
         return listening_socket(host, port)
     except ValueError as e:
-        from rich.markup import escape
-
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2) from None
+        fail(str(e))
 
 
 def _config(
@@ -182,8 +186,7 @@ def _config(
     try:
         cfg = with_sandbox_options(load_config(preset, config_file), backend, state_dir)
     except (ValueError, OSError) as e:  # pydantic's ValidationError is a ValueError and names the field
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     return cfg
 
 
@@ -232,7 +235,6 @@ def agent(
     """Run the agent on REPO in a sandbox: streams each turn, then shows the final answer and the diff."""
     import signal
 
-    from rich.markup import escape
     from rich.prompt import Confirm
 
     from vivace.harness.agent import run_episode
@@ -246,16 +248,14 @@ def agent(
     from vivace.signals import signal_handler
 
     if not repo.is_dir():
-        err.print(f"[red]error:[/red] --repo {repo} is not a directory; give the repository to work on with --repo DIR")
-        raise typer.Exit(2)
+        fail(f"--repo {repo} is not a directory; give the repository to work on with --repo DIR")
     cfg = _config(preset, backend, state_dir)
     try:
         if max_turns is not None:
             cfg.agent.max_turns = max_turns
         policy = load_policy(model, cfg.engine)
     except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     interactive = not as_json and sys.stdin.isatty()
     report = ApplyReport()  # filled as files are written: a Ctrl-C while applying still says which
 
@@ -312,13 +312,12 @@ def agent(
     try:
         traj, diff, applied, changed = asyncio.run(go())
     except SandboxError as e:
-        err.print(f"[red]error:[/red] {escape(visible(str(e)))}")
-        raise typer.Exit(2) from None
+        fail(visible(str(e)))
     except KeyboardInterrupt:  # a second Ctrl-C, or one while applying
         if report.applied or report.left:  # nothing is written without being recorded
             print_apply_report(err, report, repo, stopped=True)
         else:
-            err.print(f"[yellow]stopped:[/yellow] {repo} is unchanged")
+            err.print(f"[yellow]stopped:[/yellow] {escape(str(repo))} is unchanged", highlight=False)
         raise typer.Exit(130) from None
     if as_json:
         shown = {"trajectory": traj.model_dump()} if traj else {"interrupted": True, "diff": diff}
@@ -338,8 +337,6 @@ def agent(
 @app.command()
 def tools(as_json: Annotated[bool, typer.Option("--json", help="Print the tool schemas as JSON.")] = False) -> None:
     """List the agent's tools and their argument schemas (what the model sees)."""
-    from rich.markup import escape
-
     from vivace.harness.tools import default_tools
     from vivace.harness.tools.base import tool_schema
 
@@ -383,14 +380,11 @@ def sandbox_run(
 
     cmd = list(ctx.args)
     if not cmd:
-        err.print("[red]error:[/red] no command given; usage: vivace sandbox run --repo DIR -- CMD...")
-        raise typer.Exit(2)
+        fail("no command given; usage: vivace sandbox run --repo DIR -- CMD...")
     if timeout is not None and not timeout > 0:
-        err.print(f"[red]error:[/red] --timeout {timeout:g}: give a number of seconds above 0 (or leave it out)")
-        raise typer.Exit(2)
+        fail(f"--timeout {timeout:g}: give a number of seconds above 0 (or leave it out)")
     if not repo.exists():
-        err.print(f"[red]error:[/red] --repo {repo} does not exist; give a directory, a tarball or a git repository")
-        raise typer.Exit(2)
+        fail(f"--repo {repo} does not exist; give a directory, a tarball or a git repository")
     cfg = _config(preset, backend, state_dir)
 
     async def go() -> int:
@@ -413,8 +407,7 @@ def sandbox_run(
     try:
         code = asyncio.run(go())
     except SandboxError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     raise typer.Exit(code)
 
 
@@ -444,7 +437,9 @@ def sandbox_bench(
     cfg = _config(preset, None, state_dir)
     backends = tuple(b for b in ("isolated", "plain") if b != "plain" or baseline)
     if (problem := probe()) is not None:
-        err.print(f"[yellow]isolated backend unavailable ({problem}); measuring the plain backend only[/yellow]")
+        err.print(
+            f"[yellow]isolated backend unavailable ({escape(problem)}); measuring the plain backend only[/yellow]"
+        )
         backends = ("plain",)
     progress = LoggedProgress()
 
@@ -487,10 +482,7 @@ def _bench_scaling(steps_text: str, files: int, as_json: bool, cfg: VivaceConfig
         if not steps or min(steps) < 0:
             raise ValueError
     except ValueError:
-        err.print(
-            f"[red]error:[/red] --scaling wants comma-separated counts of 0 or more like 0,100,500, not {steps_text!r}"
-        )
-        raise typer.Exit(2) from None
+        fail(f"--scaling wants comma-separated counts of 0 or more like 0,100,500, not {steps_text!r}")
 
     async def go() -> dict:
         backend = IsolatedBackend(cfg.sandbox.model_copy(update={"backend": "isolated"}))
@@ -531,7 +523,6 @@ def sandbox_serve(
 ) -> None:
     """Serve workspaces over HTTP (token-authenticated, loopback by default)."""
     from pydantic import ValidationError
-    from rich.markup import escape
 
     from vivace.sandbox.server import serve
 
@@ -541,8 +532,7 @@ def sandbox_serve(
         cfg.server = ServerConfig.model_validate({**cfg.server.model_dump(), **updates})
     except ValidationError as e:
         problems = "; ".join(f"--{x['loc'][0]}: {x['msg']}" for x in e.errors())  # no value: --token is a secret
-        err.print(f"[red]error:[/red] {escape(problems)}")
-        raise typer.Exit(2) from None
+        fail(problems)
     serve(cfg, bound_or_exit(cfg.server.host, cfg.server.port))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from vivace.cli import (
     BackendOpt,
@@ -24,6 +25,7 @@ from vivace.cli import (
     app,
     check_out,
     err,
+    fail,
     out,
     sigterm_interrupts,
     tasks_app,
@@ -52,8 +54,7 @@ def tasks_generate(
     names = [r.strip() for r in repos.split(",")] if repos else bundled_repos()
     unknown = sorted(set(names) - set(bundled_repos()))
     if unknown:
-        err.print(f"[red]error:[/red] unknown repositories {unknown}; bundled: {', '.join(bundled_repos())}")
-        raise typer.Exit(2)
+        fail(f"unknown repositories {unknown}; bundled: {', '.join(bundled_repos())}")
     progress = LoggedProgress()
     bar = progress.add_task("tasks kept", total=n)
 
@@ -83,8 +84,7 @@ def tasks_generate(
         try:
             tasks = asyncio.run(go())
         except RuntimeError as e:
-            err.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(1) from None
+            fail(str(e), 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_jsonl(tasks, out_dir / "tasks.jsonl")
     counts = {}
@@ -117,8 +117,7 @@ def tasks_families(
     check_out(out_file, directory=False)
     wanted = {"train": train, "validation": validation, "test": test}
     if not any(wanted.values()):
-        err.print("[red]error:[/red] no tasks asked for: give --train, --validation or --test above 0")
-        raise typer.Exit(2)
+        fail("no tasks asked for: give --train, --validation or --test above 0")
     progress = LoggedProgress()
     bar = progress.add_task("tasks kept", total=sum(wanted.values()))
     with progress:
@@ -200,11 +199,9 @@ def tasks_swebench(
                 repo_runs=repo_runs, progress=lambda done, total: progress.update(bar, completed=done, total=total),
             )  # fmt: skip
     except (ValueError, TaskFormatError) as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     if not tasks:
-        err.print(f"[red]error:[/red] {records} holds no records; nothing written")
-        raise typer.Exit(2)
+        fail(f"{records} holds no records; nothing written")
     unsound: dict[str, str] = {}
     if check:
         check_dir = out_file.parent / f"{out_file.stem}-check"
@@ -213,8 +210,7 @@ def tasks_swebench(
         for task_id, why in unsound.items():
             err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
         if not tasks:
-            err.print(f"[red]error:[/red] no task passed the check; nothing written (episodes in {check_dir})")
-            raise typer.Exit(1)
+            fail(f"no task passed the check; nothing written (episodes in {check_dir})", 1)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     save_jsonl(tasks, out_file)
     by_repo: dict[str, int] = {}
@@ -293,12 +289,10 @@ def tasks_select(
         tasks = load_suite(suite, split)
         rates = read_pass_rates(results, model)
     except (ValueError, TaskFormatError) as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     if not rates:
         where = ", ".join(map(str, results))
-        err.print(f"[red]error:[/red] no result rows{f' for model {model!r}' if model else ''} in {where}")
-        raise typer.Exit(2)
+        fail(f"no result rows{f' for model {model!r}' if model else ''} in {where}")
     chosen = select_tasks(tasks, rates, min_solved, max_rate)
     known = {t.id for t in tasks}
     counts: dict[str, dict[str, int]] = {}
@@ -320,8 +314,7 @@ def tasks_select(
         "out": str(out_file),
     }
     if not chosen:
-        err.print("[red]error:[/red] no task meets the bounds; nothing written (lower --min-solved or measure more)")
-        raise typer.Exit(1)
+        fail("no task meets the bounds; nothing written (lower --min-solved or measure more)", 1)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     save_jsonl(chosen, out_file)
     if as_json:
@@ -331,7 +324,7 @@ def tasks_select(
         out.print(f"{family:>24}: kept {c['kept']:>3} of {c['measured']:>3} measured ({c['tasks']} in the suite)")
     if report["results_not_in_suite"]:
         err.print(
-            f"[yellow]{report['results_not_in_suite']} measured tasks are not in {suite} ({split or 'all'})[/yellow]"
+            f"[yellow]{report['results_not_in_suite']} measured tasks are not in {escape(suite)} ({split or 'all'})[/yellow]"
         )
     out.print(f"wrote {len(chosen)} tasks to {out_file}")
 
@@ -339,8 +332,6 @@ def tasks_select(
 def _warn_unsound(rows: list[dict]) -> None:
     """Tasks the scripted baselines show to be unsound here (task_problems), with the first reason,
     so that a success rate of 0 does not have to explain itself."""
-    from rich.markup import escape
-
     from vivace.bench.report import task_problems
 
     problems = task_problems(rows)
@@ -382,8 +373,6 @@ def bench(
     state_dir: StateOpt = None,
 ) -> None:
     """Run models on tasks in sandboxes and score them: correctness, adherence, efficiency, claims."""
-    from rich.markup import escape
-
     from vivace.bench.report import html_report, markdown, summarize
     from vivace.bench.runner import read_results, run_benchmark, run_settings, start_run
     from vivace.harness.policies import load_policy
@@ -393,14 +382,12 @@ def bench(
     cfg = _config(preset, backend, state_dir, config_file)
     if temperature is not None:
         if not temperature >= 0:  # NaN too
-            err.print(f"[red]error:[/red] --temperature {temperature:g}: give 0 (greedy) or more")
-            raise typer.Exit(2)
+            fail(f"--temperature {temperature:g}: give 0 (greedy) or more")
         cfg.engine.temperature = temperature
     if out_dir is not None:
         check_out(out_dir, directory=True)
     if (suite is None) == (tasks_path is None):
-        err.print("[red]error:[/red] give exactly one of --suite NAME and --tasks PATH")
-        raise typer.Exit(2)
+        fail("give exactly one of --suite NAME and --tasks PATH")
     try:
         if twice := sorted({m for m in model if model.count(m) > 1}):
             raise ValueError(f"--model {', '.join(twice)} given more than once (use --samples for more episodes)")
@@ -409,32 +396,25 @@ def bench(
         check_split(split)
         tasks = load_suite(suite, split) if suite else load_tasks(tasks_path)  # type: ignore[arg-type]
     except (ValueError, TaskFormatError) as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     if tasks_path and split:
         tasks = [t for t in tasks if t.split == split]
     tasks = tasks[:n] if n else tasks
     if not tasks:
-        err.print(
-            f"[red]error:[/red] no tasks selected from {suite or tasks_path}{f' in split {split!r}' if split else ''}"
-        )
-        raise typer.Exit(2)
+        fail(f"no tasks selected from {suite or tasks_path}{f' in split {split!r}' if split else ''}")
     out_dir = out_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     try:
         finished = start_run(out_dir, run_settings(model, tasks, cfg, samples), resume)
     except ValueError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(str(e))
     except OSError as e:  # a directory that cannot be made or written here
-        err.print(f"[red]error:[/red] cannot write the run in --out {escape(str(out_dir))}: "
-                  f"{escape(e.strerror or str(e))}; give a directory you can write", highlight=False)  # fmt: skip
-        raise typer.Exit(2) from None
+        fail(f"cannot write the run in --out {out_dir}: {e.strerror or e}; give a directory you can write")
     if finished:
         err.print(f"resuming {out_dir}: {len(finished)} episodes already finished", markup=False, highlight=False)
     progress = LoggedProgress()
     bar = progress.add_task("episodes", total=len(tasks) * len(model) * samples, completed=len(finished))
     solved = [sum(bool(r.get("resolved")) for r in finished)]
-    again = escape(f"continue with the same options and --out {out_dir} --resume")
+    again = f"continue with the same options and --out {out_dir} --resume"
 
     def done(row: dict) -> None:
         solved[0] += bool(row.get("resolved"))
@@ -452,9 +432,10 @@ def bench(
         stopped = f"stopped after {len(rows)} of {progress.tasks[bar].total:.0f} episodes"
         if rows:
             (out_dir / "report.md").write_text(markdown(summarize(rows), f"{title}, {stopped}"))
-            err.print(f"[yellow]{stopped}:[/] the report of those is {out_dir / 'report.md'}; {again}", soft_wrap=True)
+            err.print(f"[yellow]{stopped}:[/] the report of those is {escape(str(out_dir / 'report.md'))}; "
+                      f"{escape(again)}", soft_wrap=True)  # fmt: skip
         else:
-            err.print(f"[yellow]{stopped}:[/] {again}", soft_wrap=True)
+            err.print(f"[yellow]{stopped}:[/] {escape(again)}", soft_wrap=True)
         if as_json:
             report = {"summary": summarize(rows), "out_dir": str(out_dir), "interrupted": True}
             sys.stdout.write(json.dumps({**report, "seconds": time.monotonic() - t0}) + "\n")
@@ -467,7 +448,7 @@ def bench(
     _warn_unsound(rows)
     if failed := [r for r in rows if "error" in r]:
         err.print(f"[yellow]warning:[/] {len(failed)} episode(s) could not run and are not counted in success (e.g. "
-                  f"{escape(failed[0]['task_id'])}: {escape(failed[0]['error'])}); to run them again, {again}",
+                  f"{escape(failed[0]['task_id'])}: {escape(failed[0]['error'])}); to run them again, {escape(again)}",
                   highlight=False, soft_wrap=True)  # fmt: skip
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary, "out_dir": str(out_dir), "seconds": seconds}) + "\n")
@@ -477,6 +458,4 @@ def bench(
         out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)", soft_wrap=True, markup=False, highlight=False)
     # A model none of whose episodes could run (its endpoint down) measured nothing: a script must see that.
     if unmeasured := [m for m in model if all("error" in r for r in rows if r.get("model") == m)]:
-        err.print(f"[red]error:[/] no episode of {', '.join(map(escape, unmeasured))} could run: nothing was "
-                  f"measured for it; {again}", highlight=False, soft_wrap=True)  # fmt: skip
-        raise typer.Exit(1)
+        fail(f"no episode of {', '.join(unmeasured)} could run: nothing was measured for it; {again}", 1)

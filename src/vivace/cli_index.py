@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vivace.cli import LoggedProgress, app, check_out, err, out
+from vivace.cli import LoggedProgress, app, check_out, err, fail, out
 
 index_app = typer.Typer(help="Semantic codebase index: build, search, benchmark, fine-tune the embedder.")
 app.add_typer(index_app, name="index")
@@ -41,8 +41,7 @@ def _config(model: str | None, cache_dir: Path | None, **kw: Any):
     try:
         return SearchConfig(**updates)
     except ValueError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2) from None
+        fail(str(e))
 
 
 @contextlib.contextmanager
@@ -54,8 +53,7 @@ def _model_errors() -> Iterator[None]:
     try:
         yield
     except EmbedderUnavailable as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2) from None
+        fail(str(e))
 
 
 def _indexer(config):
@@ -65,14 +63,12 @@ def _indexer(config):
     try:
         return Indexer(config, shared(config.model, config.cache_dir / "embeddings" if config.cache_dir else None))
     except EmbedderUnavailable as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2) from None
+        fail(str(e))
 
 
 def _repo(repo: Path) -> Path:
     if not repo.is_dir():
-        err.print(f"[red]error:[/red] {escape(str(repo))} is not a directory; pass the repository with --repo DIR")
-        raise typer.Exit(2)
+        fail(f"{repo} is not a directory; pass the repository with --repo DIR")
     return repo.resolve()
 
 
@@ -151,11 +147,9 @@ def index_search(
     from vivace.search.types import MODES
 
     if mode not in MODES:
-        err.print(f"[red]error:[/red] unknown --mode {escape(repr(mode))}; modes: {', '.join(MODES)}")
-        raise typer.Exit(2)
+        fail(f"unknown --mode {mode!r}; modes: {', '.join(MODES)}")
     if not query.strip():
-        err.print("[red]error:[/red] the query is empty; say what to look for, in words or identifiers")
-        raise typer.Exit(2)
+        fail("the query is empty; say what to look for, in words or identifiers")
     repo = _repo(repo)
     state = _open(_indexer(_config(model, cache_dir)), repo, as_json)
     with _model_errors():
@@ -253,20 +247,15 @@ def index_train_embedder(
     from vivace.search.finetune import TrainConfig, train_embedder
 
     if not traces.exists():
-        err.print(
-            f"[red]error:[/red] {escape(str(traces))} does not exist; pass a `vivace bench --out` directory with --traces"
-        )
-        raise typer.Exit(2)
+        fail(f"{traces} does not exist; pass a `vivace bench --out` directory with --traces")
     if not lr > 0:
-        err.print(f"[red]error:[/red] --lr {lr:g}: give a learning rate above 0, e.g. 3e-5")
-        raise typer.Exit(2)
+        fail(f"--lr {lr:g}: give a learning rate above 0, e.g. 3e-5")
     check_out(out_dir, directory=True)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, holdout=holdout, seed=seed)
     try:
         report = train_embedder(traces, out_dir, model, cfg, state_dir, say=lambda s: err.print(f"[dim]{escape(s)}[/]"))
     except ValueError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     if as_json:
         out.print_json(json.dumps(report))
         return

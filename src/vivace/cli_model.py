@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vivace.cli import LoggedProgress, app, check_out, err, out
+from vivace.cli import LoggedProgress, app, check_out, fail, out
 
 tokenizer_app = typer.Typer(help="The reference tokenizer (byte-level BPE shipped with vivace).", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
@@ -42,12 +42,10 @@ def tokenizer_train(
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         # Retraining on today's source gives another vocabulary: replacing the shipped reference (which
         # tiny-init and the benchmark's token counts use) must be a deliberate act, and so must any other.
-        err.print(f"[red]error:[/red] --out {out_dir} already holds files; give a new directory, or empty it first")
-        raise typer.Exit(2)
+        fail(f"--out {out_dir} already holds files; give a new directory, or empty it first")
     check_out(out_dir, directory=True)
     if vocab_size < (least := 256 + len(T.SPECIAL_TOKENS)):  # before the corpus is read
-        err.print(f"[red]error:[/red] --vocab-size {vocab_size}: give {least} or more (256 bytes + the control tokens)")
-        raise typer.Exit(2)
+        fail(f"--vocab-size {vocab_size}: give {least} or more (256 bytes + the control tokens)")
     files = C.code_files()
     n_conversations = len(bundled_repos()) * C.CONVERSATIONS_PER_REPO
     progress = LoggedProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -68,8 +66,7 @@ def tokenizer_train(
         try:
             tok = T.train_tokenizer(code + conversations, vocab_size)
         except ValueError as e:
-            err.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2) from None
+            fail(str(e))
         train_s = time.monotonic() - t0
         progress.advance(bar)
         out_dir.mkdir(parents=True, exist_ok=True)

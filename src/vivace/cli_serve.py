@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import app, bound_or_exit, err, out, status_say
+from vivace.cli import app, bound_or_exit, err, fail, out, status_say
 from vivace.config import EngineConfig
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
@@ -38,8 +38,7 @@ def serve(
     if ctx.invoked_subcommand is not None:
         return
     if model is None:
-        err.print("[red]error:[/] give --model (tiny or a checkpoint directory)")
-        raise typer.Exit(2)
+        fail("give --model (tiny or a checkpoint directory)")
     sock = bound_or_exit(host, port)  # before the model loads, which can take minutes; --port 0: the port taken
     import uvicorn
 
@@ -49,7 +48,8 @@ def serve(
         engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))
         name = served_name or model
         shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
-        err.print(f"serving {name!r} on http://{shown}:{sock.getsockname()[1]}/v1 (max batch {max_batch})")
+        err.print(f"serving {name!r} on http://{shown}:{sock.getsockname()[1]}/v1 (max batch {max_batch})",
+                  markup=False, highlight=False)  # fmt: skip
         try:
             uvicorn.Server(uvicorn.Config(create_app(engine, chat, name), log_level="warning")).run(sockets=[sock])
         finally:
@@ -64,8 +64,7 @@ def _engine_config(**options) -> EngineConfig:
         return EngineConfig(**options)
     except ValidationError as exc:
         problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors())
-        err.print(f"[red]error:[/] {problems}")
-        raise typer.Exit(2) from exc
+        fail(problems)
 
 
 def _engine(model: str, config: EngineConfig):
@@ -74,8 +73,7 @@ def _engine(model: str, config: EngineConfig):
     try:
         return local_engine(model, config)
     except ValueError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+        fail(str(exc))
 
 
 @serve_app.command("bench")
@@ -95,8 +93,7 @@ def serve_bench(
     try:
         loaded = load_for_engine(model, _engine_config(device=device, dtype=dtype))
     except ValueError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     pad = loaded.tokenizer.pad_token_id or 0
     with err.status("benchmarking") as status:
         say = status_say(status)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from vivace.cli import (
@@ -30,6 +31,7 @@ from vivace.cli import (
     app,
     check_out,
     err,
+    fail,
     out,
     path_problem,
     sigterm_interrupts,
@@ -73,7 +75,7 @@ def _say_written(out_file: Path, n: int, what: str, as_json: bool) -> None:
 def _stopped(received: list[int], what: str) -> typer.Exit:
     """The message and exit (130 for Ctrl-C, 143 for SIGTERM) of a command stopped by a signal."""
     signum = received[-1] if received else signal.SIGINT
-    err.print(f"[yellow]stopped by {signal.Signals(signum).name}:[/] {what}", soft_wrap=True)
+    err.print(f"[yellow]stopped by {signal.Signals(signum).name}:[/] {escape(what)}", soft_wrap=True, highlight=False)
     return typer.Exit(128 + signum)
 
 
@@ -139,8 +141,7 @@ def sft_data(
                                    progress=show)  # fmt: skip
             result = _run_cancelling_on_sigterm(received, episodes)
     except ValueError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     except (KeyboardInterrupt, asyncio.CancelledError):
         partial = partial_path(out_file)
         kept = partial.read_bytes().count(b"\n") if partial.is_file() else 0  # one episode a line
@@ -233,21 +234,16 @@ def sft_augment(
     cuts = tuple(cut or CUTS)
     for name, share in (("--invented-share", invented_share), ("--letters-share", letters_share)):
         if not 0.0 <= share <= 1.0:
-            err.print(f"[red]error:[/] {name} {share}: give a share between 0 and 1")
-            raise typer.Exit(2)
+            fail(f"{name} {share}: give a share between 0 and 1")
     if bad := [c for c in cuts if c not in (*CUTS, "whole", "retry", "retry_edit")]:
-        err.print(
-            f"[red]error:[/] unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit"
-        )
-        raise typer.Exit(2)
+        fail(f"unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit")
     files = data or [Path("runs/sft/expert.jsonl")]
     try:
         _fresh_file(out_file)
         rows = [row for path in files for row in read_expert_rows(path)]
         chat = ChatFormat(load_tokenizer(model))
     except ValueError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     tools = [tool_schema(t) for t in default_tools()]
 
     counts = {"episodes": len(rows), "written": 0, "tokens": 0, "trained_tokens": 0}
@@ -346,8 +342,7 @@ def sft_copies(
                 row = {"ids": opening + row["ids"], "loss_mask": [0] * len(opening) + row["loss_mask"]}
                 f.write(json.dumps(row) + "\n")
     except ValueError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     except KeyboardInterrupt:
         raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
     _say_written(out_file, n, "sequences", as_json)
@@ -373,16 +368,14 @@ def sft_drills(
     from vivace.rl.sft_train import jsonl_objects, read_episodes
 
     if not 0 < keep <= 1:
-        err.print(f"[red]error:[/] --keep must be in (0, 1], got {keep}")
-        raise typer.Exit(2)
+        fail(f"--keep must be in (0, 1], got {keep}")
     try:
         _fresh_file(out_file)
         tok = load_tokenizer(model)
         for p in data:  # checked whole before anything is written
             read_episodes(p, len(tok))
     except ValueError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     turn_start = tok.convert_tokens_to_ids("<|im_start|>")
     sample = random.Random(seed + 1)
     n = 0
@@ -400,7 +393,9 @@ def sft_drills(
         raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
     _say_written(out_file, n, "drills", as_json)
     if n == 0:
-        err.print(f"[yellow]note:[/] the episodes have no {'/'.join(argument or ['path'])} argument in a trained span")
+        err.print(
+            f"[yellow]note:[/] the episodes have no {escape('/'.join(argument or ['path']))} argument in a trained span"
+        )
 
 
 @sft_app.command("eval")
@@ -414,7 +409,6 @@ def sft_eval(
     """Teacher-forced numbers of saved policies on held-out episodes, without training: loss, token
     accuracy, and per tool argument (path, old_string, new_string) how often its first token and its
     whole value are the greedy choice — the numbers `sft train --eval` logs."""
-    from rich.markup import escape
     from rich.table import Table
 
     from vivace.rl.sft_train import check_files, evaluate_checkpoint
@@ -423,8 +417,7 @@ def sft_eval(
         check_files(data)
         _same_tokenizer(model)
     except ValueError as e:
-        err.print(f"[red]error:[/] {escape(str(e))}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     table = Table(
         "model",
         "data",
@@ -443,8 +436,7 @@ def sft_eval(
         try:
             r = evaluate_checkpoint(m, d, seq_len, threads)
         except (ValueError, FileNotFoundError) as e:
-            err.print(f"[red]error:[/] {escape(str(e))}")
-            raise typer.Exit(2) from e
+            fail(str(e))
         err.print(f"[{i}/{len(pairs)}] done in {time.monotonic() - t0:.0f} s", markup=False, highlight=False)
         if as_json:
             print(json.dumps(r), flush=True)
@@ -486,10 +478,7 @@ def sft_ship(
     from vivace.model.checkpoint import TINY_DIR, ship_checkpoint
 
     if not (checkpoint / "config.json").is_file():
-        err.print(
-            f"[red]error:[/] {checkpoint} is not a checkpoint (no config.json); train one with `vivace sft train`"
-        )
-        raise typer.Exit(2)
+        fail(f"{checkpoint} is not a checkpoint (no config.json); train one with `vivace sft train`")
     record = ship_checkpoint(checkpoint)
     record.pop("sft_summary", None)
     record["dest"] = str(TINY_DIR)
@@ -564,37 +553,29 @@ def sft_train(
     packed rows, AdamW with warmup and cosine decay; writes a standard checkpoint to --out (a new or
     empty directory). Ctrl-C or SIGTERM stops after the step in flight and saves (exit 130/143); a run
     does not resume, but the next one can start from its checkpoint (--init OUT)."""
-    from rich.markup import escape
-
     from vivace.model.checkpoint import parse_arch
     from vivace.rl.sft_train import train_sft
 
     files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
     for name, value in (("--lr", lr), ("--epochs", epochs), ("--minutes", minutes)):
         if value is not None and not value > 0:
-            err.print(f"[red]error:[/] {name} {value:g}: give a number above 0")
-            raise typer.Exit(2)
+            fail(f"{name} {value:g}: give a number above 0")
     check_out(out_dir, directory=True)
     if out_dir.is_dir() and any(out_dir.iterdir()):
-        err.print(f"[red]error:[/] --out {escape(str(out_dir))} already holds a run or other files; give a new or "
-                  f"empty directory. `sft train` does not resume: to train on from that checkpoint, give --init "
-                  f"{escape(str(out_dir))} and a new --out", soft_wrap=True)  # fmt: skip
-        raise typer.Exit(2)
+        fail(f"--out {out_dir} already holds a run or other files; give a new or empty directory. `sft train` "
+             f"does not resume: to train on from that checkpoint, give --init {out_dir} and a new --out")  # fmt: skip
     try:
         overrides = parse_arch(arch) if arch else None
     except ValueError as e:
-        err.print(f"[red]error:[/] --arch: {escape(str(e))}")
-        raise typer.Exit(2) from e
+        fail(f"--arch: {e}")
     rows = None
     if embedding_rows is not None:
         try:
             rows = json.loads(embedding_rows.read_text())
         except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-            err.print(f"[red]error:[/] --embedding-rows {embedding_rows}: {escape(str(e))}")
-            raise typer.Exit(2) from e
+            fail(f"--embedding-rows {embedding_rows}: {e}")
         if not isinstance(rows, list) or not all(type(i) is int for i in rows):
-            err.print(f"[red]error:[/] --embedding-rows {embedding_rows}: expected a JSON list of token ids")
-            raise typer.Exit(2)
+            fail(f"--embedding-rows {embedding_rows}: expected a JSON list of token ids")
     columns = (TextColumn("sft step"), MofNCompleteColumn(), BarColumn(),
                TextColumn("loss {task.fields[loss]}  {task.fields[tok_s]} tok/s  {task.fields[eval]}"), TimeElapsedColumn())  # fmt: skip
     received: list[int] = []  # SIGTERM (a scheduler's limit) stops and saves as Ctrl-C does, then exits 143
@@ -618,8 +599,7 @@ def sft_train(
                                objective=objective, config_overrides=overrides, embedding_rows=rows,
                                freeze_embedding=freeze_embedding, progress=show)  # fmt: skip
     except ValueError as e:
-        err.print(f"[red]error:[/] {escape(str(e))}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     except KeyboardInterrupt:  # before the first step, or a second signal during the last save
         saved = (out_dir / "model.safetensors").is_file()
         raise _stopped(received, f"the last save (every --save-every steps) is in {out_dir}" if saved else

@@ -35,6 +35,7 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from vivace.cli import (
@@ -46,6 +47,7 @@ from vivace.cli import (
     _config,
     app,
     err,
+    fail,
     out,
     sigterm_interrupts,
     status_say,
@@ -129,13 +131,11 @@ def train_command(
                 write_atomic(run_dir / "config.json", saved.model_dump_json(indent=2))
             err.print(_resume_point(run_dir))
     except (_Refused, ClusterUnavailable) as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from None
+        fail(str(e))
     except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (new_run_dir's FileExistsError)
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     for warning in warnings:  # legal, but likely not what was meant: said once, before the run
-        err.print(f"[yellow]warning:[/] {warning}")
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     with lock:
         _train_locked(cfg, run_dir, resume is not None, tasks, eval_tasks, address, local, as_json)
 
@@ -196,37 +196,34 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
     try:
         summary = run()
     except TrainerFailed as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(1) from e
+        fail(str(e), 1)
     except StartFailed as e:  # a model or checkpoint that does not load: its one line says which and why
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(1) from None
+        fail(str(e), 1)
     except (NoExpertData, ClusterUnavailable) as e:  # a bad input, not a bug: no traceback
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     except KeyboardInterrupt:
         last = latest_checkpoint(run_dir)
         where = f"its last checkpoint is {last}; continue with `vivace train --resume {run_dir}`" if last else (
             "no checkpoint was written")  # fmt: skip
-        err.print(f"[yellow]stopped:[/] {where}.")
+        err.print(f"[yellow]stopped:[/] {escape(where)}.", highlight=False)
         raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     except OSError as e:  # disk full, a read-only directory: the run cannot go on here, and says where it stands
         what = _shown(Path(e.filename)) if e.filename else _shown(run_dir)
         last = latest_checkpoint(run_dir)
-        err.print(f"[red]error:[/] cannot write {what}: {e.strerror or e}; the last complete checkpoint is "
-                  f"{f'step {_step_of(last)}' if last else 'none (the run restarts from step 0)'}; after fixing it, "
-                  f"resume with `vivace train --resume {run_dir}`")  # fmt: skip
-        raise typer.Exit(1) from None
+        fail(f"cannot write {what}: {e.strerror or e}; the last complete checkpoint is "
+             f"{f'step {_step_of(last)}' if last else 'none (the run restarts from step 0)'}; after fixing it, "
+             f"resume with `vivace train --resume {run_dir}`", 1)  # fmt: skip
     if workers.cluster_lost or summary.get("stopped_by") == "cluster_lost":  # no evaluation: Ray ends us soon
         loss.say_stopped()
         raise typer.Exit(1)
     loss.cancel()
     if trained and not any(trained):
-        err.print(f"[yellow]warning:[/] {_nothing_trained(run_dir, len(trained))}")
+        err.print(f"[yellow]warning:[/] {escape(_nothing_trained(run_dir, len(trained)))}", highlight=False)
     stopped = summary.get("stopped_by") == "interrupted"  # before the configured steps
     if received and received[0] == signal.SIGTERM:  # the machine is going away: no time for the evaluation
-        err.print(f"[yellow]stopped by SIGTERM {_stopped_at(run_dir, cfg)}; continue with "
-                  f"`vivace train --resume {run_dir}`, or evaluate it with `vivace train report {_shown(run_dir)}`.")  # fmt: skip
+        err.print(f"stopped by SIGTERM {_stopped_at(run_dir, cfg)}; continue with `vivace train --resume {run_dir}`, "
+                  f"or evaluate it with `vivace train report {_shown(run_dir)}`.", style="yellow", markup=False,
+                  highlight=False)  # fmt: skip
         raise typer.Exit(128 + signal.SIGTERM)
     report = None
     if eval_tasks:
@@ -234,11 +231,11 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
             with sigterm_interrupts(received):
                 report = _evaluate(cfg, run_dir, eval_tasks)[1]
         except ValueError as e:
-            err.print(f"[red]error:[/] the run finished but its evaluation could not start: {e}")
-            raise typer.Exit(2) from e
+            fail(f"the run finished but its evaluation could not start: {e}")
         except KeyboardInterrupt:
-            err.print(f"[yellow]evaluation stopped:[/] the trained policy is {latest_checkpoint(run_dir)}; "
-                      f"`vivace train report {_shown(run_dir)}` evaluates it and writes the report.")  # fmt: skip
+            policy = escape(str(latest_checkpoint(run_dir)))
+            err.print(f"[yellow]evaluation stopped:[/] the trained policy is {policy}; `vivace train report "
+                      f"{escape(str(_shown(run_dir)))}` evaluates it and writes the report.", highlight=False)  # fmt: skip
             raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     if as_json:
         print(json.dumps({"summary": summary, **({"report": str(report)} if report else {})}))
@@ -247,8 +244,8 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
         if report:
             print(f"report: {report}")  # plain print: one unwrapped line, whatever the terminal width
     if stopped:  # Ctrl-C before the configured steps: said like SIGTERM, and a status a script can tell apart
-        err.print(f"[yellow]stopped by Ctrl-C {_stopped_at(run_dir, cfg)}; continue with "
-                  f"`vivace train --resume {run_dir}`.")  # fmt: skip
+        err.print(f"stopped by Ctrl-C {_stopped_at(run_dir, cfg)}; continue with `vivace train --resume {run_dir}`.",
+                  style="yellow", markup=False, highlight=False)  # fmt: skip
         raise typer.Exit(128 + signal.SIGINT)
 
 
@@ -282,8 +279,9 @@ class _ClusterLoss:
     def say_stopped(self) -> None:
         if not self.said:
             self.said = True
-            err.print(f"[red]stopped: the Ray cluster is gone {_stopped_at(self.run_dir, self.cfg)}; once it is back "
-                      f"(or on another), continue with `vivace train --resume {self.run_dir}`.")  # fmt: skip
+            err.print(f"stopped: the Ray cluster is gone {_stopped_at(self.run_dir, self.cfg)}; once it is back "
+                      f"(or on another), continue with `vivace train --resume {self.run_dir}`.", style="red",
+                      markup=False, highlight=False)  # fmt: skip
 
     def _give_up(self) -> None:
         """The step in flight did not end in time, or Ray's shutdown hangs on the dead cluster."""
@@ -537,8 +535,7 @@ def report_command(
         trained_policy(run_dir)
         chosen = held_out_tasks(cfg, tasks or cfg.train.eval_tasks or None, split)
     except ValueError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     try:
         report, path = _evaluate(cfg, run_dir.resolve(), chosen)
     except KeyboardInterrupt:  # evaluate_run has put the earlier report back
@@ -546,7 +543,7 @@ def report_command(
         where = (
             f"the previous report is still at {_shown(previous)}" if previous.is_file() else "there was no earlier one"
         )
-        err.print(f"[yellow]report stopped;[/] {where}")
+        err.print(f"[yellow]report stopped;[/] {escape(where)}", highlight=False)
         raise typer.Exit(128 + signal.SIGINT) from None
     if as_json:
         print(json.dumps({"report": str(path), **report}))
@@ -605,8 +602,7 @@ def bench_pipeline_command(
         if not 1 <= turn_range[0] <= turn_range[1]:
             raise ValueError(f"--turns {turns!r}: give MIN-MAX with 1 <= MIN <= MAX")
     except ValueError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        fail(str(e))
     with err.status("measuring the rollout pipeline...") as status:
         say = status_say(status)
         result = asyncio.run(bench_pipeline(cfg, work_dir.resolve(), modes=chosen,
