@@ -235,7 +235,7 @@ def test_openai_client_n_choices_share_one_prefill(server):
     c = client(server)
     words = " ".join(f"w{i}" for i in range(80))  # a prompt no earlier request began with
     messages = [MESSAGES[0], {"role": "user", "content": f"Compare a.py and b.py. {words}"}]
-    kw = {"model": "taught", "messages": messages, "tools": TOOLS, "n": 4, "temperature": 1.0, "seed": 11,
+    kw = {"model": "taught", "messages": messages, "tools": TOOLS, "n": 4, "temperature": 2.0, "seed": 11,
           "max_tokens": 12, "logprobs": True}  # fmt: skip
     before = httpx.get(f"{server.url}/metrics").json()["prefill_tokens"]
     reply = c.chat.completions.create(**kw)
@@ -245,7 +245,9 @@ def test_openai_client_n_choices_share_one_prefill(server):
     # every choice's sampled tokens (its end-of-turn token, when it ended with one, is not in logprobs)
     sampled = sum(len(ch.logprobs.content) + (ch.finish_reason != "length") for ch in reply.choices)
     assert reply.usage.completion_tokens == sampled
-    assert len({ch.message.content for ch in reply.choices}) > 1  # independent samples, not copies
+    # independent samples, not copies: the taught model is so sure of itself here (p > 0.94 a token at T 1) that
+    # four samples at T 1 were often alike; at T 2 (the most the API allows) they hardly ever are
+    assert len({ch.message.content for ch in reply.choices}) > 1
     streamed, usage = collect(c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     # Seeded per choice, so the same tokens; the logprobs to float noise (this time the prompt's keys come
     # from the prefix cache, so the batches differ).
