@@ -40,6 +40,20 @@ REPO_FILES = {
 }
 
 
+def wait_for_idle_ray(timeout_s: float = 30.0) -> None:
+    """Waits (up to `timeout_s`) until this process's Ray cluster has every CPU free: an earlier test's
+    actors give theirs back late, and a run that starts meanwhile waits for CPUs with fewer steps done."""
+    import time
+
+    import ray
+
+    if not ray.is_initialized():
+        return
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="session")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_for_idle_ray
 from vivace.bench.score import Score
 from vivace.config import load_preset
 from vivace.harness.trajectory import Tokens, Trajectory
@@ -223,10 +224,7 @@ async def test_ray_run_survives_a_killed_rollout_worker_and_sampler_replica(tmp_
                              "checkpoint_every": 100, "runs_dir": str(tmp_path / "runs")},
                       sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
     episode = latency_episode(open_backend(cfg.sandbox).snapshot(str(repo)), median_s=0.5, sigma=0.5, turns=(3, 5))
-    if ray.is_initialized():  # an earlier test's actors (this process's Ray session) give back their CPUs late
-        deadline = time.monotonic() + 30
-        while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
-            time.sleep(0.2)
+    wait_for_idle_ray()
     notes: list[str] = []
     workers = RayWorkers(cfg, episode, on_note=notes.append)
     run_dir = new_run_dir(cfg, "faults")

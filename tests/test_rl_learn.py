@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import wait_for_idle_ray
 from vivace.config import load_preset
 from vivace.rl.controller import new_run_dir, train
 from vivace.rl.synthetic import second_turn_episode, synthetic_episode
@@ -160,10 +161,11 @@ def test_resume_after_sigkill_keeps_the_data_order(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sync", ["object_store", "broadcast"])
-async def test_ray_weight_sync_reaches_the_sampler(tmp_path, sync):
+@pytest.mark.parametrize(("sync", "ranks"), [("object_store", 1), ("broadcast", 1), ("broadcast", 2)])
+async def test_ray_weight_sync_reaches_the_sampler(tmp_path, sync, ranks):
     """After every update the sampler actor must hold the trainer's weights: the next step's
-    sampler logprobs then equal the trainer's (KL ~0) even with large updates."""
+    sampler logprobs then equal the trainer's (KL ~0) even with large updates. With two trainer ranks the
+    broadcast streams each tensor as the ranks gather it."""
     from vivace.rl.workers import RayWorkers
 
     repo = tmp_path / "repo"
@@ -172,12 +174,13 @@ async def test_ray_weight_sync_reaches_the_sampler(tmp_path, sync):
     cfg = load_preset("smoke", agent={"max_turns": 1, "max_turn_tokens": 24},
                       # tiny-init: the shipped warm start calls a tool in every first turn (no group would split)
                       train={"model": "tiny-init", "tasks_per_step": 2, "group_size": 8, "steps": 4, "lr": 1e-2,
-                             "weight_sync": sync, "checkpoint_every": 4, "runs_dir": str(tmp_path / "runs"),
+                             "weight_sync": sync, "trainer_ranks": ranks, "checkpoint_every": 4, "runs_dir": str(tmp_path / "runs"),
                              "mask_malformed": False},
                       sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})  # fmt: skip
     episode = synthetic_episode(open_backend(cfg.sandbox).snapshot(str(repo)))
+    wait_for_idle_ray()  # the last case's actors: a run that waits for CPUs trains on fewer of its steps
     rows: list[dict] = []
-    await train(cfg, new_run_dir(cfg, sync), tasks=synthetic_tasks(repo), on_step=rows.append,
+    await train(cfg, new_run_dir(cfg, f"{sync}{ranks}"), tasks=synthetic_tasks(repo), on_step=rows.append,
                 workers=RayWorkers(cfg, episode))  # fmt: skip
     trained = [r for r in rows if "kl_sampler_trainer_k1" in r]
     assert len(trained) >= 2 and all(r["grad_norm"] > 0 for r in trained)

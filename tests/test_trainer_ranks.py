@@ -27,7 +27,11 @@ def sample(n, adv):
 samples = [sample(40, 1.0), sample(40, -1.0)] + ([sample(30, 0.5)] * 3 if uneven else [])
 stats = trainer.train_step(samples)
 state = trainer.full_state_dict()
+streamed = dict(trainer.full_tensors())  # what the broadcast weight sync sends: each all-gathered on every rank
+shards = trainer.model.state_dict()  # DTensors: each names its whole shape
+assert sorted(streamed) == list(streamed) and all(streamed[k].shape == shards[k].shape for k in shards)
 if rank == 0:
+    assert streamed.keys() == state.keys() and all(torch.equal(streamed[k], state[k]) for k in state)
     torch.save(state, out)
     print(json.dumps(stats), flush=True)
 dist.barrier()  # neither rank leaves the group while the other still talks to it (gloo aborted at exit)

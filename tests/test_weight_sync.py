@@ -62,3 +62,33 @@ def test_broadcast_into_a_bf16_engine_sends_bf16():
     held = dict(engine.model.named_parameters(remove_duplicate=False))
     for name, value in state.items():
         assert held[name].dtype == torch.bfloat16 and torch.equal(held[name], value.to(torch.bfloat16)), name
+
+
+def test_the_trainer_streams_its_full_weights_one_tensor_at_a_time():
+    """What the broadcast sends per step: every weight the trainer holds, unsharded, each equal to the
+    gathered state's, in the sorted order the receivers take, and each a tensor of its own (gathered
+    when asked for, not views into one gathered model)."""
+    from vivace.config import TrainConfig
+    from vivace.rl.trainer import Trainer
+
+    trainer = Trainer("tiny-init", TrainConfig(model="tiny-init"))
+    whole = trainer.full_state_dict()
+    names = []
+    for name, tensor in trainer.full_tensors():
+        names.append(name)
+        assert not isinstance(tensor, torch.distributed.tensor.DTensor) and torch.equal(tensor, whole[name]), name
+    assert names == sorted(whole) and "lm_head.weight" in names  # a tied weight under each of its names
+
+
+def test_a_stream_out_of_name_order_is_refused():
+    """The receivers take the names sorted: a sender's tensor out of that order would land in another's
+    place, so the sender stops with an error instead of garbling every replica."""
+    import pytest
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    alone = WeightBroadcast(address, 0, 1)  # a group of one: each broadcast returns at once
+    assert alone.send(iter([("a", torch.ones(2)), ("b", torch.ones(3))])) == 20
+    with pytest.raises(ValueError, match="'a' came after 'b'; send the tensors in sorted name order"):
+        alone.send(iter([("b", torch.ones(2)), ("a", torch.ones(3))]))

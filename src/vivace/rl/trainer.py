@@ -38,7 +38,7 @@ import os
 import pickle
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from vivace.config import TrainConfig
@@ -314,6 +315,15 @@ class Trainer:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on CPU (every rank must call; rank 0 uses them)."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The unsharded weights one at a time, in sorted name order, on the trainer's device: each is an
+        all-gather, so every rank must take every one, and none holds more than one unsharded tensor at a
+        time (full_state_dict holds the whole model on rank 0's host: 120 GB for a 30B model in fp32)."""
+        state = self.model.state_dict()  # the shards' names (a tied weight under each of its names)
+        for name in sorted(state):
+            value = state[name]
+            yield name, value.full_tensor() if isinstance(value, DTensor) else value
 
     def save(self, path: Path) -> None:
         """Weights as a Hugging Face directory (path/model, written by rank 0), the optimizer as a distributed

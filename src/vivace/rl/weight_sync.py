@@ -4,7 +4,8 @@ copy), gloo on CPU (the same code path, testable anywhere).
 
 The group is separate from the trainer's FSDP group (its own TCPStore and ProcessGroup objects,
 not the default group), so samplers never join the trainer's collectives. Tensors go in sorted
-name order, each cast by the sender to the receivers' dtype (a bf16 sampler of an fp32 trainer:
+name order, each gathered from the trainer ranks' shards just before it is sent (the trainer never
+holds the whole model at once: Trainer.full_tensors), each cast by the sender to the receivers' dtype (a bf16 sampler of an fp32 trainer:
 a collective moves bytes, and a size that differs aborts gloo's process or garbles NCCL's);
 each receiver writes straight into its model's parameters (the engine holds its lock
 meanwhile, so no step sees half-updated weights).
@@ -32,12 +33,23 @@ class WeightBroadcast:
         else:
             self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
 
-    def send(self, state: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype] | None = None) -> int:
+    def send(
+        self,
+        tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        dtypes: Mapping[str, torch.dtype] | None = None,
+    ) -> int:
         """Rank 0: broadcasts every tensor, as the receivers hold it (`dtypes`, by name: what their
-        join_weight_sync returned; None: as it is); returns the bytes sent (per receiver)."""
-        total = 0
-        for name in sorted(state):
-            tensor = state[name].to(device=self.device, dtype=(dtypes or {}).get(name)).contiguous()
+        join_weight_sync returned; None: as it is); returns the bytes sent (per receiver). `tensors`: a
+        mapping, or (name, tensor) pairs in sorted name order (a stream: Trainer.full_tensors gathers each
+        as it goes, so the whole model is never in one place). ValueError for pairs out of order: the
+        receivers take the names sorted and would write each tensor into another's place."""
+        pairs = sorted(tensors.items()) if isinstance(tensors, Mapping) else tensors
+        total, last = 0, None
+        for name, value in pairs:
+            if last is not None and name <= last:
+                raise ValueError(f"weight sync: {name!r} came after {last!r}; send the tensors in sorted name order")
+            last = name
+            tensor = value.to(device=self.device, dtype=(dtypes or {}).get(name)).contiguous()
             self.group.broadcast(tensor, 0).wait()
             total += tensor.numel() * tensor.element_size()
         return total

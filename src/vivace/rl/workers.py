@@ -308,8 +308,12 @@ class _TrainerActor:
 
     def broadcast_weights(self, dtypes: dict[str, torch.dtype]) -> int:
         """Sends the weights in the replicas' `dtypes` (what they returned on joining); returns the bytes."""
-        state = self.trainer.full_state_dict()  # every rank takes part in the gather
-        return self.sync.send(state, dtypes) if self.trainer.rank == 0 else 0
+        tensors = self.trainer.full_tensors()  # one all-gather per tensor: every rank takes part in each
+        if self.trainer.rank == 0:
+            return self.sync.send(tensors, dtypes)
+        for _ in tensors:
+            pass
+        return 0
 
     def weights(self) -> list:
         """[ref to the full state dict, its bytes] (rank 0; other ranks take part in the gather)."""
