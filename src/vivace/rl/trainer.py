@@ -6,10 +6,10 @@ gives the weights for the sampler; `save`/`load` checkpoint the weights (a Huggi
 directory), the optimizer and the step.
 
 How: the model is sharded with FSDP2 (`fully_shard` per decoder layer, then the root) over a
-process group (gloo on CPU, NCCL on GPU) before it holds any weight, and rank 0 broadcasts the
-checkpoint into the shards (`load_sharded`), so no rank ever holds the whole model on its device
-(a 30B model is 120 GB in fp32); with one rank that is a group of one, so the same code
-runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
+process group (gloo on CPU, NCCL on GPU) before it holds any weight, and each rank reads its own
+shard's rows from the checkpoint (`load_sharded`; rank 0 reads it and broadcasts the shards where that
+cannot be done), so no rank ever holds the whole model (a 30B model is 120 GB in fp32); with one
+rank that is a group of one, so the same code runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
 gradients; ranks with fewer micro-batches run empty ones so their collectives stay in step).
 With `param_dtype` bfloat16 each layer computes in bf16 (FSDP2's mixed precision) while the shards,
 AdamW's state and the gradient reduction stay fp32.
@@ -32,6 +32,7 @@ it near what the warm start learnt from those episodes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
@@ -60,7 +61,8 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from vivace.config import TrainConfig
-from vivace.model.checkpoint import load_model, load_tokenizer, save_checkpoint
+from vivace.model.checkpoint import load_model, load_tokenizer, model_config, require_weights, save_checkpoint
+from vivace.model.rows import CheckpointRows
 from vivace.rl.loss import LossConfig, policy_loss
 from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, shared_prefix
 from vivace.rl.sft_train import read_episodes
@@ -138,35 +140,79 @@ def _read_on_rank0(read: Callable[[], tuple[Any, Any]], device: str) -> tuple[An
     return kept, found[0]
 
 
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside hold their parameters on the meta device (no memory) and their buffers for real:
+    the rotary frequencies, which come from the config and which no checkpoint holds."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":  # one already there is kept: a tied weight stays one
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
 def load_sharded(
     spec: str, device: str, param_dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model `spec` names, sharded with FSDP2 over the trainer's group, and its tokenizer; every rank
-    calls it. Each rank builds the model on the meta device and shards it before any weight exists, so a
-    rank never holds more than its shard; rank 0 alone reads the checkpoint (on CPU, with load_model's
-    checks) and broadcasts the weights into the shards. Buffers no checkpoint holds (rotary
-    frequencies) are rank 0's too. A checkpoint rank 0 refuses raises the same ValueError on every rank.
+    calls it. Each rank builds the model with its parameters on the meta device and shards it before any
+    weight exists, so a rank never holds more than its shard. Then each rank reads its own shard's rows
+    from the checkpoint's safetensors files (model/rows.py: 1/W of the checkpoint each); where that cannot
+    be done on every rank (.bin weights, a conversion it does not reproduce, the files missing on some
+    node), rank 0 alone reads the checkpoint (on CPU, with load_model's checks) and broadcasts the shards.
+    Rank 0 checks the checkpoint first either way: one it refuses raises the same ValueError on every rank.
     The shards stay fp32; each layer computes in `param_dtype` (FSDP2's mixed precision: the gathered
     parameters cast, gradients reduced in fp32)."""
 
-    def read():
-        loaded = load_model(spec)
-        return loaded, (loaded.model.config, dict(loaded.model.named_buffers()))
+    def check():
+        require_weights(spec)
+        return None, model_config(spec)
 
-    loaded, (config, buffers) = _read_on_rank0(read, device)
-    with torch.device("meta"):
+    _, config = _read_on_rank0(check, device)
+    with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    buffers = {name: value.clone() for name, value in model.named_buffers()}
+    reader = CheckpointRows.open(spec, model)
     mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mixed)
     fully_shard(model, mp_policy=mixed)
     model.to_empty(device=device)
-    weights = loaded.model.state_dict() if loaded else {}
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    everywhere = torch.tensor([reader is not None], dtype=torch.int32, device=device)
+    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)  # one rank without the files: all take the broadcast
     with torch.no_grad():
         for name, value in buffers.items():
             model.get_buffer(name).copy_(value)
-    return model, (loaded.tokenizer if loaded else load_tokenizer(spec))
+        if everywhere.item():
+            _read_rows(model, reader, dist.get_rank(), dist.get_world_size())
+        else:
+            loaded, _ = _read_on_rank0(lambda: (load_model(spec), None), device)
+            weights = loaded.model.state_dict() if loaded else {}
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(model, weights, options=options)
+    return model, load_tokenizer(spec)
+
+
+def _read_rows(model: PreTrainedModel, reader: CheckpointRows, rank: int, world: int) -> None:
+    """Every parameter's shard filled with this rank's rows of it from the checkpoint, and the buffers the
+    checkpoint holds. FSDP2 shards a parameter into torch.chunk's blocks of dim 0: ceil(N / world) rows
+    each, the last ones short or empty."""
+    for name, param in model.named_parameters():
+        local = param.to_local()
+        start = min(param.shape[0], rank * -(-param.shape[0] // world))
+        if local.shape[0]:
+            local.copy_(reader.rows(name, start, start + local.shape[0]))
+    persistent = model.state_dict().keys() & dict(model.named_buffers()).keys()
+    for name in persistent & reader.plans.keys():
+        buffer = model.get_buffer(name)
+        buffer.copy_(reader.rows(name, 0, buffer.shape[0] if buffer.dim() else None))
 
 
 class Trainer:
@@ -343,7 +389,7 @@ class Trainer:
     def load(self, path: Path) -> None:
         """Weights, optimizer and step of checkpoint `path` (as `save` wrote them); a ValueError naming it
         and saying why when it does not load (load_model's for the weights), on every rank. Rank 0 alone
-        reads the weights and broadcasts them into the other ranks' shards, as at the start (load_sharded);
+        reads the weights and broadcasts them into the other ranks' shards (load_sharded's fallback);
         each rank reads its own shard of the optimizer. A checkpoint from before the optimizer was sharded
         (trainer.pt holding it whole) loads too, from rank 0 by broadcast."""
 
