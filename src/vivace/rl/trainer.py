@@ -143,7 +143,9 @@ def _read_on_rank0(read: Callable[[], tuple[Any, Any]], device: str) -> tuple[An
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
     """Modules built inside hold their parameters on the meta device (no memory) and their buffers for real:
-    the rotary frequencies, which come from the config and which no checkpoint holds."""
+    the rotary frequencies, which come from the config and which no checkpoint holds. It swaps
+    torch.nn.Module.register_parameter for the duration (as accelerate's init_empty_weights does), so no
+    other thread may build a model meanwhile: the trainer starts before any engine in its process."""
     register = torch.nn.Module.register_parameter
 
     def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
