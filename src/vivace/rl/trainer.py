@@ -9,8 +9,9 @@ How: the model is sharded with FSDP2 (`fully_shard` per decoder layer, then the 
 process group (gloo on CPU, NCCL on GPU) before it holds any weight, and each rank reads its own
 shard's rows from the checkpoint (`load_sharded`; rank 0 reads it and broadcasts the shards where that
 cannot be done), so no rank ever holds the whole model (a 30B model is 120 GB in fp32); with one
-rank that is a group of one, so the same code runs on a laptop and across GPUs (each rank trains on its slice of the batch; FSDP averages
-gradients; ranks with fewer micro-batches run empty ones so their collectives stay in step).
+rank that is a group of one, so the same code runs on a laptop and across GPUs (each rank trains on
+its slice of the batch; FSDP averages gradients; ranks with fewer micro-batches run empty ones so
+their collectives stay in step).
 With `param_dtype` bfloat16 each layer computes in bf16 (FSDP2's mixed precision) while the shards,
 AdamW's state and the gradient reduction stay fp32.
 Micro-batches are rows of about `micro_batch_tokens` tokens: several rollouts packed end to end,

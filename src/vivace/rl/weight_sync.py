@@ -5,10 +5,10 @@ copy), gloo on CPU (the same code path, testable anywhere).
 The group is separate from the trainer's FSDP group (its own TCPStore and ProcessGroup objects,
 not the default group), so samplers never join the trainer's collectives. Tensors go in sorted
 name order, each gathered from the trainer ranks' shards just before it is sent (the trainer never
-holds the whole model at once: Trainer.full_tensors), each cast by the sender to the receivers' dtype (a bf16 sampler of an fp32 trainer:
-a collective moves bytes, and a size that differs aborts gloo's process or garbles NCCL's);
-each receiver writes straight into its model's parameters (the engine holds its lock
-meanwhile, so no step sees half-updated weights).
+holds the whole model at once: Trainer.full_tensors), each cast by the sender to the receivers'
+dtype (a bf16 sampler of an fp32 trainer: a collective moves bytes, and a size that differs aborts
+gloo's process or garbles NCCL's); each receiver writes straight into its model's parameters (the
+engine holds its lock meanwhile, so no step sees half-updated weights).
 """
 
 from __future__ import annotations
