@@ -84,8 +84,13 @@ def test_what_it_cannot_plan_is_left_to_the_broadcast(tmp_path, edit):
     assert CheckpointRows.open(copy_tiny(tmp_path, edit), meta_model("tiny")) is None
 
 
-def test_an_untrained_model_or_bin_weights_have_no_rows(tmp_path):
+def test_an_untrained_model_bin_weights_or_a_damaged_file_have_no_rows(tmp_path):
+    """None, not an error: load_model then reads (or refuses, saying why) on rank 0, and every rank hears it."""
     assert CheckpointRows.open("tiny-init", meta_model("tiny")) is None
+    damaged = tmp_path / "damaged"
+    shutil.copytree(TINY_DIR, damaged)
+    (damaged / "model.safetensors").write_bytes(b"\x10" + b"\x00" * 7 + b"{not json}" + b"\x00" * 6)
+    assert CheckpointRows.open(str(damaged), meta_model("tiny")) is None
     path = tmp_path / "bin"
     shutil.copytree(TINY_DIR, path)
     (path / "model.safetensors").rename(path / "pytorch_model.bin")  # the name is all `open` looks at

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedModel
 
 from vivace.model.checkpoint import TINY_DIR, TINY_INIT, model_dir
@@ -52,11 +52,11 @@ class CheckpointRows:
             return None
         try:
             files = _tensor_files(model_dir(spec))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
+            shapes = _shapes(files) if files is not None else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError):
+            return None  # load_model, on rank 0, says what is wrong with the files
         if files is None or not _conversions_understood(model, files.keys()):
             return None
-        shapes = _shapes(files)
         plans = {}
         for name, tensor in model.state_dict().items():
             plan = _plan(name, tuple(tensor.shape), shapes)
