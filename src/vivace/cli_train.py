@@ -295,6 +295,17 @@ class _Refused(Exception):
     """A resume or a new run this command will not start (exit 2, no traceback)."""
 
 
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX), by its flags in `cpuinfo` (default:
+    /proc/cpuinfo); None where they cannot be read (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+        flags = next(line for line in text.splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
 def check_train_config(cfg: VivaceConfig, tasks: list) -> list[str]:
     """What the config's fields alone cannot say, checked before the run directory and Ray: a
     setting that can never train is a ValueError naming it and what to do; one that is legal but
@@ -329,10 +340,12 @@ def check_train_config(cfg: VivaceConfig, tasks: list) -> list[str]:
         warnings.append("train.pipeline async with train.max_staleness 0: no rollout may run ahead of the trainer, "
                         "so it runs as sync; give max_staleness 1 or more to overlap rollouts with updates")  # fmt: skip
     if tc.param_dtype == "bfloat16" and not torch.cuda.is_available():
+        slow = ("; and this CPU has no bf16 instructions (avx512_bf16, amx_bf16), where a bf16 step of the tiny "
+                "policy took about 10x a float32 one") if cpu_has_bf16() is False else ""  # fmt: skip
         warnings.append("train.param_dtype bfloat16 with no GPU here: on a CPU the trainer's memory grows with every "
                         "new rollout shape (about 2 -> 3 GB over 30 steps of the tiny policy, where fp32 held about 1 GB; "
-                        "docs/benchmarks.md), which a long run may not survive; use float32 on CPUs (trainers on a "
-                        "joined cluster's GPU nodes are not affected)")  # fmt: skip
+                        f"docs/benchmarks.md), which a long run may not survive{slow}; use float32 on CPUs (trainers "
+                        "on a joined cluster's GPU nodes are not affected)")  # fmt: skip
     if tc.tasks_per_step > len(tasks):
         warnings.append(f"train.tasks_per_step {tc.tasks_per_step} is more than the {len(tasks)} training "
                         f"task{'s' if len(tasks) != 1 else ''}: a step rolls out some tasks more than once")  # fmt: skip
