@@ -340,8 +340,8 @@ class TrainConfig(_Strict):
         "the gradient reduction and what the sampler and checkpoints get stay fp32. GPUs' bf16 matrix units are "
         "many times faster than their fp32 ones; on a CPU with AVX512-BF16 a step took 1.13-1.65x less time, and "
         "memory grew with every new rollout shape (docs/benchmarks.md): use it on GPUs. An fp32 sampler's logprobs "
-        "then differ from the trainer's "
-        "(k3 up to 0.005 a token on the tiny preset's rollouts); the truncated importance weight takes that up.",
+        "then differ from the trainer's (k3 up to 0.005 a token on the tiny preset's rollouts); the truncated "
+        "importance weight takes that up.",
     )
     trainer_ranks: int = Field(1, ge=1, description="Trainer processes (FSDP2 ranks; one GPU each when GPUs exist).")
     rollout_workers: int = Field(1, ge=1, description="Rollout worker actors (each with its own workspace backend).")

@@ -137,9 +137,15 @@ class LoadedModel:
     name: str  # "tiny" or the checkpoint path
 
 
+def initialised(spec: str) -> bool:
+    """Whether `spec` names a freshly initialised model rather than a checkpoint: `tiny-init`, or `tiny`
+    where no trained checkpoint is shipped."""
+    return spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file())
+
+
 def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
     """`tiny` or a local checkpoint directory -> model (eval mode) and tokenizer."""
-    if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
+    if initialised(spec):
         from vivace.model.tokenizer import reference_tokenizer
 
         tokenizer = reference_tokenizer()
@@ -198,16 +204,17 @@ def require_weights(spec: str, config: PretrainedConfig | None = None) -> None:
     meta device (no memory). Not covered: .bin weights (pickles: no header to read without loading
     them) and damaged bytes inside a file whose header and length are right. `config`: model_config(spec),
     when the caller has read it already."""
-    if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
+    if initialised(spec):
         return
     path = model_dir(spec)
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"{spec} has a config but no weights ({', '.join(WEIGHT_FILES[:3])}); give `tiny` "
                          "or a complete checkpoint directory (as save_checkpoint writes it)")  # fmt: skip
-    found = _weight_shapes(path)
+    found = weight_files(path)
     if found is None:
         return
-    file, shapes = found
+    file, tensors = found
+    shapes = {name: shape for name, (_, shape) in tensors.items()}
     problems = _mismatches(shapes, config or model_config(spec), path / "config.json")
     if problems:
         more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
@@ -215,11 +222,12 @@ def require_weights(spec: str, config: PretrainedConfig | None = None) -> None:
                          f"{more}. Fix config.json to match the weights, or save the checkpoint again")  # fmt: skip
 
 
-def _weight_shapes(path: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
+def weight_files(path: Path) -> tuple[Path, dict[str, tuple[Path, tuple[int, ...]]]] | None:
     """The safetensors weights transformers loads from checkpoint directory `path` (the file, or the
-    shards' index) and every tensor's shape in them, read from the headers; None for .bin weights."""
+    shards' index) and, for every tensor in them, the file holding it and its shape, read from the
+    headers; None for .bin weights."""
     if (single := path / "model.safetensors").is_file():
-        return single, _header_shapes(single)
+        return single, {name: (single, shape) for name, shape in _header_shapes(single).items()}
     index = path / "model.safetensors.index.json"
     if not index.is_file():
         return None
@@ -228,13 +236,13 @@ def _weight_shapes(path: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{index}: cannot read its weight_map ({type(e).__name__}: {e}); copy or save the "
                          "checkpoint again") from None  # fmt: skip
-    shapes: dict[str, tuple[int, ...]] = {}
+    tensors: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for shard in shards:
         if not (path / shard).is_file():
             raise ValueError(f"{index} lists the shard {shard}, which is not in {path}; copy it there or save the "
                              "checkpoint again")  # fmt: skip
-        shapes.update(_header_shapes(path / shard))
-    return index, shapes
+        tensors.update({name: (path / shard, shape) for name, shape in _header_shapes(path / shard).items()})
+    return index, tensors
 
 
 def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
@@ -313,7 +321,7 @@ def _mismatches(found: dict[str, tuple[int, ...]], config: PretrainedConfig, con
 def model_config(spec: str) -> PretrainedConfig:
     """The config of `tiny`, `tiny-init` or a checkpoint directory, without loading the weights;
     ValueError if `spec` names no model or its config.json cannot be read."""
-    if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
+    if initialised(spec):
         return tiny_config(len(load_tokenizer(spec)))
     path = model_dir(spec)
     try:

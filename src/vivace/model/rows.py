@@ -19,15 +19,14 @@ whose loader converts anything else that the files hold (renames, other fusions)
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from transformers import PreTrainedModel
 
-from vivace.model.checkpoint import TINY_DIR, TINY_INIT, model_dir
+from vivace.model.checkpoint import initialised, model_dir, weight_files
 
 # The expert fusions transformers' loader makes (conversion_mapping.py's "qwen2_moe" family: Qwen2/3-MoE,
 # DeepSeek-V2/V3, OLMoE, GLM-4-MoE...): (source patterns, target) -> what the rows of the target are.
@@ -48,15 +47,16 @@ class CheckpointRows:
         checkpoint `spec`; None when its rows cannot be read this way: no checkpoint (`tiny-init`), .bin
         weights, a conversion of the loader's other than the expert fusions, or names and shapes that do not
         match (load_model then refuses or converts the checkpoint, and says why)."""
-        if spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file()):
+        if initialised(spec):
             return None
         try:
-            files = _tensor_files(model_dir(spec))
-            shapes = _shapes(files) if files is not None else {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError):
+            found = weight_files(model_dir(spec))
+        except (OSError, ValueError):
             return None  # load_model, on rank 0, says what is wrong with the files
-        if files is None or not _conversions_understood(model, files.keys()):
+        if found is None or not _conversions_understood(model, found[1].keys()):
             return None
+        files = {name: file for name, (file, _) in found[1].items()}
+        shapes = {name: shape for name, (_, shape) in found[1].items()}
         plans = {}
         for name, tensor in model.state_dict().items():
             plan = _plan(name, tuple(tensor.shape), shapes)
@@ -80,27 +80,6 @@ class CheckpointRows:
             self.handles[file] = safe_open(str(file), framework="pt")
         part = self.handles[file].get_slice(key)
         return part[start:stop] if part.get_shape() else part[:]  # a 0-d tensor has no rows to slice
-
-
-def _tensor_files(path: Path) -> dict[str, Path] | None:
-    """Tensor key -> safetensors file of checkpoint directory `path`, as transformers picks the files (one
-    file, or an index of shards); None for .bin weights."""
-    if (single := path / "model.safetensors").is_file():
-        with safe_open(str(single), framework="pt") as f:
-            return dict.fromkeys(f.keys(), single)
-    index = path / "model.safetensors.index.json"
-    if not index.is_file():
-        return None
-    weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    return {key: path / shard for key, shard in weight_map.items()}
-
-
-def _shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for file in sorted(set(files.values())):
-        with safe_open(str(file), framework="pt") as f:
-            shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
-    return shapes
 
 
 def _pattern(glob: str) -> re.Pattern:
