@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test bench train lint clean
+.PHONY: setup system-deps test bench train lint lock clean
 
 setup: $(STAMP)
 
@@ -13,10 +13,13 @@ setup: $(STAMP)
 # CPU-only machine with internet, `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu`
 # installs the CPU build instead.
 TORCH_INDEX ?=
-$(STAMP): pyproject.toml
+# The other libraries are held to the versions the tests last passed with (constraints.txt);
+# `make clean setup CONSTRAINTS=` takes the newest allowed instead; `make lock` records what .venv has.
+CONSTRAINTS ?= constraints.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	@$(MAKE) --no-print-directory system-deps
 	touch $(STAMP)
 
@@ -48,7 +51,12 @@ train: setup
 	$(BIN)/vivace train
 
 lint: setup
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests scripts
+
+# After `make clean setup CONSTRAINTS=` and a passing `make test`: record the versions that passed.
+lock: setup
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -iv '^torch=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
