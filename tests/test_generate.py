@@ -40,6 +40,39 @@ def test_every_kind_is_found_and_parses():
     assert "docstring" not in [m.description for m in found if "Take money" in m.before]
 
 
+def test_a_line_is_checked_in_its_function_and_in_the_file_when_that_fails():
+    """mutate._parses reads the function holding the line first (fast), and the whole file when that does
+    not parse: a quote the change opens may close in a later statement, and the file then parses."""
+    from vivace.tasks import mutate
+
+    lines = ["class A:", "    def f(self):", "        return 1", 'X = 2  # """', "Y = 3"]
+    blocks = [(1, 3, 0), (2, 3, 4)]
+    assert mutate._parses(lines, 3, "        return 2", blocks)  # in the indented method alone
+    assert mutate._parses(lines, 3, '        return """', blocks)  # the string ends on line 4: the file parses
+    assert not mutate._parses(lines, 3, "        return (", blocks)
+    assert not mutate._parses(lines, 3, "    return 1", blocks)  # the method's body dedented: not Python
+
+
+def test_mutations_are_those_a_whole_file_parse_keeps(monkeypatch):
+    """The fast check keeps exactly the mutants that parsing each mutated file whole keeps (which is what
+    it replaced, so the generated tasks stay the same), on real files of every bundled repository."""
+    from vivace.tasks import mutate
+    from vivace.tasks.generate import source_files
+
+    files = [(BUNDLED_REPOS / r / f).read_text() for r in bundled_repos() for f in source_files(BUNDLED_REPOS / r)[:2]]
+    fast = [mutations("x.py", text) for text in files]
+
+    def whole(lines, line_no, new_line, blocks):
+        try:
+            ast.parse("\n".join(lines[: line_no - 1] + [new_line] + lines[line_no:]))
+        except SyntaxError:
+            return False
+        return True
+
+    monkeypatch.setattr(mutate, "_parses", whole)
+    assert fast == [mutations("x.py", text) for text in files] and sum(map(len, fast)) > 100
+
+
 def test_candidates_are_deterministic_and_balanced():
     repos = bundled_repos()
     assert len(repos) >= 6 and set(repos) <= set(REPO_SPLITS)

@@ -60,6 +60,8 @@ def mutations(path: str, source: str) -> list[Mutation]:
     """Every candidate single-line mutation of a Python file (deterministic order)."""
     tree = ast.parse(source)
     lines = source.split("\n")
+    blocks = [(min([n.lineno] + [d.lineno for d in n.decorator_list]), n.end_lineno, n.col_offset)
+              for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]  # fmt: skip
     found: list[Mutation] = []
     seen: set[tuple[int, str]] = set()
     for func, scope, node in _walk_with_function(tree):
@@ -67,19 +69,31 @@ def mutations(path: str, source: str) -> list[Mutation]:
             old = lines[line_no - 1]
             if new_line == old or (line_no, new_line) in seen:
                 continue
-            if new_line and not _parses(lines, line_no, new_line):
+            if new_line and not _parses(lines, line_no, new_line, blocks):
                 continue
             seen.add((line_no, new_line))
             found.append(Mutation(kind, path, line_no, old, new_line, func, desc))
     return found
 
 
-def _parses(lines: list[str], line_no: int, new_line: str) -> bool:
-    try:
-        ast.parse("\n".join(lines[: line_no - 1] + [new_line] + lines[line_no:]))
-    except SyntaxError:
-        return False
-    return True
+def _parses(lines: list[str], line_no: int, new_line: str, blocks: list[tuple[int, int, int]]) -> bool:
+    """Whether the file parses with line `line_no` replaced. The innermost function or class holding the
+    line (`blocks`: each one's first and last line and its column) is parsed first, under an `if 1:` when
+    it is indented; that is enough when it parses, since it then ends with no bracket or string open and
+    the rest of the file reads as before. When it does not, the whole file decides (a quote or bracket the
+    change opens may close further on). Parsing one function instead of the file made generating tasks
+    several times faster."""
+    inside = [b for b in blocks if b[0] <= line_no <= b[1]]
+    first, last, column = min(inside, key=lambda b: b[1] - b[0]) if inside else (1, len(lines), 0)
+    local = (["if 1:"] if column else []) + lines[first - 1 : line_no - 1] + [new_line] + lines[line_no:last]
+    whole = lines[: line_no - 1] + [new_line] + lines[line_no:]
+    for text in (local, whole):
+        try:
+            ast.parse("\n".join(text))
+            return True
+        except SyntaxError:
+            continue
+    return False
 
 
 def _walk_with_function(tree: ast.AST) -> Iterator[tuple[str, dict[str, int], ast.AST]]:
