@@ -150,3 +150,42 @@ def test_a_resumed_trainer_takes_the_step_the_uninterrupted_one_takes(tmp_path):
     shard.unlink()
     with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'step_1'))}: cannot resume from this checkpoint"):
         Trainer("tiny-init", cfg).load(tmp_path / "step_1")
+
+
+def test_resume_reads_the_rows_and_refuses_another_models_weights_by_name(tmp_path, monkeypatch):
+    """Trainer.load reads the saved weights' rows on each rank (model/rows.py), never the checkpoint whole
+    (load_model); a checkpoint whose weights are another model's (here: two layers fewer, self-consistent,
+    so rows cannot plan it) takes rank 0's read, which names what differs, before any weight is set."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import vivace.rl.trainer as trainer_module
+    from vivace.config import TrainConfig
+    from vivace.model.checkpoint import save_checkpoint
+    from vivace.rl.trainer import Sample, Trainer
+
+    cfg = TrainConfig(model="tiny-init", lr=1e-3)
+    ids = list(range(50, 90))
+    sample = Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-7.0] * 30, [-1] * 10 + [0] * 30, 1.0)
+    trainer = Trainer("tiny-init", cfg)
+    trainer.train_step([sample])
+    trainer.save(tmp_path / "step_1")
+    expected = trainer.full_state_dict()
+
+    def whole(spec, *args, **kwargs):
+        raise AssertionError(f"load_model({spec}) on resume")
+
+    resumed = Trainer("tiny-init", cfg)  # tiny-init has no checkpoint: load_model initialises it
+    monkeypatch.setattr(trainer_module, "load_model", whole)
+    resumed.load(tmp_path / "step_1")
+    got = resumed.full_state_dict()
+    assert resumed.step == 1 and all(torch.equal(got[k], expected[k]) for k in expected)
+    monkeypatch.undo()
+
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "step_1", other)
+    shutil.rmtree(other / "model")
+    config = trainer.config.__class__.from_dict({**trainer.config.to_dict(), "num_hidden_layers": 2})
+    save_checkpoint(AutoModelForCausalLM.from_config(config), trainer.tokenizer, other / "model")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(other))}: cannot resume .*missing: model.layers.2"):
+        Trainer("tiny-init", cfg).load(other)

@@ -182,25 +182,44 @@ def load_sharded(
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     buffers = {name: value.clone() for name, value in model.named_buffers()}
-    reader = CheckpointRows.open(spec, model)
     mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mixed)
     fully_shard(model, mp_policy=mixed)
     model.to_empty(device=device)
-    everywhere = torch.tensor([reader is not None], dtype=torch.int32, device=device)
-    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)  # one rank without the files: all take the broadcast
     with torch.no_grad():
         for name, value in buffers.items():
             model.get_buffer(name).copy_(value)
-        if everywhere.item():
-            _read_rows(model, reader, dist.get_rank(), dist.get_world_size())
-        else:
-            loaded, _ = _read_on_rank0(lambda: (load_model(spec), None), device)
-            weights = loaded.model.state_dict() if loaded else {}
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-            set_model_state_dict(model, weights, options=options)
+    if not _read_rows_everywhere(model, spec, device):
+        loaded, _ = _read_on_rank0(lambda: (load_model(spec), None), device)
+        weights = loaded.model.state_dict() if loaded else {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, weights, options=options)
     return model, load_tokenizer(spec)
+
+
+def _read_rows_everywhere(model: PreTrainedModel, spec: str, device: str) -> bool:
+    """Fills every rank's shards of `model` with its own rows of checkpoint `spec` and returns True; or,
+    when any rank cannot plan them (CheckpointRows.open gives None: other names or shapes, .bin weights, the
+    files missing on its node), reads nothing and returns False on every rank (an all-reduce decides)."""
+    reader = CheckpointRows.open(spec, model)
+    everywhere = torch.tensor([reader is not None], dtype=torch.int32, device=device)
+    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
+    if not everywhere.item():
+        return False
+    error = None
+    try:
+        with torch.no_grad():
+            _read_rows(model, reader, dist.get_rank(), dist.get_world_size())
+    except Exception as e:  # raised on every rank: the others would wait for it in the next collective
+        error = e
+    done = torch.tensor([error is None], dtype=torch.int32, device=device)
+    dist.all_reduce(done, op=dist.ReduceOp.MIN)
+    if error is not None:
+        raise error
+    if not done.item():
+        raise RuntimeError(f"another trainer rank could not read its rows of {spec}: its log says why")
+    return True
 
 
 def _read_rows(model: PreTrainedModel, reader: CheckpointRows, rank: int, world: int) -> None:
@@ -391,25 +410,34 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         """Weights, optimizer and step of checkpoint `path` (as `save` wrote them); a ValueError naming it
-        and saying why when it does not load (load_model's for the weights), on every rank. Rank 0 alone
-        reads the weights and broadcasts them into the other ranks' shards (load_sharded's fallback);
-        each rank reads its own shard of the optimizer. A checkpoint from before the optimizer was sharded
-        (trainer.pt holding it whole) loads too, from rank 0 by broadcast."""
+        and saying why when it does not load, on every rank. Each rank reads its own shard of the weights
+        (its rows, as load_sharded does) and of the optimizer. Where the weights' rows cannot be read on
+        every rank (another model's names or shapes, a node without the files), rank 0 alone reads them
+        (load_model, with its checks) and broadcasts them into the other ranks' shards. A checkpoint from
+        before the optimizer was sharded (trainer.pt holding it whole) loads too, from rank 0 by broadcast."""
+        weights_dir = str(path / "model")
 
-        def read():
-            weights = load_model(str(path / "model")).model.state_dict()
+        def read_state():
+            require_weights(weights_dir)  # damaged files: the same ValueError on every rank, before any read
             saved = torch.load(path / "trainer.pt", weights_only=False)
-            return (weights, saved), (int(saved["step"]), "optimizer" in saved, self._mismatch(weights))
+            return saved, (int(saved["step"]), "optimizer" in saved)
+
+        def read_weights():
+            weights = load_model(weights_dir).model.state_dict()
+            return weights, self._mismatch(weights)
 
         try:
-            kept, (step, whole_optimizer, mismatch) = _read_on_rank0(read, self.device)
-            weights, saved = kept or ({}, {})
-            if mismatch:
-                raise ValueError(mismatch)
+            saved, (step, whole_optimizer) = _read_on_rank0(read_state, self.device)
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-            set_model_state_dict(self.model, weights, options=options)
+            if not _read_rows_everywhere(self.model, weights_dir, self.device):
+                weights, mismatch = _read_on_rank0(read_weights, self.device)
+                if mismatch:
+                    raise ValueError(mismatch)
+                set_model_state_dict(self.model, weights or {}, options=options)
             if whole_optimizer:
-                set_optimizer_state_dict(self.model, self.optimizer, saved.get("optimizer", {}), options=options)
+                set_optimizer_state_dict(
+                    self.model, self.optimizer, (saved or {}).get("optimizer", {}), options=options
+                )
             else:
                 state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the shapes to fill
                 dcp.load(state, checkpoint_id=path / "optimizer")
