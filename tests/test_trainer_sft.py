@@ -64,6 +64,17 @@ def test_expert_episodes_cycle_in_a_seeded_order_tied_to_the_step(tmp_path):
     assert [e.ids for r in trainer._expert_rows() for e in r] == [e.ids for r in again._expert_rows() for e in r]
 
 
+def test_an_update_takes_each_expert_episode_at_most_once(tmp_path):
+    """More episodes asked per update than the file holds: each is taken once (a repeat would only add its
+    gradient again, at the cost of another forward and backward)."""
+    data = tmp_path / "expert.jsonl"
+    write_episodes(data, n=2)
+    trainer = Trainer("tiny-init", TrainConfig(model="tiny-init", sft_data=data, sft_episodes=4, micro_batch_tokens=64))
+    for step in range(2):
+        trainer.step = step
+        assert sorted(id(e) for row in trainer._expert_rows() for e in row) == sorted(map(id, trainer.expert))
+
+
 @pytest.mark.parametrize(
     "line, message",
     [("not json", "not JSON"), ('{"ids": [1, 99999]}', "outside the vocabulary"), ('{"ids": "x"}', '"ids"')],

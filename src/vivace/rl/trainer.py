@@ -338,7 +338,8 @@ class Trainer:
         """This update's expert episodes (this rank's share), packed like rollouts."""
         if not self.expert:
             return []
-        k, n = self.cfg.sft_episodes, len(self.expert)
+        n = len(self.expert)
+        k = min(self.cfg.sft_episodes, n)  # more would repeat episodes in one update: their gradient again
         start = self.step * k
         picked = [self.expert[self.expert_order[(start + j) % n]] for j in range(k)][self.rank :: self.world_size]
         return self._rows(picked, picked)
