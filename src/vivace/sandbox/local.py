@@ -281,9 +281,11 @@ class LocalBackend(abc.ABC):
         await asyncio.to_thread(self._destroy, ws.id, self.owner_dir / ws.id)
 
     async def aclose(self) -> None:
-        """Destroy every workspace this backend still holds."""
-        for ws in list(self.live.values()):
-            await ws.close()
+        """Destroy every workspace this backend still holds, all at once: each close may wait up to
+        CLOSE_GRACE_S for a command in flight, and one after another that was 5 s per busy workspace."""
+        closed = await asyncio.gather(*(ws.close() for ws in list(self.live.values())), return_exceptions=True)
+        for error in (e for e in closed if isinstance(e, BaseException)):
+            raise error  # after every close has ended: none still runs while the caller goes on
         shutil.rmtree(self.owner_dir, ignore_errors=True)
 
     def sweep(self) -> int:
