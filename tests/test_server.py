@@ -449,3 +449,12 @@ async def test_ray_actor_serves_on_each_node(tmp_path, repo):
         stop_env_servers(servers)
     finally:
         ray.shutdown()
+
+
+def test_urls_put_an_ipv6_address_in_brackets():
+    """The URL a server is reached at (a Ray node's address among them): http://::1:80 is no URL."""
+    from vivace.sandbox.background import http_url
+
+    assert http_url("::1", 8000) == "http://[::1]:8000"
+    assert http_url("fd00::2", 80) == "http://[fd00::2]:80"
+    assert http_url("10.0.0.7", 80) == "http://10.0.0.7:80"

@@ -43,12 +43,12 @@ def serve(
     import uvicorn
 
     from vivace.inference.server import create_app
+    from vivace.sandbox.background import http_url
 
     with sock:
         engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))
         name = served_name or model
-        shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
-        err.print(f"serving {name!r} on http://{shown}:{sock.getsockname()[1]}/v1 (max batch {max_batch})",
+        err.print(f"serving {name!r} on {http_url(host, sock.getsockname()[1])}/v1 (max batch {max_batch})",
                   markup=False, highlight=False)  # fmt: skip
         try:
             uvicorn.Server(uvicorn.Config(create_app(engine, chat, name), log_level="warning")).run(sockets=[sock])

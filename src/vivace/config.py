@@ -330,7 +330,9 @@ class TrainConfig(_Strict):
     )
     sft_coef: float = Field(1.0, ge=0, description="Weight of the supervised loss on sft_data (mean over its tokens).")
     sft_episodes: int = Field(
-        4, ge=1, description="Expert episodes from sft_data per update (taken in a shuffled cycle; at most all of them)."
+        4,
+        ge=1,
+        description="Expert episodes from sft_data per update (taken in a shuffled cycle; at most all of them).",
     )
     micro_batch_tokens: int = Field(8192, ge=64, description="Tokens per forward/backward micro-batch.")
     param_dtype: Literal["float32", "bfloat16"] = Field(

@@ -20,6 +20,11 @@ from fastapi import FastAPI
 log = logging.getLogger(__name__)
 
 
+def http_url(host: str, port: int) -> str:
+    """The http URL of `host`:`port`, an IPv6 address in brackets (http://[::1]:8000)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class BackgroundServer:
     """uvicorn in a daemon thread with its own event loop (tests, the Ray actor).
 
@@ -49,8 +54,7 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        return http_url({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host), self.port)
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
         self._thread.start()

@@ -28,7 +28,7 @@ class EnvServerActor:
     def __init__(self, config: dict[str, Any]) -> None:
         import ray
 
-        from vivace.sandbox.background import BackgroundServer
+        from vivace.sandbox.background import BackgroundServer, http_url
         from vivace.sandbox.pool import open_backend
         from vivace.sandbox.server import (
             GRACEFUL_BACKSTOP_S,
@@ -52,7 +52,7 @@ class EnvServerActor:
         ).start()
         self._node_id = ray.get_runtime_context().get_node_id()
         if cfg.server.host in ("0.0.0.0", "::"):  # every interface: name the one Ray uses
-            self._url = f"http://{ray.util.get_node_ip_address()}:{self._server.port}"
+            self._url = http_url(ray.util.get_node_ip_address(), self._server.port)  # IPv6 in brackets
         else:
             self._url = self._server.url
 

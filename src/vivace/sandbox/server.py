@@ -63,6 +63,7 @@ from starlette.exceptions import HTTPException
 
 from vivace.body_limit import BodyLimit, BodyTooLarge
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
+from vivace.sandbox.background import http_url
 from vivace.sandbox.base import SandboxError, Unauthorized, UnknownWorkspace, WorkspaceClosedError
 from vivace.sandbox.local import LocalBackend, LocalWorkspace
 from vivace.sandbox.paths import OpenFile
@@ -659,8 +660,7 @@ def serve(config: VivaceConfig, sock: socket.socket | None = None) -> None:
             flush=True,
         )
     host, port = config.server.host, sock.getsockname()[1] if sock is not None else config.server.port
-    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
-    print(f"serving workspaces on http://{shown}:{port}", file=sys.stderr, flush=True)  # --port 0: the one taken
+    print(f"serving workspaces on {http_url(host, port)}", file=sys.stderr, flush=True)  # --port 0: the one taken
     if config.server.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("environment server bound to %s: reachable from the network, without TLS", config.server.host)
     app = create_app(
