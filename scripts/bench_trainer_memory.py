@@ -7,7 +7,8 @@ Before load_sharded every rank loaded the whole model and then sharded it, so ea
 full weights (a 30B model is 120 GB in fp32: more than a GPU has); since, every rank builds the model on
 the meta device and shards it first, and rank 0 alone reads the checkpoint and broadcasts the shards.
 Prints each rank's peak anonymous resident memory (sampled every 5 ms) above its baseline (after imports) at each stage, and the results
-as JSON (docs/benchmarks.md, "The trainer's memory per rank").
+as JSON (docs/benchmarks.md, "The trainer's memory per rank"); `resume_growth` is what resuming from the saved
+checkpoint (Trainer.load) adds to the trainer's memory at its peak.
 """
 
 from __future__ import annotations
@@ -30,10 +31,21 @@ def anon_mb():  # memory the process owns (not the checkpoint's pages mapped fro
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
 high = [0.0]
+restart, restarted = threading.Event(), threading.Event()
 def watch():
     while True:
-        high[0] = max(high[0], anon_mb())
+        if restart.is_set():  # the watch itself restarts the peak: set from outside, a sample taken before could overwrite it
+            high[0] = anon_mb()
+            restart.clear()
+            restarted.set()
+        else:
+            high[0] = max(high[0], anon_mb())
         time.sleep(0.005)
+def restart_peak():
+    restarted.clear()
+    restart.set()
+    restarted.wait()
+    return high[0]
 threading.Thread(target=watch, daemon=True).start()
 """
 
@@ -56,6 +68,10 @@ trainer.train_step([sample] * world)
 stages["step"] = peak_mb()
 trainer.save(__import__("pathlib").Path(out))
 stages["save"] = peak_mb()
+dist.barrier()
+settled = restart_peak()  # the resume's own peak: what loading the checkpoint adds to the trainer
+trainer.load(__import__("pathlib").Path(out))
+stages["resume_growth"] = peak_mb() - settled
 print(json.dumps(stages))
 dist.destroy_process_group()
 """
@@ -115,7 +131,8 @@ def main() -> None:
     results = {}
     for name, src in variants.items():
         ranks = run(src, tmp / "model", tmp / f"saved-{len(results)}", args.world)
-        results[name] = [{k: round(v - r["imports"]) for k, v in r.items() if k != "imports"} for r in ranks]
+        results[name] = [{k: round(v - (0 if k == "resume_growth" else r["imports"])) for k, v in r.items()
+                          if k != "imports"} for r in ranks]  # fmt: skip
         for i, r in enumerate(results[name]):
             print(f"{name:>16}  rank {i}: peak above imports (MB) " + ", ".join(f"{k} {v}" for k, v in r.items()))
     print(json.dumps({"parameters": params, "weights_mb": round(weights_mb), "world": args.world, "ranks": results}))
