@@ -93,10 +93,11 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(tmp_path):
 
 def test_train_command_smoke(tmp_path):
     config = tmp_path / "c.json"
-    # sft_expert: the expert's episodes for the supervised term are recorded before the first step (one a
-    # step: each is ~7k tokens of the bundled repositories' files, ~7 s of this step on 2 cores)
+    # sft_expert: the expert's episodes for the supervised term are recorded before the first step. On the
+    # learnable families (the tiny preset's suite) they are short; on the bundled suite each is ~7k tokens,
+    # ~7 s of a step's training on 2 cores.
     config.write_text(json.dumps({"agent": {"max_turns": 2, "max_turn_tokens": 32},
-                                  "train": {"runs_dir": str(tmp_path / "runs"), "sft_expert": 2, "sft_episodes": 1}}))  # fmt: skip
+                                  "train": {"runs_dir": str(tmp_path / "runs"), "suite": "families", "sft_expert": 2}}))  # fmt: skip
     run = subprocess.run([*VIVACE, "train", "--preset", "smoke", "--config", str(config), "--name", "s",
                           "--state-dir", str(tmp_path / "state"), "--local", "--json"],
                          capture_output=True, text=True, timeout=600)  # fmt: skip
