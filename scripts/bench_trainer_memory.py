@@ -60,7 +60,8 @@ rank, world, port, model, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
 os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
 torch.set_num_threads(1)
 stages = {"imports": peak_mb()}
-trainer = Trainer(model, TrainConfig(model=model, lr=1e-4, micro_batch_tokens=256), rank=rank, world_size=world)
+files = {"checkpoint_file_mb": int(sys.argv[6])} if "checkpoint_file_mb" in TrainConfig.model_fields else {}
+trainer = Trainer(model, TrainConfig(model=model, lr=1e-4, micro_batch_tokens=256, **files), rank=rank, world_size=world)
 stages["start"] = peak_mb()
 ids = list(range(7, 207))
 sample = Sample(ids, [0] * 100 + [1] * 100, [0.0] * 100 + [-5.0] * 100, [-1] * 100 + [0] * 100, 1.0)
@@ -101,12 +102,13 @@ def source_at(rev: str, into: Path) -> Path:
     return into / "src"
 
 
-def run(src: Path, model: Path, out: Path, world: int) -> list[dict]:
+def run(src: Path, model: Path, out: Path, world: int, file_mb: int) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {**os.environ, "PYTHONPATH": str(src)}
-    procs = [subprocess.Popen([sys.executable, "-c", MEMORY_WATCH + RANK, str(r), str(world), port, str(model), str(out)],
+    procs = [subprocess.Popen([sys.executable, "-c", MEMORY_WATCH + RANK, str(r), str(world), port, str(model), str(out),
+                               str(file_mb)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(world)]  # fmt: skip
     outs = [p.communicate(timeout=1800) for p in procs]
@@ -122,6 +124,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--world", type=int, default=2)
+    parser.add_argument(
+        "--file-mb",
+        type=int,
+        default=2048,
+        help="train.checkpoint_file_mb where the revision has it: the largest weights file saved.",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trainer-memory-"))
     params = make_checkpoint(tmp / "model", args.layers, args.hidden)
@@ -130,7 +138,7 @@ def main() -> None:
     variants = {f"at {args.old}": source_at(args.old, tmp / "old"), "this checkout": Path(__file__).parents[1] / "src"}
     results = {}
     for name, src in variants.items():
-        ranks = run(src, tmp / "model", tmp / f"saved-{len(results)}", args.world)
+        ranks = run(src, tmp / "model", tmp / f"saved-{len(results)}", args.world, args.file_mb)
         results[name] = [{k: round(v - (0 if k == "resume_growth" else r["imports"])) for k, v in r.items()
                           if k != "imports"} for r in ranks]  # fmt: skip
         for i, r in enumerate(results[name]):

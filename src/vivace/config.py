@@ -364,6 +364,13 @@ class TrainConfig(_Strict):
         description="Keep only the newest K checkpoints: older ones are deleted once a newer one is complete "
         "(a checkpoint holds the weights and the optimiser's state). None keeps them all.",
     )
+    checkpoint_file_mb: int = Field(
+        2048,
+        ge=1,
+        description="Largest weights file of a saved checkpoint, in MB. Trainer rank 0 writes the weights one "
+        "file at a time as the ranks gather them, so it holds at most one file's worth (save_pretrained's "
+        "default is 50 GB; a 30B model in fp32 is 120 GB).",
+    )
     seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
     runs_dir: Path = Field(Path("runs"), description="Where run directories are made.")
     eval_tasks: int = Field(

@@ -64,6 +64,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from vivace.config import TrainConfig
 from vivace.model.checkpoint import load_model, load_tokenizer, model_config, require_weights, save_checkpoint
 from vivace.model.rows import CheckpointRows
+from vivace.model.stream_save import save_streamed, streamable
 from vivace.rl.loss import LossConfig, policy_loss
 from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, shared_prefix
 from vivace.rl.sft_train import read_episodes
@@ -395,18 +396,30 @@ class Trainer:
             yield name, value.full_tensor() if isinstance(value, DTensor) else value
 
     def save(self, path: Path) -> None:
-        """Weights as a Hugging Face directory (path/model, written by rank 0), the optimizer as a distributed
-        checkpoint (path/optimizer: every rank writes its own shard, so no rank gathers Adam's two copies of
-        the model) and the step (path/trainer.pt). Every rank calls it; the ranks must share `path`."""
-        weights = self.full_state_dict()
+        """Weights as a Hugging Face directory (path/model, written by rank 0 one file at a time as the ranks
+        gather each tensor: model/stream_save.py), the optimizer as a distributed checkpoint (path/optimizer:
+        every rank writes its own shard, so no rank gathers Adam's two copies of the model) and the step
+        (path/trainer.pt). Every rank calls it; the ranks must share `path`. A model whose weights cannot be
+        written file by file is gathered whole on rank 0 and written by save_pretrained."""
         path.mkdir(parents=True, exist_ok=True)
         dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=path / "optimizer")
+        with torch.device("meta"):  # an unsharded twin: the config, conversions and tied names the files need
+            plain = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+        file_bytes = self.cfg.checkpoint_file_mb * 2**20
+        if streamable(plain, file_bytes):
+            tensors = self.full_tensors()
+            if self.rank == 0:
+                save_streamed(plain, self.tokenizer, tensors, path / "model", file_bytes)
+            else:
+                for _ in tensors:  # each tensor is an all-gather that rank 0 waits on
+                    pass
+        else:
+            weights = self.full_state_dict()
+            if self.rank == 0:
+                plain.load_state_dict(weights, strict=False, assign=True)
+                plain.tie_weights()  # tied weights (lm_head) follow the embedding
+                save_checkpoint(plain, self.tokenizer, path / "model")
         if self.rank == 0:
-            with torch.device("meta"):  # an unsharded twin writes the standard directory, holding `weights`
-                plain = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
-            plain.load_state_dict(weights, strict=False, assign=True)
-            plain.tie_weights()  # tied weights (lm_head) follow the embedding
-            save_checkpoint(plain, self.tokenizer, path / "model")
             torch.save({"step": self.step}, path / "trainer.pt")
 
     def load(self, path: Path) -> None:
