@@ -87,3 +87,21 @@ def test_a_model_that_cannot_be_written_file_by_file_is_gathered_and_saved_whole
     trained.save(tmp_path / "step")
     save_pretrained_way(trained, tmp_path / "whole")
     assert same_files(tmp_path / "step" / "model", tmp_path / "whole") == []
+
+
+def test_a_write_error_still_takes_every_gathered_tensor(trained, tmp_path, monkeypatch):
+    """Each tensor of the stream is an all-gather the other ranks take part in: rank 0 failing to write
+    (a full disk) must still take the rest, or the other ranks would wait in the next one; then it raises."""
+    import vivace.model.stream_save as stream_save
+
+    taken, total = [], len(trained.model.state_dict())
+    real = trained.full_tensors
+    monkeypatch.setattr(trained, "full_tensors", lambda: (taken.append(n) or (n, t) for n, t in real()))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stream_save, "save_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        trained.save(tmp_path / "step")
+    assert len(taken) == total

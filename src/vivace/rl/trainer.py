@@ -408,10 +408,11 @@ class Trainer:
         file_bytes = self.cfg.checkpoint_file_mb * 2**20
         if streamable(plain, file_bytes):
             tensors = self.full_tensors()
-            if self.rank == 0:
-                save_streamed(plain, self.tokenizer, tensors, path / "model", file_bytes)
-            else:
-                for _ in tensors:  # each tensor is an all-gather that rank 0 waits on
+            try:
+                if self.rank == 0:
+                    save_streamed(plain, self.tokenizer, tensors, path / "model", file_bytes)
+            finally:  # each tensor is an all-gather: a rank that stops early (a write error) leaves the others
+                for _ in tensors:  # waiting in one, so every rank takes the rest before it goes on or raises
                     pass
         else:
             weights = self.full_state_dict()
