@@ -102,6 +102,7 @@ def test_a_write_error_still_takes_every_gathered_tensor(trained, tmp_path, monk
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(stream_save, "save_file", full_disk)
+    monkeypatch.setattr(trained.cfg, "checkpoint_file_mb", 4)  # the first of several files fails
     with pytest.raises(OSError, match="No space left"):
         trained.save(tmp_path / "step")
     assert len(taken) == total
