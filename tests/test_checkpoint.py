@@ -112,6 +112,20 @@ def test_a_checkpoint_that_does_not_load_to_resume_from_is_named(tmp_path):
         trainer.load(tmp_path / "step_1")
 
 
+def trained_and_saved(path):
+    """A tiny-init trainer after one step, saved to `path`; with its config and the step's sample."""
+    from vivace.config import TrainConfig
+    from vivace.rl.trainer import Sample, Trainer
+
+    cfg = TrainConfig(model="tiny-init", lr=1e-3)
+    ids = list(range(50, 90))
+    sample = Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-7.0] * 30, [-1] * 10 + [0] * 30, 1.0)
+    trainer = Trainer("tiny-init", cfg)
+    trainer.train_step([sample])
+    trainer.save(path)
+    return trainer, cfg, sample
+
+
 def test_a_resumed_trainer_takes_the_step_the_uninterrupted_one_takes(tmp_path):
     """Trainer.save/load carry Adam's moments (a sharded distributed checkpoint, path/optimizer) and the step:
     the step after a resume equals the uninterrupted run's, from this format and from the one before it
@@ -121,15 +135,9 @@ def test_a_resumed_trainer_takes_the_step_the_uninterrupted_one_takes(tmp_path):
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    from vivace.config import TrainConfig
-    from vivace.rl.trainer import Sample, Trainer
+    from vivace.rl.trainer import Trainer
 
-    cfg = TrainConfig(model="tiny-init", lr=1e-3)
-    ids = list(range(50, 90))
-    sample = Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-7.0] * 30, [-1] * 10 + [0] * 30, 1.0)
-    trainer = Trainer("tiny-init", cfg)
-    trainer.train_step([sample])
-    trainer.save(tmp_path / "step_1")
+    trainer, cfg, sample = trained_and_saved(tmp_path / "step_1")
     assert (tmp_path / "step_1" / "optimizer" / ".metadata").is_file()
     whole = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True))
     whole = copy.deepcopy(whole)  # on one rank it shares the live moments, which the next step changes
@@ -160,16 +168,10 @@ def test_resume_reads_the_rows_and_refuses_another_models_weights_by_name(tmp_pa
     from transformers import AutoModelForCausalLM
 
     import vivace.rl.trainer as trainer_module
-    from vivace.config import TrainConfig
     from vivace.model.checkpoint import save_checkpoint
-    from vivace.rl.trainer import Sample, Trainer
+    from vivace.rl.trainer import Trainer
 
-    cfg = TrainConfig(model="tiny-init", lr=1e-3)
-    ids = list(range(50, 90))
-    sample = Sample(ids, [0] * 10 + [1] * 30, [0.0] * 10 + [-7.0] * 30, [-1] * 10 + [0] * 30, 1.0)
-    trainer = Trainer("tiny-init", cfg)
-    trainer.train_step([sample])
-    trainer.save(tmp_path / "step_1")
+    trainer, cfg, _ = trained_and_saved(tmp_path / "step_1")
     expected = trainer.full_state_dict()
 
     def whole(spec, *args, **kwargs):
