@@ -182,7 +182,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_two_ranks_read_the_checkpoint_once_and_fail_together(tmp_path):
+def test_two_ranks_resume_by_their_rows_and_fail_together(tmp_path):
     """On resume each rank reads its own rows of the saved weights, as at the start (test_checkpoint_rows.py),
     so no rank loads the checkpoint whole: a resumed trainer holds the saved weights and step; a damaged
     checkpoint, which only rank 0 reads, is the same ValueError on every rank instead of a rank waiting
