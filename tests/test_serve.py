@@ -461,3 +461,14 @@ def test_agent_and_bench_run_a_local_checkpoint(taught, tmp_path):
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and "error" not in rows[0], rows
     assert rows[0]["resolved"] is False and rows[0]["correctness"] == 0.0  # it cannot solve it; it ran
+
+
+@pytest.mark.parametrize("command", [["serve"], ["serve", "bench"]])
+def test_serve_refuses_a_directory_without_a_model_before_importing_torch(command, tmp_path):
+    """A wrong --model is said at once (exit 2), not after the seconds of importing torch and transformers."""
+    probe = ("import sys\nfrom vivace.cli import main\nsys.argv = ['vivace', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)")  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", probe, *command, "--model", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.stdout.split() == ["exit", "2", "False"], run.stdout + run.stderr[-2000:]
+    assert "is not a model" in run.stderr

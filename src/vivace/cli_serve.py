@@ -39,6 +39,7 @@ def serve(
         return
     if model is None:
         fail("give --model (tiny or a checkpoint directory)")
+    _check_model(model)
     sock = bound_or_exit(host, port)  # before the model loads, which can take minutes; --port 0: the port taken
     import uvicorn
 
@@ -67,6 +68,17 @@ def _engine_config(**options) -> EngineConfig:
         fail(problems)
 
 
+def _check_model(model: str) -> None:
+    """Exit 2 when `model` names no model, before the engine's imports (torch, transformers: seconds)."""
+    from vivace.model.spec import TINY_NAMES, model_dir
+
+    if model not in TINY_NAMES:
+        try:
+            model_dir(model)
+        except ValueError as exc:
+            fail(str(exc))
+
+
 def _engine(model: str, config: EngineConfig):
     from vivace.inference.samplers import local_engine
 
@@ -87,6 +99,7 @@ def serve_bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
 ) -> None:
     """The engine and transformers' `generate` on one model and one mixed-length workload, side by side."""
+    _check_model(model)
     from vivace.inference import bench
     from vivace.inference.samplers import load_for_engine
 

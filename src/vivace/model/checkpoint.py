@@ -36,10 +36,8 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-ASSETS = Path(__file__).parent / "assets"
-TINY_DIR = ASSETS / "tiny"
-TINY_INIT = "tiny-init"  # the seeded, untrained tiny model: where the warm start begins
-TINY_NAMES = ("tiny", TINY_INIT)  # the specs with the tiny preset's architecture (no checkpoint path)
+from vivace.model.spec import ASSETS, TINY_DIR, TINY_INIT, TINY_NAMES, initialised, model_dir  # noqa: F401 (re-exported)
+
 TINY_SEED = 0
 
 
@@ -137,12 +135,6 @@ class LoadedModel:
     name: str  # "tiny" or the checkpoint path
 
 
-def initialised(spec: str) -> bool:
-    """Whether `spec` names a freshly initialised model rather than a checkpoint: `tiny-init`, or `tiny`
-    where no trained checkpoint is shipped."""
-    return spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file())
-
-
 def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
     """`tiny` or a local checkpoint directory -> model (eval mode) and tokenizer."""
     if initialised(spec):
@@ -170,17 +162,6 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
                            for k, v in wrong.items())  # fmt: skip
         raise ValueError(f"{spec}: config.json does not match the weights ({detail}); fix config.json or save it again")
     return LoadedModel(model.to(device).eval(), tokenizer, spec)
-
-
-def model_dir(spec: str) -> Path:
-    """The checkpoint directory `spec` names (`tiny`: the shipped one); ValueError if it holds no model."""
-    path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "
-            "(as written by save_checkpoint or any Hugging Face model)"
-        )
-    return path
 
 
 # Weight files of a Hugging Face checkpoint directory (one file, or an index of shards), in the order

@@ -1,0 +1,29 @@
+"""What a model spec names (`tiny`, `tiny-init` or a checkpoint directory), found without importing torch
+or transformers, so that a command refuses a wrong `--model` in a moment rather than after seconds of
+imports (checkpoint.py, which loads the model, re-exports these)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS = Path(__file__).parent / "assets"
+TINY_DIR = ASSETS / "tiny"
+TINY_INIT = "tiny-init"  # the seeded, untrained tiny model: where the warm start begins
+TINY_NAMES = ("tiny", TINY_INIT)  # the specs with the tiny preset's architecture (no checkpoint path)
+
+
+def initialised(spec: str) -> bool:
+    """Whether `spec` names a freshly initialised model rather than a checkpoint: `tiny-init`, or `tiny`
+    where no trained checkpoint is shipped."""
+    return spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file())
+
+
+def model_dir(spec: str) -> Path:
+    """The checkpoint directory `spec` names (`tiny`: the shipped one); ValueError if it holds no model."""
+    path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "
+            "(as written by save_checkpoint or any Hugging Face model)"
+        )
+    return path
