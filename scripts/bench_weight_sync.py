@@ -32,8 +32,7 @@ torch.set_num_threads(1)
 from vivace.rl.weight_sync import WeightBroadcast
 def measure(sync):  # the process's peak above what it held before its first sync, and each sync's seconds
     time.sleep(0.05)
-    base, seconds = anon_mb(), []
-    high[0] = base  # the watch's mark so far is the start-up's (rank 0 read the checkpoint whole)
+    base, seconds = restart_peak(), []  # the watch's mark so far is the start-up's (rank 0 read the checkpoint whole)
     for _ in range(rounds):
         t0 = time.perf_counter()
         sync()

@@ -70,13 +70,12 @@ def _engine_config(**options) -> EngineConfig:
 
 def _check_model(model: str) -> None:
     """Exit 2 when `model` names no model, before the engine's imports (torch, transformers: seconds)."""
-    from vivace.model.spec import TINY_NAMES, model_dir
+    from vivace.model.spec import require_model
 
-    if model not in TINY_NAMES:
-        try:
-            model_dir(model)
-        except ValueError as exc:
-            fail(str(exc))
+    try:
+        require_model(model)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _engine(model: str, config: EngineConfig):

@@ -453,11 +453,11 @@ def sft_eval(
 def _same_tokenizer(models: list[str]) -> None:
     """ValueError unless every model reads token ids with the same vocabulary: an episode file's ids
     are text in the tokenizer that rendered them, so models with another one would score other text."""
-    from vivace.model.checkpoint import TINY_NAMES, load_tokenizer, model_dir
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.model.spec import require_model
 
     for m in models:
-        if m not in TINY_NAMES:
-            model_dir(m)
+        require_model(m)
     vocabs = {m: load_tokenizer(m).get_vocab() for m in dict.fromkeys(models)}
     first, *rest = vocabs
     if other := next((m for m in rest if vocabs[m] != vocabs[first]), None):

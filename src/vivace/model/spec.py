@@ -27,3 +27,9 @@ def model_dir(spec: str) -> Path:
             "(as written by save_checkpoint or any Hugging Face model)"
         )
     return path
+
+
+def require_model(spec: str) -> None:
+    """ValueError (model_dir's) unless `spec` names a model: a tiny name, or a checkpoint directory."""
+    if spec not in TINY_NAMES:
+        model_dir(spec)
