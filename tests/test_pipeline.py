@@ -21,8 +21,9 @@ from conftest import wait_for_idle_ray
 from vivace.bench.score import Score
 from vivace.config import load_preset
 from vivace.harness.trajectory import Tokens, Trajectory
-from vivace.rl.controller import new_run_dir, train
+from vivace.rl.controller import train
 from vivace.rl.rollout import EpisodeResult, Rollout
+from vivace.rl.runs import new_run_dir
 from vivace.rl.workers import WorkerLost
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 
@@ -313,14 +314,14 @@ async def test_keep_checkpoints_deletes_all_but_the_newest_and_resume_still_work
 
 
 def test_directories_not_named_step_n_are_neither_resumed_nor_pruned(tmp_path):
-    from vivace.rl.controller import _prune_checkpoints, latest_checkpoint
+    from vivace.rl.runs import latest_checkpoint, prune_checkpoints
 
     checkpoints = tmp_path / "checkpoints"
     for name in ("step_1", "step_2", "step_final", "step_", "step_2.bak"):
         (checkpoints / name).mkdir(parents=True)
         (checkpoints / name / "state.json").write_text("{}")
     assert latest_checkpoint(tmp_path) == checkpoints / "step_2"
-    _prune_checkpoints(tmp_path, 1)
+    prune_checkpoints(tmp_path, 1)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_", "step_2", "step_2.bak", "step_final"]
 
 
@@ -962,6 +963,7 @@ def test_state_json_and_metrics_are_whole_or_untouched_when_a_write_is_cut(tmp_p
     """A kill between writing and renaming leaves no truncated state.json (latest_checkpoint would take
     it) and the old metrics.jsonl, not part of it."""
     import vivace.rl.controller as controller
+    import vivace.rl.runs as runs
 
     class Order:
         def state(self):
@@ -977,10 +979,10 @@ def test_state_json_and_metrics_are_whole_or_untouched_when_a_write_is_cut(tmp_p
         raise KeyboardInterrupt
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3)))
-    monkeypatch.setattr(controller.os, "replace", killed)
+    monkeypatch.setattr(runs.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(controller._checkpoint(tmp_path, ScriptedWorkers(), 1, Pipe(), Order()))
-    assert controller.latest_checkpoint(tmp_path) is None
+    assert runs.latest_checkpoint(tmp_path) is None
     with pytest.raises(KeyboardInterrupt):
         controller._truncate_metrics(tmp_path, 1)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import wait_for_idle_ray
 from vivace.config import load_preset
-from vivace.rl.controller import new_run_dir, train
+from vivace.rl.controller import train
+from vivace.rl.runs import new_run_dir
 from vivace.rl.synthetic import second_turn_episode, synthetic_episode
 from vivace.rl.workers import LocalWorkers
 from vivace.sandbox import open_backend

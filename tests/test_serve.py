@@ -20,6 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from conftest import vivace_refusal
 from vivace.harness.chat import ChatFormat
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policy import Completion, SamplingParams
@@ -466,9 +467,6 @@ def test_agent_and_bench_run_a_local_checkpoint(taught, tmp_path):
 @pytest.mark.parametrize("command", [["serve"], ["serve", "bench"]])
 def test_serve_refuses_a_directory_without_a_model_before_importing_torch(command, tmp_path):
     """A wrong --model is said at once (exit 2), not after the seconds of importing torch and transformers."""
-    probe = ("import sys\nfrom vivace.cli import main\nsys.argv = ['vivace', *sys.argv[1:]]\n"
-             "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)")  # fmt: skip
-    run = subprocess.run([sys.executable, "-c", probe, *command, "--model", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert run.stdout.split() == ["exit", "2", "False"], run.stdout + run.stderr[-2000:]
-    assert "is not a model" in run.stderr
+    code, torch_imported, stderr = vivace_refusal(*command, "--model", str(tmp_path))
+    assert (code, torch_imported) == (2, False), stderr[-2000:]
+    assert "is not a model" in stderr

@@ -54,6 +54,7 @@ from vivace.cli import (
     with_sandbox_options,
 )
 from vivace.config import VivaceConfig, load_config
+from vivace.rl.runs import checkpoint_dirs, latest_checkpoint, load_run_config, make_run_dir, run_path, write_atomic
 
 train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")
 app.add_typer(train_app, name="train")
@@ -87,12 +88,8 @@ def train_command(
     """Train the policy with RL: rollouts in sandboxes, scored by the benchmark, group advantages, updates."""
     if ctx.invoked_subcommand is not None:
         return
-    from vivace.rl.controller import load_run_config, new_run_dir, training_tasks, write_atomic
-    from vivace.rl.evaluate import held_out_tasks
-    from vivace.rl.workers import ClusterUnavailable, check_reachable
-
     lock = None
-    try:
+    try:  # the refusals that need only the configuration and the run directory, before the training stack loads
         if resume is not None:
             # By the source's name: typer ships its own copy of click, whose enum is not click's.
             given = [f"--{o.removesuffix('_file')}" for o in ("preset", "config_file", "name")
@@ -106,6 +103,7 @@ def train_command(
             cfg = saved.model_copy(deep=True)
         else:
             cfg = load_config(preset, config_file)
+            run_dir = run_path(cfg, name)
         if steps is not None:
             if steps < 1:
                 raise _Refused(f"--steps {steps}: a run needs at least 1 step; give --steps 1 or more")
@@ -115,6 +113,16 @@ def train_command(
         if resume is not None and _already_complete(run_dir, cfg.train.steps):
             return
         cfg = with_sandbox_options(cfg, backend, state_dir)
+    except _Refused as e:
+        fail(str(e))
+    except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (run_path's FileExistsError)
+        fail(str(e))
+
+    from vivace.rl.controller import training_tasks
+    from vivace.rl.evaluate import held_out_tasks
+    from vivace.rl.workers import ClusterUnavailable, check_reachable
+
+    try:
         if address is not None and not local:
             check_reachable(address)
         # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
@@ -122,7 +130,7 @@ def train_command(
         warnings = check_train_config(cfg, tasks)  # with the model and sft_data (check_model_and_data)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
-            run_dir = new_run_dir(cfg, name)
+            run_dir = make_run_dir(run_dir, cfg)
         lock = _lock_run(run_dir)
         if resume is not None:
             if (steps is not None and steps != saved.train.steps) or (seed is not None and seed != saved.train.seed):
@@ -132,7 +140,7 @@ def train_command(
             err.print(_resume_point(run_dir))
     except (_Refused, ClusterUnavailable) as e:
         fail(str(e))
-    except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (new_run_dir's FileExistsError)
+    except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (make_run_dir's FileExistsError)
         fail(str(e))
     for warning in warnings:  # legal, but likely not what was meant: said once, before the run
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
@@ -143,7 +151,7 @@ def train_command(
 def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, eval_tasks: list, address: str | None,
                   local: bool, as_json: bool) -> None:  # fmt: skip
     """The run itself, while this process holds the run directory's lock."""
-    from vivace.rl.controller import NoExpertData, StartFailed, TrainerFailed, latest_checkpoint, train
+    from vivace.rl.controller import NoExpertData, StartFailed, TrainerFailed, train
     from vivace.rl.workers import ClusterUnavailable, LocalWorkers, RayWorkers
 
     if cfg.sandbox.backend == "auto" and address is None:
@@ -382,8 +390,6 @@ def _step_of(checkpoint: Path) -> int:
 
 
 def _stopped_at(run_dir: Path, cfg: VivaceConfig) -> str:
-    from vivace.rl.controller import latest_checkpoint
-
     last = latest_checkpoint(run_dir)
     step = _step_of(last) if last else 0
     return f"at step {step}/{cfg.train.steps}:[/] the last checkpoint is {last}"
@@ -392,8 +398,6 @@ def _stopped_at(run_dir: Path, cfg: VivaceConfig) -> str:
 def _already_complete(run_dir: Path, steps: int) -> bool:
     """Says so when the run's last checkpoint is at (or past) `steps`: a resume would train nothing, and
     must not rewrite its summary or add an empty TensorBoard file."""
-    from vivace.rl.controller import latest_checkpoint
-
     last = latest_checkpoint(run_dir)
     if last is None or _step_of(last) < steps:
         return False
@@ -416,12 +420,10 @@ def _check_writable(run_dir: Path) -> None:
 
 def _resume_point(run_dir: Path) -> str:
     """Where a resume starts, in words: the last complete checkpoint, or step 0 (and why)."""
-    from vivace.rl.controller import _checkpoint_dirs, latest_checkpoint
-
     last = latest_checkpoint(run_dir)
     if last is not None:
         return f"resuming {_shown(run_dir)} from step {_step_of(last)} ({_shown(last)})"
-    if dirs := _checkpoint_dirs(run_dir):
+    if dirs := checkpoint_dirs(run_dir):
         return (f"resuming {_shown(run_dir)} from step 0: its only checkpoint, {_shown(dirs[-1][1])}, is incomplete "
                 "(no state.json; the save was cut off)")  # fmt: skip
     return f"resuming {_shown(run_dir)} from step 0: it has no checkpoint yet"
@@ -532,9 +534,6 @@ def report_command(
     """Benchmark a run's starting policy and its last checkpoint (and the baselines) on held-out
     tasks; write report.md, report.json and report.html into the run directory (an earlier report
     moves to RUN/reports/N/, and back if the new one does not complete; Ctrl-C exits 130)."""
-    from vivace.rl.controller import load_run_config
-    from vivace.rl.evaluate import held_out_tasks, markdown_report, trained_policy
-
     try:
         cfg = with_sandbox_options(load_run_config(run_dir), backend, state_dir)
         if split is not None and split not in ("train", "validation", "test"):
@@ -545,6 +544,8 @@ def report_command(
             if samples < 1:
                 raise ValueError("--samples must be at least 1")
             cfg.train.eval_samples = samples
+        from vivace.rl.evaluate import held_out_tasks, markdown_report, trained_policy  # after the cheap refusals
+
         trained_policy(run_dir)
         chosen = held_out_tasks(cfg, tasks or cfg.train.eval_tasks or None, split)
     except ValueError as e:

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from vivace.config import VivaceConfig
-from vivace.rl.controller import new_run_dir, train
+from vivace.rl.controller import train
 from vivace.rl.metrics import percentile
+from vivace.rl.runs import new_run_dir
 from vivace.rl.synthetic import latency_episode
 from vivace.rl.workers import LocalWorkers, RayWorkers
 from vivace.tasks.format import RepoSpec, Task, TestSpec

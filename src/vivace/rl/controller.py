@@ -29,23 +29,21 @@ ranks), or in this process (`LocalWorkers`).
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 from torch.utils.tensorboard import SummaryWriter
 
 from vivace.bench.results import result_rows
-from vivace.config import VivaceConfig, validation_message
+from vivace.config import VivaceConfig
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
+from vivace.rl.runs import latest_checkpoint, prune_checkpoints, write_atomic
 from vivace.rl.workers import RayWorkers
 from vivace.tasks.format import Task
 from vivace.tasks.suites import load_suite
@@ -193,55 +191,6 @@ class TrainerFailed(RuntimeError):
 class StartFailed(RuntimeError):
     """The workers could not start: the model or the checkpoint to resume from does not load (changed since
     `check_model_and_data`, or a checkpoint of the run that is damaged). Nothing was trained."""
-
-
-def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
-    name = name or time.strftime("train-%Y%m%d-%H%M%S")
-    path = (cfg.train.runs_dir / name).resolve()  # absolute: actors write into it from their own cwd
-    if (path / "metrics.jsonl").exists():
-        raise FileExistsError(f"{path} already holds a run; resume it with --resume {path} or pick another --name")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(cfg.model_dump_json(indent=2))
-    return path
-
-
-def load_run_config(run_dir: Path) -> VivaceConfig:
-    """The configuration `new_run_dir` saved; a missing or damaged one is a ValueError naming it."""
-    path = run_dir / "config.json"
-    if not path.exists():
-        raise ValueError(f"{run_dir} is not a run directory (no config.json); give one `vivace train` made, "
-                         "e.g. runs/NAME")  # fmt: skip
-    try:
-        text = path.read_bytes().decode("utf-8")
-        json.loads(text)  # its syntax first: pydantic's own message for it names no line
-        return VivaceConfig.model_validate_json(text)
-    except OSError as e:
-        problem = f"cannot read it ({e.strerror})"
-    except UnicodeDecodeError as e:
-        problem = f"not UTF-8 text (byte {e.start})"
-    except json.JSONDecodeError as e:
-        problem = f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
-    except ValidationError as e:
-        raise ValueError(f"{path}: {validation_message(e)}") from None
-    raise ValueError(f"{path}: {problem}; the run's configuration is damaged: restore the file `vivace train` "
-                     "wrote, or start a new run")  # fmt: skip
-
-
-def _checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every checkpoint directory, complete or not, oldest first. Names other
-    than step_<integer> are not checkpoints this code wrote (a copy, a renamed one) and are left alone."""
-    found = []
-    for p in (run_dir / "checkpoints").glob("step_*"):
-        step = p.name.removeprefix("step_")
-        if step.isdecimal() and p.is_dir():
-            found.append((int(step), p))
-    return sorted(found)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint (one with state.json), or None."""
-    complete = [p for _, p in _checkpoint_dirs(run_dir) if (p / "state.json").is_file()]
-    return complete[-1] if complete else None
 
 
 async def train(
@@ -437,18 +386,7 @@ async def _checkpoint(
              "order": order.state()}  # fmt: skip
     write_atomic(path / "state.json", json.dumps(state))  # written last, whole or not at all: complete
     if keep is not None:
-        _prune_checkpoints(run_dir, keep)
-
-
-def _prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints (and unfinished ones older than them)."""
-    dirs = _checkpoint_dirs(run_dir)
-    complete = [step for step, p in dirs if (p / "state.json").is_file()]
-    if len(complete) <= keep:
-        return
-    for step, p in dirs:
-        if step < complete[-keep]:
-            shutil.rmtree(p)
+        prune_checkpoints(run_dir, keep)
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
@@ -458,22 +396,6 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
     if path.exists():
         keep = [row for _, row in result_rows(path, "metrics row") if row["step"] <= step]
         write_atomic(path, "".join(json.dumps(row) + "\n" for row in keep))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """`path` holds `text` whole or keeps what it held: written beside it, then renamed over it, so a
-    kill mid-write leaves no truncated file (a state.json that `latest_checkpoint` would take, half a
-    metrics.jsonl)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped_by: str = "steps") -> dict[str, Any]:

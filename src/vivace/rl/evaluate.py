@@ -68,8 +68,8 @@ from vivace.bench.runner import run_benchmark
 from vivace.config import VivaceConfig
 from vivace.harness.policies import deterministic
 from vivace.harness.trajectory import Trajectory
-from vivace.rl.controller import latest_checkpoint
 from vivace.rl.metrics import behaviour
+from vivace.rl.runs import latest_checkpoint
 from vivace.rl.shift import divergence, policy_shift
 from vivace.tasks.format import Task
 from vivace.tasks.suites import load_suite

@@ -1,0 +1,110 @@
+"""A run's directory on disk: its name, saved configuration, checkpoints and atomic writes.
+
+Nothing here imports torch or the engine, so `vivace train` can refuse a run directory it cannot use
+(a name already taken, a --resume of something that is not a run, a run already complete) in about a
+second, before the training stack loads. The layout the controller writes is described in
+rl/controller.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from vivace.config import VivaceConfig, validation_message
+
+
+def run_path(cfg: VivaceConfig, name: str | None) -> Path:
+    """Where a new run named `name` goes (absolute; train-DATE-TIME when None), not made yet; a
+    FileExistsError when a run already lives there."""
+    name = name or time.strftime("train-%Y%m%d-%H%M%S")
+    return _untaken((cfg.train.runs_dir / name).resolve())  # absolute: actors write into it from their own cwd
+
+
+def make_run_dir(path: Path, cfg: VivaceConfig) -> Path:
+    """The run directory `path` (from `run_path`), made, with the whole configuration saved in it."""
+    _untaken(path)  # again: another run may have taken it since
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(cfg.model_dump_json(indent=2))
+    return path
+
+
+def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
+    return make_run_dir(run_path(cfg, name), cfg)
+
+
+def _untaken(path: Path) -> Path:
+    if (path / "metrics.jsonl").exists():
+        raise FileExistsError(f"{path} already holds a run; resume it with --resume {path} or pick another --name")
+    return path
+
+
+def load_run_config(run_dir: Path) -> VivaceConfig:
+    """The configuration `new_run_dir` saved; a missing or damaged one is a ValueError naming it."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        raise ValueError(f"{run_dir} is not a run directory (no config.json); give one `vivace train` made, "
+                         "e.g. runs/NAME")  # fmt: skip
+    try:
+        text = path.read_bytes().decode("utf-8")
+        json.loads(text)  # its syntax first: pydantic's own message for it names no line
+        return VivaceConfig.model_validate_json(text)
+    except OSError as e:
+        problem = f"cannot read it ({e.strerror})"
+    except UnicodeDecodeError as e:
+        problem = f"not UTF-8 text (byte {e.start})"
+    except json.JSONDecodeError as e:
+        problem = f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    except ValidationError as e:
+        raise ValueError(f"{path}: {validation_message(e)}") from None
+    raise ValueError(f"{path}: {problem}; the run's configuration is damaged: restore the file `vivace train` "
+                     "wrote, or start a new run")  # fmt: skip
+
+
+def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every checkpoint directory, complete or not, oldest first. Names other
+    than step_<integer> are not checkpoints this code wrote (a copy, a renamed one) and are left alone."""
+    found = []
+    for p in (run_dir / "checkpoints").glob("step_*"):
+        step = p.name.removeprefix("step_")
+        if step.isdecimal() and p.is_dir():
+            found.append((int(step), p))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (one with state.json), or None."""
+    complete = [p for _, p in checkpoint_dirs(run_dir) if (p / "state.json").is_file()]
+    return complete[-1] if complete else None
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (and unfinished ones older than them)."""
+    dirs = checkpoint_dirs(run_dir)
+    complete = [step for step, p in dirs if (p / "state.json").is_file()]
+    if len(complete) <= keep:
+        return
+    for step, p in dirs:
+        if step < complete[-keep]:
+            shutil.rmtree(p)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds `text` whole or keeps what it held: written beside it, then renamed over it, so a
+    kill mid-write leaves no truncated file (a state.json that `latest_checkpoint` would take, half a
+    metrics.jsonl)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
