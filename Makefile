@@ -37,8 +37,10 @@ system-deps:
 		else echo "note: install $$deb (as root) for the full sandbox and tools"; fi; \
 	done
 
+# The tests in parallel (pytest-xdist), one worker per core up to 4 (tests/conftest.py); most of
+# them wait on subprocesses, sandboxes and servers. `make bench` runs the slow ones serially: they time.
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist worksteal
 
 bench: setup
 	$(BIN)/pytest -q -m slow

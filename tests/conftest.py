@@ -29,6 +29,13 @@ from vivace.sandbox.paths import ConfinedFS
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (make test): a worker per core this process may use, at most 4. Each worker loads its
+    own session fixtures and often torch, so more would cost memory more than they save time."""
+    return min(4, len(os.sched_getaffinity(0)))
+
+
 ISOLATION_PROBLEM = probe()
 needs_isolation = pytest.mark.skipif(ISOLATION_PROBLEM is not None, reason=f"isolated backend: {ISOLATION_PROBLEM}")
 
