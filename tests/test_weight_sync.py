@@ -92,3 +92,63 @@ def test_a_stream_out_of_name_order_is_refused():
     assert alone.send(iter([("a", torch.ones(2)), ("b", torch.ones(3))])) == 20
     with pytest.raises(ValueError, match="'a' came after 'b'; send the tensors in sorted name order"):
         alone.send(iter([("b", torch.ones(2)), ("a", torch.ones(3))]))
+
+
+def test_object_store_pieces_hold_every_weight_once_and_stay_bounded():
+    """The object-store sync puts the weights in pieces: in the trainer's order, every tensor once, no piece
+    past the bound unless one tensor alone is larger; read back, each is the weight, bf16 and 0-d included."""
+    from vivace.rl.weight_sync import from_store, store_pieces
+
+    state = {**model(1).state_dict(), "half": torch.randn(3, 5).bfloat16(), "scalar": torch.tensor(7)}
+    sizes = {name: t.numel() * t.element_size() for name, t in state.items()}
+    bound = 64 << 10
+    pieces = list(store_pieces(state.items(), bound))
+    assert len(pieces) > 3 and [n for p, _ in pieces for n in p] == list(state)
+    for piece, nbytes in pieces:
+        assert nbytes == sum(sizes[n] for n in piece) and (nbytes <= bound or len(piece) == 1)
+    back = from_store(p for p, _ in pieces)
+    assert all(back[n].dtype == t.dtype and torch.equal(back[n], t) for n, t in state.items())
+    assert [len(p) for p, _ in store_pieces(state.items(), 1)] == [1] * len(state)
+
+
+class _Gathering:
+    """A trainer rank whose full_tensors counts the tensors taken (each is an all-gather on real ranks)."""
+
+    def __init__(self, rank: int, tensors: dict):
+        self.rank, self.tensors, self.taken = rank, tensors, 0
+
+    def full_tensors(self):
+        for item in self.tensors.items():
+            self.taken += 1
+            yield item
+
+
+def test_the_trainer_puts_its_weights_in_pieces_and_a_failed_put_takes_every_tensor(monkeypatch):
+    """Rank 0 returns a ref per piece and the bytes; the other ranks take every tensor and return none. A put
+    that fails (a full object store) still takes every tensor before it raises: the other ranks would
+    otherwise wait in the next all-gather until the group's timeout."""
+    import pytest
+    import ray
+
+    from vivace.rl.workers import _TrainerActor
+
+    state = dict(model(1).state_dict())
+    put: list[dict] = []
+    monkeypatch.setattr(ray, "put", lambda piece: put.append(piece) or f"ref{len(put)}")
+    actor = _TrainerActor.__new__(_TrainerActor)
+    actor.trainer = _Gathering(0, state)
+    refs, nbytes = actor.weights(piece_bytes=64 << 10)
+    assert refs == [f"ref{i + 1}" for i in range(len(put))] and len(put) > 3
+    assert nbytes == sum(t.numel() * t.element_size() for t in state.values()) and actor.trainer.taken == len(state)
+    assert {n for p in put for n in p} == set(state)
+    actor.trainer = _Gathering(1, state)
+    assert actor.weights(piece_bytes=64 << 10) == [[], 0] and actor.trainer.taken == len(state)
+
+    def full(piece):
+        raise ray.exceptions.ObjectStoreFullError("the object store is full")
+
+    monkeypatch.setattr(ray, "put", full)
+    actor.trainer = _Gathering(0, state)
+    with pytest.raises(ray.exceptions.ObjectStoreFullError):
+        actor.weights(piece_bytes=64 << 10)
+    assert actor.trainer.taken == len(state)

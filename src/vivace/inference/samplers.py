@@ -160,6 +160,13 @@ class _EngineActor:
         # submitted) while the update waits for the step in progress and copies the weights.
         return await asyncio.to_thread(self.engine.update_weights, state, version)
 
+    async def update_weights_from_store(self, pieces: list, version: int | None = None) -> int:
+        """Weights that the trainer put in the object store in pieces (rl/workers.py, `_TrainerActor.weights`):
+        fetched, then loaded as one update, so no step samples from half of them."""
+        from vivace.rl.weight_sync import from_store
+
+        return await self.update_weights(from_store(await asyncio.gather(*pieces)), version)
+
     def join_weight_sync(self, address: str, rank: int, world_size: int) -> dict[str, torch.dtype]:
         """Joins the trainer's broadcast group (rl/weight_sync.py) as receiver `rank`; returns the dtype of each
         of the model's tensors, by name, for the sender to cast to (an fp32 trainer, a bf16 sampler)."""

@@ -1,4 +1,6 @@
-"""Weight sync by collective broadcast: trainer rank 0 sends every tensor to every sampler
+"""Weight sync, trainer to sampler replicas: by collective broadcast, or through Ray's object store.
+
+Broadcast: trainer rank 0 sends every tensor to every sampler
 replica over a process group of their own — NCCL between GPUs (GPU memory to GPU memory, no host
 copy), gloo on CPU (the same code path, testable anywhere).
 
@@ -9,15 +11,59 @@ holds the whole model at once: Trainer.full_tensors), each cast by the sender to
 dtype (a bf16 sampler of an fp32 trainer: a collective moves bytes, and a size that differs aborts
 gloo's process or garbles NCCL's); each receiver writes straight into its model's parameters (the
 engine holds its lock meanwhile, so no step sees half-updated weights).
+
+Object store (`store_pieces`, `from_store`): trainer rank 0 puts the weights in pieces of at most
+STORE_PIECE_BYTES as the ranks gather them, so it never holds the whole model; each replica fetches every
+piece and loads them as one update. A tensor goes as its raw bytes in a NumPy array: Ray writes those
+into the store with one copy and reads them back with none, where a pickled tensor costs several copies.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 
+import numpy as np
 import torch
 import torch.distributed as dist
+
+# Large enough that a piece's put costs little beside its copy, small enough that rank 0 never holds
+# much of the model at once (docs/benchmarks.md, "The object-store weight sync").
+STORE_PIECE_BYTES = 256 << 20
+
+Packed = tuple[str, tuple[int, ...], np.ndarray]  # a tensor in the store: dtype name, shape, raw bytes
+
+
+def store_pieces(
+    tensors: Iterable[tuple[str, torch.Tensor]], piece_bytes: int
+) -> Iterator[tuple[dict[str, Packed], int]]:
+    """(name, tensor) pairs grouped, in order, into pieces of at most `piece_bytes` (a larger tensor alone),
+    each tensor's bytes copied to the CPU as a NumPy array; yields (piece, its bytes): one object each."""
+    piece: dict[str, Packed] = {}
+    size = 0
+    for name, value in tensors:
+        nbytes = value.numel() * value.element_size()
+        if piece and size + nbytes > piece_bytes:
+            yield piece, size
+            piece, size = {}, 0
+        raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        piece[name] = (str(value.dtype).removeprefix("torch."), tuple(value.shape), raw)
+        size += nbytes
+    if piece:
+        yield piece, size
+
+
+def from_store(pieces: Iterable[Mapping[str, Packed]]) -> dict[str, torch.Tensor]:
+    """The tensors of `store_pieces`' pieces, by name, over the pieces' own memory (read-only in the object
+    store: copy from them, never write to them)."""
+    state = {}
+    with warnings.catch_warnings():  # torch warns that the store's arrays are read-only; they are only read
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for piece in pieces:
+            for name, (dtype, shape, raw) in piece.items():
+                state[name] = torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+    return state
 
 
 class WeightBroadcast:

@@ -18,7 +18,8 @@ the same everywhere:
   workspace backend, routing each episode to the least-loaded replica), and the trainer (one rank
   per actor, a torch.distributed group among them). `ray.init()` starts a local cluster unless
   `address` names one to join. Weights go from the trainer to the samplers through the object
-  store (the trainer `ray.put`s its full state dict once and every replica fetches it), or by
+  store (trainer rank 0 `ray.put`s them in pieces as the ranks gather them, and every replica fetches
+  the pieces and loads them as one update), or by
   collective broadcast from trainer rank 0 (rl/weight_sync.py: NCCL on GPUs, gloo on CPU).
   Actors of a cluster this process joins run in the working directory and environment of that
   cluster's `ray start`, not this process's: the paths they open (model, sft_data, state_dir,
@@ -48,6 +49,7 @@ from vivace.harness.chat import ChatFormat
 from vivace.inference.samplers import sampling_params
 from vivace.rl.rollout import EpisodeResult, run_attempt
 from vivace.rl.trainer import Sample, Trainer
+from vivace.rl.weight_sync import STORE_PIECE_BYTES, store_pieces
 from vivace.signals import blocked_in_children
 from vivace.tasks.format import Task
 
@@ -315,12 +317,25 @@ class _TrainerActor:
             pass
         return 0
 
-    def weights(self) -> list:
-        """[ref to the full state dict, its bytes] (rank 0; other ranks take part in the gather)."""
+    def weights(self, piece_bytes: int = STORE_PIECE_BYTES) -> list:
+        """[refs to the unsharded weights in the object store, their bytes] (rank 0; the other ranks take
+        part in each tensor's gather and return [[], 0]). Rank 0 puts them in pieces as the ranks gather
+        them (`store_pieces`), so it holds one piece, not the whole model (120 GB for a 30B model in fp32);
+        the replicas load all the pieces as one update."""
         import ray
 
-        state = self.trainer.full_state_dict()
-        return [ray.put(state), _nbytes(state)] if self.trainer.rank == 0 else [None, 0]
+        tensors = self.trainer.full_tensors()
+        refs, total = [], 0
+        try:
+            if self.trainer.rank == 0:
+                for piece, nbytes in store_pieces(tensors, piece_bytes):
+                    refs.append(ray.put(piece))  # a copy: the piece itself goes with the next one
+                    total += nbytes
+                    del piece
+        finally:  # each tensor is an all-gather: a rank that stops early (a full object store) leaves the
+            for _ in tensors:  # others waiting in one, so every rank takes the rest before it goes on or raises
+                pass
+        return [refs, total]
 
     def save(self, path: str) -> None:
         self.trainer.save(Path(path))
@@ -360,6 +375,8 @@ class _RolloutActor:
 
 
 class RayWorkers:
+    store_piece_bytes = STORE_PIECE_BYTES  # the object-store sync's pieces (tests make them small)
+
     def __init__(
         self,
         cfg: VivaceConfig,
@@ -551,10 +568,10 @@ class RayWorkers:
                 asyncio.gather(*(s.receive_weights.remote(self.names, version) for s in self.samplers)),
             )
             return sent[0]
-        results = await asyncio.gather(*(t.weights.remote() for t in self.trainers))
-        ref, nbytes = results[0]
-        await asyncio.gather(*(s.update_weights.remote(ref, version) for s in self.samplers))
-        return nbytes
+        results = await asyncio.gather(*(t.weights.remote(self.store_piece_bytes) for t in self.trainers))
+        refs, nbytes = results[0]
+        await asyncio.gather(*(s.update_weights_from_store.remote(refs, version) for s in self.samplers))
+        return nbytes  # the pieces are freed once the last replica has loaded them and these refs go
 
     async def save(self, path: Path) -> None:
         await asyncio.gather(*(t.save.remote(str(path)) for t in self.trainers))
