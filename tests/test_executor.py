@@ -94,7 +94,7 @@ async def test_independent_reads_and_grep_run_together():
     t0 = time.monotonic()
     outcomes = await execute(calls, _tools(log), _ctx())
     elapsed = time.monotonic() - t0
-    assert elapsed < 3 * DELAY  # serial would be 11 * DELAY
+    assert elapsed < 6 * DELAY  # serial: 11 * DELAY; the margin is for a loaded machine (make test: 2+ workers)
     assert [o.result.text for o in outcomes] == [f"read f{i}.py" for i in range(10)] + ["grep x"]
     assert all(o.duration_s >= DELAY * 0.9 for o in outcomes)
 

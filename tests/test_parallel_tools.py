@@ -66,8 +66,8 @@ async def test_one_parallel_turn_vs_one_call_per_turn(slow_ctx):
 
     print(f"\n11 calls with {LATENCY * 1e3:.0f} ms latency each: one turn {parallel_s * 1e3:.0f} ms, "
           f"one call per turn {serial_s * 1e3:.0f} ms ({serial_s / parallel_s:.1f}x)")  # fmt: skip
-    assert parallel_s < 0.3
     assert serial_s > 1.0
+    assert parallel_s < serial_s / 3  # ~1/11 here; a ratio, so a loaded machine (make test's workers) slows both
     # Same results either way, in call order.
     assert [o.result for o in together] == [o.result for o in one_by_one]
     assert not any(o.result.is_error for o in together)
