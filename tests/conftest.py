@@ -211,12 +211,12 @@ async def benchmark_episodes(state_dir: Path, *episodes) -> list:
         await backend.aclose()
 
 
-def vivace_refusal(*args: str, cwd: Path | None = None) -> tuple[int, bool, str]:
+def vivace_refusal(*args: str) -> tuple[int, bool, str]:
     """`vivace ARGS` in a fresh interpreter: (exit code, whether torch got imported, stderr). A refusal
     that needs only the arguments should come before the seconds of importing torch and transformers."""
     probe = ("import sys\nfrom vivace.cli import main\nsys.argv = ['vivace', *sys.argv[1:]]\n"
              "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)")  # fmt: skip
-    run = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    run = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=120)
     said = run.stdout.split()
     assert len(said) == 3 and said[0] == "exit", run.stdout + run.stderr[-2000:]
     return int(said[1]), said[2] == "True", run.stderr
