@@ -152,3 +152,36 @@ def test_the_trainer_puts_its_weights_in_pieces_and_a_failed_put_takes_every_ten
     with pytest.raises(ray.exceptions.ObjectStoreFullError):
         actor.weights(piece_bytes=64 << 10)
     assert actor.trainer.taken == len(state)
+
+
+async def test_a_replica_receiving_a_broadcast_keeps_its_event_loop():
+    """The replica actor's receive waits for the engine's step in progress and then for the sender; it does
+    so on a thread, so the actor's event loop goes on (its generate calls are taken meanwhile)."""
+    import asyncio
+    import time
+
+    from vivace.config import EngineConfig
+    from vivace.inference.samplers import _EngineActor
+
+    class SlowSender:  # a receive that waits on the sender, as a collective does
+        def receive(self, names, params):
+            time.sleep(0.5)
+            return 123
+
+    actor = _EngineActor("tiny-init", EngineConfig())
+    actor.sync = SlowSender()
+    ticks = 0
+
+    async def tick():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        assert await actor.receive_weights(["model.norm.weight"], 7) == 123
+    finally:
+        ticker.cancel()
+        actor.engine.close()
+    assert ticks >= 10 and actor.engine.engine.version == 7  # ~25 ticks in the 0.5 s; none if the loop was held

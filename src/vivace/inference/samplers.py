@@ -177,10 +177,16 @@ class _EngineActor:
         tensors = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
         return {name: t.dtype for name, t in tensors.items()}
 
-    def receive_weights(self, names: list[str], version: int) -> int:
-        """Receives one broadcast into the model, between two engine steps; returns the bytes."""
+    async def receive_weights(self, names: list[str], version: int) -> int:
+        """Receives one broadcast into the model, between two engine steps; returns the bytes. From a thread,
+        as update_weights: the actor's event loop goes on taking generate calls while the receive waits for the
+        step in progress and then for the sender."""
         received = []
-        self.engine.apply_weights(lambda params: received.append(self.sync.receive(names, params)), version)
+
+        def write(params: dict[str, torch.Tensor]) -> None:
+            received.append(self.sync.receive(names, params))
+
+        await asyncio.to_thread(self.engine.apply_weights, write, version)
         return received[0]
 
     def load(self) -> int:
