@@ -134,6 +134,33 @@ def balanced(counts: dict) -> None:
     assert counts["episodes_in_flight"] == 0
 
 
+@pytest.mark.parametrize("reason", ["aborted_stale", "unfinished_at_end"])
+async def test_an_attempt_cancelled_before_its_first_step_is_still_settled(reason):
+    """An attempt aborted (a version too new) or closed right after its launch, before its task ever ran, was
+    counted as started and never settled: the counts did not balance (seen once in a parallel `make test`),
+    and an aborted member was never requeued, so its group could never complete."""
+    from vivace.rl.pipeline import Group, Pipeline
+
+    cfg = load_preset("smoke", train={"tasks_per_step": 1, "group_size": 2, "pipeline": "async"})
+    pipe = Pipeline(cfg, ScriptedWorkers(seed=3), lambda seq: tasks()[seq], version=0, position=1)
+    group = Group(0, tasks()[0], 2, 0)
+    pipe.groups[0] = group
+    free = list(pipe.free)
+    pipe._launch(group, 1, 0, 0)  # created; its first step would come on the loop's next turn
+    (att,) = pipe.in_flight.values()
+    if reason == "unfinished_at_end":
+        counts = await pipe.close()
+    else:
+        pipe._abort(att, reason)
+        await asyncio.gather(att.task, return_exceptions=True)
+        await asyncio.sleep(0)  # the done callbacks
+        counts = pipe.snapshot()
+        assert list(pipe.queue) == [(group, 1, 0)]  # back in line, first
+    assert counts["episodes_started"] == 1 and counts.get(f"episodes_{reason}") == 1
+    assert pipe.in_flight == {} and pipe.free == free
+    balanced(counts)
+
+
 @pytest.mark.parametrize("pipeline", ["sync", "async"])
 async def test_max_staleness_zero_is_exactly_on_policy(tmp_path, pipeline):
     workers = ScriptedWorkers(seed=1)

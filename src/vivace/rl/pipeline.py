@@ -206,6 +206,7 @@ class Pipeline:
         self.counts["started"] += 1
         att.task = asyncio.create_task(self._run(att))
         att.task.add_done_callback(self._watch)
+        att.task.add_done_callback(lambda task: self._settle_unstarted(att, task))
 
     def _abort(self, att: Attempt, reason: str) -> None:
         if att.abort_reason is None and att.task is not None:
@@ -217,9 +218,7 @@ class Pipeline:
         try:
             result = await self.workers.episode(att.worker, att.group.task)
         except asyncio.CancelledError:
-            outcome = "unfinished_at_end" if att.abort_reason == "unfinished_at_end" else "requeued"
-            if outcome == "requeued":
-                self.counts[att.abort_reason or "cancelled"] += 1
+            outcome = self._cancelled_outcome(att)
         except WorkerLost as e:
             self.counts["worker_lost"] += 1
             error = str(e)
@@ -242,6 +241,22 @@ class Pipeline:
                 if att.attempt + 1 >= self.cfg.train.max_attempts:
                     result.rollout = Rollout(att.group.task.id, None, 0.0, error=result.error)
                     outcome = "finished"
+        self._settle(att, outcome, result, error, failed)
+
+    def _cancelled_outcome(self, att: Attempt) -> str:
+        outcome = "unfinished_at_end" if att.abort_reason == "unfinished_at_end" else "requeued"
+        if outcome == "requeued":
+            self.counts[att.abort_reason or "cancelled"] += 1
+        return outcome
+
+    def _settle_unstarted(self, att: Attempt, task: asyncio.Task) -> None:
+        """An attempt cancelled before its task's first step (aborted or closed right after its launch) never
+        runs `_run`'s body: it is settled here as one cancelled while running, so it is still counted, its
+        slot freed, and a requeued member goes back in line (its group would otherwise never complete)."""
+        if task.cancelled() and att.uid in self.in_flight:
+            self._settle(att, self._cancelled_outcome(att), None, None, False)
+
+    def _settle(self, att: Attempt, outcome: str, result: Any, error: str | None, failed: bool) -> None:
         self.counts[outcome] += 1
         del self.in_flight[att.uid]
         if att.worker_gen == self.worker_gen[att.worker]:
