@@ -78,10 +78,15 @@ async def test_report_numbers_match_the_rows(tasks, tmp_path, state_dir):
     up, down = len(solved[AFTER] - solved[BEFORE]), len(solved[BEFORE] - solved[AFTER])  # one episode per task
     per_task = [(t.id in solved[AFTER]) - (t.id in solved[BEFORE]) for t in tasks]
     half = 1.96 * statistics.stdev(per_task) / len(tasks) ** 0.5
+    turns = {(r["model"], r["task_id"]): r["details"]["turns"] for r in rows}
+    both = solved[BEFORE] & solved[AFTER]
     assert pair == {"episodes": len(tasks), "left_out": 0, "both": len(solved[BEFORE] & solved[AFTER]),
                     "before_only": down, "after_only": up, "tasks_up": up, "tasks_down": down,
                     "p_value": pytest.approx(sign_test(up, down)), "change": pytest.approx((up - down) / len(tasks)),
-                    "change_ci95": pytest.approx([(up - down) / len(tasks) - half, (up - down) / len(tasks) + half])}  # fmt: skip
+                    "change_ci95": pytest.approx([(up - down) / len(tasks) - half, (up - down) / len(tasks) + half]),
+                    "turns_both_solved": None if not both else {"episodes": len(both),
+                        "before": pytest.approx(statistics.fmean(turns[BEFORE, t] for t in both)),
+                        "after": pytest.approx(statistics.fmean(turns[AFTER, t] for t in both))}}  # fmt: skip
     lo, hi = pair["change_ci95"]
     assert report["shift"] == {"divergence": None, "kl": None}  # scripted policies have no tokens, no weights
 
@@ -112,6 +117,9 @@ def test_paired_outcomes_match_episodes_by_task_and_sample():
     rows.append({"model": "b", "task_id": "t2", "sample": 1, "resolved": True})
     rows += [{"model": m, "task_id": "t4", "sample": k, "resolved": ok} for m, k, ok in [
         ("b", 0, False), ("a", 0, True), ("b", 1, False), ("a", 1, True)]]  # gained twice: one task up  # fmt: skip
+    for r in rows:
+        if "error" not in r:
+            r["details"] = {"turns": 4 if r["model"] == "b" else 3}
     assert paired(rows, "b", "a") == {
         "episodes": 5, "left_out": 1, "both": 1, "before_only": 1, "after_only": 3,
         # t1 one lost, one gained (no change); t2 kept in the pair that ran (the errored pair is left out,
@@ -120,7 +128,13 @@ def test_paired_outcomes_match_episodes_by_task_and_sample():
         # per-task changes 0 (t1), 0 (t2), +1 (t4): mean 1/3, sample sd 0.577 over 3 tasks
         "change": pytest.approx(1 / 3),
         "change_ci95": pytest.approx([1 / 3 - 1.96 * 0.57735 / 3**0.5, 1 / 3 + 1.96 * 0.57735 / 3**0.5], abs=1e-4),
+        # speed on the one pair both solved (t2, 0); episodes only one policy solved are not in it
+        "turns_both_solved": {"episodes": 1, "before": 4, "after": 3},
     }  # fmt: skip
+    both_again = [{"model": m, "task_id": "t5", "sample": 0, "resolved": True, "details": {"turns": n}}
+                  for m, n in (("b", 9), ("a", 5))]  # fmt: skip
+    assert paired(rows + both_again, "b", "a")["turns_both_solved"] == {"episodes": 2, "before": 6.5, "after": 4.0}
+    assert paired([r for r in rows if r["task_id"] != "t2"], "b", "a")["turns_both_solved"] is None
     ok = [r for r in rows if "error" not in r and not (r["task_id"] == "t2" and r["sample"] == 1)]
     assert {k: v for k, v in paired(ok, "b", "a").items() if k != "left_out"} == {
         k: v for k, v in paired(rows, "b", "a").items() if k != "left_out"
@@ -143,6 +157,19 @@ def test_report_says_when_the_interval_holds_zero():
     assert line(0.02, -0.01, 0.05).endswith("95% interval -1.0 to +5.0 pts (from the spread over tasks): it holds "
                                             "zero, so this report cannot tell the change from sampling luck")  # fmt: skip
     assert line(0.1, 0.04, 0.16).endswith("95% interval +4.0 to +16.0 pts (from the spread over tasks)")
+
+
+def test_change_lines_give_speed_on_the_episodes_both_solved():
+    from vivace.rl.evaluate import change_lines
+
+    empty = {k: {"before": None, "after": None, "delta": None} for k, _, _ in METRICS}
+    paired = {"episodes": 8, "after_only": 1, "before_only": 1, "both": 2,
+              "turns_both_solved": {"episodes": 2, "before": 4.6, "after": 4.1}}  # fmt: skip
+    assert "turns on the 2 paired episodes both solved: 4.6 → 4.1 (-0.5; speed on the same episodes)" in change_lines(
+        {"before_after": empty, "paired": paired}
+    )
+    paired["turns_both_solved"] = None  # none solved by both; or a report written before the key existed
+    assert not [x for x in change_lines({"before_after": empty, "paired": paired}) if x.startswith("turns on")]
 
 
 def test_sign_test_is_the_exact_two_sided_binomial():

@@ -22,7 +22,8 @@ self-contained RUN/report.html (tables, SVG curves, bench's success-vs-tokens pl
   only the trained policy solved, only the starting one, or both. The benchmark seeds each
   (task, sample) episode the same for every policy (common random numbers), so where the
   weights barely differ the two sample the same tokens, and the pair shows what training
-  changed with far less sampling noise than two independent success rates.
+  changed with far less sampling noise than two independent success rates. On the episodes both
+  solved, the paired line also gives each policy's mean turns: speed measured on the same episodes.
 
 Held-out tasks are drawn round-robin over families in a seeded order (`held_out_tasks`), so a
 small evaluation still covers every family. With several episodes per task
@@ -342,8 +343,11 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
     per-task changes (normal approximation, kept within the -1..+1 a rate's change can span; None
     under two tasks): how large a change this evaluation can tell from sampling luck. A pair with an episode
     that could not run (an `error` row: a setup or the policy's server failed) says nothing about what
-    training changed: it is left out, and counted (`left_out`)."""
+    training changed: it is left out, and counted (`left_out`). `turns_both_solved` is the mean turns of
+    each policy over the episodes both solved: speed on the same episodes, which turns per solved task is
+    not when the two solve different ones (a harder task newly solved takes more turns)."""
     outcome: dict[tuple[str, int], dict[str, bool]] = {}
+    turns: dict[tuple[str, int], dict[str, int]] = {}
     failed: set[tuple[str, int]] = set()
     for r in rows:
         if r["model"] in (before, after):
@@ -351,6 +355,8 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
             outcome.setdefault(key, {})[r["model"]] = bool(r.get("resolved"))
             if "error" in r:
                 failed.add(key)
+            elif (n := (r.get("details") or {}).get("turns")) is not None:
+                turns.setdefault(key, {})[r["model"]] = n
     both_ran = {key: o for key, o in outcome.items() if before in o and after in o}
     pairs = {key: o for key, o in both_ran.items() if key not in failed}
     change: dict[str, int] = {}
@@ -362,6 +368,7 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
     per_task = [change[t] / episodes[t] for t in change]
     mean = statistics.fmean(per_task) if per_task else None
     half = 1.96 * statistics.stdev(per_task) / math.sqrt(len(per_task)) if len(per_task) > 1 else None
+    both_solved = [turns[key] for key, o in pairs.items() if o[before] and o[after] and len(turns.get(key, {})) == 2]
     return {
         "episodes": len(pairs),
         "left_out": len(both_ran) - len(pairs),
@@ -374,6 +381,13 @@ def paired(rows: list[dict[str, Any]], before: str, after: str) -> dict[str, Any
         "change": mean,
         "change_ci95": [max(-1.0, mean - half), min(1.0, mean + half)]
         if mean is not None and half is not None
+        else None,
+        "turns_both_solved": {
+            "episodes": len(both_solved),
+            "before": statistics.fmean(t[before] for t in both_solved),
+            "after": statistics.fmean(t[after] for t in both_solved),
+        }
+        if both_solved
         else None,
     }
 
@@ -448,6 +462,9 @@ def change_lines(report: dict[str, Any]) -> list[str]:
             luck = ": it holds zero, so this report cannot tell the change from sampling luck" if lo <= 0 <= hi else ""
             out.append(f"success change on the paired episodes: {p['change'] * 100:+.1f} pts, 95% interval "
                        f"{lo * 100:+.1f} to {hi * 100:+.1f} pts (from the spread over tasks){luck}")  # fmt: skip
+        if t := p.get("turns_both_solved"):
+            out.append(f"turns on the {t['episodes']} paired episodes both solved: {t['before']:.1f} → {t['after']:.1f} "
+                       f"({t['after'] - t['before']:+.1f}; speed on the same episodes)")  # fmt: skip
     shift = report.get("shift") or {}
     if d := shift.get("divergence"):
         split = d["sampled_before_divergence"]
