@@ -732,6 +732,30 @@ async def test_runs_unprivileged(box):
     await box.assert_healthy()
 
 
+async def test_caller_environment_never_reaches_the_privileged_stage(box):
+    """Threat: a variable the caller passes (a task's env, an environment-server client's) steers the
+    dynamic loader of setpriv, which runs as root with every capability until it drops them: an
+    LD_PRELOAD library from the workspace would run there, as root, and can reach the host's files
+    through the bind mounts. The loader's own trace (LD_DEBUG) shows which programs a variable reached."""
+    r = await box.sh(["true"], env={"LD_DEBUG": "libs"})
+    started = re.findall(r"initialize program: (\S+)", r.stderr)
+    assert started == ["true"], r.stderr[-2000:]  # neither setpriv nor env: only the command itself
+    r = await box.sh("echo $MINE; echo $LD_DEBUG", env={"MINE": "a b=c", "LD_DEBUG": "nonsense-option"})
+    assert r.stdout.startswith("a b=c\nnonsense-option\n"), r  # the command still gets every variable
+    r = await box.sh(["a=b", "x"])  # a program name with "=" is not taken for an assignment
+    assert r.exit_code == 127 and "a=b" in r.stderr, r
+    await box.assert_healthy()
+
+
+async def test_a_timeout_kills_only_its_own_command(box):
+    """Threat: one command's timeout takes down the other commands of the workspace (the agent's grep
+    and lint run at once): they would fail as if killed, with no timeout to say why."""
+    slow, quick = await asyncio.gather(box.sh("sleep 100", timeout=1), box.sh("sleep 3; echo finished", timeout=20))
+    assert slow.timed_out and slow.exit_code == 137, slow
+    assert quick.exit_code == 0 and quick.stdout == "finished\n" and not quick.timed_out, quick
+    await box.assert_healthy()
+
+
 async def test_hostname_is_not_the_hosts(box):
     """Threat: the sandbox learns or changes the host's identity (UTS namespace)."""
     host = socket.gethostname()

@@ -84,7 +84,9 @@ class ExecResult:
     exit_code: int  # the command's status; 128+N when killed by signal N (shell convention)
     duration_s: float  # wall-clock seconds from spawn to exit
     timed_out: bool = False  # killed because the wall-clock timeout expired
-    oom_killed: bool = False  # a process was killed by the memory limit
+    # A process was killed by the memory limit while the command ran. The limit, and so this count,
+    # is the workspace's: commands running at once in one workspace all see it.
+    oom_killed: bool = False
     stdout_dropped: int = 0  # bytes of stdout beyond the cap that were read and discarded
     stderr_dropped: int = 0
 

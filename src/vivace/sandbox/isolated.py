@@ -8,8 +8,9 @@ cloned, so the host's mount table does not grow with the number of workspaces. E
 command runs as:
 
     bwrap (new mount, PID, network, IPC, UTS and cgroup namespaces; minimal read-only
-    root) -> setpriv (drops to an unprivileged uid, no capabilities, no_new_privs) -> the
-    command
+    root) -> setpriv (drops to an unprivileged uid, no capabilities, no_new_privs) ->
+    env -i (the command's environment, set only now: nothing the caller chose reaches the
+    privileged stages) -> the command
 
 bwrap reports its sandbox child's pid on an info pipe and then waits on a block pipe; we
 move the child into the workspace's cgroups before releasing it, so not one instruction of
@@ -25,6 +26,7 @@ writable cgroups; `probe()` says which is missing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import json
@@ -101,8 +103,9 @@ class IsolatedBackend(LocalBackend):
         self.attach_per_exec = self._can_attach_detached()
         self.toolchain = toolchain_dirs(config)
         self._bwrap_prefix = self._static_bwrap_args()
-        # By its path: bwrap finds the next program through the command's PATH, which a caller may set.
+        # By their paths: bwrap finds the next program through its environment's PATH.
         self._setpriv = shutil.which("setpriv") or "setpriv"
+        self._env = shutil.which("env") or "/usr/bin/env"
         self._trial_run()
 
     def _can_attach_detached(self) -> bool:
@@ -184,12 +187,17 @@ class IsolatedBackend(LocalBackend):
     def _argv(self, source: Path, argv: list[str], env: dict[str, str], info_fd: int, block_fd: int) -> list[str]:
         bwrap = [*self._bwrap_prefix, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
         bwrap += ["--bind", str(source), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
-        for key, value in command_env(self.toolchain, "/tmp", env).items():
-            bwrap += ["--setenv", key, value]
+        # setpriv runs as root with every capability until it drops them: a variable the caller chose
+        # (LD_PRELOAD, LD_LIBRARY_PATH, GCONV_PATH...) must not reach it, or code from the workspace runs
+        # as root there. The command's environment is set by `env -i` once the privileges are gone.
+        bwrap += ["--setenv", "PATH", "/usr/bin:/bin"]
+        assignments = [f"{key}={value}" for key, value in command_env(self.toolchain, "/tmp", env).items()]
+        if "=" in argv[0]:  # env would take it for one more assignment
+            argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *argv]
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
         drop = [self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
-        return [*bwrap, "--", *drop, *argv]
+        return [*bwrap, "--", *drop, self._env, "-i", *assignments, *argv]
 
     def _cg_name(self, ws_id: str, owner: str | None = None) -> str:
         return f"{owner or self.owner}.{ws_id}"
@@ -297,16 +305,21 @@ class IsolatedBackend(LocalBackend):
             # The sandbox (its PID namespace's init, whose death ends the namespace) is bwrap's child.
             # Not yet moved into its cgroup (a cancellation before join_cgroup did), it survives bwrap
             # and would run the command, unconfined, once its block fd closes.
+            # Killing that init kills every process of this command (the kernel empties its PID
+            # namespace), and only those: other commands of the workspace share its cgroup.
             try:
-                for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
-                    os.kill(int(child), signal.SIGKILL)
+                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
             except OSError:
-                pass
+                children = None  # a kernel without the children list
+            for child in children or []:
+                with contextlib.suppress(OSError):
+                    os.kill(int(child), signal.SIGKILL)
             try:
                 proc.kill()
             except ProcessLookupError:
                 pass
-            self.cgroups.kill_all(name)
+            if children is None:
+                self.cgroups.kill_all(name)
 
         if self.attach_per_exec:
             # Attached only until bwrap has cloned its namespace (it then holds its own copy).
