@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import platform
 import pwd
 import re
 import secrets
@@ -744,6 +745,35 @@ async def test_caller_environment_never_reaches_the_privileged_stage(box):
     assert r.stdout.startswith("a b=c\nnonsense-option\n"), r  # the command still gets every variable
     r = await box.sh(["a=b", "x"])  # a program name with "=" is not taken for an assignment
     assert r.exit_code == 127 and "a=b" in r.stderr, r
+    await box.assert_healthy()
+
+
+async def test_kernel_keyring_is_closed(box):
+    """Threat: the kernel keeps keyrings per uid, and every sandbox runs as the same uid: a key one
+    rollout adds would be read by another workspace later (a channel between episodes), and filling
+    the uid's key quota would break keyrings for every other sandbox, on the host, for good."""
+    from vivace.sandbox.seccomp import _KEYRING_CALLS, keyring_filter
+
+    numbers = dict(_KEYRING_CALLS)[platform.machine()][0][1]  # add_key, request_key, keyctl
+    call = (
+        "import ctypes, os, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        f"add, request, keyctl = {numbers}\n"
+        "USER = -4\n"  # KEY_SPEC_USER_KEYRING
+        "r = libc.syscall(add, b'user', b'vivace-key', b'secret', 6, USER) if sys.argv[1] == 'add' else "
+        "libc.syscall(request, b'user', b'vivace-key', None, 0)\n"
+        "print(r, os.strerror(ctypes.get_errno()) if r < 0 else '')\n"
+    )
+    r = await box.sh(["python", "-c", call, "add"])
+    assert r.stdout.startswith("-1 Function not implemented"), r
+    other = await box.backend.create(box.snapshot)  # another workspace: same uid, so same keyrings
+    try:
+        r = await other.exec(["python", "-c", call, "find"], timeout=10)
+        assert r.stdout.startswith("-1 Function not implemented"), r
+    finally:
+        await other.close()
+    assert len(keyring_filter()) % 8 == 0 and keyring_filter("sparc") is None  # whole instructions; none unknown
     await box.assert_healthy()
 
 

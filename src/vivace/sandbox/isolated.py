@@ -12,6 +12,9 @@ command runs as:
     env -i (the command's environment, set only now: nothing the caller chose reaches the
     privileged stages) -> the command
 
+under a seccomp filter (seccomp.py) that denies the kernel keyring, which the kernel keeps
+per uid and every sandbox shares the uid of.
+
 bwrap reports its sandbox child's pid on an info pipe and then waits on a block pipe; we
 move the child into the workspace's cgroups before releasing it, so not one instruction of
 the command runs outside its limits (and no extra process is spawned to join the group).
@@ -52,6 +55,7 @@ from vivace.sandbox.linux import (
 from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, owner_alive, toolchain_dirs
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
+from vivace.sandbox.seccomp import keyring_filter
 from vivace.sandbox.snapshot import Snapshot, build_once
 
 log = logging.getLogger(__name__)
@@ -106,6 +110,9 @@ class IsolatedBackend(LocalBackend):
         # By their paths: bwrap finds the next program through its environment's PATH.
         self._setpriv = shutil.which("setpriv") or "setpriv"
         self._env = shutil.which("env") or "/usr/bin/env"
+        self._seccomp = keyring_filter()
+        if self._seccomp is None:
+            log.warning("no seccomp filter for this architecture: sandboxes share the kernel keyring of their uid")
         self._trial_run()
 
     def _can_attach_detached(self) -> bool:
@@ -184,8 +191,11 @@ class IsolatedBackend(LocalBackend):
             made.add(d)
         return args
 
-    def _argv(self, source: Path, argv: list[str], env: dict[str, str], info_fd: int, block_fd: int) -> list[str]:
+    def _argv(self, source: Path, argv: list[str], env: dict[str, str], fds: tuple[int, int, int | None]) -> list[str]:
+        info_fd, block_fd, seccomp_fd = fds
         bwrap = [*self._bwrap_prefix, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+        if seccomp_fd is not None:
+            bwrap += ["--seccomp", str(seccomp_fd)]
         bwrap += ["--bind", str(source), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
         # setpriv runs as root with every capability until it drops them: a variable the caller chose
         # (LD_PRELOAD, LD_LIBRARY_PATH, GCONV_PATH...) must not reach it, or code from the workspace runs
@@ -311,8 +321,10 @@ class IsolatedBackend(LocalBackend):
                 children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
             except OSError:
                 children = None  # a kernel without the children list
+            namespaces = set()
             for child in children or []:
                 with contextlib.suppress(OSError):
+                    namespaces.add(os.readlink(f"/proc/{child}/ns/pid"))
                     os.kill(int(child), signal.SIGKILL)
             try:
                 proc.kill()
@@ -320,6 +332,8 @@ class IsolatedBackend(LocalBackend):
                 pass
             if children is None:
                 self.cgroups.kill_all(name)
+            for namespace in namespaces:  # returns once the namespace's processes are gone
+                self.cgroups.kill_all(name, pid_namespace=namespace)
 
         if self.attach_per_exec:
             # Attached only until bwrap has cloned its namespace (it then holds its own copy).
@@ -341,6 +355,12 @@ class IsolatedBackend(LocalBackend):
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC)
         open_fds = {info_r, info_w, block_r, block_w}
+        seccomp_r = None
+        if self._seccomp is not None:  # bwrap reads the filter from a pipe, to its end
+            seccomp_r, seccomp_w = os.pipe2(os.O_CLOEXEC)
+            os.write(seccomp_w, self._seccomp)  # a few hundred bytes: the pipe's buffer holds them
+            os.close(seccomp_w)
+            open_fds.add(seccomp_r)
 
         def close(fd: int) -> None:
             # Close each fd exactly once: a closed number is reused at once by other
@@ -352,6 +372,8 @@ class IsolatedBackend(LocalBackend):
         async def join_cgroup(proc: asyncio.subprocess.Process) -> None:
             close(info_w)  # the child holds its own copies now
             close(block_r)
+            if seccomp_r is not None:
+                close(seccomp_r)
             info = await _read_json(info_r, timeout=30.0)
             detach()
             if info is None:
@@ -364,13 +386,13 @@ class IsolatedBackend(LocalBackend):
 
         try:
             raw = await run_capped(
-                self._argv(source, argv, env, info_w, block_r),
+                self._argv(source, argv, env, (info_w, block_r, seccomp_r)),
                 cwd="/",
                 env={"PATH": "/usr/bin:/bin"},
                 timeout=timeout,
                 output_limit=self.config.output_limit_bytes,
                 kill=kill,
-                pass_fds=(info_w, block_r),
+                pass_fds=(info_w, block_r) if seccomp_r is None else (info_w, block_r, seccomp_r),
                 on_spawn=join_cgroup,
             )
         finally:

@@ -12,6 +12,7 @@ per-controller hierarchies, because both are still common on hosts and CI runner
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -190,6 +191,14 @@ class Cgroups:
             pass
         return 0
 
+    def _in_namespace(self, name: str, pid_namespace: str) -> set[int]:
+        out = set()
+        for pid in self.pids(name):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if os.readlink(f"/proc/{pid}/ns/pid") == pid_namespace:
+                    out.add(pid)
+        return out
+
     def pids(self, name: str) -> set[int]:
         out: set[int] = set()
         for f in self.procs_files(name):
@@ -199,8 +208,18 @@ class Cgroups:
                 pass
         return out
 
-    def kill_all(self, name: str, timeout: float = 5.0) -> None:
-        """SIGKILL every process in the group until it is empty (forks may race the first pass)."""
+    def kill_all(self, name: str, timeout: float = 5.0, pid_namespace: str | None = None) -> None:
+        """SIGKILL every process in the group until it is empty (forks may race the first pass). With
+        `pid_namespace` (a /proc/PID/ns/pid link), only the group's processes in that namespace: one
+        command's, when several share the group."""
+        if pid_namespace is not None:
+            deadline = time.monotonic() + timeout
+            while (pids := self._in_namespace(name, pid_namespace)) and time.monotonic() < deadline:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.005)
+            return
         if self.v2:
             kill_file = self.parents["unified"] / name / "cgroup.kill"
             if kill_file.exists():
