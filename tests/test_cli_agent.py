@@ -243,6 +243,27 @@ def test_apply_says_what_it_merged_and_what_it_left(setup, tmp_path):
     assert (work / "README.md").read_text() == "# demo\nmine\n" and (work / "pkg/new.py").exists()
 
 
+def test_a_diff_that_fails_is_an_error_never_no_changes(setup, monkeypatch):
+    """The episode's diff raised (RecursionError, on a tree 1,100 levels deep): the agent printed
+    "(no changes)" and exited 0 with --apply, and the agent's edits were lost without a word."""
+    work, args = setup
+    before = snapshot(work)
+
+    async def diff(self):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(LocalWorkspace, "diff", diff)
+    result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply"], env={"COLUMNS": "300"})
+    assert result.exit_code == 1, result.output
+    assert "(no changes)" not in result.output and "could not be computed" in result.output
+    assert "error: could not compute the workspace diff: RecursionError" in result.output
+    result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout.splitlines()[0])
+    assert report["trajectory"]["diff_failed"] and not report["applied"]
+    assert snapshot(work) == before
+
+
 def test_ctrl_c_while_applying_says_what_was_written(setup, monkeypatch):
     """A Ctrl-C in the middle of applying stops between two files: the paths written so far are named
     (not "unchanged"), and the rest of the diff is not applied."""

@@ -197,6 +197,101 @@ async def test_directories_replaced_by_a_link_or_a_file_diff_and_apply_as_git_ha
     assert (repo / "other/a.py").read_text() == "z\n"
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_link_out_of_the_repository_replaced_by_a_directory_is_never_walked(kind, tmp_path, state_dir):
+    """The repository holds `hostroot -> <a host directory>` and a command replaces the link with a
+    directory holding a file named like one of the host directory's. The isolated diff walked the
+    host directory through the snapshot's link (all of /usr, for `hostroot -> /`); a path whose parent
+    in the snapshot is a link has no snapshot files under it. The diff is git's own (the link deleted,
+    the file new) and applies."""
+    host = tmp_path / "host"
+    (host / "usr" / "bin").mkdir(parents=True)
+    for i in range(3):
+        (host / "usr" / "bin" / f"tool{i}").write_text("host\n")
+    repo = _git_repo(tmp_path / "repo", {"README.md": b"# r\n"})
+    os.symlink(host, repo / "hostroot")
+    git(repo, "add", "-A")
+    assert git(repo, "commit", "-qm", "link").returncode == 0
+    change = "rm hostroot && mkdir hostroot && echo hi > hostroot/usr"
+    as_git = tmp_path / "as_git"
+    shutil.copytree(repo, as_git, symlinks=True)
+    subprocess.run(change, shell=True, cwd=as_git, check=True)
+    git(as_git, "add", "-A")
+    git_diff = git(as_git, "-c", "core.pager=cat", "diff", "--cached", "--no-color", "--no-ext-diff").stdout.decode()
+    backend = make_backend(kind, state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        assert (await ws.exec(change)).exit_code == 0
+        compared = {p for p in backend.changed_paths(ws) if not p.startswith(".git/")}
+        assert sorted(compared) == ["hostroot", "hostroot/usr"]
+        diff = await ws.diff()
+        assert diff == "".join(line for line in git_diff.splitlines(True) if not line.startswith("index "))
+        assert _applies(repo, diff).returncode == 0, _applies(repo, diff).stderr
+        report = await export_changes(ws, diff, repo)
+    finally:
+        await backend.aclose()
+    assert report.left == {}, report.left
+    assert not (repo / "hostroot").is_symlink() and (repo / "hostroot" / "usr").read_text() == "hi\n"
+    assert sorted(os.listdir(host / "usr" / "bin")) == ["tool0", "tool1", "tool2"]
+
+
+def _walk_files_before(root: Path, rel: str = "") -> list[str]:
+    """walk_files as it was, on os.walk (recursive): the reference for what it lists, and in what order."""
+    out = []
+    base = root / rel if rel else root
+    if not base.is_dir() or base.is_symlink():
+        return [rel] if rel and os.path.lexists(base) else []
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            out.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def test_walk_files_lists_what_os_walk_did_in_its_order_at_any_depth(tmp_path):
+    root = tmp_path / "root"
+    for rel in ("a/b/c.txt", "a/b/d/e.txt", "a/f.txt", "g.txt", "h/i/j.txt", "h/k.txt"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    (root / "empty").mkdir()
+    os.symlink("a/b", root / "link_dir")
+    os.symlink("g.txt", root / "a" / "link_file")
+    os.symlink("nowhere", root / "h" / "broken")
+    os.mkfifo(root / "a" / "b" / "fifo")
+    for rel in ("", "a", "a/b", "h", "g.txt", "link_dir", "missing"):
+        assert walk_files(root, rel) == _walk_files_before(root, rel), rel
+    deep = root / "deep"
+    deep.mkdir()
+    here = deep
+    for i in range(1100):  # past the recursion limit: os.walk raised RecursionError
+        here = here / "d"
+        here.mkdir()
+        if i % 250 == 0:
+            (here / "f").write_text("x")
+    (here / "leaf").write_text("x")
+    levels = [0, 250, 500, 750, 1000]
+    expected = ["/".join(["d"] * (i + 1) + ["f"]) for i in levels] + ["/".join(["d"] * 1100 + ["leaf"])]
+    try:
+        assert walk_files(deep) == expected
+        assert walk_files(root, "deep") == ["deep/" + p for p in expected]
+    finally:  # pytest's own clean-up of tmp_path recurses (RecursionError)
+        ConfinedFS(root).remove("deep", recursive=True)
+
+
+def test_walk_files_never_follows_a_link_on_the_way(tmp_path):
+    """walk_files(lower, "hostroot/usr") built lower/hostroot/usr and walked what the link led to."""
+    outside = tmp_path / "outside"
+    (outside / "usr").mkdir(parents=True)
+    (outside / "usr" / "f").write_text("x")
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink(outside, root / "hostroot")
+    (root / "file").write_text("x")
+    assert walk_files(root, "hostroot/usr") == [] and walk_files(root, "hostroot/usr/f") == []
+    assert walk_files(root, "hostroot") == ["hostroot"]
+    assert walk_files(root, "file/x") == [] and walk_files(root, "missing/x") == []
+    assert sorted(walk_files(root)) == ["file", "hostroot"]
+
+
 # -- 4: file names that are not UTF-8 --------------------------------------------------------
 @pytest.mark.parametrize("kind", BACKENDS)
 async def test_non_utf8_file_name_snapshots_diffs_and_applies(kind, tmp_path, state_dir):

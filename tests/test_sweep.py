@@ -7,10 +7,12 @@ mount, cgroup, process or directory behind. The holder runs as a separate Python
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -308,3 +310,81 @@ async def test_plain_aclose_leaves_nothing(tmp_path, repo):
     await backend.aclose()
     assert list((state / "owners").iterdir()) == []
     assert backend.metrics.to_dict()["live"] == 0
+
+
+def _backend(kind: str, state: Path):
+    from vivace.sandbox.isolated import IsolatedBackend
+    from vivace.sandbox.plain import PlainBackend
+
+    return (
+        IsolatedBackend(isolated_config(state))
+        if kind == "isolated"
+        else PlainBackend(SandboxConfig(backend="plain", state_dir=state))
+    )
+
+
+DEAD = "999999999-1-dead00"  # no such pid: a dead owner
+
+
+@pytest.mark.parametrize("kind", ["plain", pytest.param("isolated", marks=needs_isolation)])
+async def test_a_dead_owners_tree_deeper_than_the_recursion_limit_is_swept(kind, tmp_path):
+    """shutil.rmtree(ignore_errors=True) raised RecursionError on a tree 1,100 levels deep, which any
+    command can make: every later backend on the state dir failed to start."""
+    state = tmp_path / "state"
+    here = state / "owners" / DEAD / "w0" / "tree"
+    here.mkdir(parents=True)
+    for _ in range(1100):  # one level at a time: mkdir(parents=True) recurses
+        here = here / "d"
+        here.mkdir()
+    (here / "leaf").write_text("x")
+    backend = _backend(kind, state)
+    try:
+        assert not (state / "owners" / DEAD).exists()
+    finally:
+        await backend.aclose()
+
+
+async def test_what_cannot_be_removed_is_logged_with_its_path_and_never_stops_a_backend(tmp_path, caplog, monkeypatch):
+    """An immutable file (`chattr +i`, which a command run as root can set) made the plain backend's
+    cleanup fail in silence. It is logged with the path; the backend starts all the same; and where
+    chattr is, it is made removable and removed."""
+    from vivace.sandbox import local
+
+    state = tmp_path / "state"
+    owner = state / "owners" / DEAD
+    (owner / "w0" / "sub").mkdir(parents=True)
+    stuck = owner / "w0" / "sub" / "f"
+    stuck.write_text("x")
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr to make an immutable file")
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip(f"the filesystem of {tmp_path} has no immutable flag")
+    try:
+        # As on a machine without chattr (raising=False: the name is new with the fix this test checks).
+        monkeypatch.setattr(local, "_clear_immutable", lambda path: False, raising=False)
+        with caplog.at_level(logging.WARNING, logger="vivace.sandbox"):
+            backend = _backend("plain", state)
+        await backend.aclose()
+        assert f"could not remove {owner}" in caplog.text and stuck.exists()
+        monkeypatch.undo()
+        await _backend("plain", state).aclose()
+        assert not owner.exists()
+    finally:
+        if stuck.exists():
+            subprocess.run(["chattr", "-i", str(stuck)], capture_output=True)
+
+
+async def test_a_sweep_that_raises_never_stops_a_backend(tmp_path, caplog, monkeypatch):
+    from vivace.sandbox.plain import PlainBackend
+
+    state = tmp_path / "state"
+    (state / "owners" / DEAD).mkdir(parents=True)
+
+    def fails(self, owner_dir):
+        raise RuntimeError("cannot sweep")
+
+    monkeypatch.setattr(PlainBackend, "_sweep_owner", fails)
+    with caplog.at_level(logging.WARNING, logger="vivace.sandbox"):
+        backend = _backend("plain", state)
+    await backend.aclose()
+    assert f"could not sweep {state / 'owners' / DEAD}" in caplog.text and "cannot sweep" in caplog.text

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,86 @@ async def test_a_relative_state_dir_works_from_where_it_was_given(kind, tmp_path
         assert (await ws.exec(["cat", "a.txt"])).stdout == "x"
     finally:
         await ws.close()
+
+
+# -- deep trees and background children ---------------------------------------------------------
+DEEP = 1100  # levels: past Python's recursion limit (1000), which os.walk and shutil.rmtree hit
+MAKE_DEEP = f"python -c \"import os\nfor _ in range({DEEP}):\n    os.mkdir('d'); os.chdir('d')\nopen('leaf.txt', 'w').write('deep\\\\n')\""
+
+
+def _procs_with(marker: str) -> list[int]:
+    """Pids of this machine whose command line holds `marker`."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and marker.encode() in Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" "):
+                found.append(int(d))
+        except OSError:
+            continue
+    return found
+
+
+async def test_a_tree_deeper_than_the_recursion_limit_diffs_and_is_removed(make_workspace):
+    """A command can make a tree 1,100 levels deep: the diff names its file (it raised RecursionError),
+    and remove(recursive=True), the delete_file tool's call, removes it (it raised too)."""
+    ws = await make_workspace()
+    assert (await ws.exec(MAKE_DEEP)).exit_code == 0
+    diff = await ws.diff()
+    assert "b/" + "d/" * DEEP + "leaf.txt" in diff and "+deep" in diff
+    await ws.remove("d", recursive=True)
+    r = await ws.exec("ls")
+    assert "d" not in r.stdout.split(), r
+    assert await ws.diff() == ""
+
+
+async def test_a_background_child_neither_holds_the_command_nor_outlives_it(make_workspace):
+    """`(sleep) & exit 3` is done when the shell exits: exit 3, no timeout (the plain backend waited
+    for the child's copy of the output pipes until the timeout); and nothing it started in the
+    background runs on after the command, as in the isolated sandbox's PID namespace."""
+    ws = await make_workspace()
+    nonce = f"{os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
+    r = await ws.exec(f"(sleep 1{nonce}) & sleep 2{nonce} >/dev/null 2>&1 & echo started; exit 3", timeout=6)
+    assert (r.exit_code, r.timed_out, r.stdout) == (3, False, "started\n"), r
+    assert r.duration_s < 4, r
+    deadline = time.monotonic() + 3
+    while _procs_with(f"sleep 1{nonce}") + _procs_with(f"sleep 2{nonce}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _procs_with(f"sleep 1{nonce}") + _procs_with(f"sleep 2{nonce}") == []
+
+
+async def test_plain_setsid_daemon_holds_exec_only_briefly_and_dies_with_the_workspace(plain_ws):
+    """A daemon that left the command's process group (setsid) is out of the plain backend's reach
+    while the workspace lives: it keeps the output open, but the command is over when its shell
+    exits (after DRAIN_S of reading), and closing the workspace kills it (its cwd is in there)."""
+    nonce = f"3{os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
+    r = await plain_ws.exec(f"setsid sleep {nonce} & sleep 0.3; echo started", timeout=8)
+    assert (r.exit_code, r.timed_out, r.stdout) == (0, False, "started\n"), r
+    assert r.duration_s < 0.3 + process.DRAIN_S + 1.5, r
+    assert _procs_with(f"sleep {nonce}"), "the daemon should still run: nothing kills it before close"
+    await plain_ws.close()
+    deadline = time.monotonic() + 3
+    while _procs_with(f"sleep {nonce}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _procs_with(f"sleep {nonce}") == []
+
+
+def test_confined_recursive_remove_of_a_deep_tree_never_follows_links(tmp_path):
+    """ConfinedFS.remove(recursive=True) removes 1,100 levels (shutil.rmtree raised RecursionError) and
+    the links in them, never what they point to."""
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "keep.txt").write_text("keep\n")
+    here = root / "top"
+    here.mkdir(parents=True)
+    for i in range(DEEP):
+        here = here / "d"
+        here.mkdir()
+        if i % 100 == 0:
+            os.symlink(outside, here / "to_outside")
+            os.symlink(outside / "sub" / "keep.txt", here / "to_file")
+            (here / "f.txt").write_text("x")
+    (here / "leaf").write_text("x")
+    (root / "other.txt").write_text("stays\n")
+    ConfinedFS(root).remove("top", recursive=True)
+    assert sorted(p.name for p in root.iterdir()) == ["other.txt"]
+    assert (outside / "sub" / "keep.txt").read_text() == "keep\n"

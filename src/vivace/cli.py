@@ -325,7 +325,9 @@ def agent(
         sys.stdout.write(json.dumps({**shown, **done}) + "\n")
     elif applied:
         print_apply_report(out, report, repo)
-    elif changed:
+    if traj is not None and traj.diff_failed:  # what the agent changed is unknown: never "no changes", never 0
+        fail(f"{visible(traj.error or 'the workspace diff failed')}; {visible(str(repo))} is unchanged", code=1)
+    if not as_json and not applied and changed:
         hint = "an interrupted run is applied only after a yes" if traj is None else "use --apply to write the changes"
         out.print(f"[dim]{repo} is unchanged ({hint})[/dim]")
     # 1 also when paths were left unapplied: a script's `--apply && git commit` must not take a

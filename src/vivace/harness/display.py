@@ -82,6 +82,8 @@ class EpisodePrinter:
         self.console.rule("[bold]result[/bold]", align="left", style="dim")  # the answer was shown in its turn
         if traj.diff:
             self.console.print(colour_diff(traj.diff))
+        elif traj.diff_failed:  # not "no changes": what the agent changed is unknown
+            self.console.print("[red](the changes could not be computed: see below)[/red]")
         else:
             self.console.print("[dim](no changes)[/dim]")
         tail = f" — {escape(visible(traj.error))}" if traj.error else ""

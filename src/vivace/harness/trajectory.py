@@ -65,6 +65,7 @@ class Trajectory(BaseModel):
     diff: str = ""  # unified diff of the workspace against its base at the end
     stop_reason: StopReason
     error: str | None = None  # what went wrong when stop_reason is "error" (or the diff failed)
+    diff_failed: bool = False  # the diff could not be computed: an empty `diff` then is no "no changes"
     unavailable: bool = False  # stopped by an "error" that was the policy's server failing (PolicyUnavailable)
     wall_s: float = 0.0
     tokens: Tokens | None = None  # token-level policies only

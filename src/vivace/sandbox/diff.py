@@ -23,11 +23,11 @@ import fnmatch
 import logging
 import os
 import posixpath
+import stat
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from vivace.sandbox.base import SandboxError
 from vivace.sandbox.paths import ConfinedFS
 
 log = logging.getLogger(__name__)
@@ -42,16 +42,100 @@ def ignored(rel: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in patterns)
 
 
+def walk_tree(root: Path | str, rel: str = "") -> Iterator[tuple[str, str, list[str]]]:
+    """os.walk(root/rel) without recursion and without following a link: for each directory, top
+    down and in os.walk's order, (its path relative to `root`, '' for the root; its full path; the
+    names in it that are not directories, links to directories last as os.walk lists them). The
+    root itself is trusted (it may be a /proc/self/fd link to a detached mount); below it each
+    directory is opened with O_NOFOLLOW and must be the one its parent listed, so a link swapped in
+    by a command racing the walk is not followed. An explicit stack: a command can make a tree
+    thousands of levels deep, past Python's recursion limit. A directory that cannot be read is
+    skipped, as os.walk skips it (logged unless it was removed meanwhile)."""
+    top = os.path.join(root, rel) if rel else os.fspath(root)
+    stack: list[tuple[str, str, tuple[int, int] | None]] = [(rel, top, None)]
+    while stack:
+        rel_dir, path, expected = stack.pop()
+        listed = _list_dir(path, expected, follow=not rel_dir)
+        if listed is None:
+            continue
+        files, links, subdirs = listed
+        yield rel_dir, path, files + links
+        for name, ident in reversed(subdirs):  # popped in listing order, as os.walk visits them
+            stack.append((os.path.join(rel_dir, name), os.path.join(path, name), ident))
+
+
+def _list_dir(path: str, expected: tuple[int, int] | None, follow: bool) -> tuple[list[str], list[str], list] | None:
+    """The entries of the directory `path` as (non-directories, links to directories, real
+    directories with their (st_dev, st_ino)); None when it cannot be read or is no longer the
+    directory `expected` (its identity when its parent was listed). `follow`: the root only."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        _unreadable(path, e)
+        return None
+    files: list[str] = []
+    links: list[str] = []
+    subdirs: list[tuple[str, tuple[int, int]]] = []
+    try:
+        st = os.fstat(fd)
+        if expected is not None and (st.st_dev, st.st_ino) != expected:
+            log.warning("%s changed while the diff walked it; its files are not compared", path)
+            return None
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir()  # follows a link, as os.walk's classification does
+                    real_dir = is_dir and not entry.is_symlink()
+                    ident = entry.stat(follow_symlinks=False) if real_dir else None
+                except OSError:
+                    is_dir = real_dir = False
+                if real_dir:
+                    subdirs.append((entry.name, (ident.st_dev, ident.st_ino)))
+                else:
+                    (links if is_dir else files).append(entry.name)
+    except OSError as e:
+        _unreadable(path, e)
+        return None
+    finally:
+        os.close(fd)
+    return files, links, subdirs
+
+
+def _unreadable(path: str, e: OSError) -> None:
+    if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # removed or replaced meanwhile
+        log.warning("cannot read %s (%s); its files are not compared", path, e)
+
+
 def walk_files(root: Path, rel: str = "") -> list[str]:
-    """Every non-directory path under root/rel (relative to root), without following links."""
-    out = []
-    base = root / rel if rel else root
-    if not base.is_dir() or base.is_symlink():
-        return [rel] if rel and os.path.lexists(base) else []
-    for dirpath, dirnames, filenames in os.walk(base):
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            out.append(os.path.relpath(os.path.join(dirpath, name), root))
-    return out
+    """Every non-directory path under root/rel (relative to root), without following links: not
+    those in rel's own components either. A `rel` beyond a link or a file of `root` has nothing
+    under it (the snapshot's `hostroot -> /` holds no `hostroot/usr`); a `rel` that is itself a
+    link or a file is that one path."""
+    kind = _kind_at(root, rel)
+    if kind is None:
+        return []
+    if kind != "dir":
+        return [rel]
+    return [os.path.join(rel_dir, name) for rel_dir, _, names in walk_tree(root, rel) for name in names]
+
+
+def _kind_at(root: Path, rel: str) -> str | None:
+    """'dir', 'other' (a file, a link, ...) or None (missing, or a link or file on the way) for root/rel,
+    each of rel's components looked at without following it."""
+    if not rel:  # the root itself: followed, unless it is a link (as walk_files always had it)
+        return "dir" if os.path.isdir(root) and not os.path.islink(root) else None
+    path = os.fspath(root)
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return "other" if i == len(parts) - 1 else None
+    return "dir"
 
 
 def _is_binary(data: bytes) -> bool:
@@ -136,20 +220,47 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS, memo: dict | None = 
 
 
 def _beyond_link(fs: ConfinedFS, rel: str, memo: dict, side: str) -> bool:
-    """Whether a directory on the way to `rel` is a symlink in `fs` (`side` keys `memo` by tree)."""
+    """Whether a directory on the way to `rel` is a symlink in `fs` (`side` keys `memo` by tree).
+    Each unknown directory on the way is looked at in one walk down from the root, never following a
+    link: a tree can be thousands of levels deep, too deep to recurse or to resolve each level anew."""
     parent = posixpath.dirname(rel)
     if not parent:
         return False
     if (side, parent) not in memo:
-        memo[side, parent] = _beyond_link(fs, parent, memo, side) or _is_link(fs, parent)
+        prefix = ""
+        for part, beyond in zip(parent.split("/"), _links_on_way(fs.root, parent.split("/")), strict=True):
+            prefix = f"{prefix}/{part}" if prefix else part
+            memo[side, prefix] = beyond
     return memo[side, parent]
 
 
-def _is_link(fs: ConfinedFS, path: str) -> bool:
+def _links_on_way(root: Path, parts: list[str]) -> list[bool]:
+    """For each directory root/parts[0]/.../parts[i]: whether it or one above it is a symlink. One
+    that is missing or a file has none below it (nothing is there to be one)."""
+    out: list[bool] = []
+    beyond = False
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the root itself is trusted
     try:
-        return fs.stat(path).kind == "symlink"
-    except (OSError, SandboxError):  # missing, or a file on the way: no link there
-        return False
+        for part in parts:
+            if not beyond and fd >= 0:
+                try:
+                    st: os.stat_result | None = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    st = None
+                if st is not None and stat.S_ISLNK(st.st_mode):
+                    beyond = True
+                else:
+                    try:
+                        below = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    except OSError:  # missing, a file, or swapped for a link meanwhile: no link below
+                        below = -1
+                    os.close(fd)
+                    fd = below
+            out.append(beyond)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return out
 
 
 def _section(rel: str, a: bytes | None, a_mode: int, b: bytes | None, b_mode: int) -> str:
@@ -233,17 +344,22 @@ def _check_ignore(repo: Path, paths: list[str]) -> set[str]:
 def _checkout_of(base: Path, rel_dir: str, memo: dict[str, str | None]) -> str | None:
     """The innermost directory on `rel_dir` (relative to `base`; '' for `base` itself) that holds a
     `.git` in `base` (a submodule), or '' for none; None when a symlink is on the way (git refuses
-    such a path). A directory missing from `base` (new in the workspace) is plain."""
-    if not rel_dir:
-        return ""
-    if rel_dir not in memo:
-        here = os.path.join(base, rel_dir)
-        outer = _checkout_of(base, posixpath.dirname(rel_dir), memo)
-        if outer is None or os.path.islink(here):
-            memo[rel_dir] = None
+    such a path). A directory missing from `base` (new in the workspace) is plain. Top down from the
+    nearest directory already known, without recursion (a tree can be deeper than Python's limit)."""
+    todo = []
+    known = rel_dir
+    while known and known not in memo:
+        todo.append(known)
+        known = posixpath.dirname(known)
+    outer = memo[known] if known else ""
+    for d in reversed(todo):
+        here = os.path.join(base, d)
+        if outer is not None and not os.path.islink(here):
+            outer = d if os.path.lexists(os.path.join(here, ".git")) else outer
         else:
-            memo[rel_dir] = rel_dir if os.path.lexists(os.path.join(here, ".git")) else outer
-    return memo[rel_dir]
+            outer = None
+        memo[d] = outer
+    return outer
 
 
 def _left_out_note(left_out: set[str]) -> str:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from vivace.config import SandboxConfig
 from vivace.sandbox.base import BackendUnavailable, ExecResult
-from vivace.sandbox.diff import walk_files
+from vivace.sandbox.diff import walk_files, walk_tree
 from vivace.sandbox.linux import (
     Cgroups,
     attach_clone,
@@ -52,7 +52,14 @@ from vivace.sandbox.linux import (
     mounts_under,
     umount,
 )
-from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, owner_alive, toolchain_dirs
+from vivace.sandbox.local import (
+    LocalBackend,
+    LocalWorkspace,
+    command_env,
+    owner_alive,
+    remove_tree,
+    toolchain_dirs,
+)
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
 from vivace.sandbox.seccomp import keyring_filter
@@ -269,7 +276,7 @@ class IsolatedBackend(LocalBackend):
             umount(point)
         for fd in self._mount_fds.pop(ws_id, []):
             os.close(fd)  # the last reference to a detached mount: the filesystem goes away
-        shutil.rmtree(ws_dir, ignore_errors=True)
+        remove_tree(ws_dir)
 
     def _sweep_owner(self, owner_dir: Path) -> None:
         owner = owner_dir.name
@@ -282,7 +289,7 @@ class IsolatedBackend(LocalBackend):
         kill_processes_mentioning(str(owner_dir) + "/")
         for point in mounts_under(owner_dir):
             umount(point)
-        shutil.rmtree(owner_dir, ignore_errors=True)
+        remove_tree(owner_dir)
 
     def sweep(self) -> int:
         swept = super().sweep()
@@ -407,12 +414,10 @@ class IsolatedBackend(LocalBackend):
         upper = self.upper_dir(ws)
         lower = ws.snapshot.root
         out: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(upper):
-            rel_dir = os.path.relpath(dirpath, upper)
-            rel_dir = "" if rel_dir == "." else rel_dir
+        for rel_dir, dirpath, names in walk_tree(upper):
             if rel_dir and _opaque(dirpath):
                 out += walk_files(lower, rel_dir)
-            for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            for name in names:
                 rel = os.path.join(rel_dir, name)
                 out.append(rel)
                 out += walk_files(lower, rel)  # a directory's files there, hidden by this entry

@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from vivace.sandbox.base import (
 )
 from vivace.sandbox.diff import tree_diff
 from vivace.sandbox.linux import process_start_time
-from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile
+from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile, rmtree_at
 from vivace.sandbox.snapshot import Snapshot, SnapshotSource, checkout_prefix, evict, materialize
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,47 @@ def owner_alive(owner: str) -> bool:
     except ValueError:
         return False
     return str(process_start_time(pid)) == rest.partition("-")[0]
+
+
+def remove_tree(path: Path) -> bool:
+    """Remove `path` and everything under it, at any depth (paths.rmtree_at: never following a link,
+    never entering another filesystem, such as a mount left behind); whether it is gone. Never
+    raises: what it cannot remove is logged with its path and left, for a sweep to try again, rather
+    than stop a backend from starting or a workspace from closing. An immutable or append-only file
+    (`chattr +i`, which a command run as root can set) is made removable with `chattr -R -ia` and the
+    removal tried once more."""
+    for attempt in (1, 2):
+        try:
+            parent = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                rmtree_at(parent, path.name, one_file_system=True)
+            finally:
+                os.close(parent)
+            return True
+        except FileNotFoundError:
+            if not os.path.lexists(path):  # nothing there (else a file vanished under the walk: try again)
+                return True
+            error: BaseException = FileNotFoundError(f"{path}: changed while it was removed")
+        except Exception as e:  # whatever it is, the caller goes on
+            error = e
+        vanished = isinstance(error, FileNotFoundError)
+        if attempt == 1 and not (vanished or isinstance(error, PermissionError) and _clear_immutable(path)):
+            break
+    log.warning("could not remove %s: %s: %s", path, type(error).__name__, error)
+    return False
+
+
+def _clear_immutable(path: Path) -> bool:
+    """`chattr -R -ia path`; whether it ran. Its exit status says nothing: it fails on each symlink
+    (which it never follows) and each file whose filesystem has no such flags, and goes on."""
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        return False
+    try:
+        subprocess.run([chattr, "-R", "-ia", "--", str(path)], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
 
 
 def _close_opened(fut: asyncio.Future[OpenFile]) -> None:
@@ -286,7 +328,7 @@ class LocalBackend(abc.ABC):
         closed = await asyncio.gather(*(ws.close() for ws in list(self.live.values())), return_exceptions=True)
         for error in (e for e in closed if isinstance(e, BaseException)):
             raise error  # after every close has ended: none still runs while the caller goes on
-        shutil.rmtree(self.owner_dir, ignore_errors=True)
+        remove_tree(self.owner_dir)
 
     def sweep(self) -> int:
         """Remove what dead owners left behind; returns how many owners were swept."""
@@ -294,7 +336,11 @@ class LocalBackend(abc.ABC):
         for d in (self.state / "owners").iterdir():
             if d.name != self.owner and not owner_alive(d.name):
                 log.warning("sweeping workspaces left by dead process %s", d.name)
-                self._sweep_owner(d)
+                try:
+                    self._sweep_owner(d)
+                except Exception:  # what a dead owner left must not stop this backend
+                    log.exception("could not sweep %s; left for a later backend to try again", d)
+                    continue
                 swept += 1
         return swept
 

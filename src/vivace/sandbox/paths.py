@@ -22,7 +22,6 @@ import hashlib
 import os
 import posixpath
 import secrets
-import shutil
 import stat as stat_mod
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -405,7 +404,7 @@ class ConfinedFS:
                 raise WorkspaceFileNotFound(f"{path!r}: no such file or directory") from None
             if stat_mod.S_ISDIR(st.st_mode):
                 if recursive:
-                    shutil.rmtree(name, dir_fd=dfd)  # symlink-attack safe with dir_fd
+                    rmtree_at(dfd, name)
                 else:
                     try:
                         os.rmdir(name, dir_fd=dfd)
@@ -415,3 +414,73 @@ class ConfinedFS:
                         raise
             else:
                 os.unlink(name, dir_fd=dfd)
+
+
+def rmtree_at(dfd: int, name: str, one_file_system: bool = False) -> None:
+    """Remove `name` in the directory `dfd`, with everything under it, as shutil.rmtree(name,
+    dir_fd=dfd) would, but at any depth: shutil recurses once per level (RecursionError past
+    about 1,000, a tree any command can make) and holds a descriptor per level. This holds one
+    (and the names still to remove): it walks down by opening each directory with O_NOFOLLOW and
+    back up through `..`, checking that each is still the directory it came from, so a directory
+    moved away under the walk (even out of the workspace) stops it with an error rather than lead
+    it there. Links are removed, never followed. `one_file_system`: a directory on another
+    filesystem (a mount left behind) is not entered, and removing its parent fails. Raises the
+    first error (OSError, or PathEscapeError for a directory that changed)."""
+    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    if not stat_mod.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dfd)
+        return
+    fd = _open_dir_checked(dfd, name, st)
+    # From the top down: each directory entered, as (its name, its (st_dev, st_ino), its subdirectories
+    # still to remove).
+    levels: list[tuple[str, tuple[int, int], list[tuple[str, os.stat_result]]]] = []
+    try:
+        levels.append((name, (st.st_dev, st.st_ino), _clear_files(fd)))
+        while True:
+            pending = levels[-1][2]
+            if pending:
+                sub, sub_st = pending.pop()
+                if one_file_system and sub_st.st_dev != st.st_dev:
+                    raise OSError(errno.EXDEV, f"{sub!r} is on another filesystem (a mount?): not entered")
+                child = _open_dir_checked(fd, sub, sub_st)
+                os.close(fd)
+                fd = child
+                levels.append((sub, (sub_st.st_dev, sub_st.st_ino), _clear_files(fd)))
+                continue
+            done, _, _ = levels.pop()
+            if not levels:  # the top: its parent is the caller's directory
+                os.rmdir(done, dir_fd=dfd)
+                return
+            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            got = os.fstat(fd)
+            if (got.st_dev, got.st_ino) != levels[-1][1]:
+                raise PathEscapeError(f"{done!r} was moved while it was being removed")
+            os.rmdir(done, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_dir_checked(dfd: int, name: str, st: os.stat_result) -> int:
+    """`name` in `dfd` opened as a directory, never through a link, and checked to be the one `st` found."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    got = os.fstat(fd)
+    if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise PathEscapeError(f"{name!r} changed while it was being removed")
+    return fd
+
+
+def _clear_files(fd: int) -> list[tuple[str, os.stat_result]]:
+    """Unlink everything in the directory `fd` but its subdirectories; those, last listed first."""
+    with os.scandir(fd) as it:
+        entries = [(entry.name, entry.stat(follow_symlinks=False)) for entry in it]
+    subdirs = []
+    for entry_name, entry_st in entries:
+        if stat_mod.S_ISDIR(entry_st.st_mode):
+            subdirs.append((entry_name, entry_st))
+        else:
+            os.unlink(entry_name, dir_fd=fd)
+    subdirs.reverse()  # popped in listing order
+    return subdirs

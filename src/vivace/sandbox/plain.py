@@ -3,9 +3,14 @@
 It exists for machines where namespaces, overlayfs or root are unavailable (a laptop, a
 locked-down CI runner) and as the full-copy baseline of `vivace sandbox bench`. Commands
 see the whole host filesystem and network as the current user; only the environment is
-clean and memory, file size and CPU time are capped with rlimits. Creating a workspace
-costs a copy of the repository (`copy_tree`: GNU cp where it is the machine's cp, shutil
-elsewhere); its diff reads only the files changed since (`changed_paths`).
+clean and memory, file size and CPU time are capped with rlimits. When a command's main
+process exits its process group is killed, so what it ran in the background ends with it,
+as in the isolated backend. Not contained: a process that left the group (setsid, setpgid,
+a daemon) outlives the command (its output is read for process.DRAIN_S seconds more, not
+waited for), and is killed when the workspace closes only if its working directory is
+still in the workspace. Creating a workspace costs a copy of the repository (`copy_tree`:
+GNU cp where it is the machine's cp, shutil elsewhere); its diff reads only the files
+changed since (`changed_paths`).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from pathlib import Path
 from vivace.config import SandboxConfig
 from vivace.sandbox.base import ExecResult
 from vivace.sandbox.diff import walk_files
-from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, toolchain_dirs
-from vivace.sandbox.process import kill_process_group, run_capped
+from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, remove_tree, toolchain_dirs
+from vivace.sandbox.process import kill_process_group, kill_processes_in, run_capped
 from vivace.sandbox.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -68,15 +73,17 @@ class PlainBackend(LocalBackend):
         try:
             await asyncio.to_thread(copy)
         except BaseException:
-            shutil.rmtree(ws_dir, ignore_errors=True)
+            remove_tree(ws_dir)
             raise
         return ws_dir / "tree"
 
     def _destroy(self, ws_id: str, ws_dir: Path) -> None:
-        shutil.rmtree(ws_dir, ignore_errors=True)
+        kill_processes_in(ws_dir)
+        remove_tree(ws_dir)
 
     def _sweep_owner(self, owner_dir: Path) -> None:
-        shutil.rmtree(owner_dir, ignore_errors=True)
+        kill_processes_in(owner_dir)
+        remove_tree(owner_dir)
 
     async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult:
         limits = [str(self.config.memory_mb * 1024), str(self.config.disk_mb * 2048), str(int(timeout) + 1)]
@@ -87,6 +94,7 @@ class PlainBackend(LocalBackend):
             timeout=timeout,
             output_limit=self.config.output_limit_bytes,
             kill=kill_process_group,
+            reap=kill_process_group,  # what the command left running dies with it, as in a sandbox
         )
         return ExecResult(**vars(raw))
 
@@ -157,7 +165,7 @@ def copy_tree(src: Path, dest: Path) -> None:
             raise FileNotFoundError(f"{dest.parent} was removed while {src} was copied")
         _CP_FAILED.add(src)
         log.warning("GNU cp could not copy %s (%s); copying with shutil.copytree", src, why)
-        shutil.rmtree(dest, ignore_errors=True)
+        remove_tree(dest)
     shutil.copytree(src, dest, symlinks=True)
 
 

@@ -3,6 +3,10 @@
 Output beyond the cap is still read (so the command never blocks on a full pipe) but only
 the first and last halves of the cap are kept, with a marker saying how much was dropped:
 the end of a test run's output usually matters as much as its start.
+
+A command is done when its main process exits: what it started in the background may hold
+its output open, but is not waited for (`reap` ends it; the isolated backend's sandbox ends
+it by itself), and what it still writes in the next DRAIN_S seconds is kept.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 CHUNK = 64 * 1024
+# How long output is still read once the main process has exited, from what it left holding the pipes.
+DRAIN_S = 1.0
 
 
 @dataclass
@@ -100,11 +107,15 @@ async def run_capped(
     timeout: float,
     output_limit: int,
     kill: Callable[[asyncio.subprocess.Process], None],
+    reap: Callable[[asyncio.subprocess.Process], None] | None = None,
     pass_fds: Sequence[int] = (),
     on_spawn: Callable[[asyncio.subprocess.Process], Awaitable[None]] | None = None,
 ) -> RawResult:
     """Run `argv`; on timeout call `kill(proc)`, which must end the whole process tree.
 
+    The result comes once the main process has exited (its exit status, not a timeout, even
+    when a background child still holds the output pipes): `reap(proc)` is called then to end
+    what it left running, and the output is read for at most DRAIN_S seconds more.
     `on_spawn(proc)` runs right after the process starts (before its output is read); if it
     fails, the process is killed and the error propagates.
     """
@@ -146,22 +157,35 @@ async def run_capped(
     # Awaited only through shields, whose waiter may be gone (timeout, cancellation): mark the readers'
     # outcome retrieved so asyncio does not print an error of theirs as unhandled.
     readers.add_done_callback(lambda f: f.cancelled() or f.exception())
+    # Python 3.11's proc.wait() also waits for the pipes to close, which a background child may hold.
+    exited = asyncio.ensure_future(_exited(proc))
     timed_out = False
     try:
-        await asyncio.wait_for(asyncio.shield(readers), timeout)
-        await asyncio.wait_for(proc.wait(), max(0.0, timeout - (time.monotonic() - start)) + 0.5)
+        done, _ = await asyncio.wait([readers, exited], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if done == {readers}:  # output closed first: the process exits next (or is stopped, hung)
+            await asyncio.wait_for(asyncio.shield(exited), max(0.0, timeout - (time.monotonic() - start)) + 0.5)
+        elif not done:
+            raise TimeoutError
     except TimeoutError:
         timed_out = True
         kill(proc)
     except BaseException:  # cancelled by the caller (Ctrl-C, SIGTERM, a shutting-down loop)
+        exited.cancel()
         await _kill_and_reap(proc, kill, readers)
         raise
-    if timed_out:
+    finally:
+        exited.cancel()
+    try:
+        if not timed_out and reap is not None:
+            reap(proc)
         try:  # pipes close once every process holding them is dead
-            await asyncio.wait_for(asyncio.shield(readers), 5.0)
+            await asyncio.wait_for(asyncio.shield(readers), 5.0 if timed_out else DRAIN_S)
         except TimeoutError:  # a process that left the tree holds them: stop reading
             await _kill_and_reap(proc, None, readers)
         await proc.wait()
+    except BaseException:  # cancelled: `kill` again could end more than this command (the isolated one's cgroup)
+        await _kill_and_reap(proc, None, readers)
+        raise
     return RawResult(
         stdout=out.text(),
         stderr=err.text(),
@@ -217,9 +241,48 @@ async def _settle(fut: asyncio.Future) -> None:
             await asyncio.wait([fut])
 
 
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Return once the process itself has exited, whoever still holds its pipes: a pidfd turns
+    readable then (Linux 5.3+); elsewhere its return code is polled."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd here, or already reaped
+        while proc.returncode is None:
+            await asyncio.sleep(0.05)
+        return
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
 def kill_process_group(proc: asyncio.subprocess.Process) -> None:
-    """Kill the session a command was started in (the plain backend's best effort)."""
+    """Kill the process group a command was started in, its own session (the plain backend's best
+    effort: what left it with setsid or setpgid is not in it)."""
     try:
         os.killpg(proc.pid, 9)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # none left (EPERM: only zombies, on some kernels)
         pass
+
+
+def kill_processes_in(directory: Path) -> int:
+    """SIGKILL every process of this machine (that this user may see) whose working directory is
+    `directory` or under it; how many. Catches most of what a command started with setsid in the
+    plain backend's workspace (a daemon that changed directory elsewhere is not found)."""
+    inside = os.fspath(directory).rstrip("/")
+    killed = 0
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            if cwd == inside or cwd.startswith(inside + "/"):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+        except OSError:  # gone, or another user's
+            continue
+    return killed
