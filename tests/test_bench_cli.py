@@ -384,3 +384,101 @@ def test_python_dash_m_runs_every_command(module):
         [sys.executable, "-m", module, "train", "--help"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and "--resume" in done.stdout, done.stdout + done.stderr
+
+
+def _row(**over) -> dict:
+    """A scored results.jsonl row as the runner writes it (the fields the report reads)."""
+    details = {"turns": 1, "tool_calls": 0, "tool_calls_per_turn": 0.0, "wall_s": 0.01, "format_errors": 0,
+               "unsupported_claims": [], "model_s": 0.0, "reference_tokens": 6}  # fmt: skip
+    row = {"model": "scripted:null", "task_id": "calc-add", "sample": 0, "total": 0.0, "correctness": 0.0,
+           "adherence": 0.6, "efficiency": 0.5, "claims": 1.0, "format": 1.0, "resolved": False, "details": details,
+           "trajectory": "trajectories/scripted_null/calc-add.json"}  # fmt: skip
+    for key, value in over.items():
+        if value is ...:
+            row.pop(key)
+        elif key.startswith("details."):
+            details[key.removeprefix("details.")] = value
+        else:
+            row[key] = value
+    return row
+
+
+def _settings() -> dict:
+    from vivace.bench.runner import run_settings
+    from vivace.config import VivaceConfig
+
+    return run_settings(["scripted:null"], [Task(id="calc-add", repo=RepoSpec(path="."), request="r",
+                                                 tests=TestSpec(fail_to_pass=["a"]))], VivaceConfig(), 1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("row", "said"),
+    [(_row(total=...), "total is missing, not a number"),
+     (_row(total="abc"), 'total is "abc", not a number'),
+     (_row(resolved="yes"), 'resolved is "yes", not true or false'),
+     (_row(details=...), "details is missing, not an object"),
+     (_row(details=[1]), "details is [1], not an object"),
+     (_row(**{"details.turns": "one"}), 'details.turns is "one", not a number'),
+     (_row(**{"details.model_s": None}), "details.model_s is missing"),
+     (_row(sample=-1), "sample is -1"),
+     (_row(sample=True), "sample is true"),
+     (_row(trajectory=5), "trajectory is 5, not a path"),
+     ({"model": "scripted:null", "task_id": "calc-add", "error": 7}, "error is 7, not a message")],
+    ids=["no-total", "total-string", "resolved-string", "no-details", "details-list", "turns-string", "no-model-s",
+         "negative-sample", "bool-sample", "trajectory-number", "error-number"],
+)  # fmt: skip
+def test_resume_refuses_results_rows_the_runner_did_not_write_naming_line_and_field(tmp_path, row, said):
+    """A row the report cannot add up (a field missing or of another type) was a KeyError or TypeError
+    traceback from the report after the resumed run; now read_results names the file, line and field."""
+    from vivace.bench.runner import start_run
+
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(_row(task_id="calc-sub")) + "\n" + json.dumps(row) + "\n")
+    (tmp_path / "run.json").write_text(json.dumps(_settings()))
+    with pytest.raises(ValueError, match=f"^{results}:2: not a benchmark result row") as e:
+        start_run(tmp_path, _settings(), resume=True)
+    assert said in str(e.value)
+    results.write_text(json.dumps(_row()) + "\n" + json.dumps({"model": "m", "task_id": "t", "error": "E: x"}) + "\n")
+    assert len(start_run(tmp_path, _settings(), resume=True)) == 1  # the intact rows, the error row dropped
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [("run.json", b"[1, 2]", "run.json: a JSON list, not a run's settings"),
+     ("run.json", b"{oops", "run.json: not JSON (Expecting property name"),
+     ("run.json", b"\xff\xfe{}", "run.json: not UTF-8 text (byte 0)"),
+     ("results.jsonl", b"\xff\xfe garbage\n", "results.jsonl: not UTF-8 text (byte 0)")],
+    ids=["run-json-list", "run-json-garbage", "run-json-binary", "results-binary"],
+)  # fmt: skip
+def test_bench_resume_names_a_damaged_run_file(repo, tmp_path, state_dir, name, content, said):
+    """--resume reads RUN/run.json and RUN/results.jsonl: damage in either is named with the file, as a one-line
+    error (an AttributeError traceback, or a JSON or codec message naming no file, before)."""
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo)[:1], tasks_file)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.jsonl").write_text(json.dumps(_row()) + "\n")
+    (out / "run.json").write_text(json.dumps(_settings()))
+    (out / name).write_bytes(content)
+    args = ["bench", "--model", "scripted:null", "--tasks", str(tasks_file), "--out", str(out), "--resume"]
+    result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert f"error: {out / name}" in result.output.replace("\n", ""), result.output
+    assert said in result.output.replace("\n", ""), result.output
+
+
+def test_bench_names_a_policy_the_run_cannot_set_up(repo, tmp_path, state_dir, monkeypatch):
+    """A policy refused only once the run loads it with the engine's settings (a CUDA device this machine does
+    not have) is the one-line error, not a traceback."""
+    import vivace.bench.runner as runner
+
+    def refuse(spec, engine=None):
+        raise ValueError("device 'cuda': no CUDA device is visible to torch here; use cpu or auto")
+
+    monkeypatch.setattr(runner, "load_policy", refuse)
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo)[:1], tasks_file)
+    args = ["bench", "--model", "scripted:null", "--tasks", str(tasks_file), "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "error: device 'cuda': no CUDA device" in result.output

@@ -191,3 +191,164 @@ def test_resume_reads_the_rows_and_refuses_another_models_weights_by_name(tmp_pa
     save_checkpoint(AutoModelForCausalLM.from_config(config), trainer.tokenizer, other / "model")
     with pytest.raises(ValueError, match=f"^{re.escape(str(other))}: cannot resume .*missing: model.layers.2"):
         Trainer("tiny-init", cfg).load(other)
+
+
+def rewrite_weights(path, change=None, header=None):
+    """The checkpoint's model.safetensors with `change(state)` applied to its tensors, or `header(h)` to its
+    header's JSON (the data bytes kept as they are)."""
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    if change is not None:
+        state = load_file(file)
+        change(state)
+        save_file(state, file, metadata={"format": "pt"})
+    if header is not None:
+        data = file.read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        h = json.loads(data[8 : 8 + n])
+        header(h)
+        text = json.dumps(h).encode()
+        file.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n :])
+
+
+def poison(value):
+    def change(state):
+        name = next(k for k in sorted(state) if "q_proj" in k)
+        state[name].view(-1)[7] = value
+
+    return change
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("form", ["safetensors", "bin"])
+def test_weights_holding_nan_or_inf_are_refused_naming_the_tensor(ckpt, value, form):
+    """Damaged bytes can decode as NaN, and a run that diverged saves them: such weights load without any
+    error and then sample garbage. load_model refuses them, naming the tensor, in either weight format."""
+    import torch
+    from safetensors.torch import load_file
+
+    rewrite_weights(ckpt, poison(value))
+    if form == "bin":
+        torch.save(load_file(ckpt / "model.safetensors"), ckpt / "pytorch_model.bin")
+        (ckpt / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"NaN or infinite values \(model\.layers\.0\.self_attn\.q_proj\.weight\)"):
+        load_model(str(ckpt))
+
+
+def test_large_finite_weights_are_not_mistaken_for_infinite(ckpt):
+    """The check sums each tensor (fast), and a sum can overflow where no weight is infinite: such a tensor is
+    checked element by element before it is refused."""
+    rewrite_weights(ckpt, poison(3e38))
+    rewrite_weights(ckpt, lambda s: s[next(k for k in sorted(s) if "q_proj" in k)].view(-1).__setitem__(8, 3e38))
+    load_model(str(ckpt))
+
+
+def test_weights_that_are_not_a_pytorch_file_are_refused_without_the_unsafe_advice(ckpt):
+    """A damaged pytorch_model.bin: torch's unpickler fails and suggests weights_only=False (which runs code
+    from the file); load_model says the weights cannot load, as for damaged safetensors."""
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "pytorch_model.bin").write_bytes(b"garbage, not a pickle" * 100)
+    with pytest.raises(ValueError, match="cannot load the checkpoint's weights") as e:
+        load_model(str(ckpt))
+    assert "weights_only" not in str(e.value)
+
+
+def test_a_git_lfs_pointer_is_named_as_one_when_loading(ckpt):
+    (ckpt / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 9\n")
+    with pytest.raises(ValueError, match=re.escape(f"{ckpt / 'model.safetensors'}: a Git LFS pointer")):
+        load_model(str(ckpt))
+
+
+def test_the_shipped_tiny_is_checked_against_its_recorded_sha256(ckpt, monkeypatch):
+    """warm_start.json records the shipped weights' sha256 (ship_checkpoint): loading `tiny` checks it, so a
+    damaged checkout is refused with what to do rather than loaded as another model."""
+    import vivace.model.spec as spec
+
+    monkeypatch.setattr(spec, "TINY_DIR", ckpt)
+    assert json.loads((ckpt / "warm_start.json").read_text())["sha256"]
+    load_model("tiny")
+    rewrite_weights(ckpt, lambda s: s[sorted(s)[0]].view(-1).__setitem__(0, 0.5))
+    with pytest.raises(ValueError, match="sha256 is not the one warm_start.json records.*git checkout"):
+        load_model("tiny")
+    monkeypatch.setattr(spec, "TINY_DIR", ckpt.parent / "not-shipped")  # a checkout without the trained tiny
+    other = ckpt.parent / "other"
+    shutil.copytree(TINY_DIR, other)
+    load_model(str(other))  # another directory is not checked against the (absent) shipped record
+
+
+def test_weights_stored_in_another_dtype_than_config_json_says_warn(ckpt):
+    def f16(h):
+        for name, t in h.items():
+            if name != "__metadata__":
+                t["dtype"] = "F16"
+
+    assert json.loads((ckpt / "config.json").read_text())["dtype"] == "bfloat16"
+    rewrite_weights(ckpt, header=f16)
+    with pytest.warns(RuntimeWarning, match="stored as F16 where config.json says bfloat16"):
+        load_model(str(ckpt))
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [({"num_experts_per_tok": 0}, "num_experts_per_tok"), ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+     ({"num_local_experts": 0}, "num_experts"), ({"max_position_embeddings": -5}, "max_position_embeddings"),
+     ({"hidden_size": 0}, "hidden_size"), ({"decoder_sparse_step": 0}, "decoder_sparse_step"),
+     ({"num_attention_heads": 3}, "num_attention_heads")],
+    ids=["top-k-0", "top-k-past-experts", "no-experts", "negative-context", "zero-width", "sparse-step-0",
+         "heads"],
+)  # fmt: skip
+def test_a_config_json_describing_no_usable_model_is_refused_naming_the_field(ckpt, changes, field):
+    """What `--arch` refuses (parse_arch) a checkpoint's config.json may hold too: refused when it is read,
+    by file and field, for training (model_config) as for sampling (load_model)."""
+    from vivace.model.checkpoint import model_config, parse_arch
+
+    edit_config(ckpt, **changes)
+    for load in (load_model, model_config):
+        with pytest.raises(ValueError, match=f"^{re.escape(str(ckpt / 'config.json'))}: .*{field}"):
+            load(str(ckpt))
+    with pytest.raises(ValueError, match=field):
+        parse_arch(",".join(f"{k}={v}" for k, v in changes.items()))
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("[1, 2]", "expected a JSON object, got list"), (None, "hidden_size"), ("eps", "rms_norm_eps")],
+    ids=["list", "wrong-type", "wrong-type-float"],
+)
+def test_a_config_json_of_the_wrong_shape_is_refused_by_name(ckpt, text, words):
+    """A list, or a field of the wrong type: transformers raises TypeError or huggingface_hub's validation
+    error, not the ValueError the commands catch."""
+    from vivace.model.checkpoint import model_config
+
+    if text is None:
+        edit_config(ckpt, hidden_size="abc")
+    elif text == "eps":
+        edit_config(ckpt, rms_norm_eps="x")
+    else:
+        (ckpt / "config.json").write_text(text)
+    for load in (load_model, model_config, load_tokenizer):
+        with pytest.raises(ValueError, match=f"^{re.escape(str(ckpt / 'config.json'))}: cannot read it.*{words}"):
+            load(str(ckpt))
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_damaged_tokenizer_file_is_named(ckpt, name):
+    text = (ckpt / name).read_text()
+    (ckpt / name).write_text(text[: len(text) // 2])
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ValueError, match=f"^{re.escape(str(ckpt / name))}: not JSON"):
+            load(str(ckpt))
+
+
+@pytest.mark.parametrize("damage", ["missing", "a-directory"])
+def test_a_model_directory_without_config_json_says_so(ckpt, damage):
+    """`--model DIR`: a directory is meant as a checkpoint; without config.json the error says that, not only
+    that the spec is unknown."""
+    from vivace.harness.policies import load_policy
+
+    (ckpt / "config.json").unlink()
+    if damage == "a-directory":
+        (ckpt / "config.json").mkdir()
+    with pytest.raises(ValueError, match=f"no config.json in {re.escape(str(ckpt))}"):
+        load_policy(str(ckpt))

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from test_search_index import FakeEmbedder
@@ -108,6 +109,10 @@ def damage(cache, what: str) -> None:
         (base / "vectors.npy").write_bytes(b"")
     elif what == "vectors_junk":
         (base / "vectors.npy").write_bytes(b"\x93NUMPY junk" * 10)
+    elif what.startswith("vectors_"):  # a well-formed file whose numbers are not: dense search found nothing
+        vectors = np.load(base / "vectors.npy")
+        vectors[:: 1 if what == "vectors_nan" else 3] = np.nan if what == "vectors_nan" else np.inf
+        np.save(base / "vectors.npy", vectors)
     elif what.startswith("shard"):  # and no saved base, so the build reads the shard
         shard.write_bytes({"shard_truncated": shard.read_bytes()[:100], "shard_empty": b""}.get(what, os.urandom(500)))
         shutil.rmtree(base)
@@ -116,8 +121,10 @@ def damage(cache, what: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "what", ["vectors_empty", "vectors_junk", "shard_truncated", "shard_empty", "shard_junk", "pointer_binary"]
-)
+    "what",
+    ["vectors_empty", "vectors_junk", "vectors_nan", "vectors_some_inf", "shard_truncated", "shard_empty",
+     "shard_junk", "pointer_binary"],
+)  # fmt: skip
 def test_damaged_cache_files_are_rebuilt_with_a_warning(tmp_path, what, caplog):
     repo, cache = tmp_path / "repo", tmp_path / "cache"
     write(repo, FILES)

@@ -144,6 +144,13 @@ MALFORMED = {
     "bundled-and-path": ("dir", minimal(repo={"bundled": "demo", "path": "x"}), ["repo", "exactly one"]),
     "neither-bundled-nor-path": ("jsonl", _lines(minimal(repo={"commit": "abc"})), [":1:", "repo", "exactly one"]),
     "unknown-bundled": ("dir", minimal(repo={"bundled": "nope"}), ["repo", "no bundled repository 'nope'", "demo"]),
+    # Only a bundled repository's plain name: "", "." and ".." name the repos directory or its parent, and a
+    # name with a separator reaches any directory (here one that exists: the bundled root's own demo).
+    "bundled-empty": ("jsonl", _lines(minimal(repo={"bundled": ""})), [":1:", "no bundled repository ''"]),
+    "bundled-dot": ("dir", minimal(repo={"bundled": "."}), ["repo", "no bundled repository '.'"]),
+    "bundled-dotdot": ("dir", minimal(repo={"bundled": ".."}), ["repo", "no bundled repository '..'"]),
+    "bundled-path": ("dir", minimal(repo={"bundled": "../bundled/demo"}), ["no bundled repository '../bundled/demo'"]),
+    "bundled-nested": ("jsonl", _lines(minimal(repo={"bundled": "demo/."})), [":1:", "no bundled repository"]),
     "typo-top-level": ("dir", {**_without(minimal(), "request"), "reqest": "x"}, ["reqest", "Extra inputs"]),
     "typo-nested": ("jsonl", _lines(minimal(tests={"fail_to_pass": ["a"], "fail_to_pas": []})), ["fail_to_pas"]),
     "bad-id-characters": ("dir", minimal(id="fix/add bug"), ["id", "pattern"]),
@@ -452,6 +459,21 @@ def test_load_swebench_jsonl(swe, tmp_path):
             assert part in str(info.value), f"{part!r} not in {info.value}"
     with pytest.raises(TaskFormatError, match="cannot read"):
         load_swebench_jsonl(tmp_path / "missing.jsonl", swe.clone.parent)
+
+
+SEPARATORS = "a\u2028b\u2029c\x85d"  # line separators str.splitlines() breaks at; JSON leaves them unescaped
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, bundled, swe):
+    """json.dumps(ensure_ascii=False) (`vivace tasks swebench` among the writers) leaves U+2028, U+2029 and
+    U+0085 raw inside strings: a record is one line up to "\\n", as results.jsonl is read."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(minimal(request=SEPARATORS), ensure_ascii=False) + "\n", encoding="utf-8")
+    assert [t.request for t in load_jsonl(path)] == [SEPARATORS]
+    swe_path = tmp_path / "swe.jsonl"
+    record = {**swe.record, "problem_statement": SEPARATORS}
+    swe_path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert SEPARATORS in load_swebench_jsonl(swe_path, {"acme/calc": swe.clone})[0].request
 
 
 async def test_swebench_task_in_sandbox(swe, state_dir):

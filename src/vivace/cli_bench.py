@@ -374,7 +374,7 @@ def bench(
 ) -> None:
     """Run models on tasks in sandboxes and score them: correctness, adherence, efficiency, claims."""
     from vivace.bench.report import html_report, markdown, summarize
-    from vivace.bench.runner import read_results, run_benchmark, run_settings, start_run
+    from vivace.bench.runner import SetupError, read_results, run_benchmark, run_settings, start_run
     from vivace.harness.policies import load_policy
     from vivace.tasks.format import TaskFormatError, check_split, load_tasks
     from vivace.tasks.suites import load_suite
@@ -426,6 +426,8 @@ def bench(
     try:
         with progress, sigterm_interrupts(received):
             rows = asyncio.run(run_benchmark(model, tasks, cfg, out_dir, concurrency, done, samples, finished=finished))
+    except SetupError as e:  # a policy's engine (its device), the tokenizer or the backend: before any episode
+        fail(str(e))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: report the episodes that finished (results.jsonl has each)
         results = out_dir / "results.jsonl"
         rows = read_results(results) if results.is_file() else []

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 def cache_root() -> Path:
@@ -31,7 +32,21 @@ def default_state_dir() -> Path:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: JSON's Infinity/NaN and TOML's inf/nan are refused in every float setting (a weight of
+    # inf made NaN scores; a timeout of inf an OverflowError in every episode), naming the setting.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+# The devices the engine runs on (inference.samplers.resolve_device, which also checks that torch sees it);
+# checked here without torch, so that a typo stops the command when its config loads.
+_DEVICE = re.compile(r"auto|cpu|(cuda|mps|xpu)(:\d+)?")
+
+
+def check_device(device: str) -> str:
+    """`device` if it is one the engine can be placed on by name, else ValueError saying which are."""
+    if not _DEVICE.fullmatch(device):
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N (mps or xpu where torch has them)")
+    return device
 
 
 class SandboxConfig(_Strict):
@@ -169,6 +184,11 @@ class EngineConfig(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k cut (0: none).")
     seed: int = Field(0, description="Seed of the engine's sampling generator.")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        return check_device(device)
 
 
 class TrainConfig(_Strict):
@@ -500,7 +520,35 @@ def _check_preset(name: str) -> None:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
 
 
-CONFIG_PARSERS = {".json": json.loads, ".toml": tomllib.loads}
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice (json.loads would keep the last silently; TOML refuses it)."""
+
+
+class _Pairs(list):
+    """A JSON object's (key, value) pairs as written, duplicates included."""
+
+
+def _json_loads(text: str) -> object:
+    """JSON as json.loads reads it, but a key given twice in one object is a DuplicateKey naming it by its
+    dotted path (`train.steps`, or `train` for a section given twice) rather than the last one winning."""
+
+    def unique(value: object, path: str) -> object:
+        if isinstance(value, list) and not isinstance(value, _Pairs):
+            return [unique(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if not isinstance(value, _Pairs):
+            return value
+        merged: dict = {}
+        for key, item in value:
+            where = f"{path}.{key}" if path else key
+            if key in merged:
+                raise DuplicateKey(f"{'section' if not path else 'setting'} {where!r} is given twice")
+            merged[key] = unique(item, where)
+        return merged
+
+    return unique(json.loads(text, object_pairs_hook=_Pairs), "")
+
+
+CONFIG_PARSERS = {".json": _json_loads, ".toml": tomllib.loads}
 
 
 def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
@@ -523,7 +571,7 @@ def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
         ) from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{config_file}: not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
-    if parse is json.loads and not text.strip():
+    if parse is _json_loads and not text.strip():
         raise ValueError(
             f'{config_file}: the file is empty; write a table of sections, e.g. {{"train": {{"steps": 10}}}}'
         )
@@ -535,6 +583,8 @@ def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
         ) from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{config_file}: not valid TOML ({e}); fix the file's syntax") from None
+    except DuplicateKey as e:
+        raise ValueError(f"{config_file}: {e}; give each setting once (merge the two)") from None
     if not isinstance(overrides, dict):
         raise ValueError(f"{config_file}: expected a table of sections (sandbox, agent, engine, train, ...)")
     try:

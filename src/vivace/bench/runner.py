@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Collection
@@ -45,6 +46,11 @@ from vivace.model.tokenizer import count_assistant_tokens, reference_chat_format
 from vivace.sandbox import open_backend
 from vivace.sandbox.base import WithEnv
 from vivace.tasks.format import Task
+
+
+class SetupError(ValueError):
+    """The run could not start: a policy, the reference tokenizer or the sandbox backend was refused (the
+    message says which and why). No episode ran; a command shows it as its one-line error."""
 
 
 def slug(text: str) -> str:
@@ -71,9 +77,15 @@ async def run_benchmark(
     if samples < 1:
         raise ValueError(f"samples must be at least 1, not {samples}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    policies = {m: load_policy(m, cfg.engine) for m in models}  # fail on a bad spec before any work
-    reference_chat_format()  # likewise a missing reference tokenizer, and its loading is not paid mid-run
-    backend = open_backend(cfg.sandbox)
+    policies: dict[str, Any] = {}
+    try:  # fail on a bad spec (or engine device) before any work
+        for m in models:
+            policies[m] = load_policy(m, cfg.engine)
+        reference_chat_format()  # likewise a missing reference tokenizer, and its loading is not paid mid-run
+        backend = open_backend(cfg.sandbox)
+    except ValueError as e:
+        await gather_all(*(close_policy(p) for p in policies.values()))
+        raise SetupError(str(e)) from e
     sem = asyncio.Semaphore(concurrency)
     results_file = (out_dir / "results.jsonl").open("a")
     rows: list[dict[str, Any]] = []
@@ -125,7 +137,7 @@ def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> 
     if rows and not saved.is_file():
         raise ValueError(f"--resume: {out_dir} has no {RUN_FILE} to check this run's settings against")
     if resume and saved.is_file():
-        before = json.loads(saved.read_text())
+        before = _saved_settings(saved)
         differ = [k for k in settings if _normal(k, before.get(k)) != _normal(k, settings[k])]
         if differ:
             raise ValueError(
@@ -147,13 +159,73 @@ def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
     """The rows of a results.jsonl (bench.results.result_rows: a last line cut short is left out, and
-    its episode runs again on resume). A row without a model and task id raises ValueError."""
+    its episode runs again on resume), each checked to be a row as _episode writes it (`row_problem`):
+    a row edited or written by something else raises ValueError naming the file, the line and what is
+    wrong, before the report (or a resumed run) trips over it. So does a file that is not UTF-8 text."""
     rows = []
-    for n, row in result_rows(path):
-        if not all(isinstance(row.get(k), str) for k in ("model", "task_id")):
-            raise ValueError(f"{path}:{n}: not a benchmark result row (want an object with model and task_id)")
-        rows.append(row)
+    try:
+        for n, row in result_rows(path):
+            if problem := row_problem(row):
+                raise ValueError(f"{path}:{n}: not a benchmark result row ({problem}); fix or remove that line, "
+                                 "or give another --out")  # fmt: skip
+            rows.append(row)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte {e.start}): not a benchmark's results; give another --out"
+        ) from None
     return rows
+
+
+# What the report reads of a scored row (report._summary): its scores, and these numbers of its details.
+SCORES = ("total", "correctness", "adherence", "efficiency", "claims", "format")
+DETAIL_NUMBERS = ("turns", "tool_calls", "tool_calls_per_turn", "wall_s", "format_errors")
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """What makes `row` no result row of _episode's, in words (the first thing found), or None: model and
+    task_id strings, a sample count from 0; an error row's error a string; a scored row's scores numbers,
+    resolved a boolean, and details an object holding the numbers the report adds up."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    def shown(value: Any) -> str:
+        return "missing" if value is None else json.dumps(value)[:40]
+
+    if not all(isinstance(row.get(k), str) for k in ("model", "task_id")):
+        return "want an object with model and task_id"
+    sample = row.get("sample", 0)
+    if not isinstance(sample, int) or isinstance(sample, bool) or sample < 0:
+        return f"sample is {shown(sample)}, not an episode number from 0"
+    if not isinstance(row.get("trajectory", ""), str):
+        return f"trajectory is {shown(row['trajectory'])}, not a path"
+    if "error" in row:
+        return None if isinstance(row["error"], str) else f"error is {shown(row['error'])}, not a message"
+    if bad := next((k for k in SCORES if not number(row.get(k))), None):
+        return f"{bad} is {shown(row.get(bad))}, not a number"
+    if not isinstance(row.get("resolved"), bool):
+        return f"resolved is {shown(row.get('resolved'))}, not true or false"
+    details = row.get("details")
+    if not isinstance(details, dict):
+        return f"details is {shown(details)}, not an object"
+    wanted = DETAIL_NUMBERS + (("reference_tokens", "model_s") if details.get("reference_tokens") is not None else ())
+    if bad := next((k for k in wanted if not number(details.get(k))), None):
+        return f"details.{bad} is {shown(details.get(bad))}, not a number"
+    return None
+
+
+def _saved_settings(saved: Path) -> dict[str, Any]:
+    """A run's RUN/run.json; ValueError naming it when it is not the JSON object start_run writes."""
+    again = "restore it, or give another --out (its episodes cannot be checked to be this run's)"
+    try:
+        settings = json.loads(saved.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{saved}: not UTF-8 text (byte {e.start}); {again}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{saved}: not JSON ({e.msg} at line {e.lineno} column {e.colno}); {again}") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{saved}: a JSON {type(settings).__name__}, not a run's settings (an object); {again}")
+    return settings
 
 
 def _key(row: dict[str, Any]) -> tuple[str, str, int]:

@@ -79,6 +79,9 @@ def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
         return getattr(importlib.import_module(module), attr)()
     if names_model(spec):  # token level: tiny, a checkpoint directory, tokens:URL
         return importlib.import_module("vivace.inference.samplers").token_policy(spec, engine)
+    if Path(spec).expanduser().is_dir():  # meant as a checkpoint: say what it lacks, not only the forms
+        raise ValueError(f"{spec} is not a checkpoint (no config.json in {spec}); give a directory as "
+                         "`vivace sft train` or any Hugging Face model saves it")  # fmt: skip
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from vivace.config import EngineConfig
+from vivace.config import EngineConfig, check_device
 from vivace.harness.chat import ChatFormat
 from vivace.harness.policy import (
     Completion,
@@ -41,12 +41,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_device(device: str) -> str:
     """auto: cuda when one is visible, else cpu. A named device is checked here, so a typo or a
     missing GPU is a clear ValueError instead of a torch error from deep inside loading."""
-    if device == "auto":
+    if check_device(device) == "auto":  # the forms config.py accepts for engine.device
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         kind = torch.device(device).type
-    except RuntimeError as e:
-        raise ValueError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from e
+    except RuntimeError as e:  # a type this torch was not built with
+        raise ValueError(f"device {device!r}: this torch does not know it; use cpu, cuda, cuda:N or auto") from e
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: no CUDA device is visible to torch here; use cpu or auto")
     return device

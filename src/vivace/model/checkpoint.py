@@ -19,8 +19,12 @@ time) and sharded loading across devices (rl/trainer.py's load_sharded does that
 from __future__ import annotations
 
 import copy
+import hashlib
+import itertools
 import json
+import pickle
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +40,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from vivace.model import spec as model_spec
 from vivace.model.spec import ASSETS, TINY_DIR, TINY_INIT, TINY_NAMES, initialised, model_dir  # noqa: F401 (re-exported)
 
 TINY_SEED = 0
@@ -83,13 +88,42 @@ def parse_arch(text: str) -> dict:
             overrides[key] = value.strip().lower() in ("1", "true") if kind is bool else kind(value)
         except ValueError:
             raise ValueError(f"{key}={value!r}: expected {kind.__name__}") from None
-    cfg = tiny_config(1, **overrides)
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise ValueError(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
-                         f"num_key_value_heads ({cfg.num_key_value_heads})")  # fmt: skip
-    if cfg.num_experts_per_tok > cfg.num_experts:
-        raise ValueError(f"num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds num_experts ({cfg.num_experts})")
+    problems = arch_problems(tiny_config(1, **overrides))
+    if problems:
+        raise ValueError(problems[0])
     return overrides
+
+
+# Sizes a model needs at least one of: 0 or less builds no model, or one that fails only when it first
+# samples (a context of -5 tokens, a division by a decoder_sparse_step of 0).
+POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                   "decoder_sparse_step")  # fmt: skip
+
+
+def arch_problems(config: PretrainedConfig) -> list[str]:
+    """What makes `config` no model to build and sample, each naming its field: a size that is not a
+    positive integer, attention heads that are not a multiple of the key/value heads, an MoE layer whose
+    experts per token are not 1..num_experts (0 routes every token nowhere; more than there are fails in
+    the first top-k). The checks `--arch` gets (parse_arch) and a checkpoint's config.json gets
+    (model_config); fields a config does not have, or leaves None, are not checked."""
+    problems = []
+    for name in POSITIVE_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if not problems and heads and kv and heads % kv:
+        problems.append(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
+    top_k = getattr(config, "num_experts_per_tok", None)
+    experts = getattr(config, "num_experts", None)  # Qwen MoE's name; Mixtral's num_local_experts
+    experts = getattr(config, "num_local_experts", None) if experts is None else experts
+    if top_k is not None and experts is not None:
+        if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+            problems.append(f"num_experts must be a positive integer, got {experts!r}")
+        elif isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
+            problems.append(f"num_experts_per_tok must be 1..num_experts ({experts}), got {top_k!r}")
+    return problems
 
 
 def deepen(model: PreTrainedModel, num_layers: int, seed: int = 0) -> PreTrainedModel:
@@ -145,15 +179,15 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
         model = AutoModelForCausalLM.from_config(tiny_config(len(tokenizer)), dtype=dtype)
         return LoadedModel(model.to(device).eval(), tokenizer, spec)
     path = model_dir(spec)
+    config = model_config(spec)  # config.json refused by name before the tokenizer and the weights read it
     tokenizer = _tokenizer_of(path, spec)
+    if path.resolve() == model_spec.TINY_DIR.resolve():  # read at call time: tests point it elsewhere
+        _require_shipped(path)
+    _warn_stored_dtype(path, config)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
-    except (OSError, RuntimeError, ValueError, SafetensorError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(
-            f"{spec}: cannot load the checkpoint's weights ({first}); it is incomplete or damaged, or its "
-            "config.json does not describe these weights: save it again (vivace sft ship, save_checkpoint)"
-        ) from e
+        model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, output_loading_info=True)
+    except (OSError, RuntimeError, ValueError, SafetensorError, pickle.UnpicklingError, EOFError) as e:
+        raise ValueError(_weights_problem(spec, path, e)) from e
     # from_pretrained only warns when weights and config disagree in names or layer count, then
     # initialises what is missing at random: a silently different model. Refuse it instead.
     wrong = {k: info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(k)}
@@ -161,7 +195,112 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
         detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" + (", …" if len(v) > 3 else "")
                            for k, v in wrong.items())  # fmt: skip
         raise ValueError(f"{spec}: config.json does not match the weights ({detail}); fix config.json or save it again")
-    return LoadedModel(model.to(device).eval(), tokenizer, spec)
+    model = model.to(device).eval()
+    _require_finite(model, spec)
+    return LoadedModel(model, tokenizer, spec)
+
+
+def _weights_problem(spec: str, path: Path, e: Exception) -> str:
+    """Why from_pretrained could not read checkpoint directory `path`'s weights, in one line: a Git LFS
+    pointer in place of a weight file named as require_weights names it; else the loader's first line
+    (never the pickle loader's advice to load with weights_only=False: code from the file would run)."""
+    for file in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        if _lfs_pointer(file):
+            return f"{file}: a Git LFS pointer, not the weights: fetch them (git lfs pull)"
+    if isinstance(e, (pickle.UnpicklingError, EOFError)):
+        first = "its .bin file is not a PyTorch weights file"
+    else:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"{spec}: cannot load the checkpoint's weights ({first}); it is incomplete or damaged, or its "
+            "config.json does not describe these weights: save it again (vivace sft ship, save_checkpoint)")  # fmt: skip
+
+
+LFS_POINTER = b"version https://git-lfs"  # how a Git LFS pointer file begins
+
+
+def _lfs_pointer(file: Path) -> bool:
+    """Whether `file` is a Git LFS pointer (a clone without `git lfs pull`) rather than the file itself."""
+    try:
+        with file.open("rb") as f:
+            return f.read(64).startswith(LFS_POINTER)
+    except OSError:
+        return False
+
+
+def _require_finite(model: PreTrainedModel, spec: str) -> None:
+    """ValueError naming the tensors that hold NaN or ±inf: weights that load and then sample garbage
+    (a run that diverged and was saved, damaged bytes that decode as NaN) are refused, not served.
+
+    Cost: one float32-accumulated sum per tensor on the device it was loaded to (a sum is NaN or inf
+    whenever one element is: one read of the weights, no copy to the host, no memory beyond one number per
+    tensor), one synchronisation for all of them, and an exact isfinite only for a tensor whose sum was
+    not finite (it may have overflowed). Measured on the shipped tiny (7.7M parameters, 2 CPU cores): ~3 ms
+    in fp32 or bf16, next to ~160 ms for the rest of load_model; torch.isfinite(t).all() per tensor took
+    ~36 ms. On a GPU a sum reads memory at its bandwidth (not measured; at 1-3 TB/s a 16 GB model takes
+    ~5-15 ms). fp8 and other dtypes are not checked."""
+    named = [(n, t.detach()) for n, t in itertools.chain(model.named_parameters(), model.named_buffers())
+             if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)]  # fmt: skip
+    if not named:
+        return
+    with torch.no_grad():
+        sums = torch.stack([t.sum(dtype=torch.promote_types(t.dtype, torch.float32)).float() for _, t in named])
+        suspects = torch.isfinite(sums).logical_not().nonzero().flatten().tolist()
+        bad = [named[i][0] for i in suspects if not torch.isfinite(named[i][1]).all()]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise ValueError(f"{spec}: its weights hold NaN or infinite values ({', '.join(bad[:3])}{more}): the "
+                         "checkpoint is damaged or was saved from a run that diverged; use another checkpoint")  # fmt: skip
+
+
+def _require_shipped(path: Path) -> None:
+    """ValueError when the shipped tiny checkpoint's weights are not the bytes its warm_start.json records
+    (ship_checkpoint writes both): a damaged or partial checkout, which would otherwise load as another
+    model. Hashing its 15.5 MB took ~15 ms (2 CPU cores), next to ~160 ms for the rest of load_model; a large
+    checkpoint is never hashed (only the shipped one has the record)."""
+    record, weights = path / "warm_start.json", path / "model.safetensors"
+    if not record.is_file() or not weights.is_file():
+        return  # no record to check against, or no weights: from_pretrained names the missing file
+    restore = f"restore it (git checkout -- {path}, or git lfs pull where Git LFS stores it)"
+    try:
+        expected = json.loads(record.read_text(encoding="utf-8"))["sha256"]
+        if not isinstance(expected, str):
+            raise TypeError(type(expected).__name__)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{record}: cannot read its sha256 ({type(e).__name__}: {e}): the shipped checkpoint "
+                         f"is damaged; {restore}") from None  # fmt: skip
+    if _lfs_pointer(weights):
+        raise ValueError(f"{weights}: a Git LFS pointer, not the weights: fetch them (git lfs pull)")
+    with weights.open("rb") as f:
+        actual = hashlib.file_digest(f, "sha256").hexdigest()
+    if actual != expected:
+        raise ValueError(f"{weights}: its sha256 is not the one {record.name} records, so these are not the "
+                         f"shipped weights (a damaged or partial checkout); {restore}")  # fmt: skip
+
+
+# safetensors' names of the dtypes a config.json names, and their widths in bytes
+_STORED = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
+_WIDTH = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+
+
+def _warn_stored_dtype(path: Path, config: PretrainedConfig) -> None:
+    """One warning line when the safetensors weights are stored in a dtype of the width config.json's
+    dtype has, but not in that one (F16 where it says bfloat16): weights converted without their config,
+    or a header whose dtypes were changed, so that the bytes decode as other numbers. Weights wider or
+    narrower than it says (F32 saved from an fp32 run under a bf16 config) load as the numbers they
+    are, and do not warn. Reads the headers only (a few kB to a few MB); silent when they cannot be read
+    (from_pretrained says why) or config.json names no dtype."""
+    dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)).removeprefix("torch.")
+    wanted = _STORED.get(dtype)
+    try:
+        found = weight_files(path)
+        files = sorted({file for file, _ in found[1].values()}) if found else []
+        stored = {t.get("dtype") for file in files for t in _header(file).values()}
+    except (OSError, ValueError, AttributeError):
+        return
+    same_width = {d for d in stored if d in _WIDTH and _WIDTH[d] == _WIDTH.get(wanted)}
+    if wanted and same_width and wanted not in stored:
+        warnings.warn(f"{path}: the weights are stored as {', '.join(sorted(same_width))} where config.json says "
+                      f"{dtype}: converted without their config, or damaged", RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 # Weight files of a Hugging Face checkpoint directory (one file, or an index of shards), in the order
@@ -227,8 +366,13 @@ def weight_files(path: Path) -> tuple[Path, dict[str, tuple[Path, tuple[int, ...
 
 
 def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a safetensors file's header (its length in 8 bytes, then JSON), read
-    without reading or mapping the tensors (safetensors' own `safe_open` maps the whole file, which a
+    """Tensor name -> shape from a safetensors file's header (`_header`)."""
+    return {name: t["shape"] for name, t in _header(file).items()}
+
+
+def _header(file: Path) -> dict[str, dict]:
+    """Tensor name -> its entry (dtype, shape as a tuple, data_offsets) from a safetensors file's header
+    (its length in 8 bytes, then JSON), read without reading or mapping the tensors (safetensors' own `safe_open` maps the whole file, which a
     machine may refuse for one of 60 GB); ValueError naming the file and what to do when it is not a
     safetensors file or not as long as its header says (a copy or download that stopped: safetensors
     refuses both)."""
@@ -236,7 +380,7 @@ def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     size = file.stat().st_size
     with file.open("rb") as f:
         head = f.read(64)
-        if head.startswith(b"version https://git-lfs"):
+        if head.startswith(LFS_POINTER):
             raise ValueError(f"{file}: a Git LFS pointer, not the weights: fetch them (git lfs pull)")
         n = int.from_bytes(head[:8], "little")
         if len(head) < 8 or n > 100_000_000:  # safetensors' own limit on a header
@@ -247,15 +391,15 @@ def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
         text = f.read(n)
     try:
         header = json.loads(text)
-        tensors = {name: t for name, t in header.items() if name != "__metadata__"}
-        shapes = {name: tuple(int(d) for d in t["shape"]) for name, t in tensors.items()}
+        tensors = {name: {**t, "shape": tuple(int(d) for d in t["shape"])}
+                   for name, t in header.items() if name != "__metadata__"}  # fmt: skip
         end = 8 + n + max((t["data_offsets"][1] for t in tensors.values()), default=0)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         raise ValueError(f"{file}: not a safetensors file (its header is not one); {again}") from None
     if size != end:
         what = "cut short" if size < end else "too long"
         raise ValueError(f"{file}: {what}: {size:,} bytes where its header describes {end:,}; {again}")
-    return shapes
+    return tensors
 
 
 def _mismatches(found: dict[str, tuple[int, ...]], config: PretrainedConfig, config_file: Path) -> list[str]:
@@ -301,15 +445,50 @@ def _mismatches(found: dict[str, tuple[int, ...]], config: PretrainedConfig, con
 
 def model_config(spec: str) -> PretrainedConfig:
     """The config of `tiny`, `tiny-init` or a checkpoint directory, without loading the weights;
-    ValueError if `spec` names no model or its config.json cannot be read."""
+    ValueError naming config.json if `spec` names no model, or its config.json cannot be read or
+    describes no model to build and sample (arch_problems: a size below 1, 0 experts per token...)."""
     if initialised(spec):
         return tiny_config(len(load_tokenizer(spec)))
     path = model_dir(spec)
+    config = _read_config(path)
+    problems = arch_problems(config)
+    if problems:
+        raise ValueError(f"{path / 'config.json'}: {'; '.join(problems)}; fix it or save the checkpoint again")
+    return config
+
+
+def _read_config(path: Path) -> PretrainedConfig:
+    """Checkpoint directory `path`'s config.json as transformers reads it; ValueError naming the file."""
+    file = path / "config.json"
     try:
         return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{spec}: cannot read its config.json ({first})") from None
+    except CONFIG_ERRORS as e:
+        raise ValueError(
+            f"{file}: cannot read it ({_config_error(file, e)}); fix it or save the checkpoint again"
+        ) from None
+
+
+try:  # transformers 5's configs check their fields' types, raising huggingface_hub's own error
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # older: no such checks
+    StrictDataclassError = ValueError  # type: ignore[misc,assignment]
+# What reading a malformed config.json raises: a list where an object belongs is a TypeError (**config),
+# a field of the wrong type a StrictDataclassError, a missing or unknown model_type a ValueError.
+CONFIG_ERRORS = (OSError, ValueError, TypeError, KeyError, AttributeError, StrictDataclassError)
+
+
+def _config_error(file: Path, e: Exception) -> str:
+    """Why `file` (a config.json) could not be read, in one line: what it holds when it is JSON but not
+    an object, else the loader's message with its lines joined (a field's error names it on the first
+    and says what it expected on the next)."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    text = " ".join(str(e).split())
+    return (text[:300] + "…" if len(text) > 300 else text) or type(e).__name__
 
 
 def generation_eos_ids(path: str | Path) -> list[int]:
@@ -341,11 +520,37 @@ def _tokenizer_of(path: Path, spec: str) -> PreTrainedTokenizerBase:
         raise ValueError(f"{spec!r} has no tokenizer: expected `tiny` or a checkpoint directory with tokenizer files")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{spec}: cannot load its tokenizer ({e}); save the checkpoint again") from e
+    except CONFIG_ERRORS as e:
+        if (path / "config.json").is_file():
+            _read_config(path)  # the tokenizer's loader reads it too: a damaged one is named as model_config names it
+        if damaged := _damaged_tokenizer_file(path):
+            raise ValueError(
+                f"{damaged}: the tokenizer cannot load; restore the file or save the checkpoint again"
+            ) from e
+        first = " ".join(str(e).split())[:300] or type(e).__name__
+        raise ValueError(f"{spec}: cannot load its tokenizer ({first}); save the checkpoint again") from e
     if len(tokenizer) < 2:
         raise ValueError(f"{spec}: its tokenizer files hold no vocabulary (tokenizer.json missing?)")
     return tokenizer
+
+
+def _damaged_tokenizer_file(path: Path) -> str | None:
+    """The first of a checkpoint directory's tokenizer JSON files that is not a JSON object (cut short,
+    binary, a Git LFS pointer), named with what is wrong; None when they all read. Run only once the
+    tokenizer failed to load, so a good checkpoint never pays for reading them twice."""
+    for name in ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json", "added_tokens.json"):
+        file = path / name
+        if not file.is_file():
+            continue
+        if _lfs_pointer(file):
+            return f"{file}: a Git LFS pointer, not the file (git lfs pull)"
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            return f"{file}: not JSON ({e})"
+        if not isinstance(data, dict):
+            return f"{file}: a JSON {type(data).__name__}, not an object"
+    return None
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
@@ -370,8 +575,6 @@ def ship_checkpoint(source: str | Path, dest: Path = TINY_DIR, dtype: torch.dtyp
     """Copies a trained checkpoint into the package as `tiny` (weights rounded to `dtype`: half the
     bytes of fp32, and `load_model` computes in fp32 again), with `warm_start.json` saying where it
     came from. Returns that record. Replaces what `dest` held."""
-    import hashlib
-    import json
     import shutil
 
     loaded = load_model(str(source))

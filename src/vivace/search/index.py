@@ -131,6 +131,10 @@ class BaseIndex:
                 vectors = np.load(directory / "vectors.npy").astype(np.float32)
                 if vectors.shape != (len(chunks), vectors.shape[-1]):
                     raise ValueError(f"{vectors.shape[0]} vectors for {len(chunks)} chunks")
+                # Saved vectors are unit length: a NaN or inf is damage (flipped bytes), and would score
+                # every chunk NaN, so that dense search returns nothing for as long as the base is reused.
+                if not np.isfinite(vectors).all():
+                    raise ValueError(f"{int((~np.isfinite(vectors)).any(axis=-1).sum())} vectors hold NaN or inf")
             return cls(meta["files"], chunks, vectors, model)
         except (*DAMAGED, AttributeError) as e:
             log.warning(

@@ -64,9 +64,12 @@ class RepoSpec(_Strict):
     def _one_source(self) -> RepoSpec:
         if (self.bundled is None) == (self.path is None):
             raise ValueError("give exactly one of 'bundled' (a shipped repository) and 'path'")
-        if self.bundled is not None and not (BUNDLED_REPOS / self.bundled).is_dir():
+        # A plain name of a directory in BUNDLED_REPOS, nothing else: "", "." or ".." would be the repos
+        # directory itself or the package, and a name with a separator any directory on the machine.
+        if self.bundled is not None and not (_plain_name(self.bundled) and (BUNDLED_REPOS / self.bundled).is_dir()):
             known = ", ".join(bundled_repos())
-            raise ValueError(f"no bundled repository {self.bundled!r}; bundled: {known}")
+            raise ValueError(f"no bundled repository {self.bundled!r} (a bundled repository's plain name, or "
+                             f"'path' for any other directory); bundled: {known}")  # fmt: skip
         return self
 
     def source(self, base_dir: Path | None = None, cache_dir: Path | None = None) -> SnapshotSource:
@@ -159,6 +162,11 @@ def _patched_tree(base: SnapshotSource, patch: str, cache_dir: Path) -> Path:
     return build_once(cache_dir / "task-trees" / key, build)
 
 
+def _plain_name(name: str) -> bool:
+    """Whether `name` is one path component naming an entry inside its directory (not itself or its parent)."""
+    return name not in ("", ".", "..") and not any(sep in name for sep in ("/", "\\", "\0"))
+
+
 def bundled_repos() -> list[str]:
     return sorted(p.name for p in BUNDLED_REPOS.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
@@ -203,7 +211,9 @@ def load_task_dir(path: str | Path) -> Task:
 def load_jsonl(path: str | Path) -> list[Task]:
     p = Path(path)
     tasks = []
-    for n, line in enumerate(_read(p).splitlines(), 1):
+    # Lines end at "\n" only: JSON strings may hold U+2028, U+2029 and U+0085 unescaped (json.dumps with
+    # ensure_ascii=False writes them), which str.splitlines() would break a record at.
+    for n, line in enumerate(_read(p).split("\n"), 1):
         if not line.strip():
             continue
         try:

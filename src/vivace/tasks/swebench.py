@@ -190,7 +190,7 @@ def load_swebench_jsonl(
     (`_with_repo_run`); `progress(done, total)` is called after each record."""
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = p.read_text(encoding="utf-8").split("\n")  # not splitlines(): U+2028 may sit inside a string
     except (OSError, UnicodeDecodeError) as e:
         raise TaskFormatError(f"{p}: cannot read: {e}") from None
     tasks: list[Task] = []
