@@ -38,6 +38,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from vivace.bench.results import result_rows
 from vivace.cli import (
     BackendOpt,
     ConfigOpt,
@@ -375,7 +376,7 @@ def _check_baselines(specs: list[str]) -> None:
 
 def _nothing_trained(run_dir: Path, steps: int) -> str:
     """Why a run whose steps all trained nothing did so, from its metrics: the policy is unchanged."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line][-steps:]
+    rows = [row for _, row in result_rows(run_dir / "metrics.jsonl", "metrics row")][-steps:]
     keys = ("groups_zero_variance", "groups_same_correctness", "rollouts_failed", "samples_too_stale",
             "samples_masked_truncated", "samples_without_tokens")  # fmt: skip
     why = ", ".join(f"{k} {n}" for k in keys if (n := sum(r.get(k, 0) for r in rows)))

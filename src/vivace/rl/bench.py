@@ -16,13 +16,13 @@ the pipeline counts (started, finished, re-queued, aborted).
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vivace.bench.results import result_rows
 from vivace.config import VivaceConfig
 from vivace.rl.controller import train
 from vivace.rl.metrics import percentile
@@ -104,12 +104,12 @@ def measure(run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     busy = sum(r["sampler_busy"] * r["step_s"] for r in rows) / wall if wall else 0.0
     staleness: Counter[int] = Counter()
     for row in rows:  # step N trains with weights version N - 1
-        for line in (run_dir / "trajectories" / f"step_{row['step']}.jsonl").read_text().splitlines():
-            tokens = (json.loads(line)["trajectory"] or {}).get("tokens")
+        for _, sample in result_rows(run_dir / "trajectories" / f"step_{row['step']}.jsonl", "trajectory row"):
+            tokens = (sample["trajectory"] or {}).get("tokens")
             sampled = [v for v, m in zip(tokens["versions"], tokens["loss_mask"], strict=True) if m] if tokens else []
             if sampled:
                 staleness[row["step"] - 1 - min(sampled)] += 1
-    timeline = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
+    timeline = [event for _, event in result_rows(run_dir / "timeline.jsonl", "timeline row")]
     finished = [t["end_s"] - t["start_s"] for t in timeline if t["outcome"] == "finished"]
     last = rows[-1] if rows else {}
     return {

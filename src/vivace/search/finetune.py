@@ -57,7 +57,7 @@ class Episode:
 def _resolved_trajectories(traces: Path) -> list[Path]:
     found = []
     for results in sorted(Path(traces).rglob("results.jsonl")):
-        for line in results.read_text().splitlines():
+        for line in results.read_text().split("\n"):  # not splitlines(): U+2028 may sit inside a string
             try:
                 row = json.loads(line)
             except ValueError:
