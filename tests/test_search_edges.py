@@ -113,6 +113,13 @@ def damage(cache, what: str) -> None:
         vectors = np.load(base / "vectors.npy")
         vectors[:: 1 if what == "vectors_nan" else 3] = np.nan if what == "vectors_nan" else np.inf
         np.save(base / "vectors.npy", vectors)
+    elif what == "shard_nan":  # a well-formed shard whose vectors are not: they would be used as they are
+        with np.load(shard) as data:
+            keys, vectors = data["keys"], data["vectors"].copy()
+        vectors[::2] = np.nan
+        with open(shard, "wb") as f:
+            np.savez(f, keys=keys, vectors=vectors)
+        shutil.rmtree(base)
     elif what.startswith("shard"):  # and no saved base, so the build reads the shard
         shard.write_bytes({"shard_truncated": shard.read_bytes()[:100], "shard_empty": b""}.get(what, os.urandom(500)))
         shutil.rmtree(base)
@@ -123,7 +130,7 @@ def damage(cache, what: str) -> None:
 @pytest.mark.parametrize(
     "what",
     ["vectors_empty", "vectors_junk", "vectors_nan", "vectors_some_inf", "shard_truncated", "shard_empty",
-     "shard_junk", "pointer_binary"],
+     "shard_junk", "shard_nan", "pointer_binary"],
 )  # fmt: skip
 def test_damaged_cache_files_are_rebuilt_with_a_warning(tmp_path, what, caplog):
     repo, cache = tmp_path / "repo", tmp_path / "cache"

@@ -223,6 +223,8 @@ class EmbeddingCache:
                     # Our own file object: np.load leaks the one it opens when the zip is damaged.
                     with open(shard, "rb") as f, np.load(f) as data:
                         keys, vectors = data["keys"], data["vectors"].astype(np.float32)
+                    if len(keys) != len(vectors) or not np.isfinite(vectors).all():  # checked before any is used
+                        raise ValueError("keys and vectors differ in number, or a vector is not finite")
                     for k, v in zip(keys, vectors, strict=True):
                         self._vectors.setdefault(bytes(k).ljust(16, b"\0"), v)
                 except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
