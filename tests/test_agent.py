@@ -182,10 +182,17 @@ REPLAY_SHAPES = [  # (file content, what the error says after "FILE: ")
     ('[{"text": 5}]', "turn 1: 'text' must be a string"),
     ('[{"content": "a"}, "oops"]', "turn 2: expected an object"),
     ('{"content": "hi"}', "expected a JSON list of assistant turns, not dict"),
+    # a misspelt key would silently drop what it holds (the calls, here)
+    ('[{"content": "a", "toolcalls": [{"name": "read_file"}]}]', "turn 1: unknown key 'toolcalls'; a turn has"),
+    ('[{"tool_calls": [{"name": "read_file", "args": {}}]}]', "turn 1: tool call 1: unknown key 'args'"),
+    ('[{"tool_calls": [{"name": "read_file", "id": 5}]}]', "turn 1: tool call 1: 'id' must be a string"),
+    ('[{"tool_calls": [{"name": "glob", "id": "x"}, {"name": "glob", "id": "x"}]}]', "turn 1: tool call 2: 'id' must"),
+    ('[{"text": "hi", "finish_reason": 42}]', "turn 1: 'finish_reason' must be \"stop\" or \"length\", not 42"),
 ]  # fmt: skip
 
 
-REPLAY_SHAPE_IDS = ["calls-str", "calls-int", "call-no-name", "call-str", "text-int", "turn-str", "not-a-list"]
+REPLAY_SHAPE_IDS = ["calls-str", "calls-int", "call-no-name", "call-str", "text-int", "turn-str", "not-a-list",
+                    "turn-key-misspelt", "call-key-misspelt", "id-int", "id-twice", "finish-int"]  # fmt: skip
 
 
 @pytest.mark.parametrize("content,said", REPLAY_SHAPES, ids=REPLAY_SHAPE_IDS)

@@ -10,10 +10,11 @@
 
 A replay file is a JSON list; each item is one assistant turn, either a message
 `{"content": "...", "tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]}`
-(arguments may also be a JSON string, as OpenAI sends them) or raw generated text
-`{"text": "I'll look.\\n<tool_call>\\n{...}\\n</tool_call>"}`, parsed exactly as a model's
-output would be (so malformed output can be replayed). When the list is exhausted the
-policy answers with an empty final message.
+(arguments may also be a JSON string, as OpenAI sends them; a call may carry its "id") or raw
+generated text `{"text": "I'll look.\\n<tool_call>\\n{...}\\n</tool_call>"}`, parsed exactly as a
+model's output would be (so malformed output can be replayed), with an optional "finish_reason"
+("stop" or "length"). Any other key is refused: a misspelt one would drop what it held. When the
+list is exhausted the policy answers with an empty final message.
 
     tiny | PATH                   a model run by vivace's own engine in this process: the tiny
                                   preset, or a local Hugging Face checkpoint directory
@@ -147,19 +148,35 @@ def _replay_problem(turns: Any) -> str | None:
     for n, item in enumerate(turns, 1):
         if not isinstance(item, dict) or not ({"content", "tool_calls", "text"} & item.keys()):
             return f"turn {n}: expected an object with 'content'/'tool_calls' or 'text'"
+        if unknown := sorted(item.keys() - _TURN_KEYS):
+            return f"turn {n}: unknown key {unknown[0]!r}; a turn has {', '.join(sorted(_TURN_KEYS))}"
         if "text" in item and not isinstance(item["text"], str):
             return f"turn {n}: 'text' must be a string (the raw generated output)"
+        if item.get("finish_reason", "stop") not in ("stop", "length"):
+            return f'turn {n}: \'finish_reason\' must be "stop" or "length", not {item["finish_reason"]!r:.40}'
         if not isinstance(item.get("content"), str | None):
             return f"turn {n}: 'content' must be a string"
         calls = item.get("tool_calls")
         if not isinstance(calls, list | None):
             return f"turn {n}: 'tool_calls' must be a list of calls, not {type(calls).__name__}"
+        ids = set()
         for i, call in enumerate(calls or (), 1):
             if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
                 return (
                     f"turn {n}: tool call {i} must be an object with a tool 'name' (and 'arguments'), got {call!r:.60}"
                 )
+            if unknown := sorted(call.keys() - _CALL_KEYS):
+                return (
+                    f"turn {n}: tool call {i}: unknown key {unknown[0]!r}; a call has {', '.join(sorted(_CALL_KEYS))}"
+                )
+            if "id" in call and (not isinstance(call["id"], str) or not call["id"] or call["id"] in ids):
+                return f"turn {n}: tool call {i}: 'id' must be a string, not empty, unique in its turn; got {call['id']!r:.40}"
+            ids.add(call.get("id"))
     return None
+
+
+_TURN_KEYS = {"content", "tool_calls", "text", "finish_reason"}
+_CALL_KEYS = {"id", "name", "arguments"}
 
 
 class OpenAIPolicy:
