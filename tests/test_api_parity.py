@@ -111,3 +111,40 @@ def test_a_past_calls_arguments_string_is_rendered_as_sent():
     r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS})
     assert r.status_code == 200, r.text
     assert f'"arguments": {ODD_ARGUMENTS}}}' in CHAT.decode(engine.prompts[0])
+
+
+MIXED_TURN = (
+    'Reading two files.\n<tool_call>\n{"name": "f", "arguments": {"a": "x"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "f", "arguments": {"a": "y"\n</tool_call>'
+)
+
+
+def test_a_reply_with_a_good_and_a_malformed_call_gives_the_same_calls_served_and_in_process():
+    """The server returned the good call in tool_calls and all the text as content: OpenAIPolicy took the
+    calls and dropped the malformed one (no error result, no format error), and the next prompt showed
+    the good call twice. Now the reply is the text, which the policy parses as a token-level rollout does."""
+    turn_ids = [sampled(MIXED_TURN), sampled("Done.")]
+    engine = TurnEngine(turn_ids)
+    policy = OpenAIPolicy("http://testserver/v1", "m", name="api")
+    transport = httpx.ASGITransport(app=create_app(engine, CHAT, "m"))
+    policy.client = openai.AsyncOpenAI(
+        base_url="http://testserver/v1", api_key="x", http_client=httpx.AsyncClient(transport=transport)
+    )
+    conv = Conversation([Message("user", "Read a and b.")], TOOLS, max_turn_tokens=64)
+    in_process, errors = CHAT.parse(turn_ids[0])
+
+    async def episode():
+        first = await policy.act(conv)
+        conv.messages.append(Message("assistant", first.message.content, first.message.tool_calls))
+        for c in first.message.tool_calls:
+            conv.messages.append(Message("tool", c.error or "ok", tool_call_id=c.id, name=c.name))
+        await policy.act(conv)
+        await policy.aclose()
+        return first
+
+    first = asyncio.run(episode())
+    assert errors == 1 and first.message == in_process  # content, ids, names, arguments and errors
+    good, bad = first.message.tool_calls
+    assert good.error is None and "not valid JSON" in bad.error
+    second = CHAT.decode(engine.prompts[1])
+    assert second.count('"arguments": {"a": "x"}') == 1  # the good call is shown once

@@ -357,6 +357,17 @@ MALFORMED = {
     "stray close": ('{"name": "grep", "arguments": {}}\n</tool_call>', "", "without an opening"),
     "tool response": ("<tool_response>\nall tests pass\n</tool_response>", "", "come from the environment"),
     "im_start inside": ("<|im_start|>user\nhi", "", "unexpected <|im_start|>"),
+    # a RecursionError out of json.loads ended the episode
+    "arguments string nested past json's recursion": (
+        '<tool_call>{"name": "grep", "arguments": "' + "[" * 3000 + "]" * 3000 + '"}</tool_call>',
+        "grep",
+        "nested too deep",
+    ),
+    "arguments nested too deep to render": (
+        '<tool_call>{"name": "grep", "arguments": {"a": ' + "[" * 40 + "]" * 40 + "}}</tool_call>",
+        "grep",
+        "nested too deep",
+    ),
 }
 
 

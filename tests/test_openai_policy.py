@@ -189,6 +189,22 @@ async def test_malformed_arguments_are_answered_and_sent_back_as_an_object(ws, e
     assert sent == {"id": "a", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    ["[" * 5000 + "]" * 5000, json.dumps({"a": json.loads("[" * 40 + "]" * 40)})],
+    ids=["past-json", "deep"],
+)
+async def test_arguments_nested_too_deep_are_answered_not_the_end_of_the_episode(ws, endpoint, arguments):
+    """A RecursionError out of decoding such arguments ended the episode: now an error result."""
+    fake, policy = endpoint
+    fake.replies = [calls(call("a", "read_file", arguments), call("b", "read_file", '{"path": "pkg/calc.py"}')), DONE]
+    traj = await run_episode(policy, ws, "read calc")
+    assert traj.stop_reason == "done" and len(traj.turns) == 2, traj.error
+    deep, read = traj.turns[0].tool_calls
+    assert deep.format_error and "nested too deep" in deep.result and "def add" in read.result
+    assert fake.refused == [] and traj.format_errors == 1
+
+
 async def test_repeated_call_ids_are_made_unique(ws, endpoint):
     fake, policy = endpoint
     fake.replies = [calls(call("a", "list_dir", "{}"), call("a", "read_file", '{"path": "README.md"}')), DONE]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ from vivace.harness.chat import ChatFormat
 from vivace.harness.policy import Completion, derive_seed
 from vivace.inference.detokenize import Detokenizer, TokenBytes
 from vivace.inference.engine import TopCompletion
-from vivace.inference.server import create_app
+from vivace.inference.server import ApiError, create_app
 from vivace.model.tokenizer import reference_tokenizer
 from vivace.sandbox.background import BackgroundServer
 
@@ -136,11 +137,21 @@ def streamed_choice(client, **body) -> dict:
     return choices[0]
 
 
+CALL_ID = re.compile(r"call_[0-9a-f]{24}")
+
+
+def without_ids(calls: list[dict]) -> list[dict]:
+    """The calls less their ids, each checked to be a fresh one ("call_" and 24 hex digits, unique)."""
+    assert all(CALL_ID.fullmatch(c["id"]) for c in calls) and len({c["id"] for c in calls}) == len(calls)
+    return [{k: v for k, v in c.items() if k != "id"} for c in calls]
+
+
 def assert_same_reply(whole_choice: dict, streamed_choice: dict) -> None:
-    """A streamed choice says what the whole reply's choice says: content, calls, finish, logprobs."""
+    """A streamed choice says what the whole reply's choice says: content, calls (their ids drawn
+    afresh for each reply), finish, logprobs."""
     message = whole_choice["message"]
     assert streamed_choice["content"] == (message["content"] or "")
-    assert streamed_choice["calls"] == message.get("tool_calls", [])
+    assert without_ids(streamed_choice["calls"]) == without_ids(message.get("tool_calls", []))
     assert streamed_choice["finish"] == whole_choice["finish_reason"]
     assert streamed_choice["logprobs"] == (whole_choice.get("logprobs") or {}).get("content", [])
 
@@ -287,6 +298,15 @@ BAD = [
     ({"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty"),
     ({"messages": USER, "logit_bias": {"5": 10}}, "logit_bias"),
     ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": USER, "functions": [{"name": "f", "parameters": {}}]}, "give tools and tool_choice"),
+    ({"messages": USER, "function_call": "auto"}, "give tools and tool_choice"),
+    ({"messages": USER, "stream": True, "stream_options": {"include_usage": "no"}}, "stream_options.include_usage"),
+    ({"messages": USER, "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"messages": USER, "stream": True, "stream_options": {"usage": True}}, "stream_options.usage"),
+    ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options is only allowed with stream"),
+    ({"messages": USER, "modalities": ["text", "audio"]}, "text only"),
+    ({"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}, "text only"),
+    ({"messages": USER, "web_search_options": {}}, "web_search_options"),
 ]  # fmt: skip
 
 
@@ -759,3 +779,179 @@ def test_a_body_larger_than_any_prompt_is_refused_before_it_is_read(served):
 
     r = client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+# -- what the audit of the served API found -------------------------------------------------------------
+
+
+def test_known_options_that_are_honoured_pass_and_the_refused_ones_are_listed(served):
+    """Every OpenAI option the request model names is honoured or refused; those accepted as given."""
+    engine, client = served
+    says(engine, "ok")
+    ok = {"modalities": ["text"], "stream_options": {"include_usage": False, "include_obfuscation": False}}
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "stream": True, **ok})
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    assert '"usage"' not in r.text  # include_usage false: no usage chunk
+
+
+def test_a_reply_with_a_malformed_call_is_all_text(served):
+    """One good and one malformed call: the good one was returned in tool_calls and again, with the
+    malformed one, in the content, so a client parsing the content read the good call twice; now the
+    reply is the malformed-call reply, its text holding both (as vLLM's parsers answer)."""
+    engine, client = served
+    good = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    text = f'Two.\n{good}\n<tool_call>\n{{"name": "f", "arguments": {{"a": 2}}\n</tool_call>'
+    says(engine, text)
+    for parallel in (True, False):
+        one = whole(client, tools=TOOLS, parallel_tool_calls=parallel)
+        assert one["message"] == {"role": "assistant", "content": text} and one["finish_reason"] == "stop"
+        assert_same_reply(one, streamed_choice(client, tools=TOOLS, parallel_tool_calls=parallel))
+
+
+def test_arguments_too_deep_to_decode_are_a_malformed_reply_not_a_500(served):
+    engine, client = served
+    for arguments in (json.dumps("[" * 3000 + "]" * 3000), '{"a": ' + "[" * 40 + "]" * 40 + "}"):
+        text = f'<tool_call>\n{{"name": "f", "arguments": {arguments}}}\n</tool_call>'
+        says(engine, text)
+        one = whole(client, tools=TOOLS)
+        assert one["message"] == {"role": "assistant", "content": text} and one["finish_reason"] == "stop"
+        assert_same_reply(one, streamed_choice(client, tools=TOOLS))
+
+
+def test_call_ids_are_unique_across_replies_and_choices(served):
+    """Every reply numbered its calls call_0, call_1, …, so two turns (or two choices) repeated ids, and
+    a client keying results by id over a conversation mixed them up: ids are now drawn afresh."""
+    engine, client = served
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    says(engine, call + call)
+    ids = [c["id"] for _ in range(2) for c in whole(client, tools=TOOLS)["message"]["tool_calls"]]
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "tools": TOOLS, "n": 2})
+    ids += [c["id"] for choice in r.json()["choices"] for c in choice["message"]["tool_calls"]]
+    ids += [c["id"] for c in streamed_choice(client, tools=TOOLS)["calls"]]
+    assert len(ids) == 10 and len(set(ids)) == 10 and all(CALL_ID.fullmatch(i) for i in ids)
+
+
+SHOWS_IDS = (  # a chat template that writes call ids into the prompt
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + (m.content or '') }}"
+    "{%- for c in m.tool_calls or [] %}{{ '\\n<tool_call>\\n{\"name\": ' + (c.function.name | tojson) }}"
+    "{{ ', \"id\": ' + (c.id | tojson) + ', \"arguments\": ' + (c.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}{%- if m.role == 'tool' %}{{ ' for ' + m.tool_call_id }}{%- endif %}{{ '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_template_that_shows_call_ids_renders_the_same_whatever_ids_the_client_sends():
+    """The ids a client sends back (this server's, OpenAI's: random) are renamed call_0, call_1, … per
+    turn, with the results that answer them, before rendering: the ids a token-level rollout gives
+    (ChatFormat.parse), so the model sees what it saw in training whatever the client's ids."""
+    engine = ScriptedEngine()
+    says(engine, "ok")
+    client = TestClient(create_app(engine, ChatFormat(reference_tokenizer(), template=SHOWS_IDS), "m"))
+
+    def conversation(a: str, b: str, c: str) -> list[dict]:
+        def calls(*ids: str) -> dict:
+            made = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]
+            return {"role": "assistant", "content": None, "tool_calls": made}
+
+        return [*USER, calls(a, b), {"role": "tool", "tool_call_id": b, "content": "B"},
+                {"role": "tool", "tool_call_id": a, "content": "A"}, calls(c),
+                {"role": "tool", "tool_call_id": c, "content": "C"}]  # fmt: skip
+
+    for ids in (("call_0", "call_1", "call_0"), ("call_9f3a", "call_77", "call_c1"), ("x", "y", "z")):
+        r = client.post("/v1/chat/completions", json={"model": "m", "messages": conversation(*ids), "tools": TOOLS})
+        assert r.status_code == 200, r.text
+    assert engine.prompts[0] == engine.prompts[1] == engine.prompts[2]
+    shown = CHAT.decode(engine.prompts[0])
+    assert '"id": "call_1"' in shown and "B for call_1" in shown and "A for call_0" in shown and "C for call_0" in shown
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_forced_call_needs_room_in_max_tokens(served, field):
+    """max_tokens 1 with a forced call gave a reply of the call's opening and a sampled token (13 tokens):
+    the forced tokens count in max_tokens, so a limit that cannot hold them and one more is a 400."""
+    engine, client = served
+    says(engine, "{}}\n</tool_call>")
+    choice = {"type": "function", "function": {"name": "f"}}
+    forced = len(CHAT.encode('<tool_call>\n{"name": "f", "arguments":'))
+    for limit in (1, forced):
+        body = {"model": "m", "messages": USER, "tools": TOOLS, "tool_choice": choice, field: limit}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and f"{field} of at least {forced + 1}" in r.json()["error"]["message"], r.text
+    assert engine.prompts == []
+    one = whole(client, tools=TOOLS, tool_choice=choice, **{field: forced + 1})
+    assert engine.params[-1].max_tokens == 1
+    assert one["finish_reason"] in ("length", "tool_calls")
+
+
+@pytest.mark.parametrize("stop", ["four", "fo", "ur fi", "e f"])
+def test_chat_logprobs_leave_out_the_stop_strings_tokens(served, stop):
+    """The entries held the tokens of the stop string that ended the reply: they are the tokens of the
+    text before it, streamed or whole (a token holding part of the stop string is left out)."""
+    engine, client = served
+    says(engine, "one two three four five six")
+    one = whole(client, stop=[stop], logprobs=True)
+    content = one["message"]["content"]
+    joined = "".join(e["token"] for e in one["logprobs"]["content"])
+    assert content == "one two three four five six".split(stop)[0].strip()
+    assert content.startswith(joined.strip()) and stop not in joined
+    pieces = [CHAT.decode([t]) for t in engine.ids]
+    whole_tokens = [p for k, p in enumerate(pieces) if len("".join(pieces[: k + 1])) <= len(content)]
+    assert joined == "".join(whole_tokens)  # every token wholly before the stop string
+    assert_same_reply(one, streamed_choice(client, stop=[stop], logprobs=True))
+
+
+class EndlessEngine(ScriptedEngine):
+    """Streams "a" tokens every 10 ms until cancelled (counted), as a long generation does."""
+
+    async def stream(self, prompt, sp, top_logprobs: int = 0):
+        self.prompts.append(prompt)
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                yield (CHAT.encode("a")[0], -0.5)
+        finally:
+            self.cancelled += 1
+
+    async def generate(self, prompt, sp, top_logprobs: int = 0):
+        self.hold = True
+        return await super().generate(prompt, sp, top_logprobs)
+
+
+def test_a_stopping_server_ends_open_requests_within_its_grace():
+    """Stopped with a stream open, `vivace serve` waited for the client forever. Under ClosingServer (as
+    `serve` runs it) running requests get the grace, then a stream ends with an error event and a whole
+    reply with 503, their generation cancelled; a new request is refused; the server is down in seconds."""
+    from vivace.inference.server import GRACEFUL_BACKSTOP_S
+    from vivace.sandbox.server import ClosingServer
+
+    engine = EndlessEngine()
+    app = create_app(engine, CHAT, "m", shutdown_grace_s=0.5)
+    server = BackgroundServer(app, server_class=ClosingServer, graceful_s=GRACEFUL_BACKSTOP_S).start()
+    body = {"model": "m", "messages": USER}
+    got: dict[str, object] = {}
+
+    def read_stream() -> None:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
+            got["events"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+
+    def wait_whole() -> None:
+        got["whole"] = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+
+    clients = [threading.Thread(target=read_stream), threading.Thread(target=wait_whole)]
+    for t in clients:
+        t.start()
+    deadline = time.monotonic() + 10
+    while (len(engine.prompts) < 2 or not app.state.stopping.running) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    started = time.monotonic()
+    server.stop(timeout=30)
+    took = time.monotonic() - started
+    for t in clients:
+        t.join(10)
+    assert took < 3, f"the server took {took:.1f} s to stop"
+    events = got["events"]
+    assert json.loads(events[-2][6:])["error"]["code"] == 503 and events[-1] == "data: [DONE]"
+    assert got["whole"].status_code == 503 and "shutting down" in got["whole"].json()["error"]["message"]
+    assert engine.cancelled == 2  # both generations were stopped, their slots freed
+    with pytest.raises(ApiError, match="shutting down"):
+        app.state.stopping.admit()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Annotated
 
@@ -43,16 +44,23 @@ def serve(
     sock = bound_or_exit(host, port)  # before the model loads, which can take minutes; --port 0: the port taken
     import uvicorn
 
-    from vivace.inference.server import create_app
+    from vivace.inference.server import GRACEFUL_BACKSTOP_S, create_app
     from vivace.sandbox.background import http_url
+    from vivace.sandbox.server import ClosingServer
 
     with sock:
         engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))
         name = served_name or model
         err.print(f"serving {name!r} on {http_url(host, sock.getsockname()[1])}/v1 (max batch {max_batch})",
                   markup=False, highlight=False)  # fmt: skip
+        # SIGTERM or Ctrl-C: running requests get a second, then streams end with an error event and
+        # whole replies with 503, their generation cancelled; a client that takes nothing is dropped.
+        config = uvicorn.Config(
+            create_app(engine, chat, name), log_level="warning", timeout_graceful_shutdown=GRACEFUL_BACKSTOP_S
+        )
         try:
-            uvicorn.Server(uvicorn.Config(create_app(engine, chat, name), log_level="warning")).run(sockets=[sock])
+            with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is how it stops
+                ClosingServer(config).run(sockets=[sock])
         finally:
             engine.close()
 

@@ -15,6 +15,9 @@ from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES = ("system", "user", "assistant", "tool")
+# A call's arguments nested deeper than this are a malformed call: no tool takes such arguments, and
+# the chat template (and `vivace serve`, which refuses messages nested over 64 deep) recurses over them.
+MAX_ARGUMENT_NESTING = 32
 
 
 @dataclass(frozen=True)
@@ -127,22 +130,48 @@ def _text(content: Any, where: str) -> str:
 
 
 def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
-    """A ToolCall from a name and arguments that may be a JSON string (OpenAI) or an object."""
+    """A ToolCall from a name and arguments that may be a JSON string (OpenAI) or an object. Whatever
+    cannot be taken as arguments is a malformed call (its `error` says why), never an exception:
+    text that is not JSON, JSON nested deeper than the decoder recurses (RecursionError), and
+    arguments nested over MAX_ARGUMENT_NESTING deep, which rendering them again would recurse over."""
     if not isinstance(name, str) or not name:
         return ToolCall(call_id, "", arguments, "the tool call has no tool name")
     text = arguments if isinstance(arguments, str) else None
     if text is not None:
         try:
             arguments = json.loads(text) if text.strip() else {}
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # JSONDecodeError, and a lone surrogate's UnicodeError
             return ToolCall(call_id, name, text, f"the arguments are not valid JSON ({e})")
+        except RecursionError:
+            return ToolCall(call_id, name, text, _too_deep())
     if not isinstance(arguments, dict):
         return ToolCall(
             call_id, name, arguments, f"the arguments must be a JSON object, got {type(arguments).__name__}"
         )
+    if nesting(arguments) > MAX_ARGUMENT_NESTING:
+        return ToolCall(call_id, name, arguments if text is None else text, _too_deep())
     if text is not None and text[:1] == "{" and text[-1:] == "}":  # the object as written: keep its spelling
         return ToolCall(call_id, name, SpelledArguments(arguments, text))
     return ToolCall(call_id, name, arguments)
+
+
+def nesting(value: Any) -> int:
+    """How deep arrays and objects nest in a decoded JSON value ({} is 1, {"a": []} is 2). Iterative:
+    any depth."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list | tuple):
+            deepest = max(deepest, depth)
+            todo += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def _too_deep() -> str:
+    return (
+        f"the arguments are nested too deep (arrays and objects at most {MAX_ARGUMENT_NESTING} deep); "
+        "give the arguments as a flat JSON object"
+    )
 
 
 @dataclass

@@ -19,9 +19,11 @@ parse the reply is the malformed-call one (the text as content, no tool calls).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import json
-from collections.abc import AsyncIterator, Sequence
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +54,9 @@ class Output:
     forced: list[int]  # the job's forced ids: the reply is forced + sampled
     cut: str | None = None  # ended by a stop string: the reply's text before it (the forced text included)
     top: Sequence[TopLogprobs] = ()  # per sampled id, its most likely alternatives (when asked)
+    # Ended by a stop string: how many sampled ids spell the text before it (Reading.covering); the
+    # rest spell some of the stop string, which the reply leaves out. None: all of them.
+    kept: int | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -72,8 +77,10 @@ class Reading:
         self.detok = Detokenizer(chat.decode, set(job.params.stop_token_ids))
         self.pieces = [self.detok.add(t) for t in job.forced]
         self.floor = sum(map(len, self.pieces))  # stop strings are searched for after the forced text
+        self.length = self.floor  # the text's length so far
         self.finder = StopFinder(job.stops) if job.stops else None
         self.ids: list[int] = []
+        self.ends: list[int] = []  # per sampled id, where its text ends in the text
         self.logprobs: list[float] = []
         self.top: list[TopLogprobs] = []
         self.cut: int | None = None  # where the first stop string starts in the text
@@ -90,6 +97,8 @@ class Reading:
             self.top.append(item[2])
         delta = self.detok.add(item[0])
         self.pieces.append(delta)
+        self.length += len(delta)
+        self.ends.append(self.length)
         if self.finder is not None and delta:
             at = self.finder.feed(delta)
             if at is not None:
@@ -101,7 +110,19 @@ class Reading:
         if done is not None:
             return Output(done, self.job.forced, None, self.top)
         completion = Completion(list(self.ids), list(self.logprobs), "stop", version)
-        return Output(completion, self.job.forced, "".join(self.pieces)[: self.cut], self.top)
+        text = "".join(self.pieces)[: self.cut]
+        return Output(completion, self.job.forced, text, self.top, self.covering(self.cut))
+
+    def covering(self, upto: int | None) -> int:
+        """How many of the sampled ids spell text wholly before `upto` (a stop string's start; None:
+        all): a token with part of a stop string is not the reply's, and a token with part of a
+        character goes with the token that completes it."""
+        if upto is None:
+            return len(self.ids)
+        k = bisect.bisect_right(self.ends, upto)
+        while k and not self.pieces[len(self.job.forced) + k - 1]:
+            k -= 1
+        return k
 
 
 async def generate(engine: AsyncEngine, chat: ChatFormat, job: Job) -> Output:
@@ -140,16 +161,26 @@ def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], 
     if not shape.tools:
         return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
     message, _ = chat.parse(output, finish_reason=finish_reason)
+    if any(c.error for c in message.tool_calls):
+        # One malformed call makes the whole reply text, the good calls' markup included, as vLLM's tool
+        # parsers answer: a client that parses the markup (OpenAIPolicy) gets every call and every error,
+        # and none reads a good call twice (in tool_calls and in the content).
+        return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
     answer: dict[str, Any] = {"role": "assistant", "content": message.content or None}
-    calls = [c.to_openai() for c in message.tool_calls if c.error is None]
+    calls = [{**c.to_openai(), "id": call_id()} for c in message.tool_calls]
     if not shape.parallel:
         calls = calls[:1]
     if calls:
         answer["tool_calls"] = calls
-    if any(c.error for c in message.tool_calls):  # keep what could not be parsed, as text
-        answer["content"] = text.strip() or None
     finish = "length" if finish_reason == "length" else "tool_calls" if calls else "stop"
     return answer, finish
+
+
+def call_id() -> str:
+    """A tool call's id, unique across conversations as OpenAI's are ("call_" and 24 hex digits): a
+    client may key results by id over a whole conversation. The chat template never sees it: the
+    server numbers a request's calls again before rendering (server.numbered_calls)."""
+    return "call_" + secrets.token_hex(12)
 
 
 def logprob_entry(chat: ChatFormat, token: int, logprob: float, top: TopLogprobs = ()) -> dict[str, Any]:
@@ -169,14 +200,12 @@ def token_bytes(tokenizer: Any) -> TokenBytes:
 
 
 def chat_logprobs(chat: ChatFormat, out: Output) -> list[dict[str, Any]]:
-    """The sampled tokens' entries: not the forced ids (not sampled) nor the end-of-turn token."""
+    """The sampled tokens' entries: not the forced ids (not sampled), nor the end-of-turn token, nor
+    the tokens of a stop string that ended the reply (its text is not in the reply)."""
     done, stop = out.completion, set(chat.stop_ids)
     top = list(out.top) or [()] * len(done.token_ids)
-    return [
-        logprob_entry(chat, t, lp, alts)
-        for t, lp, alts in zip(done.token_ids, done.logprobs, top, strict=True)
-        if t not in stop
-    ]
+    rows = list(zip(done.token_ids, done.logprobs, top, strict=True))[: out.kept]
+    return [logprob_entry(chat, t, lp, alts) for t, lp, alts in rows if t not in stop]
 
 
 # -- /v1/completions' logprobs ------------------------------------------------------------------------
@@ -276,7 +305,18 @@ async def stream_choice(
     reading = Reading(chat, job)
     content = ContentStream(job.stops, TOOL_CALL_OPEN if shape.tools else None)
     content.feed(reading.forced_text)
-    stop_ids, entries = set(chat.stop_ids), []
+    stop_ids = set(chat.stop_ids)
+    # Entries not sent yet, by sampled index: one is sent once the content sent holds all its text, so
+    # the tokens of a stop string (which the reply leaves out) never are, as in chat_logprobs.
+    entries: list[tuple[int, dict[str, Any]]] = []
+    lead, sent = 0, 0  # the leading whitespace the content leaves out; the content's length sent
+
+    def ready(upto: int) -> list[dict[str, Any]]:
+        nonlocal entries
+        out = [e for i, e in entries if i < upto]
+        entries = [(i, e) for i, e in entries if i >= upto]
+        return out
+
     final: Output | None = None
     tokens = engine.stream(job.prompt, job.params, top_logprobs=job.top_logprobs)
     try:
@@ -285,37 +325,46 @@ async def stream_choice(
                 final = reading.output(item, engine.version)
                 break
             if shape.logprobs and item[0] not in stop_ids:
-                entries.append(logprob_entry(chat, *item))
+                entries.append((len(reading.ids), logprob_entry(chat, *item)))
             delta = reading.add(item)
             if reading.cut is not None:
                 final = reading.output(None, engine.version)
                 break
             if shown := content.feed(delta):
-                yield choice({"content": shown}, entries=entries)
-                entries = []
+                if not sent:
+                    text = "".join(reading.pieces)
+                    lead = len(text) - len(text.lstrip())
+                sent += len(shown)
+                yield choice({"content": shown}, entries=ready(reading.covering(lead + sent)))
     finally:
         await tokens.aclose()
     if final is None:
         raise RuntimeError("the engine's stream ended without a completion")
     answer, finish = reply(chat, final, shape)
-    whole, sent = answer.get("content") or "", content.sent
-    rest = whole[len(sent) :] if whole.startswith(sent) else ""
-    if rest or entries:
-        yield choice({"content": rest} if rest else {}, entries=entries)
+    whole, sent_text = answer.get("content") or "", content.sent
+    rest = whole[len(sent_text) :] if whole.startswith(sent_text) else ""
+    last = ready(reading.covering(None) if final.kept is None else final.kept)
+    if rest or last:
+        yield choice({"content": rest} if rest else {}, entries=last)
     for i, call in enumerate(answer.get("tool_calls") or ()):
         yield choice({"tool_calls": [{"index": i, **call}]})
     yield choice({}, finish)
     yield final
 
 
-async def merge(streams: list[AsyncIterator]) -> AsyncIterator:
-    """The items of several async iterators as they come; closing this closes them all."""
-    if len(streams) == 1:
-        async for item in streams[0]:
-            yield item
-        return
+class Stopped(Exception):
+    """The server is stopping: `merge` ended its streams early (their generation cancelled)."""
+
+
+async def merge(
+    streams: list[AsyncIterator], on_stop: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+) -> AsyncIterator:
+    """The items of several async iterators as they come; closing this closes them all. `on_stop`
+    registers a callback (returning its unregistration) that the server calls when it stops: the
+    iterators are then closed and this raises Stopped."""
     queue: asyncio.Queue = asyncio.Queue()
-    end = object()
+    end, stopped = object(), object()
+    forget = on_stop(lambda: queue.put_nowait(stopped)) if on_stop is not None else (lambda: None)
 
     async def pump(stream: AsyncIterator) -> None:
         try:
@@ -333,11 +382,14 @@ async def merge(streams: list[AsyncIterator]) -> AsyncIterator:
             item = await queue.get()
             if item is end:
                 running -= 1
+            elif item is stopped:
+                raise Stopped("the server is shutting down")
             elif isinstance(item, Exception):
                 raise item
             else:
                 yield item
     finally:
+        forget()
         await cancel_and_wait(tasks)  # a reader that left (or a failed choice) stops the others' generation
 
 

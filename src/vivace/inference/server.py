@@ -5,6 +5,14 @@ Endpoints:
   output parsed into content and `tool_calls` (several per message); `stream: true` sends
   server-sent events (content deltas as tokens arrive, tool calls once parsed, then the
   finish reason, and usage when `stream_options.include_usage`).
+  A reply in which any call is malformed (its JSON does not parse, it has no name, it was never
+  closed, …) has no `tool_calls`: its whole text, the good calls' markup included, is the content
+  and the finish reason "stop" (or "length"), as vLLM's tool parsers answer. A client that parses
+  the markup (OpenAIPolicy does) then gets every call and every error, as a token-level rollout
+  does, and none reads a good call twice. Each call's id is fresh ("call_" and 24 hex digits, as
+  OpenAI's), unique across a conversation; the chat template never sees the ids a client sends:
+  a request's calls are renamed call_0, call_1, … per turn, with the results answering them, before
+  rendering (`numbered_calls`: the ids of a token-level rollout).
 - POST /v1/completions: `prompt` as token ids (or text); returns the generated `token_ids`, the
   sampled tokens' logprobs and the `policy_version` — what RL rollouts and `HttpSampler` use.
 - GET /v1/models, GET /health, GET /metrics (tokens/s, batch occupancy, queue).
@@ -23,10 +31,12 @@ Options honoured:
   function '{"name": "NAME", "arguments":'. Guaranteed: the reply opens a tool call (of NAME);
   when the model's arguments then parse, the reply has at least one tool call (the first of
   NAME), else it is the malformed-call reply (the text as content, no tool calls). The forced
-  tokens are part of the reply: counted in completion tokens and `max_tokens`, not in logprobs.
+  tokens are part of the reply: counted in completion tokens and `max_tokens` (a limit that cannot
+  hold them and one token of the model's is refused with 400, not exceeded), not in logprobs.
 - `parallel_tool_calls` false: the first call only.
 - `logprobs` (chat, streamed too: each chunk carries its tokens' entries) with `top_logprobs`
-  0 to 20, each entry's `bytes` the token's own (a token holding part of a character gives its
+  0 to 20, the entries those of the reply's tokens (a stop string's tokens, and a token holding
+  part of one, are left out, as its text is), each entry's `bytes` the token's own (a token holding part of a character gives its
   bytes, not U+FFFD's, so the entries' bytes join into the reply's UTF-8). /v1/completions
   always returns OpenAI's legacy `tokens`, `token_logprobs` and `text_offset` (each token's
   character offset in `text`; the tokens of one character share its offset, as OpenAI's do;
@@ -39,13 +49,20 @@ Options honoured:
   (and at 0, greedy). OpenAI reports the model's own at any temperature.
 A client that disconnects cancels its generation. `max_tokens` beyond the context is cut to it
 (the reply ends with finish_reason "length"), where OpenAI and vLLM refuse the request.
+Stopping (SIGTERM, Ctrl-C; `vivace serve` runs sandbox.server.ClosingServer over `Stopping`): new
+requests are answered 503, running ones get SHUTDOWN_GRACE_S to finish, then a whole reply's request
+is answered 503 and a stream ends with an error event, their generation cancelled; a client that
+takes nothing is dropped; the process is gone within a few seconds, also when forced.
 
 Bad requests (invalid JSON, a field of the wrong type, a malformed message or tool, a prompt over
 the context, an unknown model, `tool_choice` naming a function not in `tools`, a `seed` outside
 int64, a string holding a lone surrogate, messages or tools nested over 64 deep) get a 4xx with an
 OpenAI-style error body; so do OpenAI options this server cannot honour, which are refused rather
 than ignored: penalties, `logit_bias`, `response_format` other than text, `best_of`, `echo`,
-`suffix`, streaming on /v1/completions, `tool_choice` in other forms. The server goes on serving.
+`suffix`, streaming on /v1/completions, `tool_choice` in other forms, the legacy `functions` and
+`function_call` (give `tools` and `tool_choice`), audio (`audio`, `modalities` other than text),
+`web_search_options`, `stream_options` without `stream` or with an option other than
+`include_usage` (a strict bool) and `include_obfuscation`. The server goes on serving.
 A request body larger than a prompt of the whole context could need (`body_cap`) is refused with
 413 before it is read, so one request cannot take the server's memory. A stream that fails after
 its 200 ends with an error event (`data: {"error": ...}`), which the openai client raises.
@@ -54,10 +71,12 @@ its 200 ends with an error event (`data: {"error": ...}`), which the openai clie
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import jinja2
@@ -70,13 +89,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vivace.aio import cancel_and_wait
 from vivace.body_limit import BodyLimit
 from vivace.harness.chat import ChatFormat
-from vivace.harness.messages import messages_from_openai
+from vivace.harness.messages import Message, messages_from_openai
 from vivace.harness.policy import SamplingParams, derive_seed
 from vivace.inference.engine import AsyncEngine
 from vivace.inference.replies import (
     Job,
     Output,
     Shape,
+    Stopped,
     chat_logprobs,
     completion_logprobs,
     forced_call,
@@ -94,6 +114,22 @@ MAX_CHOICES = 16  # n
 MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API
 MIN_TEMPERATURE = 1e-4  # below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38
 MAX_NESTING = 64  # arrays and objects within one message or tool: the chat template recurses over them
+# Once told to stop (SIGTERM, Ctrl-C), how long running requests may still finish before they are cut
+# short; and uvicorn's own wait, a backstop (sandbox.server.ClosingServer runs the stop): well inside
+# the 10 s that `docker stop` and Kubernetes give before SIGKILL.
+SHUTDOWN_GRACE_S = 1.0
+GRACEFUL_BACKSTOP_S = SHUTDOWN_GRACE_S + 4
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`; an unknown option is refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False  # a last chunk with the usage and no choices
+    # OpenAI pads a stream's chunks against length side channels unless told not to; these carry no
+    # padding (the server binds loopback by default), which either value is content with.
+    include_obfuscation: bool = True
 
 
 class _Body(BaseModel):
@@ -109,7 +145,7 @@ class _Body(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="independent samples of the prompt")
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -124,6 +160,8 @@ class _Body(BaseModel):
         return stops
 
     def refuse_unsupported(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true")
         if self.frequency_penalty or self.presence_penalty:
             raise ApiError(400, "frequency_penalty and presence_penalty are not supported here; leave them at 0")
         if self.logit_bias:
@@ -139,6 +177,12 @@ class ChatBody(_Body):
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
+    # OpenAI options that would change the reply and that this server cannot honour: refused when given.
+    functions: Any = None  # the legacy form of `tools`
+    function_call: Any = None  # the legacy form of `tool_choice`
+    modalities: list[str] | None = None
+    audio: Any = None
+    web_search_options: Any = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -146,6 +190,14 @@ class ChatBody(_Body):
             raise ApiError(400, "top_logprobs needs logprobs: true")
         if (self.response_format or {}).get("type", "text") != "text":
             raise ApiError(400, "response_format: only {'type': 'text'} is supported")
+        if self.functions is not None or self.function_call is not None:
+            raise ApiError(
+                400, "functions and function_call (OpenAI's legacy form) are not supported; give tools and tool_choice"
+            )
+        if self.audio is not None or self.modalities not in (None, ["text"]):
+            raise ApiError(400, "this server answers text only: leave out audio, and modalities other than ['text']")
+        if self.web_search_options is not None:
+            raise ApiError(400, "web_search_options is not supported: this server does not search the web")
 
     def forced_function(self) -> tuple[bool, str | None]:
         """(whether a call is forced, the function it must call: None for any), from tool_choice."""
@@ -192,10 +244,77 @@ class ApiError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
-def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_bytes: int | None = None) -> FastAPI:
-    """`max_body_bytes`: the largest request body read (413 beyond); default `body_cap(context)`."""
+class Stopping:
+    """The app's side of a prompt stop, through sandbox.server.ClosingServer's hooks (`drain`,
+    `stop_now`, `close_all`): once told to stop, new generation requests are answered 503; those
+    running get `grace_s` to finish, then end: a whole reply's request with 503, a stream with an
+    error event; either way the engine's requests are cancelled, freeing their slots. No asyncio
+    primitive is kept (a TestClient runs each request in a loop of its own): a flag and callbacks."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.draining = False  # new requests are refused
+        self.stopped = False  # the grace is over: running ones end
+        self.running: set[asyncio.Task] = set()  # the requests generating now
+        self._callbacks: dict[int, Callable[[], None]] = {}
+
+    def admit(self) -> None:
+        """Takes a generation request (the current task), or refuses it while stopping."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down and takes no new requests", "server_error")
+        task = asyncio.current_task()
+        if task is not None:
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+
+    def on_stop(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Calls `callback` when the grace is over (at once if it is); returns its unregistration."""
+        if self.stopped:
+            callback()
+            return lambda: None
+        key = id(callback)
+        self._callbacks[key] = callback
+        return lambda: self._callbacks.pop(key, None)
+
+    async def drain(self) -> None:
+        self.draining = True
+        if self.running:
+            await asyncio.wait(set(self.running), timeout=self.grace_s)
+        self.stop_now()
+
+    def stop_now(self) -> None:
+        self.draining = self.stopped = True
+        callbacks, self._callbacks = list(self._callbacks.values()), {}
+        for callback in callbacks:
+            callback()
+
+
+def create_app(
+    engine: AsyncEngine,
+    chat: ChatFormat,
+    model_name: str,
+    max_body_bytes: int | None = None,
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+) -> FastAPI:
+    """`max_body_bytes`: the largest request body read (413 beyond); default `body_cap(context)`.
+    `shutdown_grace_s`: how long running requests may finish once the server stops (`Stopping`)."""
     app = FastAPI(title="vivace serve")
     created = int(time.time())
+    stopping = Stopping(shutdown_grace_s)
+    app.state.stopping = stopping
+    # sandbox.server.ClosingServer's hooks; the engine is the caller's to close
+
+    async def let_go() -> None:
+        """Waits (3 s at most) for the engine to drop the requests the stop cancelled: one it dropped
+        after the event loop closed would call into the closed loop (a traceback at exit)."""
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            load = engine.metrics()
+            if not load.get("running") and not load.get("waiting"):
+                return
+            await asyncio.sleep(0.02)
+
+    app.state.drain, app.state.stop_now, app.state.close_all = stopping.drain, stopping.stop_now, let_go
     cap = max_body_bytes or body_cap(engine.engine.max_positions)
     app.add_middleware(BodyLimit, max_bytes=cap, too_large=lambda message: _error(413, message), what="vivace serve")
 
@@ -229,7 +348,7 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
 
         def params(i: int) -> SamplingParams:
             return SamplingParams(
-                max_tokens=max(1, max_tokens - len(forced)),  # the forced tokens are part of the reply
+                max_tokens=max_tokens - len(forced),  # the forced tokens are part of the reply
                 temperature=body.temperature if body.temperature >= MIN_TEMPERATURE else 0.0,
                 top_p=body.top_p,
                 top_k=body.top_k,
@@ -250,6 +369,8 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
                 failed = next((t.exception() for t in done if t.exception() is not None), None)
                 if failed is not None:
                     raise failed
+                if pending and stopping.stopped:
+                    raise ApiError(503, "the server is shutting down: the request was cancelled", "server_error")
                 if pending and await request.is_disconnected():
                     raise ApiError(499, "the client closed the connection")
             return [t.result() for t in tasks]
@@ -277,6 +398,7 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
     async def completions(body: CompletionBody, request: Request):
         check_model(body.model)
         body.refuse_unsupported()
+        stopping.admit()
         if isinstance(body.prompt, str):
             _check_renderable(body.prompt, "prompt")
         prompt = body.prompt if isinstance(body.prompt, list) else await asyncio.to_thread(chat.encode, body.prompt)
@@ -309,12 +431,11 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
     async def chat_completions(body: ChatBody, request: Request):
         check_model(body.model)
         body.refuse_unsupported()
+        stopping.admit()
         try:
-            messages = messages_from_openai(body.messages)
+            messages = numbered_calls(messages_from_openai(body.messages))
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
-        except RecursionError as exc:  # a call's arguments string nested deeper than json decodes
-            raise ApiError(400, f"messages: a tool call's arguments are nested too deep ({exc})") from exc
         for i, m in enumerate(messages):  # what the template renders of them
             calls = [[c.id, c.name, c.arguments] for c in m.tool_calls]
             _check_renderable([m.content, m.name, m.tool_call_id, calls], f"messages[{i}]")
@@ -332,7 +453,16 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
         except (ValueError, jinja2.TemplateError) as exc:  # a template that cannot force a call
             raise ApiError(400, f"tool_choice: {exc}") from exc
         top = body.top_logprobs if body.logprobs else 0
-        todo = jobs(body, prompt, body.max_completion_tokens or body.max_tokens or 1024, chat.stop_ids, forced, top)
+        limit = body.max_completion_tokens or body.max_tokens or 1024
+        if forced and limit <= len(forced):
+            field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            raise ApiError(
+                400,
+                f"{field} {limit} cannot hold the forced tool call: its opening {chat.decode(forced)!r} is "
+                f"{len(forced)} tokens of the reply, and the model must write at least one more; give {field} "
+                f"of at least {len(forced) + 1}",
+            )
+        todo = jobs(body, prompt, limit, chat.stop_ids, forced, top)
         shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if body.stream:
@@ -340,9 +470,9 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
                 raise ApiError(
                     400, f"the prompt has {len(todo[0].prompt)} tokens; the context is {engine.engine.max_positions}"
                 )
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
             streams = [stream_choice(engine, chat, job, i, shape) for i, job in enumerate(todo)]
-            events = _stream_chat(streams, rid, model_name, len(prompt), include_usage)
+            events = _stream_chat(merge(streams, stopping.on_stop), rid, model_name, len(prompt), include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
         outs = await run(request, todo)
         choices = []
@@ -362,6 +492,25 @@ def create_app(engine: AsyncEngine, chat: ChatFormat, model_name: str, max_body_
         }
 
     return app
+
+
+def numbered_calls(messages: list[Message]) -> list[Message]:
+    """The messages with each assistant turn's calls named call_0, call_1, … and the tool results that
+    answer them named to match: the ids a token-level rollout gives them (ChatFormat.parse). The ids
+    a client sends (this server's, OpenAI's: random, unique in the conversation) are its own; a chat
+    template that writes ids into the prompt then shows the model what it saw in training."""
+    out, renamed = [], {}
+    for m in messages:
+        if m.role == "assistant" and m.tool_calls:
+            renamed = {}
+            for j, call in enumerate(m.tool_calls):
+                renamed.setdefault(call.id, f"call_{j}")
+            m = dataclasses.replace(m, tool_calls=tuple(dataclasses.replace(c, id=f"call_{j}")
+                                                        for j, c in enumerate(m.tool_calls)))  # fmt: skip
+        elif m.role == "tool" and m.tool_call_id in renamed:
+            m = dataclasses.replace(m, tool_call_id=renamed[m.tool_call_id])
+        out.append(m)
+    return out
 
 
 def _check_renderable(value: Any, where: str) -> None:
@@ -401,8 +550,9 @@ def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return tools
 
 
-async def _stream_chat(streams: list, rid: str, model: str, prompt_tokens: int, include_usage: bool):
-    """Server-sent events of every choice's chunks as they come, then usage (when asked) and [DONE]."""
+async def _stream_chat(items: AsyncIterator, rid: str, model: str, prompt_tokens: int, include_usage: bool):
+    """Server-sent events of every choice's chunks (`merge`'s items) as they come, then usage (when
+    asked) and [DONE]; a stream the server's stop ends gets an error event saying so."""
 
     def chunk(choices: list[dict[str, Any]], usage: dict | None = None) -> str:
         data: dict[str, Any] = {
@@ -415,11 +565,16 @@ async def _stream_chat(streams: list, rid: str, model: str, prompt_tokens: int, 
 
     outs: list[Output] = []
     try:
-        async for item in merge(streams):
+        async for item in items:
             if isinstance(item, Output):
                 outs.append(item)
             else:
                 yield chunk([item])
+    except Stopped:
+        error = {"message": "the server is shutting down: the reply was cut short", "type": "server_error", "code": 503}
+        yield f"data: {json.dumps({'error': error})}\n\n"
+        yield "data: [DONE]\n\n"
+        return
     except Exception as exc:  # past the 200: an error event, which the openai client raises, as vLLM's streams do
         log.exception("a streamed chat completion failed")
         message = f"internal error ({type(exc).__name__}); the server log has the traceback"  # as a 500's

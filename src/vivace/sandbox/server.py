@@ -477,8 +477,11 @@ def create_app(
                        what="the environment server")  # fmt: skip
     app.add_middleware(TokenGate, token=token)
     app.state.registry = reg
+    # ClosingServer's hooks (see its docstring)
     app.state.close_all = close_all
     app.state.drain = lambda: reg.drain(shutdown_grace_s)
+    app.state.stop_now = reg.stop_now.set
+    app.state.set_drop_connection = lambda drop: setattr(reg, "drop_connection", drop)
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
@@ -603,10 +606,17 @@ class ClosingServer(uvicorn.Server):
     Ctrl-C, which its "CTRL+C to force quit" invites) it skips the app's shutdown. Here the app
     drains alongside uvicorn's wait (running calls get the app's short grace, then are cancelled
     and answered), and the workspaces are closed, killing their commands, in either case. A stream
-    cut short for stalling has its connection dropped, which uvicorn would keep until sent."""
+    cut short for stalling has its connection dropped, which uvicorn would keep until sent.
+
+    Any app can run under it (this module's and `vivace serve`'s do) by setting on `app.state`:
+    `drain()` (async: refuse new work, give running work its grace, then end it), `stop_now()` (forced:
+    no grace left), `close_all()` (async, idempotent: release what the app holds), and optionally
+    `set_drop_connection(drop)`, which is given the function that drops a request's connection."""
 
     async def startup(self, sockets: Any = None) -> None:
-        self.config.app.state.registry.drop_connection = self._drop_connection
+        state = self.config.app.state
+        if hasattr(state, "set_drop_connection"):
+            state.set_drop_connection(self._drop_connection)
         await super().startup(sockets)
 
     def _drop_connection(self, scope: dict) -> None:
@@ -623,9 +633,11 @@ class ClosingServer(uvicorn.Server):
             await super().shutdown(sockets)  # returns once the drained calls have answered, or forced
         finally:
             drop.cancel()
-            state.registry.stop_now.set()  # forced: no grace left
+            state.stop_now()  # forced: no grace left
             await drain
             await state.close_all()  # idempotent: a no-op after a graceful shutdown
+            if self.force_exit:  # uvicorn skipped the app's lifespan shutdown: its task would die logging a traceback
+                await self.lifespan.shutdown()
 
     async def _drop_stalled_clients(self, drain: asyncio.Future[None]) -> None:
         """Once the drain is over, connections still holding unsent bytes after STALLED_CLIENT_GRACE_S
