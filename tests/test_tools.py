@@ -688,3 +688,5 @@ async def test_file_tool_message_nits(pctx):
             await err(pctx, name, path="", **args)
             == "Error: path is empty; give a path relative to the workspace root."
         )
+        said = await err(pctx, name, path="a\0b.txt", **args)  # not "outside the workspace": it is not
+        assert said.startswith("Error: ") and "contains a NUL byte, which no file name can hold" in said, said

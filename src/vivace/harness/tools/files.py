@@ -47,6 +47,10 @@ def path_problem(path: str, *, file: bool = False) -> ToolResult | None:
     directory spelling ending in '/'."""
     if not path.strip():
         return error("path is empty; give a path relative to the workspace root.")
+    if "\0" in path:  # not "outside the workspace", which the file API's refusal would say
+        return error(
+            f"{display_path(path)} contains a NUL byte, which no file name can hold; give the path without it."
+        )
     if file and path.endswith("/"):
         return error(f"{display_path(path)} ends in '/', so it names a directory; give a file path.")
     return None
