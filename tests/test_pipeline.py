@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -338,6 +339,36 @@ async def test_keep_checkpoints_deletes_all_but_the_newest_and_resume_still_work
     run_dir = new_run_dir(cfg, "keep-all")
     await train_run(cfg, run_dir, ScriptedWorkers(seed=10), [])
     assert len(list((run_dir / "checkpoints").iterdir())) == 6
+
+
+@pytest.mark.parametrize(
+    "damage,said",
+    [
+        (lambda run: (run / "checkpoints" / "step_2" / "state.json").write_text("{oops"), "cannot resume from this "
+         "checkpoint (JSONDecodeError"),
+        (lambda run: (run / "checkpoints" / "step_2" / "state.json").write_text('{"step": "2"}'), "holds no step"),
+        (lambda run: (run / "checkpoints" / "step_2" / "rng.pt").write_bytes(b"x"), "rng.pt is not a file of plain "
+         "tensors"),
+        (lambda run: (run / "checkpoints" / "step_2" / "rng.pt").write_bytes(b""), "cannot resume from this"),
+        (lambda run: (run / "metrics.jsonl").write_text("garbage\n" + (run / "metrics.jsonl").read_text()),
+         "metrics.jsonl:1: not a metrics row (not JSON"),
+    ],
+    ids=["state-json", "state-step", "rng-garbage", "rng-empty", "metrics-line"],
+)  # fmt: skip
+async def test_a_damaged_checkpoint_or_metrics_file_stops_a_resume_by_name(tmp_path, damage, said):
+    """A resume reads the checkpoint's state.json and rng.pt and rewrites metrics.jsonl up to it: damage in any
+    of them is StartFailed naming the file (the CLI's one-line error), never a traceback nor a line dropped
+    without a word; rng.pt is read as plain tensors, never as a pickle that could run code."""
+    from vivace.rl.controller import StartFailed
+
+    cfg = load_preset("smoke", train={"steps": 2, "tasks_per_step": 1, "group_size": 2, "checkpoint_every": 1,
+                                      "runs_dir": str(tmp_path / "runs")})  # fmt: skip
+    run_dir = new_run_dir(cfg, "damaged")
+    await train_run(cfg, run_dir, ScriptedWorkers(seed=11), [])
+    damage(run_dir)
+    cfg.train.steps = 3
+    with pytest.raises(StartFailed, match=re.escape(said)):
+        await train(cfg, run_dir, resume=True, tasks=tasks(), workers=ScriptedWorkers(seed=11))
 
 
 def test_directories_not_named_step_n_are_neither_resumed_nor_pruned(tmp_path):

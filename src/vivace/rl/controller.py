@@ -29,6 +29,7 @@ ranks), or in this process (`LocalWorkers`).
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import time
 from collections.abc import Callable
@@ -220,10 +221,12 @@ async def train(
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
-            state = json.loads((ckpt / "state.json").read_text())
+            state = _resume_state(ckpt)
             start, pending = state["step"], state.get("pending", [])
-            torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False)["torch"])
-        _truncate_metrics(run_dir, start)
+        try:
+            _truncate_metrics(run_dir, start)
+        except (OSError, ValueError) as e:  # a line that is not a metrics row: not dropped without a word
+            raise StartFailed(f"cannot resume: {e}; remove or mend that line, then resume again") from e
     position = state.get("data_position", 0)
     # A checkpoint from before replay existed has no order state: its fresh tasks end at its position.
     order = TaskOrder(tasks, tc.seed, tc.replay, tc.replay_limit, state.get("order") or {"fresh": position})
@@ -387,6 +390,23 @@ async def _checkpoint(
     write_atomic(path / "state.json", json.dumps(state))  # written last, whole or not at all: complete
     if keep is not None:
         prune_checkpoints(run_dir, keep)
+
+
+def _resume_state(ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's state.json, with the torch RNG restored from its rng.pt (read as plain tensors: a
+    run directory may come from elsewhere, and a pickle could run code); StartFailed when either is damaged."""
+    try:
+        state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int) or state["step"] < 1:
+            raise ValueError(f"state.json holds no step number: {str(state)[:60]}")
+        torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=True)["torch"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        if isinstance(e, pickle.UnpicklingError):  # torch's text suggests weights_only=False: never here
+            first = "rng.pt is not a file of plain tensors"
+        raise StartFailed(f"{ckpt}: cannot resume from this checkpoint ({type(e).__name__}: {first}); it is "
+                          "damaged: move it out of checkpoints/ to resume from the one before") from e  # fmt: skip
+    return state
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
