@@ -434,7 +434,7 @@ class Trainer:
 
         def read_state():
             require_weights(weights_dir)  # damaged files: the same ValueError on every rank, before any read
-            saved = torch.load(path / "trainer.pt", weights_only=False)
+            saved = torch.load(path / "trainer.pt", weights_only=True)  # tensors and plain values; never code
             return saved, (int(saved["step"]), "optimizer" in saved)
 
         def read_weights():
