@@ -77,11 +77,20 @@ def test_agent_apply_writes_exactly_the_diff(setup, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["applied"] and report["not_applied"] == {} and report["merged"] == []
+    assert report["sandbox"] == {"backend": BACKEND, "isolated": BACKEND == "isolated"}  # a saved result says so
     diff = report["trajectory"]["diff"]
     assert "pkg/new.py" in diff and "README.md" in diff
     candidates = set(walk_files(original)) | set(walk_files(work))
     assert tree_diff(original, work, candidates) == diff
     assert not (work / "README.md").exists() and (work / "pkg/new.py").read_text() == "X = 1\n"
+
+
+def test_agent_json_says_when_it_ran_unisolated(setup):
+    work, args = setup
+    plain = [a if a != BACKEND else "plain" for a in args]
+    result = CliRunner().invoke(app, ["agent", "fix sub", *plain, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["sandbox"] == {"backend": "plain", "isolated": False}
 
 
 def test_agent_bad_inputs(setup, tmp_path):

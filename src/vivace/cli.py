@@ -266,8 +266,11 @@ def agent(
             out.print()
             return False
 
+    sandbox: dict[str, object] = {}  # which backend ran the agent: --json says so (plain is NOT isolated)
+
     async def go():
         b = open_backend(cfg.sandbox)
+        sandbox.update(backend=b.name, isolated=b.isolated)
         try:
             # Seconds on a big repository's first run, and synchronous: under asyncio's handler a Ctrl-C
             # would only be noticed after it (or lost), so here it stops the copy at once.
@@ -321,7 +324,7 @@ def agent(
         raise typer.Exit(130) from None
     if as_json:
         shown = {"trajectory": traj.model_dump()} if traj else {"interrupted": True, "diff": diff}
-        done = {"applied": applied, "not_applied": report.left, "merged": report.merged}
+        done = {"applied": applied, "not_applied": report.left, "merged": report.merged, "sandbox": sandbox}
         sys.stdout.write(json.dumps({**shown, **done}) + "\n")
     elif applied:
         print_apply_report(out, report, repo)
