@@ -922,7 +922,7 @@ def test_a_stopping_server_ends_open_requests_within_its_grace():
     `serve` runs it) running requests get the grace, then a stream ends with an error event and a whole
     reply with 503, their generation cancelled; a new request is refused; the server is down in seconds."""
     from vivace.inference.server import GRACEFUL_BACKSTOP_S
-    from vivace.sandbox.server import ClosingServer
+    from vivace.sandbox.background import ClosingServer
 
     engine = EndlessEngine()
     app = create_app(engine, CHAT, "m", shutdown_grace_s=0.5)

@@ -95,7 +95,8 @@ async def test_sigterm_kills_running_commands_and_exits_within_a_container_grace
 async def test_an_in_process_server_stops_as_promptly_as_serve(tmp_path, repo):
     """The Ray actor's environment servers run in a thread (BackgroundServer): with ClosingServer, stopping
     one with a command running kills it and returns in seconds, where plain uvicorn waited up to 30 s."""
-    from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, ClosingServer
+    from vivace.sandbox.background import ClosingServer
+    from vivace.sandbox.server import GRACEFUL_BACKSTOP_S
 
     app = create_app(make_backend("plain", tmp_path / "state"), PoolConfig(), "t", own_backend=True)
     server = BackgroundServer(app, server_class=ClosingServer, graceful_s=GRACEFUL_BACKSTOP_S).start()

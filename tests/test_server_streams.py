@@ -23,9 +23,9 @@ from conftest import make_backend
 from test_server_limits import _open_files_named, _peak_rss, _reset_peak_rss, _start_serve, _until_closed
 from vivace.config import PoolConfig
 from vivace.sandbox import BackendUnavailable, NotAFileError, SandboxError
-from vivace.sandbox.background import BackgroundServer
+from vivace.sandbox.background import BackgroundServer, ClosingServer
 from vivace.sandbox.client import EnvClient, RemoteWorkspace
-from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, ClosingServer, create_app
+from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, create_app
 
 STREAMED = 16 << 20  # over a chunk (256 KiB), so streamed; over what the socket buffers hold, so it stalls
 

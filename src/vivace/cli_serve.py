@@ -45,8 +45,7 @@ def serve(
     import uvicorn
 
     from vivace.inference.server import GRACEFUL_BACKSTOP_S, create_app
-    from vivace.sandbox.background import http_url
-    from vivace.sandbox.server import ClosingServer
+    from vivace.sandbox.background import ClosingServer, http_url
 
     with sock:
         engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))

@@ -49,7 +49,7 @@ Options honoured:
   (and at 0, greedy). OpenAI reports the model's own at any temperature.
 A client that disconnects cancels its generation. `max_tokens` beyond the context is cut to it
 (the reply ends with finish_reason "length"), where OpenAI and vLLM refuse the request.
-Stopping (SIGTERM, Ctrl-C; `vivace serve` runs sandbox.server.ClosingServer over `Stopping`): new
+Stopping (SIGTERM, Ctrl-C; `vivace serve` runs sandbox.background.ClosingServer over `Stopping`): new
 requests are answered 503, running ones get SHUTDOWN_GRACE_S to finish, then a whole reply's request
 is answered 503 and a stream ends with an error event, their generation cancelled; a client that
 takes nothing is dropped; the process is gone within a few seconds, also when forced.
@@ -115,7 +115,7 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API
 MIN_TEMPERATURE = 1e-4  # below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38
 MAX_NESTING = 64  # arrays and objects within one message or tool: the chat template recurses over them
 # Once told to stop (SIGTERM, Ctrl-C), how long running requests may still finish before they are cut
-# short; and uvicorn's own wait, a backstop (sandbox.server.ClosingServer runs the stop): well inside
+# short; and uvicorn's own wait, a backstop (sandbox.background.ClosingServer runs the stop): well inside
 # the 10 s that `docker stop` and Kubernetes give before SIGKILL.
 SHUTDOWN_GRACE_S = 1.0
 GRACEFUL_BACKSTOP_S = SHUTDOWN_GRACE_S + 4
@@ -245,7 +245,7 @@ class ApiError(Exception):
 
 
 class Stopping:
-    """The app's side of a prompt stop, through sandbox.server.ClosingServer's hooks (`drain`,
+    """The app's side of a prompt stop, through sandbox.background.ClosingServer's hooks (`drain`,
     `stop_now`, `close_all`): once told to stop, new generation requests are answered 503; those
     running get `grace_s` to finish, then end: a whole reply's request with 503, a stream with an
     error event; either way the engine's requests are cancelled, freeing their slots. No asyncio
@@ -302,7 +302,7 @@ def create_app(
     created = int(time.time())
     stopping = Stopping(shutdown_grace_s)
     app.state.stopping = stopping
-    # sandbox.server.ClosingServer's hooks; the engine is the caller's to close
+    # sandbox.background.ClosingServer's hooks; the engine is the caller's to close
 
     async def let_go() -> None:
         """Waits (3 s at most) for the engine to drop the requests the stop cancelled: one it dropped

@@ -28,15 +28,9 @@ class EnvServerActor:
     def __init__(self, config: dict[str, Any]) -> None:
         import ray
 
-        from vivace.sandbox.background import BackgroundServer, http_url
+        from vivace.sandbox.background import BackgroundServer, ClosingServer, http_url
         from vivace.sandbox.pool import open_backend
-        from vivace.sandbox.server import (
-            GRACEFUL_BACKSTOP_S,
-            ClosingServer,
-            configured_limits,
-            create_app,
-            resolve_token,
-        )
+        from vivace.sandbox.server import GRACEFUL_BACKSTOP_S, configured_limits, create_app, resolve_token
 
         cfg = VivaceConfig.model_validate(config)
         self._token, _ = resolve_token(cfg.server)

@@ -63,7 +63,7 @@ from starlette.exceptions import HTTPException
 
 from vivace.body_limit import BodyLimit, BodyTooLarge
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
-from vivace.sandbox.background import http_url
+from vivace.sandbox.background import ClosingServer, http_url
 from vivace.sandbox.base import SandboxError, Unauthorized, UnknownWorkspace, WorkspaceClosedError
 from vivace.sandbox.local import LocalBackend, LocalWorkspace
 from vivace.sandbox.paths import OpenFile
@@ -95,9 +95,6 @@ READ_CHUNK_BYTES = 256 << 10
 # that readers opened faster than the stall frees them cannot run the server out of descriptors.
 MAX_FILE_STREAMS: int = ServerConfig.model_fields["max_file_streams"].default
 FILE_STREAM_STALL_S: float = ServerConfig.model_fields["file_stream_stall_s"].default
-# After the drain, what a connection still has unsent is for a client that takes nothing: given
-# this long, then the connection is dropped instead of holding the stop until GRACEFUL_BACKSTOP_S.
-STALLED_CLIENT_GRACE_S = 0.5
 HEALTH_PATH = "/v1/health"
 STATUS_BY_KIND = {"path_escape": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
                   "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503, "busy": 503}  # fmt: skip
@@ -597,58 +594,6 @@ def resolve_token(server: ServerConfig) -> tuple[str, bool]:
     if token:
         return token, False
     return secrets.token_urlsafe(24), True
-
-
-class ClosingServer(uvicorn.Server):
-    """uvicorn, stopping as promptly as a container's stop needs. Left to itself, uvicorn waits
-    for every request to end (up to `timeout_graceful_shutdown`) before the app's shutdown, so a
-    running command held it for as long as the command ran; and when forced to exit (a second
-    Ctrl-C, which its "CTRL+C to force quit" invites) it skips the app's shutdown. Here the app
-    drains alongside uvicorn's wait (running calls get the app's short grace, then are cancelled
-    and answered), and the workspaces are closed, killing their commands, in either case. A stream
-    cut short for stalling has its connection dropped, which uvicorn would keep until sent.
-
-    Any app can run under it (this module's and `vivace serve`'s do) by setting on `app.state`:
-    `drain()` (async: refuse new work, give running work its grace, then end it), `stop_now()` (forced:
-    no grace left), `close_all()` (async, idempotent: release what the app holds), and optionally
-    `set_drop_connection(drop)`, which is given the function that drops a request's connection."""
-
-    async def startup(self, sockets: Any = None) -> None:
-        state = self.config.app.state
-        if hasattr(state, "set_drop_connection"):
-            state.set_drop_connection(self._drop_connection)
-        await super().startup(sockets)
-
-    def _drop_connection(self, scope: dict) -> None:
-        # By the scope itself, not its "client": behind a local proxy that is the forwarded address.
-        for connection in list(self.server_state.connections):
-            if getattr(getattr(connection, "cycle", None), "scope", None) is scope:
-                connection.transport.abort()  # frees the descriptor; close() would wait for the buffer to drain
-
-    async def shutdown(self, sockets: Any = None) -> None:
-        state = self.config.app.state
-        drain = asyncio.ensure_future(state.drain())
-        drop = asyncio.ensure_future(self._drop_stalled_clients(drain))
-        try:
-            await super().shutdown(sockets)  # returns once the drained calls have answered, or forced
-        finally:
-            drop.cancel()
-            state.stop_now()  # forced: no grace left
-            await drain
-            await state.close_all()  # idempotent: a no-op after a graceful shutdown
-            if self.force_exit:  # uvicorn skipped the app's lifespan shutdown: its task would die logging a traceback
-                await self.lifespan.shutdown()
-
-    async def _drop_stalled_clients(self, drain: asyncio.Future[None]) -> None:
-        """Once the drain is over, connections still holding unsent bytes after STALLED_CLIENT_GRACE_S
-        are dropped: their client takes nothing (a read it stopped reading), and uvicorn, which closes a
-        connection only after sending what it holds, would wait for it until GRACEFUL_BACKSTOP_S."""
-        await asyncio.wait({drain})
-        await asyncio.sleep(STALLED_CLIENT_GRACE_S)
-        for connection in list(self.server_state.connections):
-            transport = getattr(connection, "transport", None)
-            if transport is not None and transport.get_write_buffer_size():
-                transport.abort()
 
 
 def configured_limits(server: ServerConfig) -> dict[str, Any]:
