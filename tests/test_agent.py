@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 
@@ -400,3 +401,25 @@ async def test_token_policy_truncated_turn_is_closed_and_the_episode_goes_on(ws,
     n_prompt = len(sampler.prompts[0])
     assert t.loss_mask[n_prompt : n_prompt + 16] == [1] * 16
     assert t.ids[n_prompt + 16] == eot and t.loss_mask[n_prompt + 16] == 0  # closed, not trained on
+
+
+async def test_a_file_name_that_is_not_utf8_is_shown_escaped_and_taken_back(ws, chat_format):
+    """A latin-1 name (old archives, Windows zips) came back from list_dir as a lone surrogate, which no
+    tokenizer or HTTP body can encode: the next turn ended the episode. It is shown as `\\xNN`, and a
+    path argument in that spelling names the file."""
+    name = os.fsdecode(b"caf\xe9.txt")
+    await ws.write_text(name, "price = 1\n")
+    script = [
+        Message("assistant", "", (ToolCall("c0", "list_dir", {"path": "."}), ToolCall("c1", "glob_file_search", {"glob_pattern": "*.txt"}))),
+        Message("assistant", "", (ToolCall("c0", "read_file", {"path": "caf\\xe9.txt"}),)),
+        Message("assistant", "", (ToolCall("c0", "edit_file", {"path": "caf\\xe9.txt", "old_string": "1", "new_string": "2"}),)),
+        Message("assistant", "Raised the price."),
+    ]  # fmt: skip
+    policy = TokenPolicy(ScriptedSampler(chat_format, script), chat_format, name="scripted-tokens")
+    traj = await run_episode(policy, ws, "raise the price")
+    assert traj.stop_reason == "done" and traj.error is None, traj.error
+    results = [c.result for t in traj.turns for c in t.tool_calls]
+    assert "caf\\xe9.txt (10 B)" in results[0] and "caf\\xe9.txt" in results[1], results[:2]
+    assert "price = 1" in results[2] and not any(c.is_error for t in traj.turns for c in t.tool_calls), results
+    assert await ws.read_text(name) == "price = 2\n"
+    json.loads(traj.model_dump_json()).__str__().encode()  # valid Unicode all the way to the saved trajectory

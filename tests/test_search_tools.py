@@ -159,7 +159,7 @@ def test_walker_gitignore_parser_agrees_with_git(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert subprocess.run(["git", "init", "-q", "."]).returncode == 0
     with_git = walker.files(".")
-    monkeypatch.setattr(walker, "git_ls_files", lambda root: None)
+    monkeypatch.setattr(walker, "git_ls_files", lambda root, own_repo=False: None)
     assert walker.files(".") == with_git
 
 

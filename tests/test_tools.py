@@ -8,6 +8,7 @@ hidden, binary, nested and gitignored files, with and without a git repository.
 from __future__ import annotations
 
 import asyncio
+import os
 import warnings
 from pathlib import Path
 
@@ -299,6 +300,21 @@ async def test_grep_rg_and_fallback_print_the_same(ctx):
         assert ("build/out.py" in (await _grep_both(ctx, {"pattern": "generated"}))[0].text) is not git
 
 
+async def test_grep_cuts_a_minified_line_before_it_crowds_out_other_matches(ctx):
+    """One matching line of a 1 MB minified file filled the sandbox's output cap: the other file's match
+    and the minified file's own path were lost. rg and the walker now cut the line at the source."""
+    ws = ctx.workspace
+    has_rg = (await ws.exec("command -v rg")).exit_code == 0
+    await ws.write_text("dist/app.min.js", "var a=1;" * 150_000 + "// TODO\n")
+    await ws.write_text("src/z.py", "# TODO: the other match\n")
+    for tool in [Grep(use_rg=False)] + ([Grep(use_rg=True)] if has_rg else []):
+        result = await call(ctx, "grep", tool=tool, pattern="TODO")
+        lines = result.text.splitlines()
+        assert lines[0].startswith("dist/app.min.js:1:var a=1;") and lines[0].endswith("line cut]"), lines[0][-80:]
+        assert lines[1:] == ["src/z.py:1:# TODO: the other match"], lines[1:]
+        assert len(result.text) < 2 * 2_100 and "dropped" not in result.text
+
+
 def _load_walker():
     import importlib.util
 
@@ -435,6 +451,28 @@ async def test_glob_file_search(pctx):
     assert len(text.splitlines()) == 201 and text.endswith("[... and 50 more files; use a narrower pattern or path]")
 
 
+async def test_glob_finds_hidden_files_it_names_and_files_of_nested_repositories(pctx):
+    """`.env*` and `.github/**/*.yml` found nothing, as hidden files are skipped; and git lists a submodule or a
+    nested repository as one entry, so none of its files were found."""
+    ws = pctx.workspace
+    for rel in (
+        ".env.example",
+        ".github/workflows/ci.yml",
+        "top.txt",
+        "inner/i.txt",
+        "inner/.gitignore",
+        "inner/x.log",
+    ):
+        await ws.write_text(rel, "*.log\n" if rel.endswith(".gitignore") else "x\n")
+    for git in ("git init -q . && git add top.txt", "git -C inner init -q"):
+        assert (await ws.exec(git)).exit_code == 0
+    assert await ok(pctx, "glob_file_search", glob_pattern="*.txt") == "inner/i.txt\ntop.txt"  # its ignores hold
+    assert await ok(pctx, "glob_file_search", glob_pattern=".env*") == ".env.example"
+    assert await ok(pctx, "glob_file_search", glob_pattern=".github/**/*.yml") == ".github/workflows/ci.yml"
+    assert await ok(pctx, "glob_file_search", glob_pattern="*.yml") == "No files match '*.yml' in .."
+    assert ".git/" not in await ok(pctx, "glob_file_search", glob_pattern=".git*/**")
+
+
 # -- codebase_search ---------------------------------------------------------------------------------
 
 
@@ -481,6 +519,17 @@ async def test_read_lints(ctx):
     assert await ok(ctx, "read_lints") == ("pkg/calc.py:1:8: F401 `os` imported but unused\n1 problem(s) in 1 file(s).")
     text = await ok(ctx, "read_lints", paths=["tests/test_calc.py", "README.md"])
     assert text == "No lint errors in tests/test_calc.py.\n(ignored README.md: read_lints checks Python files only)"
+
+
+async def test_read_lints_finds_changed_files_whose_names_git_quotes(ctx):
+    """The changed files were read from `+++ b/` lines literally: a name git quotes (a quote, a tab, a byte
+    that is not UTF-8) was never linted, and a deleted file never is."""
+    ws = ctx.workspace
+    for name in ('q"uote.py', "tab\tname.py", os.fsdecode(b"caf\xe9.py")):
+        await ws.write_text(name, "import os\n")
+    await ws.remove("pkg/calc.py")
+    text = await ok(ctx, "read_lints")
+    assert text.count("F401") == 3 and "3 problem(s) in 3 file(s)." in text and "calc" not in text, text
 
 
 class _NoVenvPath:
@@ -633,6 +682,12 @@ async def test_edit_crlf_file_with_crlf_in_new_string(pctx):
     await ws.write_bytes("mixed.txt", b"a\r\nb\nc\n")  # old_string matches \n lines as written: left so
     await ok(pctx, "edit_file", path="mixed.txt", old_string="b\nc\n", new_string="B\nC\n")
     assert await ws.read_bytes("mixed.txt") == b"a\r\nB\nC\n"
+    # Within one line, new lines take that line's ending: a bare \n line of a mixed file gained \r\n.
+    await ws.write_bytes("mixed2.txt", b"a\nb\nc\r\nlast")
+    await ok(pctx, "edit_file", path="mixed2.txt", old_string="b", new_string="b\nb2")
+    await ok(pctx, "edit_file", path="mixed2.txt", old_string="c", new_string="c\nc2")
+    await ok(pctx, "edit_file", path="mixed2.txt", old_string="last", new_string="last\nend")
+    assert await ws.read_bytes("mixed2.txt") == b"a\nb\nb2\nc\r\nc2\r\nlast\r\nend"
 
 
 async def test_edit_whitespace_fallback_maps_indentation_levels(pctx):
@@ -678,9 +733,13 @@ async def test_file_tool_message_nits(pctx):
     assert "ends in '/'" in await err(pctx, "edit_file", path="README.md/", old_string="", new_string="x")
     assert not [e for e in await ws.list(".") if e.name == "newdir"]
     assert (await err(pctx, "read_file", path=" README.md")).startswith("Error: ' README.md' does not exist")
-    assert (await err(pctx, "edit_file", path="nope.md ", old_string="a", new_string="b")).startswith(
-        "Error: 'nope.md ' does not exist"
-    )
+    # A file to write or edit: a stray newline or space made a junk file that --apply then wrote to the repository.
+    for path in ("nope.md ", "b.py\n", " c.py", "d\tx.py"):
+        said = await err(pctx, "write_file", path=path, content="x")
+        assert said.startswith(f"Error: {path!r} has surrounding whitespace or a control character"), said
+        said = await err(pctx, "edit_file", path=path, old_string="a", new_string="b")
+        assert "surrounding whitespace or a control character" in said, said
+    assert not [e for e in await ws.list(".") if e.name.strip() != e.name or "x.py" in e.name]
     for name in ("read_file", "write_file", "delete_file", "edit_file"):
         args = {"content": "x"} if name == "write_file" else {"old_string": "a", "new_string": "b"}
         args = args if name in ("write_file", "edit_file") else {}
@@ -690,3 +749,11 @@ async def test_file_tool_message_nits(pctx):
         )
         said = await err(pctx, name, path="a\0b.txt", **args)  # not "outside the workspace": it is not
         assert said.startswith("Error: ") and "contains a NUL byte, which no file name can hold" in said, said
+
+
+async def test_a_file_over_the_read_limit_is_said_to_be_too_large(ctx):
+    """A 70 MB log was refused as "not a regular file", which sends the model looking for a directory or a link."""
+    assert (await ctx.workspace.exec("truncate -s 70M app.log")).exit_code == 0  # sparse: no disk used
+    said = await err(ctx, "read_file", path="app.log", offset=1, limit=5)
+    assert said.startswith("Error: app.log is too large to read whole (") and "grep" in said, said
+    assert "not a regular file" not in said

@@ -17,13 +17,23 @@ an episode.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vivace.harness.messages import ToolCall
-from vivace.harness.tools.base import EVERYTHING, Access, Tool, ToolContext, ToolResult, norm_path, parse_args
+from vivace.harness.tools.base import (
+    EVERYTHING,
+    Access,
+    Tool,
+    ToolContext,
+    ToolResult,
+    norm_path,
+    parse_args,
+    shown,
+)
 from vivace.sandbox.base import Workspace, WorkspaceFileNotFound
 
 __all__ = ["ToolCall", "ToolOutcome", "execute"]
@@ -106,6 +116,8 @@ async def _run(
         result = await tool.run(args, ctx)
     except Exception as e:  # a tool bug or a workspace failure: the model gets an error, the episode goes on
         result = ToolResult(f"Error: {tool.name} failed: {type(e).__name__}: {e}", True, {"exception": repr(e)})
+    # Every tool's text passes here: a name that is not UTF-8, wherever a tool shows it, becomes \xNN.
+    result = dataclasses.replace(result, text=shown(result.text))
     return ToolOutcome(call, result, start - t0, time.monotonic() - start)
 
 

@@ -13,10 +13,11 @@ Not covered here: running several calls together (executor.py) and rendering to 
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Annotated, Any, ClassVar, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from vivace.sandbox.base import Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
@@ -73,6 +74,35 @@ def norm_path(path: str) -> str:
     if path == WORKSPACE_MOUNT or path.startswith(WORKSPACE_MOUNT + "/"):
         path = path[len(WORKSPACE_MOUNT) :]
     return posixpath.normpath(path.lstrip("/") or ".")
+
+
+# A file name's bytes that are not UTF-8 reach Python as lone surrogates (os.fsdecode's
+# surrogateescape). No tokenizer or JSON body can encode those, so a single such name ended the
+# episode; results show each such byte as `\xNN`, and path arguments take that spelling back.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SHOWN_BYTE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+
+
+def shown(text: str) -> str:
+    r"""`text` as valid Unicode: an undecodable file-name byte as `\xNN`, any other lone surrogate
+    as `\uNNNN`."""
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(_escape_surrogate, text)
+
+
+def _escape_surrogate(m: re.Match[str]) -> str:
+    code = ord(m[0])
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def from_shown(path: str) -> str:
+    r"""A path as `shown` spells it, back to the name on disk: `\xNN` (80-ff) is that byte."""
+    return _SHOWN_BYTE.sub(lambda m: chr(0xDC00 + int(m[1], 16)), path) if "\\x" in path else path
+
+
+# A path argument: accepts the `\xNN` spelling results use for a name that is not UTF-8.
+WorkspacePath = Annotated[str, AfterValidator(from_shown)]
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from vivace.harness.tools.base import Access, ToolArgs, ToolContext, ToolResult, norm_path, truncate
+from vivace.harness.tools.base import Access, ToolArgs, ToolContext, ToolResult, WorkspacePath, norm_path, truncate
 from vivace.harness.tools.indent import fit_lines
 from vivace.harness.tools.suggest import closest_lines, path_hint, workspace_files
 from vivace.sandbox.base import NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
@@ -42,6 +42,9 @@ def display_path(path: str) -> str:
     return path if path and path == path.strip() and path.isprintable() else repr(path)
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def path_problem(path: str, *, file: bool = False) -> ToolResult | None:
     """The error for a path no file operation can mean: empty, or (`file`: one to write) a
     directory spelling ending in '/'."""
@@ -53,6 +56,11 @@ def path_problem(path: str, *, file: bool = False) -> ToolResult | None:
         )
     if file and path.endswith("/"):
         return error(f"{display_path(path)} ends in '/', so it names a directory; give a file path.")
+    if file and (path != path.strip() or _CONTROL.search(path)):  # a stray "\n" made a junk file --apply kept
+        return error(
+            f"{display_path(path)} has surrounding whitespace or a control character, which a file name to write "
+            "should not; give the path without it."
+        )
     return None
 
 
@@ -63,6 +71,11 @@ def fs_error(e: Exception, path: str, *, missing: str = "") -> ToolResult:
     path = display_path(path)
     if isinstance(e, WorkspaceFileNotFound | FileNotFoundError):
         return error(missing or f"{path} does not exist.")
+    if isinstance(e, NotAFileError) and "read limit" in str(e):  # the file API's refusal of a huge file
+        return error(
+            f"{path} is too large to read whole ({e}); find the lines you need with grep, then print them with "
+            "run_terminal_cmd (e.g. sed -n '100,150p' FILE)."
+        )
     if isinstance(e, NotAFileError | IsADirectoryError):
         return error(f"{path} is not a regular file ({e}).")
     if isinstance(e, UnicodeDecodeError):
@@ -123,7 +136,7 @@ def _syntax_error(text: str) -> SyntaxError | None:
 
 
 class _PathArgs(ToolArgs):
-    path: str = Field(description="File path relative to the workspace root.")
+    path: WorkspacePath = Field(description="File path relative to the workspace root.")
 
 
 # -- read_file --------------------------------------------------------------------------------------
@@ -282,7 +295,11 @@ def replace_text(
     """The edited text, where the replacements landed, and whether the whitespace fallback matched."""
     if "\r\n" in text:  # a CRLF file edited with \n text: keep its line endings
         crlf_old = _BARE_LF.sub("\r\n", old)
-        if crlf_old in text or old not in text:  # (not when old_string matches \n lines of a mixed file)
+        if "\n" in old:  # (not when old_string matches \n lines of a mixed file)
+            crlf = crlf_old in text or old not in text
+        else:  # within one line: the ending of the line it is on (a mixed file has both)
+            crlf = _ends_crlf(text, text.find(old))
+        if crlf:
             old, new = crlf_old, _BARE_LF.sub("\r\n", new)
     starts = _find_all(text, old)
     if not starts:
@@ -300,6 +317,16 @@ def replace_text(
         prev = s + len(old)
     parts.append(text[prev:])
     return "".join(parts), spans, False
+
+
+def _ends_crlf(text: str, at: int) -> bool:
+    """Whether the line holding offset `at` ends in \r\n (the last line, without an ending: whether the one
+    before it does); True for -1 (not found), as for a whole CRLF file."""
+    if at < 0:
+        return True
+    end = text.find("\n", at)
+    end = end if end >= 0 else text.rfind("\n", 0, at)
+    return end > 0 and text[end - 1] == "\r"
 
 
 def _line_list(text: str, starts: list[int], most: int = 10) -> str:
@@ -460,7 +487,7 @@ class DeleteFile:
 
 
 class ListDirArgs(ToolArgs):
-    path: str = Field(".", description="Directory path relative to the workspace root (default: the root).")
+    path: WorkspacePath = Field(".", description="Directory path relative to the workspace root (default: the root).")
 
 
 class ListDir:

@@ -38,7 +38,15 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, field_validator
 
-from vivace.harness.tools.base import EVERYTHING, Access, ToolArgs, ToolContext, ToolResult, truncate
+from vivace.harness.tools.base import (
+    EVERYTHING,
+    Access,
+    ToolArgs,
+    ToolContext,
+    ToolResult,
+    WorkspacePath,
+    truncate,
+)
 from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
 from vivace.sandbox.base import PathEscapeError, SandboxError, Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
@@ -91,7 +99,10 @@ def _outside(path: str) -> ToolResult:
 
 
 async def _walker(ws: Workspace, args: dict[str, Any], paths: list[str] | None = None) -> Any:
-    return await ws.exec(["python3", "-c", _WALKER, json.dumps(args), *(paths or [])], timeout=SEARCH_TIMEOUT_S)
+    return await ws.exec(
+        ["python3", "-c", _WALKER, json.dumps(args | {"max_columns": MAX_LINE_CHARS}), *(paths or [])],
+        timeout=SEARCH_TIMEOUT_S,
+    )
 
 
 class _PerWorkspace(dict):
@@ -119,7 +130,7 @@ class _PerWorkspace(dict):
 
 class GrepArgs(ToolArgs):
     pattern: str = Field(description="Regular expression to search for (ripgrep syntax).")
-    path: str = Field(".", description="File or directory to search, relative to the workspace root.")
+    path: WorkspacePath = Field(".", description="File or directory to search, relative to the workspace root.")
     glob: str | None = Field(None, description="Only search files matching this glob, e.g. '*.py' or 'src/**/*.ts'.")
     output_mode: Literal["content", "files_with_matches", "count"] = Field(
         "content", description="content: matching lines; files_with_matches: file paths; count: matches per file."
@@ -200,6 +211,9 @@ class Grep:
 def _rg_args(args: GrepArgs, path: str, before: int, after: int) -> list[str]:
     argv = ["--no-config", "--no-heading", "--with-filename", "--line-number", "--color", "never", "--sort", "path"]
     argv.append("--crlf")  # `$` matches before \r\n too, as a model reading the file expects
+    # A minified file's one matching line can be megabytes: cut it in rg, before it fills the sandbox's
+    # output cap and pushes other files' matches out (the walker cuts the same way).
+    argv += ["--max-columns", str(MAX_LINE_CHARS), "--max-columns-preview"]
     argv += {"files_with_matches": ["--files-with-matches"], "count": ["--count"]}.get(args.output_mode, [])
     if before:
         argv += ["-B", str(before)]
@@ -237,7 +251,7 @@ class GlobArgs(ToolArgs):
     glob_pattern: str = Field(
         description="Glob such as '*.py' (no '/': matches file names at any depth), 'src/**/*.ts' or 'tests/test_*.py'."
     )
-    path: str = Field(".", description="Directory to search, relative to the workspace root.")
+    path: WorkspacePath = Field(".", description="Directory to search, relative to the workspace root.")
 
 
 class GlobFileSearch:

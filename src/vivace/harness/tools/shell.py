@@ -25,11 +25,13 @@ from vivace.harness.tools.base import (
     ToolArgs,
     ToolContext,
     ToolResult,
+    WorkspacePath,
     norm_path,
     truncate,
 )
 from vivace.harness.tools.files import EXPECTED, error
 from vivace.harness.tools.search import rel_path
+from vivace.sandbox.diff import header_path
 
 LINT_TIMEOUT_S = 120.0
 PY_SUFFIXES = (".py", ".pyi")
@@ -50,7 +52,7 @@ _RUFF = (
 
 
 class ReadLintsArgs(ToolArgs):
-    paths: list[str] | None = Field(
+    paths: list[WorkspacePath] | None = Field(
         None,
         description="Python files or directories to check (workspace-relative); default: the Python files "
         "changed since the start of the task.",
@@ -98,13 +100,18 @@ class ReadLints:
 
 
 def _changed_python_files(diff: str) -> list[str]:
-    """Files added or modified (not deleted) in a git-style diff, Python ones only."""
-    out = []
-    for line in diff.split("\n"):
-        if line.startswith("+++ b/"):
-            path = line[len("+++ b/") :].rstrip("\t")
-            if path.endswith(PY_SUFFIXES) and path not in out:
+    """Files added or modified (not deleted) in the workspace's diff, Python ones only. Read from the
+    section headers, which name every file (`+++` lines are missing for binary and mode-only changes) and
+    which quote names as git does."""
+    out: list[str] = []
+    path = None
+    for line in diff.split("\n"):  # content lines start with " ", "+" or "-": never a header
+        if line.startswith("diff --git "):
+            path = header_path(line[len("diff --git ") :])
+            if path and path.endswith(PY_SUFFIXES) and path not in out:
                 out.append(path)
+        elif line.startswith("deleted file mode ") and path in out:
+            out.remove(path)  # a file that becomes a link is deleted, then added: its second section adds it back
     return sorted(out)
 
 

@@ -26,9 +26,21 @@ import zlib
 a: dict = {}  # the arguments (ARGS_JSON), set by __main__
 
 
-def git_ls_files(root):
-    """The files git would show under root (tracked and not ignored); None outside a repository or without git."""
-    argv = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", root]
+def git_ls_files(root, own_repo=False):
+    """The files git would show under root (tracked and not ignored); None outside a repository or without git.
+    `own_repo`: root is the top of its own repository (a submodule or a nested one), so ask its git."""
+    where = ["-C", root] if own_repo else []
+    argv = [
+        "git",
+        *where,
+        "ls-files",
+        "-z",
+        "--cached",
+        "--others",
+        "--exclude-standard",
+        "--",
+        "." if own_repo else root,
+    ]
     # fork fails with EAGAIN while the machine is briefly out of processes (seen under a test
     # suite's load); git has not run then, so wait and try again rather than fail the search.
     for delay in (0.05, 0.2, 0.8, None):
@@ -43,7 +55,8 @@ def git_ls_files(root):
             time.sleep(delay)
     if r.returncode != 0:
         return None
-    return [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+    names = [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+    return [os.path.join(root, p) for p in names] if own_repo else names
 
 
 def outside(path):
@@ -53,22 +66,29 @@ def outside(path):
     return real != top and not real.startswith(top.rstrip("/") + "/")
 
 
-def files(root):
+def files(root, hidden=False, own_repo=False):
+    """The files to search under root; `hidden`: names starting with "." too (never .git's); `own_repo`: see
+    git_ls_files."""
     if os.path.isfile(root):
         return [root]
     real = os.path.relpath(os.path.realpath(root), os.path.realpath("."))
     if real != os.path.normpath(root):  # reached through a symlinked directory: list the target, keep root's spelling
-        return [os.path.join(root, os.path.relpath(p, real)) for p in files(real)]
-    found = git_ls_files(root)
+        return [os.path.join(root, os.path.relpath(p, real)) for p in files(real, hidden)]
+    found = git_ls_files(root, own_repo)
     if not found:  # git unusable, or root ignored by git (named explicitly, so searched as rg does), or empty
-        found = walk(root)
+        found = walk(root, hidden)
     out = []
     for p in found:
         p = os.path.normpath(p)
         rel = p if root == "." else os.path.relpath(p, root)
-        if any(c.startswith(".") for c in rel.split("/")) or os.path.islink(p) or not os.path.isfile(p):
+        parts = rel.split("/")
+        if ".git" in parts or (not hidden and any(c.startswith(".") for c in parts)) or os.path.islink(p):
             continue
-        out.append(p)
+        if os.path.isdir(p):  # a submodule or nested repository, which git lists as one entry: its own files
+            if p != os.path.normpath(root):  # (an empty, uninitialised submodule lists itself)
+                out += files(p, hidden, own_repo=os.path.exists(os.path.join(p, ".git")))
+        elif os.path.isfile(p):
+            out.append(p)
     return sorted(out, key=lambda p: p.split("/"))
 
 
@@ -171,11 +191,14 @@ class Ignores:
         return hit
 
 
-def walk(root):
-    """Files under root with hidden directories skipped and .gitignore honoured (root itself is never ignored)."""
+def walk(root, hidden=False):
+    """Files under root with hidden directories skipped (`hidden`: only .git) and .gitignore honoured (root
+    itself is never ignored)."""
     ign, found = Ignores(), []
     for d, dirs, names in os.walk(root):
-        dirs[:] = [x for x in dirs if not x.startswith(".") and not ign.ignored(d, x, True)]
+        dirs[:] = [
+            x for x in dirs if (x != ".git" if hidden else not x.startswith(".")) and not ign.ignored(d, x, True)
+        ]
         found += [os.path.join(d, n) for n in names if not ign.ignored(d, n, False)]  # os.walk puts dirs in dirs
     return found
 
@@ -222,17 +245,33 @@ def grep():
         for j in shown:
             if (before or after) and (any_out if prev is None else j != prev + 1):
                 print("--")
-            print(f"{p}{':' if j in hit else '-'}{j + 1}{':' if j in hit else '-'}{lines[j]}")
+            print(f"{p}{':' if j in hit else '-'}{j + 1}{':' if j in hit else '-'}{cut(lines[j])}")
             prev, any_out = j, True
         sys.stdout.flush()  # a search killed by its timeout still hands back the files done so far
     sys.exit(0 if any_out else 1)
 
 
+def cut(line):
+    """As rg --max-columns N --max-columns-preview: a line over N bytes keeps its first N."""
+    raw = line.encode("utf-8", "surrogateescape")
+    if len(raw) <= a["max_columns"]:
+        return line
+    return raw[: a["max_columns"]].decode("utf-8", "surrogateescape") + " [... omitted end of long line]"
+
+
+def name_shown(p):
+    """A path as the tools show a name that is not UTF-8 (tools/base.py `shown`): each such byte as \\xNN,
+    the spelling path arguments take back."""
+    return p.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def glob():
     keep, root, any_out = matcher(a["glob"]), a["path"], False
-    for p in files(root):
+    # Hidden files only when the pattern names one (".env*", ".github/**/*.yml"): asked for, never noise.
+    hidden = any(c.startswith(".") and c not in (".", "..") for c in a["glob"].split("/"))
+    for p in files(root, hidden):
         if keep(p if root == "." or os.path.isfile(root) else os.path.relpath(p, root)):
-            print(p)
+            print(name_shown(p))
             any_out = True
     if not any_out and os.path.isfile(root):
         print(root + ": is a file", file=sys.stderr)  # search.py says so rather than "no files match"
