@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -433,3 +434,42 @@ def test_cli_errors_are_actionable(repo, state_dir, tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = _vivace("config", "show", "--preset", "nope", state_dir=state_dir)
     assert r.returncode == 2 and "valid presets" in r.stderr
+
+
+def _rewrite_keeping_size_and_mtime(path: Path, data: bytes) -> None:
+    """What rsync -a, cp -p, tar x and touch -r do: new content, the same size, mode and mtime; a tick
+    of the filesystem's clock after the last change, as a real rewrite comes (one in the same tick
+    has the same ctime)."""
+    time.sleep(0.05)
+    before = os.lstat(path)
+    assert len(data) == before.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_a_file_rewritten_with_its_size_and_mtime_kept_is_snapshotted_anew(tmp_path):
+    """The cache key held each file's size, mtime and mode only: a file rewritten keeping all three was
+    served from the old snapshot, and a new snapshot (made for another change) hard-linked its old copy.
+    Its ctime, which no command can set back, now tells; an unchanged directory still hits the cache."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("f.txt", "same.txt", "keep.txt"):
+        (src / name).write_bytes(b"AAAA\n")
+        os.utime(src / name, (1_000_000_000, 1_000_000_000))
+    cache = tmp_path / "cache"
+    first = materialize(SnapshotSource(str(src)), cache)
+    assert materialize(SnapshotSource(str(src)), cache).key == first.key  # unchanged: the cached one
+
+    _rewrite_keeping_size_and_mtime(src / "f.txt", b"BBBB\n")
+    second = materialize(SnapshotSource(str(src)), cache)
+    assert second.key != first.key and second.built
+    assert (second.root / "f.txt").read_bytes() == b"BBBB\n" and (first.root / "f.txt").read_bytes() == b"AAAA\n"
+    assert (second.root / "keep.txt").stat().st_ino == (first.root / "keep.txt").stat().st_ino  # still shared
+
+    os.replace(src / "f.txt", src / "moved.txt")  # another change: a new snapshot, linking what did not change
+    _rewrite_keeping_size_and_mtime(src / "same.txt", b"CCCC\n")
+    third = materialize(SnapshotSource(str(src)), cache)
+    assert (third.root / "same.txt").read_bytes() == b"CCCC\n"
+    assert (third.root / "same.txt").stat().st_ino != (second.root / "same.txt").stat().st_ino
+    assert (third.root / "keep.txt").stat().st_ino == (first.root / "keep.txt").stat().st_ino
+    assert materialize(SnapshotSource(str(src)), cache).key == third.key

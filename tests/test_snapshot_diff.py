@@ -8,6 +8,8 @@ import asyncio
 import errno
 import functools
 import os
+import re
+import resource
 import shutil
 import signal
 import stat
@@ -341,7 +343,7 @@ def test_a_file_that_became_a_link_and_back_applies_withgit(tmp_path):
     done = git(base, "apply", "-", input=diff.encode())
     assert done.returncode == 0, done.stderr
     assert os.readlink(base / "f.txt") == "g.txt" and (base / "l").read_bytes() == b"now a file\n"
-    os.symlink(b"caf\xe9", os.fsencode(work / "n"))  # shown as binary, as any content that is not text
+    os.symlink(b"caf\xe9", os.fsencode(work / "n"))  # a binary patch, as any content that is not UTF-8 text
     assert changed_paths(_diff(base, work)) == ["n"]
 
 
@@ -799,3 +801,152 @@ def test_a_file_that_is_no_tarball_is_refused_in_one_line_saying_what_to_give(tm
     with pytest.raises(SandboxError) as e:
         materialize(SnapshotSource(str(tmp_path / "notes.txt")), tmp_path / "cache")
     assert "\n" not in str(e.value) and "give a directory, a tarball or a git repository" in str(e.value)
+
+
+# -- 7: paths longer than PATH_MAX, and directories the diff cannot read ----------------------
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_file_deeper_than_path_max_is_diffed_and_applied(kind, tmp_path, state_dir):
+    """The walk opened each directory by its full path: past 4096 bytes (ENAMETOOLONG) it logged "cannot
+    read" and left the subtree out, so a file the agent wrote there was missing from the diff and from
+    --apply, with "(no changes)" and exit 0. Each directory is now opened from its parent's descriptor."""
+    deep = "/".join([f"{i:02d}" + "d" * 198 for i in range(22)]) + "/f.txt"  # 4,400 bytes, 22 levels
+    repo = _git_repo(tmp_path / "repo", {"a.txt": b"a\n"})
+    backend = make_backend(kind, state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        await ws.write_text(deep, "deep\n")
+        diff = await ws.diff()
+        assert changed_paths(diff) == [deep] and diff.endswith("+deep\n"), diff[-300:]
+        report = await export_changes(ws, diff, repo)
+    finally:
+        await backend.aclose()
+    assert report.applied == [deep] and not report.left
+    assert ConfinedFS(repo, mount=None).read_bytes(deep) == b"deep\n"
+
+
+_UNPRIVILEGED_DIFF = """
+import sys
+from pathlib import Path
+from vivace.sandbox.base import SandboxError
+from vivace.sandbox.diff import tree_diff, walk_files
+
+base, work = map(Path, sys.argv[1:])
+try:
+    print(tree_diff(base, work, set(walk_files(base)) | set(walk_files(work))))
+except SandboxError as e:
+    print("failed:", e)
+"""
+
+
+def test_a_workspace_directory_the_diff_cannot_read_fails_the_diff(tmp_path):
+    """A directory a command made unreadable (chmod 000) was skipped with a log line: its files were
+    left out of the diff, which then read as fewer changes, or none. The diff now fails (`vivace agent`
+    exits 1, the repository untouched) and names the directory."""
+    base = _git_repo(tmp_path / "base", {"keep.txt": b"k\n", "locked/old.txt": b"old\n"})
+    work = tmp_path / "work"
+    shutil.copytree(base, work)
+    (work / "locked" / "old.txt").write_bytes(b"changed\n")
+    (work / "locked" / "new.txt").write_bytes(b"new\n")
+    os.chmod(work / "locked", 0)
+    drop = []
+    if os.geteuid() == 0:  # root reads it anyway: run without root's capabilities
+        if not shutil.which("setpriv"):
+            pytest.skip("needs setpriv to run without root's capabilities")
+        drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    try:
+        argv = [*drop, sys.executable, "-c", _UNPRIVILEGED_DIFF, str(base), str(work)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    finally:
+        os.chmod(work / "locked", 0o755)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("failed: cannot read locked in ") and "Permission denied" in done.stdout, done.stdout
+
+
+# -- 8: text that is not UTF-8, and binary files, as git diffs them -----------------------------
+def test_non_utf8_text_and_binary_files_diff_as_git_does_and_apply(tmp_path):
+    """A binary section with no `index` line made `git apply` reject the whole patch ("inconsistent old
+    filename"). A binary change is now git's `GIT binary patch`, and so is text that is not UTF-8 (a
+    latin-1 source edit; git shows it as lines, which would put undecodable bytes in the str): the diff
+    is `git diff --binary`'s for the rest, and `git apply` makes every file byte for byte the
+    workspace's, and takes it back with -R."""
+    files = {"lat.py": b"caf\xe9 = 1\n", "x.bin": b"a\0b", "t.txt": b"t\n", "del.bin": b"gone\0x"}
+    base = _git_repo(tmp_path / "base", files)
+    work = tmp_path / "work"
+    shutil.copytree(base, work)
+    (work / "lat.py").write_bytes(b"caf\xe9 = 2\n")
+    (work / "x.bin").write_bytes(b"a\0c")
+    os.chmod(work / "x.bin", 0o755)
+    (work / "t.txt").write_bytes(b"T\n")
+    (work / "del.bin").unlink()
+    (work / "new.bin").write_bytes(b"new\0")
+    diff = _diff(base, work)
+    ours = diff.encode("utf-8")  # a valid str: it is saved as JSON and shown to models
+    sections = ["diff --git " + x for x in diff.split("diff --git ")[1:]]
+    lat = next(x for x in sections if x.startswith("diff --git a/lat.py "))
+    assert "GIT binary patch" in lat and "Binary files a/lat.py and b/lat.py differ" in lat
+    git(work, "add", "-A")
+    by_git = git(work, "diff", "--cached", "--binary", "--", "x.bin", "t.txt", "del.bin", "new.bin").stdout
+    abbreviated_index = rb"index [0-9a-f]{7}\.\.[0-9a-f]{7} \d+\n"  # git's on text sections; vivace writes none
+    expected = re.sub(abbreviated_index, b"", by_git)
+    rest = "".join(x for x in sections if x != lat).encode()
+    assert re.sub(rb"Binary files .* differ\n", b"", rest) == expected  # the note after each binary patch aside
+    fresh = tmp_path / "fresh"
+    shutil.copytree(base, fresh, ignore=shutil.ignore_patterns(".git"))  # no repository: no blobs to lean on
+    done = subprocess.run(["git", "apply", "-"], cwd=fresh, input=ours, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    for rel in ("lat.py", "x.bin", "t.txt", "new.bin"):
+        assert (fresh / rel).read_bytes() == (work / rel).read_bytes(), rel
+    assert not (fresh / "del.bin").exists() and os.stat(fresh / "x.bin").st_mode & 0o111
+    undone = subprocess.run(["git", "apply", "-R", "-"], cwd=fresh, input=ours, capture_output=True)
+    assert undone.returncode == 0, undone.stderr
+    assert all((fresh / rel).read_bytes() == data for rel, data in files.items())
+
+
+def test_a_binary_patch_over_many_lines_applies_as_git_writes_it(tmp_path):
+    """Past 52 bytes of deflated data a binary patch spans lines, the last one short; what git reads
+    back is the file itself (random bytes: git would write a delta, which is no shorter here)."""
+    base = _git_repo(tmp_path / "base", {"blob.bin": b"\0" + os.urandom(5000)})
+    work = tmp_path / "work"
+    shutil.copytree(base, work)
+    for size in (1, 26, 27, 52, 53, 4099):
+        (work / f"new{size}.bin").write_bytes(b"\0" + os.urandom(size))
+    (work / "blob.bin").write_bytes(b"\0" + os.urandom(3001))
+    diff = _diff(base, work)
+    done = git(base, "apply", "-", input=diff.encode())  # all ASCII: base85 and names
+    assert done.returncode == 0, done.stderr
+    assert all((base / p.name).read_bytes() == p.read_bytes() for p in work.iterdir() if p.suffix == ".bin")
+
+
+def _make_deep(root: Path, levels: int, name: str, data: bytes) -> str:
+    """root/name/name/.../f.txt, `levels` directories down, made a level at a time (past PATH_MAX)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, dir_fd=fd)
+            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        out = os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(out, data)
+        os.close(out)
+    finally:
+        os.close(fd)
+    return f"{name}/" * levels + "f.txt"
+
+
+def test_a_file_hundreds_of_levels_down_is_diffed_with_few_descriptors(tmp_path):
+    """300 levels (4,800 bytes of path) with 256 descriptors: the walk holds one, and the file is read
+    from its own directory. ConfinedFS, holding one per level, took running out for a path changed
+    meanwhile and read the file as missing (at the usual limit of 1,024: past about 1,000 levels)."""
+    base = _git_repo(tmp_path / "base", {"a.txt": b"a\n"})
+    work = tmp_path / "work"
+    shutil.copytree(base, work)
+    deep = _make_deep(work, 300, "d" * 15, b"deep\n")
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, limits[0]), limits[1]))
+    try:
+        diff = _diff(base, work)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    assert changed_paths(diff) == [deep]
+    assert diff.endswith(f"new file mode 100644\n--- /dev/null\n+++ b/{deep}\n@@ -0,0 +1 @@\n+deep\n")

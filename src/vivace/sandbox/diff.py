@@ -3,7 +3,12 @@
 Backends tell which paths may have changed (overlayfs: whatever is in the upper layer;
 a plain copy: everything) and this module compares those paths between the two trees
 through ConfinedFS, so a command racing the diff cannot lead it outside the workspace.
-The output applies with `git apply`; binary files are noted, not dumped. When the base is a
+The output is `git diff --binary`'s and applies with `git apply`: UTF-8 text is diffed by lines, and
+any other change is a `GIT binary patch` (with a "Binary files ... differ" note after it for a
+reader). Git shows text that is not UTF-8 (latin-1 source, say) as lines too; here it is a binary
+patch, so that the diff stays a valid Unicode str (saved in JSON, sent to a model, printed) and
+still restores every byte. A tree is walked a directory
+at a time from descriptors, at any depth; one it cannot read fails the diff. When the base is a
 git checkout, new files its ignore rules ignore (build output, node_modules/) are left out,
 as `git status` would leave them out, and a comment line at the top says how many.
 
@@ -13,21 +18,27 @@ A base copied from a subdirectory of a checkout has no .git of its own; when ask
 what `vivace agent --repo pkg/` sets), that checkout's rules decide, read from the checkout.
 
 Not covered: ignore rules of a base without .git otherwise (a plain directory, a `git archive`
-snapshot), and .gitignore edits made in the workspace (the base's rules decide).
+snapshot), .gitignore edits made in the workspace (the base's rules decide), and the content of a
+binary file over ConfinedFS's read limit (64 MiB): only noted, so `git apply` refuses such a diff.
 """
 
 from __future__ import annotations
 
+import base64
 import difflib
+import errno
 import fnmatch
+import hashlib
 import logging
 import os
 import posixpath
 import stat
 import subprocess
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from vivace.sandbox.base import SandboxError
 from vivace.sandbox.paths import ConfinedFS
 
 log = logging.getLogger(__name__)
@@ -42,69 +53,165 @@ def ignored(rel: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in patterns)
 
 
-def walk_tree(root: Path | str, rel: str = "") -> Iterator[tuple[str, str, list[str]]]:
+def walk_tree(root: Path | str, rel: str = "") -> Iterator[tuple[str, int, list[str]]]:
     """os.walk(root/rel) without recursion and without following a link: for each directory, top
-    down and in os.walk's order, (its path relative to `root`, '' for the root; its full path; the
-    names in it that are not directories, links to directories last as os.walk lists them). The
-    root itself is trusted (it may be a /proc/self/fd link to a detached mount); below it each
-    directory is opened with O_NOFOLLOW and must be the one its parent listed, so a link swapped in
-    by a command racing the walk is not followed. An explicit stack: a command can make a tree
-    thousands of levels deep, past Python's recursion limit. A directory that cannot be read is
-    skipped, as os.walk skips it (logged unless it was removed meanwhile)."""
-    top = os.path.join(root, rel) if rel else os.fspath(root)
-    stack: list[tuple[str, str, tuple[int, int] | None]] = [(rel, top, None)]
-    while stack:
-        rel_dir, path, expected = stack.pop()
-        listed = _list_dir(path, expected, follow=not rel_dir)
-        if listed is None:
-            continue
-        files, links, subdirs = listed
-        yield rel_dir, path, files + links
-        for name, ident in reversed(subdirs):  # popped in listing order, as os.walk visits them
-            stack.append((os.path.join(rel_dir, name), os.path.join(path, name), ident))
-
-
-def _list_dir(path: str, expected: tuple[int, int] | None, follow: bool) -> tuple[list[str], list[str], list] | None:
-    """The entries of the directory `path` as (non-directories, links to directories, real
-    directories with their (st_dev, st_ino)); None when it cannot be read or is no longer the
-    directory `expected` (its identity when its parent was listed). `follow`: the root only."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    down and in os.walk's order, (its path relative to `root`, '' for the root; a descriptor of it,
+    open until the walk goes on; the names in it that are not directories, links to directories
+    last as os.walk lists them). The root itself is trusted (it may be a /proc/self/fd link to a
+    detached mount); below it each directory is opened from its parent's descriptor with O_NOFOLLOW
+    and must be the one its parent listed, so a link swapped in by a command racing the walk is not
+    followed, and no path is ever spelled out: a command can make a tree thousands of levels deep,
+    past PATH_MAX and Python's recursion limit (hence an explicit stack). One descriptor is held at
+    a time; the walk climbs back through `..`, checking each directory is the one it left. A
+    directory removed or replaced meanwhile is skipped (logged when replaced); one that cannot be
+    read raises SandboxError, as a diff that left its files out would pass for "unchanged"."""
+    fd = _open_below(root, _parts(rel), _READ_DIR)
+    if fd is None:
+        return
     try:
-        fd = os.open(path, flags)
+        sub, ident = rel, _ident(fd)
+        # The directories entered, top down: (path, (st_dev, st_ino), subdirectories left, last first).
+        levels: list[tuple[str, tuple[int, int], list[tuple[str, tuple[int, int]]]]] = []
+        while True:
+            files, links, subdirs = _list_dir(fd, root, sub)
+            yield sub, fd, files + links
+            levels.append((sub, ident, subdirs[::-1]))  # popped in listing order, as os.walk visits them
+            while True:  # on to the next subdirectory of the deepest directory with one left
+                rel_dir, _, pending = levels[-1]
+                if not pending:
+                    levels.pop()
+                    if not levels:
+                        return
+                    parent = _climb(fd, levels[-1][1], root, rel_dir)
+                    os.close(fd)
+                    fd = parent
+                    continue
+                name, ident = pending.pop()
+                sub = os.path.join(rel_dir, name)
+                child = _enter(fd, name, ident, root, sub)
+                if child is not None:
+                    os.close(fd)
+                    fd = child
+                    break
+    finally:
+        os.close(fd)
+
+
+_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_READ_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# What opening a directory fails with once it is removed, or replaced by a file or a link.
+_GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP}
+
+
+def _parts(rel: str) -> list[str]:
+    return [p for p in rel.split("/") if p not in ("", ".")]
+
+
+def _open_below(root: Path | str, parts: list[str], flags: int) -> int | None:
+    """root/parts[0]/.../parts[-1] opened with `flags`, each level from the one above (no path
+    length limit), none of `parts` followed (the root itself is); None when one of them is missing,
+    a link or not a directory. SandboxError when one cannot be opened for another reason."""
+    fd = _open_at(None, os.fspath(root), flags if not parts else _PATH_DIR, root, "")
+    for i, part in enumerate(parts):
+        if fd is None:
+            return None
+        try:
+            last = i == len(parts) - 1
+            fd_below = _open_at(
+                fd, part, (flags if last else _PATH_DIR) | os.O_NOFOLLOW, root, "/".join(parts[: i + 1])
+            )
+        finally:
+            os.close(fd)
+        fd = fd_below
+    return fd
+
+
+def _open_at(dir_fd: int | None, name: str, flags: int, root: Path | str, rel: str) -> int | None:
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
     except OSError as e:
-        _unreadable(path, e)
+        if e.errno in _GONE:
+            return None
+        raise _unreadable(root, rel, e) from e
+
+
+def _enter(fd: int, name: str, ident: tuple[int, int], root: Path | str, rel: str) -> int | None:
+    """The subdirectory `name` (at `rel`) of the directory `fd`, opened for listing if it is still the
+    one listed (`ident`: its (st_dev, st_ino) then); None when it was removed or replaced meanwhile."""
+    try:
+        child = os.open(name, _READ_DIR | os.O_NOFOLLOW, dir_fd=fd)
+    except FileNotFoundError:  # removed meanwhile: nothing left to compare
         return None
+    except OSError as e:
+        if e.errno not in _GONE:
+            raise _unreadable(root, rel, e) from e
+        child = None  # replaced by a file or a link
+    if child is not None and _ident(child) == ident:
+        return child
+    if child is not None:
+        os.close(child)
+    log.warning("%s changed while the diff walked it; its files are not compared", rel)
+    return None
+
+
+def _climb(fd: int, ident: tuple[int, int], root: Path | str, rel: str) -> int:
+    """The parent of the directory `fd` (at `rel`), which must be the one the walk came down from."""
+    try:
+        parent = os.open("..", _READ_DIR, dir_fd=fd)
+    except OSError as e:
+        raise _unreadable(root, posixpath.dirname(rel), e) from e
+    if _ident(parent) != ident:
+        os.close(parent)
+        raise SandboxError(f"{_shown(rel)} in {root} was moved while the diff walked it")
+    return parent
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _list_dir(fd: int, root: Path | str, rel: str) -> tuple[list[str], list[str], list[tuple[str, tuple[int, int]]]]:
+    """The entries of the directory `fd` (at `rel` in `root`) as (non-directories, links to
+    directories, real directories with their (st_dev, st_ino)). An entry removed meanwhile counts
+    as a file (compared, it is found missing); one that cannot be looked at raises SandboxError."""
     files: list[str] = []
     links: list[str] = []
     subdirs: list[tuple[str, tuple[int, int]]] = []
     try:
-        st = os.fstat(fd)
-        if expected is not None and (st.st_dev, st.st_ino) != expected:
-            log.warning("%s changed while the diff walked it; its files are not compared", path)
-            return None
         with os.scandir(fd) as entries:
             for entry in entries:
                 try:
-                    is_dir = entry.is_dir()  # follows a link, as os.walk's classification does
-                    real_dir = is_dir and not entry.is_symlink()
-                    ident = entry.stat(follow_symlinks=False) if real_dir else None
-                except OSError:
-                    is_dir = real_dir = False
-                if real_dir:
-                    subdirs.append((entry.name, (ident.st_dev, ident.st_ino)))
-                else:
-                    (links if is_dir else files).append(entry.name)
+                    if entry.is_symlink():
+                        (links if _leads_to_dir(entry) else files).append(entry.name)
+                    elif entry.is_dir(follow_symlinks=False):
+                        st = entry.stat(follow_symlinks=False)
+                        subdirs.append((entry.name, (st.st_dev, st.st_ino)))
+                    else:
+                        files.append(entry.name)
+                except FileNotFoundError:
+                    files.append(entry.name)
     except OSError as e:
-        _unreadable(path, e)
-        return None
-    finally:
-        os.close(fd)
+        raise _unreadable(root, rel, e) from e
     return files, links, subdirs
 
 
-def _unreadable(path: str, e: OSError) -> None:
-    if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # removed or replaced meanwhile
-        log.warning("cannot read %s (%s); its files are not compared", path, e)
+def _leads_to_dir(link: os.DirEntry) -> bool:
+    try:
+        return link.is_dir()  # followed, as os.walk's classification does
+    except OSError:  # a loop, or a target that cannot be looked at
+        return False
+
+
+def _unreadable(root: Path | str, rel: str, e: OSError) -> SandboxError:
+    return SandboxError(f"cannot read {_shown(rel)} in {root} ({e.strerror}): the diff cannot leave its files out")
+
+
+def _shown(rel: str) -> str:
+    """`rel` quoted for a message, its middle left out when it is long (a tree can be 2,000 levels deep)."""
+    if not rel:
+        return "the top directory"
+    return quote_path(rel if len(rel) <= 200 else f"{rel[:100]}...{rel[-100:]}")
 
 
 def walk_files(root: Path, rel: str = "") -> list[str]:
@@ -122,24 +229,30 @@ def walk_files(root: Path, rel: str = "") -> list[str]:
 
 def _kind_at(root: Path, rel: str) -> str | None:
     """'dir', 'other' (a file, a link, ...) or None (missing, or a link or file on the way) for root/rel,
-    each of rel's components looked at without following it."""
+    each of rel's components looked at without following it, from the directory above (at any depth)."""
     if not rel:  # the root itself: followed, unless it is a link (as walk_files always had it)
         return "dir" if os.path.isdir(root) and not os.path.islink(root) else None
-    path = os.fspath(root)
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    for i, part in enumerate(parts):
-        path = os.path.join(path, part)
-        try:
-            st = os.lstat(path)
-        except OSError:
+    parts = _parts(rel)
+    if not parts:
+        return "dir"
+    fd = _open_below(root, parts[:-1], _PATH_DIR)
+    if fd is None:
+        return None
+    try:
+        st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in _GONE:
             return None
-        if not stat.S_ISDIR(st.st_mode):
-            return "other" if i == len(parts) - 1 else None
-    return "dir"
+        raise _unreadable(root, rel, e) from e
+    finally:
+        os.close(fd)
+    return "dir" if stat.S_ISDIR(st.st_mode) else "other"
 
 
 def _is_binary(data: bytes) -> bool:
-    if b"\0" in data[:8192]:
+    """Binary as git tells it (a NUL byte in the first 8000 bytes), or not UTF-8 (see the module's
+    docstring)."""
+    if b"\0" in data[:8000]:
         return True
     try:
         data.decode("utf-8")
@@ -206,8 +319,8 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS, memo: dict | None = 
     directory replaced by a link loses its files, and does not take on those of the link's target.
     `memo`: the directories found beyond a link or not, kept across the calls of one diff."""
     memo = {} if memo is None else memo
-    a_kind, a, a_mode = ("missing", None, 0) if _beyond_link(base, rel, memo, "a") else base.entry(rel)
-    b_kind, b, b_mode = ("missing", None, 0) if _beyond_link(work, rel, memo, "b") else work.entry(rel)
+    a_kind, a, a_mode = ("missing", None, 0) if _beyond_link(base, rel, memo, "a") else _entry(base, rel)
+    b_kind, b, b_mode = ("missing", None, 0) if _beyond_link(work, rel, memo, "b") else _entry(work, rel)
     if a_kind == "dir":
         a_kind, a = "missing", None
     if b_kind == "dir":
@@ -217,6 +330,26 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS, memo: dict | None = 
     if "missing" not in (a_kind, b_kind) and a_kind != b_kind:
         return _section(rel, a, a_mode, None, 0) + _section(rel, None, 0, b, b_mode)
     return _section(rel, a, a_mode, b, b_mode)
+
+
+# ConfinedFS holds a descriptor for each level of a path it walks: a tree a command made a few
+# thousand levels deep runs out of them (1024 by default), and it takes that for a path changed
+# meanwhile, reading as missing.
+_DEEP = 64
+
+
+def _entry(fs: ConfinedFS, rel: str) -> tuple[str, bytes | None, int]:
+    """`fs.entry(rel)` for a path with no link on the way (`_beyond_link`); a deep one is read from a
+    ConfinedFS rooted at its directory, opened a level at a time, holding one descriptor."""
+    if rel.count("/") < _DEEP:
+        return fs.entry(rel)
+    parent = _open_below(fs.root, _parts(posixpath.dirname(rel)), _PATH_DIR)
+    if parent is None:  # a link swapped in since: nothing there, as _beyond_link would say now
+        return "missing", None, 0
+    try:
+        return ConfinedFS(Path(f"/proc/self/fd/{parent}"), mount=fs.mount).entry(posixpath.basename(rel))
+    finally:
+        os.close(parent)
 
 
 def _beyond_link(fs: ConfinedFS, rel: str, memo: dict, side: str) -> bool:
@@ -276,10 +409,45 @@ def _section(rel: str, a: bytes | None, a_mode: int, b: bytes | None, b_mode: in
         return "".join(header)
     old_name = quote_path(f"a/{rel}") if a is not None else "/dev/null"
     new_name = quote_path(f"b/{rel}") if b is not None else "/dev/null"
-    if _is_binary(a or b"") or _is_binary(b or b""):
-        return "".join(header) + f"Binary files {old_name} and {new_name} differ\n"
-    body = difflib.unified_diff(_lines(a or b""), _lines(b or b""), old_name, new_name, n=3)
-    return "".join(header) + "".join(line if line.endswith("\n") else line + "\n" for line in body)
+    if not (_is_binary(a or b"") or _is_binary(b or b"")):
+        body = difflib.unified_diff(_lines(a or b""), _lines(b or b""), old_name, new_name, n=3)
+        return "".join(header) + "".join(line if line.endswith("\n") else line + "\n" for line in body)
+    noted = f"Binary files {old_name} and {new_name} differ\n"
+    if (a or b"").startswith(_STAND_IN) or (b or b"").startswith(_STAND_IN):
+        return "".join(header) + noted  # over the read limit: there is no content to patch with
+    same_mode = f" {a_mode:o}" if a_mode == b_mode else ""
+    header.append(f"index {_blob_id(a)}..{_blob_id(b)}{same_mode}\n")  # git apply checks the old content by it
+    # The note after the patch is for a reader; git apply passes over text between sections.
+    return "".join(header) + _binary_patch(a or b"", b or b"") + noted
+
+
+# What ConfinedFS.entry holds for a file over its read limit (paths._bounded_content).
+_STAND_IN = b"\0large file sha256:"
+
+
+def _blob_id(data: bytes | None) -> str:
+    """The git blob id (sha1) of `data`; all zeros for an absent file, as git writes it."""
+    if data is None:
+        return "0" * 40
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _binary_patch(old: bytes, new: bytes) -> str:
+    """git's `GIT binary patch` from `old` to `new` (diff.c, emit_binary_diff): `new` whole, then `old`
+    whole for `git apply -R`, each deflated and in base85 lines of up to 52 bytes."""
+    return "GIT binary patch\n" + _literal(new) + _literal(old)
+
+
+def _literal(data: bytes) -> str:
+    packed = zlib.compress(data, 1)  # git's level unless core.compression says otherwise
+    # 52 bytes are 13 base85 groups of 4, so each line's text is a slice of the whole encoding.
+    encoded = base64.b85encode(packed, pad=True).decode("ascii")
+    lines = [f"literal {len(data)}\n"]
+    for start in range(0, len(packed), 52):
+        n = min(52, len(packed) - start)
+        size = chr(ord("A") + n - 1) if n <= 26 else chr(ord("a") + n - 27)  # the line's byte count
+        lines.append(size + encoded[start // 4 * 5 : (start + n + 3) // 4 * 5] + "\n")
+    return "".join(lines) + "\n"
 
 
 def tree_diff(
@@ -287,11 +455,20 @@ def tree_diff(
 ) -> str:
     ignore = list(ignore)
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
-    left_out = git_ignored(base, [p for p in paths if not os.path.lexists(os.path.join(base, p))], outer)
+    left_out = git_ignored(base, [p for p in paths if not _lexists(base, p)], outer)
     base_fs, work_fs, memo = ConfinedFS(base), ConfinedFS(work), {}
     return _left_out_note(left_out) + "".join(
         file_diff(rel, base_fs, work_fs, memo) for rel in paths if rel not in left_out
     )
+
+
+def _lexists(root: Path, rel: str) -> bool:
+    """os.path.lexists(root/rel), also for a path too long to name (looked up a level at a time then)."""
+    try:
+        os.lstat(os.path.join(root, rel))
+    except OSError as e:
+        return e.errno == errno.ENAMETOOLONG and _kind_at(root, rel) is not None
+    return True
 
 
 def git_ignored(base: Path, new_paths: list[str], outer: tuple[Path, str] | None = None) -> set[str]:

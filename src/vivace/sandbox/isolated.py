@@ -158,7 +158,8 @@ class IsolatedBackend(LocalBackend):
         for host in hosts:
             for p in [host, *(host.rglob("*") if host.is_dir() and not host.is_symlink() else [])]:
                 st = p.lstat()
-                h.update(f"{p}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+                # ctime too: a file replaced with its size and mtime kept (cp -p, rsync -a) has a new one.
+                h.update(f"{p}\0{st.st_mtime_ns}\0{st.st_size}\0{st.st_ctime_ns}\0{st.st_ino}\n".encode())
 
         def build(tmp: Path) -> None:
             for name, text in files.items():
@@ -414,8 +415,8 @@ class IsolatedBackend(LocalBackend):
         upper = self.upper_dir(ws)
         lower = ws.snapshot.root
         out: list[str] = []
-        for rel_dir, dirpath, names in walk_tree(upper):
-            if rel_dir and _opaque(dirpath):
+        for rel_dir, dir_fd, names in walk_tree(upper):
+            if rel_dir and _opaque(dir_fd):
                 out += walk_files(lower, rel_dir)
             for name in names:
                 rel = os.path.join(rel_dir, name)
@@ -452,9 +453,9 @@ async def _read_json(fd: int, timeout: float) -> dict | None:
         loop.remove_reader(fd)
 
 
-def _opaque(path: str) -> bool:
-    try:
-        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+def _opaque(dir_fd: int) -> bool:
+    try:  # by descriptor: the directory may lie deeper than a path can name (PATH_MAX)
+        return os.getxattr(dir_fd, "trusted.overlay.opaque") == b"y"
     except OSError:
         return False
 

@@ -1,7 +1,7 @@
 """Base snapshots: a directory, a tarball, or a git repository at a commit, materialised once.
 
 A snapshot is copied into the machine-wide cache under a key derived from its content
-(a directory's file listing with sizes and mtimes, a tarball's bytes, a git commit id), so
+(a directory's file listing with sizes, mtimes and ctimes, a tarball's bytes, a git commit id), so
 a thousand workspaces of one task share one copy and every process on the machine reuses
 it. Materialising writes to a temporary name and renames atomically: concurrent processes
 never see a half-built snapshot. Workspaces never write to it (overlayfs keeps it as the
@@ -11,12 +11,15 @@ The cache is bounded: `evict` removes the least recently used snapshots beyond a
 sparing those a live holder (a backend) has claimed and those used within the last hour.
 Beside each snapshot, `<key>.used` holds its size and its mtime is the last use.
 
-A directory that changed since its last snapshot (`vivace agent` on a repository being worked on)
-is snapshotted again, but a file unchanged since that snapshot (same size, mtime and mode: the
-key's own test) is hard-linked from it instead of copied, so a repository with a 2 GB virtualenv
-costs its changed files, not 2 GB and half a minute, per run. `.source-<hash>` names the newest
-snapshot of each directory. Snapshots are never written, so sharing their files is safe; the
-source's own files are never linked.
+A directory's key covers each path's size, mtime, mode, inode and ctime: a file rewritten with its
+size and mtime kept (rsync -a, cp -p, tar x, touch -r) still has a new ctime, which no command can
+set back. A directory that changed since its last snapshot (`vivace agent` on a repository being
+worked on) is snapshotted again, but a file unchanged since that snapshot (the same source inode
+and ctime as when that snapshot copied it) is hard-linked from it instead of copied, so a
+repository with a 2 GB virtualenv costs its changed files, not 2 GB and half a minute, per run.
+`.source-<hash>` names the newest snapshot of each directory and what each of its files was copied
+from. Snapshots are never written, so sharing their files is safe; the source's own files are
+never linked.
 
 A directory snapshot holds what can be read of the directory as it is while the copy runs:
 sockets, FIFOs and devices are left out, and so are files and directories the caller cannot read
@@ -120,14 +123,17 @@ def materialize(
 
     newest = cache_dir / f".source-{hashlib.sha256(os.fsencode(path) + owned.encode()).hexdigest()[:24]}"
 
+    made: list[_Reuse] = []  # what this process's build copied its files from, once it ran
+
     def build(tmp: Path) -> None:
         if kind == "dir":
-            previous = _snapshot_named(cache_dir, newest)
+            reuse = _previous_snapshot(cache_dir, newest)
+            made.append(reuse)
             skip = set(unreadable) | ({".git"} if git_dirs else set())
             try:
-                _copy_dir(path, tmp, previous, skip, unreadable)
+                _copy_dir(path, tmp, reuse, skip, unreadable)
                 if git_dirs:
-                    _copy_git_dir(*git_dirs, tmp, previous)
+                    _copy_git_dir(*git_dirs, tmp, reuse)
                 if git_dirs:
                     _relink_submodules(path, tmp, [d for d in git_dirs if d is not None])
                 elif _real_dir(tmp / ".git"):
@@ -145,8 +151,8 @@ def materialize(
         return Snapshot(key=key, root=cache_dir / key, source=source, unreadable=tuple(sorted(unreadable)))
     root = build_once(cache_dir / key, build)
     _record_use(root)  # a new snapshot's size
-    if kind == "dir":
-        _write_atomically(newest, key)
+    if made:  # not when another process built it meanwhile: its own record is the one that holds
+        _write_atomically(newest, _pointer(key, made[0].now))
     return Snapshot(key=key, root=root, source=source, built=True, unreadable=tuple(sorted(set(unreadable))))
 
 
@@ -171,34 +177,61 @@ def checkout_prefix(path: Path) -> tuple[Path, str] | None:
     return top, Path(path).expanduser().resolve().relative_to(top).as_posix() + "/"
 
 
-def _snapshot_named(cache_dir: Path, pointer: Path) -> Path | None:
-    """The snapshot whose key `pointer` holds, if it is still cached."""
+@dataclass
+class _Reuse:
+    """Hard-linking a new snapshot's unchanged files from the previous snapshot of the same directory."""
+
+    previous: Path | None  # that snapshot; None when there is none still cached
+    # Its files: path -> (source st_ino, source st_ctime_ns, the copy's own st_ino), as copied.
+    then: dict[str, tuple[int, int, int]]
+    now: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # the same, for the new snapshot
+
+
+def _previous_snapshot(cache_dir: Path, pointer: Path) -> _Reuse:
+    """The snapshot `pointer` names (its key on the first line, then what its files were copied
+    from), when it is still cached."""
     try:
-        key = pointer.read_text().strip()
-    except OSError:
-        return None
-    return cache_dir / key if key and not key.startswith(".") and (cache_dir / key).is_dir() else None
+        key, _, listing = pointer.read_bytes().partition(b"\n")
+        name = key.decode().strip()
+        then = {}
+        for record in filter(None, listing.split(b"\0")):
+            ino, ctime, copy_ino, rel = record.split(b" ", 3)
+            then[os.fsdecode(rel)] = (int(ino), int(ctime), int(copy_ino))
+    except (OSError, ValueError):  # none yet, or one this version cannot read: every file is copied
+        return _Reuse(None, {})
+    cached = name and not name.startswith(".") and (cache_dir / name).is_dir()
+    return _Reuse(cache_dir / name, then) if cached else _Reuse(None, {})
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _pointer(key: str, copied: dict[str, tuple[int, int, int]]) -> bytes:
+    """What `_previous_snapshot` reads back: the key, then each file's record (NUL-ended: any byte
+    but NUL may be in a name)."""
+    records = (b"%d %d %d " % ids + os.fsencode(rel) + b"\0" for rel, ids in copied.items())
+    return key.encode() + b"\n" + b"".join(records)
+
+
+def _write_atomically(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp.write_text(text)
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
     os.replace(tmp, path)
 
 
-def _copy_dir(src: Path, dest: Path, previous: Path | None, skip: set[str], unreadable: list[str]) -> None:
+def _copy_dir(src: Path, dest: Path, reuse: _Reuse, skip: set[str], unreadable: list[str]) -> None:
     """Copy directory `src` into the directory `dest`: directories, regular files and symlinks, with
     their modes and times, leaving out sockets, FIFOs and devices, the paths in `skip` (relative;
     "name/" for a directory) and whatever is removed meanwhile. A file that turns out unreadable is
-    added to `unreadable`. Each file unchanged since `previous` (an earlier snapshot of `src`) is
-    hard-linked from it; a link that fails (that snapshot evicted meanwhile, a link limit) falls back
-    to a copy."""
-    _copy_tree(str(src), str(dest), "", previous, skip, unreadable)
+    added to `unreadable`. Each file unchanged since `reuse.previous` (an earlier snapshot of `src`)
+    copied it is hard-linked from there; a link that fails (that snapshot evicted meanwhile, a link
+    limit) falls back to a copy."""
+    _copy_tree(str(src), str(dest), "", reuse, skip, unreadable)
     with suppress(OSError):
         shutil.copystat(src, dest)
 
 
-def _copy_tree(src: str, dest: str, rel: str, previous: Path | None, skip: set[str], unreadable: list[str]) -> None:
+def _copy_tree(src: str, dest: str, rel: str, reuse: _Reuse, skip: set[str], unreadable: list[str]) -> None:
     """`_copy_dir` of `src` (at `rel` in the snapshot) into the existing directory `dest`."""
     try:
         with os.scandir(src) as it:
@@ -217,7 +250,7 @@ def _copy_tree(src: str, dest: str, rel: str, previous: Path | None, skip: set[s
                 made = not os.path.isdir(target)  # not when a git directory's overlay adds to it
                 os.makedirs(target, 0o700, exist_ok=True)
                 try:
-                    _copy_tree(entry.path, target, name, previous, skip, unreadable)
+                    _copy_tree(entry.path, target, name, reuse, skip, unreadable)
                     shutil.copystat(entry.path, target)
                 except FileNotFoundError:
                     if made:
@@ -229,7 +262,7 @@ def _copy_tree(src: str, dest: str, rel: str, previous: Path | None, skip: set[s
                 shutil.copystat(entry.path, target, follow_symlinks=False)
             elif stat.S_ISREG(st.st_mode) and name not in skip:
                 _remove_file(target)
-                _copy_file(entry.path, target, st, previous / name if previous is not None else None)
+                _copy_file(entry.path, target, name, st, reuse)
         except PermissionError:
             unreadable.append(name)
         except OSError as e:  # removed, or replaced by another kind of file, while being copied: left out
@@ -241,20 +274,26 @@ def _copy_tree(src: str, dest: str, rel: str, previous: Path | None, skip: set[s
 _CHANGED_MEANWHILE = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
 
 
-def _copy_file(src: str, dest: str, st: os.stat_result, old: Path | None) -> None:
-    """Copy file `src` (lstat `st`) to `dest`, or hard-link it from `old` when `old` is a regular file
-    of the same size, mtime and mode (the cache key's own test)."""
-    if old is not None:
+def _copy_file(src: str, dest: str, rel: str, st: os.stat_result, reuse: _Reuse) -> None:
+    """Copy file `src` (lstat `st`; `rel` in the snapshot) to `dest`, or hard-link it from the previous
+    snapshot when that copied it from the same source inode with the same ctime: a write, chmod or
+    rename since sets a new one, and no command can set it back (size and mtime it can: rsync -a,
+    cp -p, touch -r). Notes in `reuse.now` what `dest` was copied from."""
+    source = (st.st_ino, st.st_ctime_ns)
+    if reuse.previous is not None and rel in reuse.then:
+        old = reuse.previous / rel
         try:
             then = os.lstat(old)
-            if stat.S_ISREG(then.st_mode) and (st.st_size, st.st_mtime_ns, st.st_mode) == (
-                then.st_size, then.st_mtime_ns, then.st_mode
-            ):  # fmt: skip
+            if stat.S_ISREG(then.st_mode) and reuse.then[rel] == (*source, then.st_ino) and (
+                st.st_size, st.st_mtime_ns, st.st_mode
+            ) == (then.st_size, then.st_mtime_ns, then.st_mode):  # fmt: skip
                 os.link(old, dest)
+                reuse.now[rel] = reuse.then[rel]
                 return
         except OSError:
             pass
     shutil.copy2(src, dest, follow_symlinks=False)
+    reuse.now[rel] = (*source, os.lstat(dest).st_ino)
 
 
 def _remove_file(path: str) -> None:
@@ -292,7 +331,7 @@ def _linked_git_dirs(path: Path) -> tuple[Path, Path | None] | None:
 _WORKTREE_LINKS = {"commondir", "gitdir", "locked"}
 
 
-def _copy_git_dir(gitdir: Path, common: Path | None, dest: Path, previous: Path | None) -> None:
+def _copy_git_dir(gitdir: Path, common: Path | None, dest: Path, reuse: _Reuse) -> None:
     """Make `dest/.git` a git directory of its own for the checkout `dest`: a copy of `gitdir` or, for a
     linked worktree, of the main repository's `common` directory (its other worktrees left out)
     overlaid with the worktree's own files (HEAD, index, logs/HEAD, ...). Its config then names no
@@ -302,7 +341,7 @@ def _copy_git_dir(gitdir: Path, common: Path | None, dest: Path, previous: Path 
     ignore: list[str] = []  # the git directory's own unreadable files do not concern the user
     sources = [(common, {"worktrees/"}), (gitdir, _WORKTREE_LINKS)] if common else [(gitdir, set())]
     for source, skip in sources:
-        _copy_tree(str(source), str(git), ".git", previous, {f".git/{n}" for n in skip}, ignore)
+        _copy_tree(str(source), str(git), ".git", reuse, {f".git/{n}" for n in skip}, ignore)
     with suppress(OSError):
         shutil.copystat(gitdir, git)
     if common and (git / "config.worktree").exists() and not (gitdir / "config.worktree").exists():
@@ -521,9 +560,9 @@ def _key(
 
 
 def _hash_listing(h, root: Path, label: str, unreadable: list[str], skip: str | None = None) -> None:
-    """Feed `h` each path under `root` (as `label` + its relative path) with its size, mtime and
-    mode, adding to `unreadable` the files and directories that cannot be read (a directory's
-    contents are then not listed). A path removed meanwhile is passed over, as is `skip` at the top."""
+    """Feed `h` each path under `root` (as `label` + its relative path) with its size, mtime, mode,
+    inode and ctime (a file rewritten with its size and mtime kept still has a new ctime), adding to
+    `unreadable` the files and directories that cannot be read (a directory's contents are then not listed). A path removed meanwhile is passed over, as is `skip` at the top."""
     for dirpath, dirnames, filenames in os.walk(root):
         if skip and dirpath == str(root) and skip in dirnames:
             dirnames.remove(skip)
@@ -547,7 +586,7 @@ def _hash_listing(h, root: Path, label: str, unreadable: list[str], skip: str | 
             elif stat.S_ISREG(st.st_mode) and not os.access(p, os.R_OK):
                 unreadable.append(rel)
             h.update(os.fsencode(label + rel))
-            h.update(f"\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
+            h.update(f"\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\0{st.st_ino}\0{st.st_ctime_ns}\n".encode())
         dirnames[:] = sorted(d for d in dirnames if d not in blocked)
 
 
