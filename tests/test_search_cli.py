@@ -148,3 +148,62 @@ def test_train_embedder_refuses_traces_that_give_no_batch_before_loading_a_model
     (tmp_path / "traces").mkdir()
     code, out = invoke("index", "train-embedder", "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "m"))
     assert code == 2 and "nothing would train" in " ".join(out.split()), out
+
+
+def test_json_output_is_utf8_with_names_that_are_not(tmp_path):
+    import os
+
+    repo, cache = tmp_path / "repo", str(tmp_path / "cache")
+    repo.mkdir()
+    name = os.fsdecode(b"caf\xe9_menu.py")  # not UTF-8: held as a lone surrogate
+    (repo / name).write_text("def list_coffee_menu_items():\n    return []\n")
+    for args in (["build"], ["search", "coffee menu", "--mode", "bm25"]):
+        result = runner.invoke(app, ["index", *args, "--repo", str(repo), "--cache-dir", cache, "--json"])
+        assert result.exit_code == 0, result.output
+        got = json.loads(result.stdout_bytes.decode("utf-8"))  # strict: raw surrogate bytes would fail here
+    assert got[0]["path"] == name
+
+
+def test_huge_query_is_cut_when_quoted(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("def f():\n    pass\n")
+    query = "qqqqzzzz " * 10_000
+    code, out = invoke(
+        "index", "search", query, "--repo", str(repo), "--cache-dir", str(tmp_path / "c"), "--mode", "bm25"
+    )
+    assert code == 0 and out == f"No results for {query[:200] + '…'!r}.\n", out[:300]
+
+
+def test_build_says_what_it_left_out_and_what_it_could_not_save(tmp_path, monkeypatch):
+    from vivace import cli_index
+
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    repo.mkdir()
+    for i in range(5):
+        (repo / f"m{i}.py").write_text(f"def helper_{i}():\n    return {i}\n")
+    cache.mkdir()
+    (cache / "bases").write_text("not a directory: no base can be saved")
+    config = cli_index._config
+    monkeypatch.setattr(cli_index, "_config", lambda model, cache_dir, **kw: config(model, cache_dir, max_files=3))
+    code, out = invoke("index", "build", "--repo", str(repo), "--cache-dir", str(cache), "--json")
+    assert code == 0, out
+    built = json.loads(out)
+    assert built["files"] == 3 and built["files_over_max_files"] == 2 and built["saved"] is False
+    result = runner.invoke(app, ["index", "build", "--repo", str(repo), "--cache-dir", str(cache)])
+    text = " ".join(result.output.split())
+    assert "2 files over max_files=3 not indexed" in text and "NOT saved" in text, text
+
+
+@pytest.mark.parametrize(
+    ("rows", "says"),
+    [
+        (b'{"resolved": false}\n[1, 2]\n"text"\n{"resolved": tru', "'unreadable': 3"),  # skipped and counted
+        (b'{"resolved": false}\n{"task_id": "caf\xe9"}\n', "results.jsonl:2: not UTF-8 text"),
+    ],
+)
+def test_train_embedder_names_bad_rows_of_results(tmp_path, rows, says):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.jsonl").write_bytes(rows)
+    code, out = invoke("index", "train-embedder", "--traces", str(tmp_path), "--out", str(tmp_path / "m"))
+    assert code == 2 and says in " ".join(out.split()), out

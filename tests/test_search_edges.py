@@ -240,3 +240,126 @@ def test_empty_query_is_refused():
     for query in ("", "  \n\t"):
         with pytest.raises(ValueError, match="the query is empty"):
             view.search(query, 5, "hybrid")
+
+
+def test_submodules_and_nested_repositories_are_indexed(tmp_path):
+    # git lists a submodule as one gitlink entry and a nested repository as "dir/": each is listed by
+    # its own git (so its own .gitignore holds); an uninitialised submodule is an empty directory.
+    lib, top = tmp_path / "lib", tmp_path / "top"
+    write(lib, {"otter.py": "def lib_otter():\n    pass\n", "debug.log": "x\n", ".gitignore": "*.log\n"})
+    git(lib, "init", "-q")
+    git(lib, "add", ".")
+    git(lib, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "lib")
+    write(top, {"main.py": "def main():\n    pass\n", "nested/newt.py": "def nested_newt():\n    pass\n"})
+    git(top, "init", "-q")
+    git(top, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib")
+    git(top / "nested", "init", "-q")
+    sha = subprocess.run(["git", "-C", str(lib), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    git(top, "update-index", "--add", "--cacheinfo", f"160000,{sha},ghost")  # a submodule never checked out
+    (top / "ghost").mkdir()
+    paths = [p for p, _ in scan.candidates(str(top))]
+    assert paths == ["main.py", "nested/newt.py", "vendor/lib/otter.py"]
+
+
+# -- bases saved by many writers at once (rollout workers share one cache directory) ----------------
+
+
+def _save_and_load(base, directory, rounds, failures):
+    for _ in range(rounds):
+        try:
+            base.save(directory)
+            failures.put(None if BaseIndex.load(directory, base.model) is not None else "a load found nothing")
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            failures.put(f"{type(e).__name__}: {e}")
+
+
+def test_concurrent_saves_of_one_base_keep_one_whole_copy(tmp_path, caplog):
+    import multiprocessing
+
+    base = BaseIndex.build({f"m{i}.py": f"def f{i}():\n    return {i}\n" * 50 for i in range(40)}, None)
+    directory = tmp_path / "bases" / base.root
+    base.save(directory)
+    ctx = multiprocessing.get_context("fork")  # processes, not threads: flock and rename must hold across them
+    failures = ctx.Queue()
+    workers = [ctx.Process(target=_save_and_load, args=(base, directory, 6, failures)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    _save_and_load(base, directory, 6, failures)  # and this process too
+    for w in workers:
+        w.join(60)
+    results = [failures.get(timeout=10) for _ in range(30)]
+    assert [r for r in results if r] == [] and "damaged" not in caplog.text
+    assert os.listdir(directory.parent) == [base.root]  # no temporary copy left behind
+
+
+def test_save_replaces_what_is_not_the_same_base(tmp_path):
+    base = BaseIndex.build(FILES, None)
+    directory = tmp_path / "bases" / base.root
+    directory.parent.mkdir()
+    directory.write_text("a stray file")
+    base.save(directory)
+    assert BaseIndex.load(directory, None) is not None
+    BaseIndex.build(FILES, EmbeddingCache(FakeEmbedder())).save(directory)  # same tree, another model
+    assert BaseIndex.load(directory, "fake") is not None and BaseIndex.load(directory, None) is None
+    assert os.listdir(directory.parent) == [base.root]
+
+
+def test_a_base_replaced_while_it_was_read_is_not_removed(tmp_path, monkeypatch, caplog):
+    # Another process found the base damaged and published a good one while this one read the old:
+    # the good one must stay, and be read.
+    base = BaseIndex.build(FILES, None)
+    directory = tmp_path / "bases" / base.root
+    base.save(directory)
+    read = BaseIndex._read
+
+    def replaced_meanwhile(cls, d, model):
+        monkeypatch.setattr(BaseIndex, "_read", classmethod(read.__func__))
+        shutil.rmtree(d)
+        base.save(d)
+        raise ValueError("read half of the old copy")
+
+    monkeypatch.setattr(BaseIndex, "_read", classmethod(replaced_meanwhile))
+    assert BaseIndex.load(directory, None) is not None and "damaged" not in caplog.text
+    assert BaseIndex.load(directory, None) is not None
+
+
+@pytest.mark.parametrize("row", [["x", None], ["1", 2], [3, 2], [0, 0], [1, True]])
+def test_chunk_rows_of_the_wrong_shape_are_damage(tmp_path, row, caplog):
+    import json
+
+    base = BaseIndex.build(FILES, None)
+    directory = tmp_path / base.root
+    base.save(directory)
+    rows = json.loads((directory / "chunks.json").read_text())
+    rows[0][1:3] = row
+    (directory / "chunks.json").write_text(json.dumps(rows))
+    assert BaseIndex.load(directory, None) is None and "damaged" in caplog.text and not directory.exists()
+
+
+@pytest.mark.parametrize("damage", ["unknown_file", "symbols", "ungrouped", "short_row"])
+def test_chunk_rows_that_do_not_fit_the_files_are_damage(tmp_path, damage, caplog):
+    import json
+
+    base = BaseIndex.build(FILES, None)
+    directory = tmp_path / base.root
+    base.save(directory)
+    rows = json.loads((directory / "chunks.json").read_text())
+    if damage == "unknown_file":
+        rows[0][0] = "not/indexed.py"
+    elif damage == "symbols":
+        rows[0][3] = [1]
+    elif damage == "ungrouped":
+        rows.append(rows[0])
+    else:
+        rows[0] = rows[0][:4]
+    (directory / "chunks.json").write_text(json.dumps(rows))
+    assert BaseIndex.load(directory, None) is None and "damaged" in caplog.text
+
+
+def test_files_over_max_files_are_counted_and_logged(tmp_path, caplog):
+    write(tmp_path / "repo", FILES)
+    config = SearchConfig(cache_dir=None, max_files=10)
+    ix = Indexer(config, None)
+    state = asyncio.run(ix.open(DirectorySource(tmp_path / "repo", config)))
+    assert len(state.view.tree.files) == 10 and state.over_max_files == len(FILES) - 10
+    assert f"{len(FILES) - 10} files over max_files=10 not indexed" in caplog.text

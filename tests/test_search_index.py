@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from vivace.search import scan
-from vivace.search.chunking import MAX_CHARS, chunk_file
+from vivace.search.chunking import MAX_CHARS, MAX_SYMBOLS, chunk_file
 from vivace.search.embed import EmbeddingCache
 from vivace.search.index import BaseIndex
 from vivace.search.lexical import LexicalIndex, tokenize
@@ -244,3 +244,41 @@ def test_base_saves_and_loads(tmp_path):
     assert BaseIndex.load(tmp_path / "b", "another-model") is None
     (tmp_path / "b" / "chunks.json").write_text("{broken")
     assert BaseIndex.load(tmp_path / "b", "fake") is None and BaseIndex.load(tmp_path / "nothing", "fake") is None
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_merkle_paths_that_turn_from_file_to_directory_and_back(reverse):
+    # Changes arrive in any order: a file replacing a directory must drop the directory's files,
+    # and deleting the old file must not drop the directory that replaced it.
+    steps = [
+        {"d/inner.py": None, "d": "h4"},  # directory -> file
+        {"d": None, "d/inner.py": "h1"},  # and back, with the original content
+        {"x.py": None, "x.py/inner.py": "h5"},  # file -> directory
+        {"x.py/inner.py": None, "x.py": "h2"},
+    ]
+    current = {"d/inner.py": "h1", "x.py": "h2", "keep.py": "h3"}
+    tree = MerkleTree(current)
+    for changes in steps:
+        for path, digest in sorted(changes.items(), reverse=reverse):
+            tree.set(path, digest)
+        current = {p: h for p, h in (current | changes).items() if h is not None}
+        assert tree.files == current and tree.root == MerkleTree(current).root
+
+
+def test_view_finds_a_file_whose_directory_was_a_file_for_a_while():
+    inner = "def d_inner_jackal():\n    return 4\n"
+    view = IndexView(BaseIndex.build({"d/inner.py": inner, "a.py": "def alpha():\n    return 1\n"}, None), None)
+    view.apply({"d": "def d_file_mink():\n    pass\n", "d/inner.py": None})  # refresh's order: changed, then removed
+    assert [h.path for h in view.search("d_file_mink", 5, "bm25")] == ["d"]
+    view.apply({"d/inner.py": inner, "d": None})
+    assert [h.path for h in view.search("d_inner_jackal", 5, "bm25")] == ["d/inner.py"]
+    assert view.search("d_file_mink", 5, "bm25") == [] and view.root == view.base.root
+
+
+def test_minified_line_keeps_a_bounded_list_of_names():
+    # 3,000 functions on one line: every span merges into the first chunk, which once kept (and
+    # searched, per merge) all 3,000 names: quadratic time.
+    text = "".join(f"function f{i}(a,b){{return a+b*{i}}};" for i in range(3000)) + "\n"
+    chunks = chunk_file("min.js", text)
+    check_cover(chunks, text)
+    assert len(chunks) == 1 and chunks[0].symbols == tuple(f"f{i}" for i in range(MAX_SYMBOLS))

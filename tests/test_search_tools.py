@@ -270,3 +270,13 @@ def test_codebase_search_refuses_a_blank_query_before_searching():
     for query in ("", "   \n"):
         result = parse_args(tool, {"query": query})
         assert result.is_error and "the query is empty" in result.text
+
+
+async def test_codebase_search_quotes_a_huge_query_cut(pctx):
+    class Backend:
+        async def search(self, workspace, query, target_directories, k):
+            return []
+
+    query = "qqqqzzzz " * 120_000
+    got = await _run(pctx, CodebaseSearch(backend=Backend()), query=query)
+    assert got.text == f"No results for {query[:200] + '…'!r}."

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -66,6 +67,12 @@ def _indexer(config):
         fail(str(e))
 
 
+def _print_json(obj: Any) -> None:
+    """JSON on stdout, ASCII-escaped: a file name that is not UTF-8 (a lone surrogate here) comes out
+    as a \\udcXX escape, where rich's print_json would write its raw byte (invalid UTF-8)."""
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
 def _repo(repo: Path) -> Path:
     if not repo.is_dir():
         fail(f"{repo} is not a directory; pass the repository with --repo DIR")
@@ -120,16 +127,21 @@ def index_build(repo: RepoOpt, model: ModelOpt = None, cache_dir: CacheOpt = Non
     report = {
         "repo": str(repo), "root": state.view.root, "files": len(state.view.tree.files),
         "chunks": len(state.view.chunks()), "chunks_embedded": indexer.cache.embedder.encoded - encoded,
-        "files_skipped": state.skipped, "seconds": time.perf_counter() - t0,
-        "cache_dir": str(indexer.config.cache_dir),
+        "files_skipped": state.skipped, "files_over_max_files": state.over_max_files,
+        "seconds": time.perf_counter() - t0, "cache_dir": str(indexer.config.cache_dir),
+        "saved": indexer.store.saved(state.view.base.root),
     }  # fmt: skip
     if as_json:
-        out.print_json(json.dumps(report))
+        _print_json(report)
         return
     skipped = f"; {report['files_skipped']} skipped (binary, too large or unreadable)" if state.skipped else ""
+    if state.over_max_files:
+        skipped += f"; {state.over_max_files} files over max_files={indexer.config.max_files} not indexed"
+    where = escape(report["cache_dir"])
+    saved = f"saved under {where}" if report["saved"] else f"NOT saved: {where} could not be written (see above)"
     out.print(
         f"indexed {report['files']} files as {report['chunks']} chunks ({report['chunks_embedded']} embedded now"
-        f"{skipped}) in {report['seconds']:.1f} s; saved under {escape(report['cache_dir'])}"
+        f"{skipped}) in {report['seconds']:.1f} s; {saved}"
     )
 
 
@@ -144,7 +156,7 @@ def index_search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search DIR's index (built or brought up to date first)."""
-    from vivace.search.types import MODES
+    from vivace.search.types import MODES, quote_query
 
     if mode not in MODES:
         fail(f"unknown --mode {mode!r}; modes: {', '.join(MODES)}")
@@ -155,10 +167,10 @@ def index_search(
     with _model_errors():
         hits = state.view.search(query, k, mode)  # type: ignore[arg-type]
     if as_json:
-        out.print_json(json.dumps([asdict(h) for h in hits]))
+        _print_json([asdict(h) for h in hits])
         return
     if not hits:
-        out.print(f"No results for {query!r}.", markup=False, highlight=False)
+        out.print(f"No results for {quote_query(query)}.", markup=False, highlight=False, soft_wrap=True)
     for h in hits:
         out.print(f"[bold]{escape(h.path)}:{h.start_line}-{h.end_line}[/]" + (f" ({escape(h.symbol)})" if h.symbol else "")
                   + f"  [dim]{h.score:.4f}[/]", highlight=False)  # fmt: skip
@@ -188,7 +200,7 @@ def index_bench(
     cfg = _config(model, None).model_copy(update={"cache_dir": cache_dir})
     result = asyncio.run(run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{escape(s)}[/]")))
     if as_json:
-        out.print_json(json.dumps(result))
+        _print_json(result)
         return
     _print_bench(result)
 
@@ -257,7 +269,7 @@ def index_train_embedder(
     except ValueError as e:
         fail(str(e))
     if as_json:
-        out.print_json(json.dumps(report))
+        _print_json(report)
         return
     b, a = report["before"], report["after"]
     out.print(f"pairs: {report['train_pairs']} train, {report['heldout_pairs']} held out "

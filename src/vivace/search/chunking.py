@@ -6,7 +6,7 @@ Syntax-aware chunks keep a definition whole when it fits (MAX_CHARS), merge smal
 its members (a class into methods, a long function into runs of statements), carrying the
 small header (signature, decorators) into its first piece. Every line of a file belongs to
 exactly one chunk: comments and blank lines go with the code that follows them. Each chunk
-names the definitions it holds (`Class.method`), or the one it sits inside.
+names the definitions it holds (`Class.method`; the first MAX_SYMBOLS), or the one it sits inside.
 
 Not guaranteed: that a chunk stays under MAX_CHARS (one long line, or a header merged into a
 first piece, may exceed it), or meaningful chunks for files that barely parse (tree-sitter
@@ -25,6 +25,7 @@ MAX_CHARS = 1_200  # a chunk's size limit: about what the default embedder reads
 MAX_DEPTH = 40  # syntax levels descended into when splitting
 WINDOW_LINES = 40  # line windows (no grammar, or an unsplittable node) stop at this many lines
 MAX_TEXT = 20_000  # characters of one chunk that are indexed (a minified line is cut here)
+MAX_SYMBOLS = 50  # names kept per chunk: a minified line may define thousands; the embedder reads the first 12
 _WRAPPERS = ("decorated_definition", "export_statement")
 _DEF = re.compile(
     r"^\s*(?:export\s+)?(?:pub(?:\([\w:]+\))?\s+)?(?:async\s+)?"
@@ -67,10 +68,11 @@ def chunk_file(path: str, text: str) -> list[Chunk]:
         source = text.encode("utf-8", "surrogatepass")
         spans = _Splitter(lang, source, lines).group(parser.parse(source).root_node.children, [])
     spans = _cover(spans, len(lines)) if spans else _windows(lines, 0, len(lines) - 1, [], regex=True)
-    return [
-        Chunk(path, s.start + 1, s.end + 1, "\n".join(lines[s.start : s.end + 1])[:MAX_TEXT], tuple(s.symbols))
-        for s in spans
-    ]
+    chunks = []
+    for s in spans:
+        text = "\n".join(lines[s.start : s.end + 1])[:MAX_TEXT]
+        chunks.append(Chunk(path, s.start + 1, s.end + 1, text, tuple(s.symbols[:MAX_SYMBOLS])))
+    return chunks
 
 
 class _Splitter:
@@ -154,12 +156,20 @@ def _cover(spans: list[_Span], n_lines: int) -> list[_Span]:
     """Spans made contiguous over all lines: gaps (comments, blank lines) join the next span,
     rows shared by two spans stay with the first, the tail joins the last."""
     out: list[_Span] = []
+    names: set[str] = set()  # out[-1]'s symbols: thousands of spans may merge into one (a minified line)
     for span in sorted(spans, key=lambda s: s.start):
         start = out[-1].end + 1 if out else 0
         if span.end < start:  # entirely inside the previous span's rows
-            out[-1].symbols += [s for s in span.symbols if s not in out[-1].symbols]
+            kept = out[-1].symbols
+            for name in span.symbols:
+                if len(kept) >= MAX_SYMBOLS:
+                    break
+                if name not in names:
+                    names.add(name)
+                    kept.append(name)
             continue
-        out.append(_Span(start, span.end, span.size, span.symbols))
+        out.append(_Span(start, span.end, span.size, span.symbols[:MAX_SYMBOLS]))
+        names = set(out[-1].symbols)
     out[-1].end = n_lines - 1
     return out
 

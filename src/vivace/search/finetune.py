@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from vivace.search.index import embed_text
 
 _OLD_RANGE = re.compile(r"^@@ -(\d+)(?:,(\d+))? ", re.M)
 SMALL_FILE_CHUNKS = 3  # a whole-file read marks every chunk relevant only in files this small
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,17 +56,35 @@ class Episode:
     relevant: dict[str, set[int]] = field(default_factory=dict)  # query -> indices into chunks
 
 
-def _resolved_trajectories(traces: Path) -> list[Path]:
-    found = []
+def _resolved_trajectories(traces: Path) -> tuple[list[Path], int]:
+    """The trajectories of resolved rows in every results.jsonl under `traces`, and the number of
+    rows skipped because they are not JSON objects (a truncated last line, a stray value)."""
+    found, bad = [], 0
     for results in sorted(Path(traces).rglob("results.jsonl")):
-        for line in results.read_text().split("\n"):  # not splitlines(): U+2028 may sit inside a string
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if row.get("resolved") and row.get("trajectory"):
+        bad_here = 0
+        for row in _rows(results):
+            if not isinstance(row, dict):
+                bad_here += 1
+            elif row.get("resolved") and isinstance(row.get("trajectory"), str):
                 found.append(results.parent / row["trajectory"])
-    return found
+        if bad_here:
+            log.warning("%s: %d rows are not JSON objects; skipped", results, bad_here)
+        bad += bad_here
+    return found, bad
+
+
+def _rows(results: Path) -> Iterator[Any]:
+    """Each non-blank line of a JSON-lines file, parsed (None where it is not JSON)."""
+    for n, raw in enumerate(results.read_bytes().split(b"\n"), 1):  # not splitlines(): a row may hold a \r
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{results}:{n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except ValueError:
+                yield None
 
 
 def _tree_chunks(root: Path, cache: dict[Path, list[Chunk]]) -> list[Chunk]:
@@ -89,8 +109,9 @@ def mine_episodes(traces: Path, state_dir: Path) -> tuple[list[Episode], dict[st
 
     tasks = {t.id: t for t in load_suite("bundled")}
     trees: dict[Path, list[Chunk]] = {}
-    episodes, skipped = [], {"unknown_task": 0, "unreadable": 0, "no_relevant_chunk": 0}
-    for path in _resolved_trajectories(traces):
+    found, bad_rows = _resolved_trajectories(traces)
+    episodes, skipped = [], {"unknown_task": 0, "unreadable": bad_rows, "no_relevant_chunk": 0}
+    for path in found:
         try:
             traj = Trajectory.load(path)
         except (OSError, ValueError):

@@ -12,6 +12,8 @@ cheap next to embedding and keeps the format independent of bm25s' own.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -19,8 +21,9 @@ import shutil
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,46 +102,157 @@ class BaseIndex:
         return base
 
     def save(self, directory: Path) -> None:
-        """Write the base to `directory` (replaced atomically)."""
+        """Write the base to `directory`, published whole by one rename: a reader, in this process or
+        another, sees all of it or nothing. A base another writer published there first is kept (the
+        directory is named by the tree's root, so it holds the same) unless it is of another model."""
         directory = Path(directory)
         tmp = directory.with_name(f".{directory.name}.{uuid.uuid4().hex[:8]}")
-        tmp.mkdir(parents=True)
         meta = {"format": FORMAT, "model": self.model, "files": self.tree.files, "root": self.root}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        rows = [[c.path, c.start, c.end, list(c.symbols), c.text] for c in self.chunks]
-        (tmp / "chunks.json").write_text(json.dumps(rows))
-        if self.vectors is not None:
-            np.save(tmp / "vectors.npy", self.vectors.astype(np.float16))
-        if directory.exists():
-            shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)
+        try:
+            tmp.mkdir(parents=True)
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            rows = [[c.path, c.start, c.end, list(c.symbols), c.text] for c in self.chunks]
+            (tmp / "chunks.json").write_text(json.dumps(rows))
+            if self.vectors is not None:
+                np.save(tmp / "vectors.npy", self.vectors.astype(np.float16))
+            _publish(tmp, directory, meta)
+        finally:  # published (renamed away) or failed: no copy is left behind
+            shutil.rmtree(tmp, ignore_errors=True)
 
     @classmethod
     def load(cls, directory: Path, model: str | None) -> BaseIndex | None:
         """The base saved in `directory`, or None when it is missing, damaged, of another format
-        or made with another embedding model."""
+        or made with another embedding model. A damaged base is removed (and then rebuilt)."""
         directory = Path(directory)
+        for _ in range(2):  # read again when another process replaced the base while it was read
+            seen = _identity(directory)
+            try:
+                return cls._read(directory, model)
+            except (*DAMAGED, AttributeError) as e:
+                damage = e
+            if _discard_if_unchanged(directory, seen):
+                log.warning(
+                    "search cache: the index in %s is damaged (%s: %s); rebuilding it",
+                    directory, type(damage).__name__, damage,
+                )  # fmt: skip
+                return None
+        return None
+
+    @classmethod
+    def _read(cls, directory: Path, model: str | None) -> BaseIndex | None:
         if not (directory / "meta.json").is_file():
             return None
-        try:
-            meta = json.loads((directory / "meta.json").read_text())
-            if meta.get("format") != FORMAT or meta.get("model") != model:
-                return None
-            rows = json.loads((directory / "chunks.json").read_text())
-            chunks = [Chunk(p, s, e, t, tuple(sy)) for p, s, e, sy, t in rows]
-            vectors = None
-            if model is not None:
-                vectors = np.load(directory / "vectors.npy").astype(np.float32)
-                if vectors.shape != (len(chunks), vectors.shape[-1]):
-                    raise ValueError(f"{vectors.shape[0]} vectors for {len(chunks)} chunks")
-                # Saved vectors are unit length: a NaN or inf is damage (flipped bytes), and would score
-                # every chunk NaN, so that dense search returns nothing for as long as the base is reused.
-                if not np.isfinite(vectors).all():
-                    raise ValueError(f"{int((~np.isfinite(vectors)).any(axis=-1).sum())} vectors hold NaN or inf")
-            return cls(meta["files"], chunks, vectors, model)
-        except (*DAMAGED, AttributeError) as e:
-            log.warning(
-                "search cache: the index in %s is damaged (%s: %s); rebuilding it", directory, type(e).__name__, e
-            )
-            shutil.rmtree(directory, ignore_errors=True)  # saved bases are renamed in whole: it stays damaged
+        meta = json.loads((directory / "meta.json").read_text())
+        if meta.get("format") != FORMAT or meta.get("model") != model:
             return None
+        chunks = _chunks(json.loads((directory / "chunks.json").read_text()), meta["files"])
+        vectors = None
+        if model is not None:
+            vectors = np.load(directory / "vectors.npy").astype(np.float32)
+            if vectors.shape != (len(chunks), vectors.shape[-1]):
+                raise ValueError(f"{vectors.shape[0]} vectors for {len(chunks)} chunks")
+            # Saved vectors are unit length: a NaN or inf is damage (flipped bytes), and would score
+            # every chunk NaN, so that dense search returns nothing for as long as the base is reused.
+            if not np.isfinite(vectors).all():
+                raise ValueError(f"{int((~np.isfinite(vectors)).any(axis=-1).sum())} vectors hold NaN or inf")
+        return cls(meta["files"], chunks, vectors, model)
+
+
+def _chunks(rows: Any, files: Any) -> list[Chunk]:
+    """chunks.json's rows as chunks, checked: well-formed JSON of the wrong shape is damage too (a
+    string line number would fail every search that hit it, for as long as the base is reused)."""
+    if not isinstance(files, dict) or not all(isinstance(h, str) for h in files.values()):
+        raise ValueError("meta.json's files are not a map of paths to hashes")
+    if not isinstance(rows, list):
+        raise ValueError("chunks.json holds no list of chunks")
+    chunks: list[Chunk] = []
+    done: set[str] = set()  # files whose chunks are all read (a base's ranges need them grouped by file)
+    for i, row in enumerate(rows):
+        if not (isinstance(row, list) and len(row) == 5):
+            raise ValueError(f"chunk {i} is not [path, start, end, symbols, text]")
+        path, start, end, symbols, text = row
+        if not (isinstance(path, str) and type(start) is int and type(end) is int and isinstance(text, str)):
+            raise ValueError(f"chunk {i} has a field of the wrong type")
+        if not (isinstance(symbols, list) and all(isinstance(x, str) for x in symbols)):
+            raise ValueError(f"chunk {i}'s symbols are not a list of names")
+        if not 1 <= start <= end:
+            raise ValueError(f"chunk {i} spans lines {start}-{end}")
+        if path not in files:
+            raise ValueError(f"chunk {i}'s file is not among the indexed files")
+        if chunks and path != chunks[-1].path:
+            done.add(chunks[-1].path)
+        if path in done:
+            raise ValueError(f"chunk {i}'s file has chunks elsewhere: not grouped by file")
+        chunks.append(Chunk(path, start, end, text, tuple(symbols)))
+    return chunks
+
+
+# -- publishing and removing bases, safely across threads and processes -------------------------------
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock (flock, so across processes too) over replacing or removing the bases in
+    `directory`; readers never take it: they see a base whole or not at all."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _publish(tmp: Path, directory: Path, meta: dict[str, Any]) -> None:
+    """Rename `tmp` to `directory`. rename() replaces nothing but an empty directory, so a base another
+    writer published first stays; one of another model or format (or a stray file) is replaced."""
+    with _locked(directory.parent):
+        try:
+            os.rename(tmp, directory)
+            return
+        except OSError:
+            if not os.path.lexists(directory):
+                raise
+        if _same_base(directory, meta):
+            return
+        _discard(directory)
+        os.rename(tmp, directory)
+
+
+def _same_base(directory: Path, meta: dict[str, Any]) -> bool:
+    try:
+        theirs = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(theirs, dict) and all(theirs.get(k) == meta[k] for k in ("format", "model", "root"))
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """Which directory stands at `path` (a replaced one differs, even where its inode number is reused)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def _discard_if_unchanged(directory: Path, seen: tuple[int, int, int] | None) -> bool:
+    """Remove the damaged base at `directory` unless another process replaced it since it was read."""
+    try:
+        with _locked(directory.parent):
+            if seen is None or _identity(directory) != seen:
+                return False
+            _discard(directory)
+    except OSError:  # gone, or a read-only cache: it is rebuilt in memory all the same
+        pass
+    return True
+
+
+def _discard(path: Path) -> None:
+    """Remove a base, or whatever stands in its place; renamed aside first, so that no reader sees it
+    half deleted."""
+    aside = path.with_name(f".{path.name}.old.{uuid.uuid4().hex[:8]}")
+    os.rename(path, aside)
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink()

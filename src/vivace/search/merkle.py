@@ -59,13 +59,18 @@ class MerkleTree:
             node = child
             trail.append(node)
         if digest is None:
-            node.children.pop(parts[-1], None)
+            if not isinstance(node.children.get(parts[-1]), _Dir):  # a directory now stands there: keep it
+                node.children.pop(parts[-1], None)
             self.files.pop(path, None)
             for parent, name in zip(reversed(trail[:-1]), reversed(parts[:-1]), strict=True):
                 if parent.children[name].children:  # type: ignore[union-attr]
                     break
                 del parent.children[name]  # drop directories left empty
         else:
+            replaced = node.children.get(parts[-1])
+            if isinstance(replaced, _Dir):  # a directory replaced by a file: its files are gone too
+                for gone in _files_under(replaced, path + "/"):
+                    self.files.pop(gone, None)
             node.children[parts[-1]] = digest
             self.files[path] = digest
         for d in trail:
@@ -78,6 +83,14 @@ class MerkleTree:
             if ours != theirs:
                 out[path] = theirs
         return out
+
+
+def _files_under(d: _Dir, prefix: str) -> Iterator[str]:
+    for name, child in d.children.items():
+        if isinstance(child, _Dir):
+            yield from _files_under(child, prefix + name + "/")
+        else:
+            yield prefix + name
 
 
 def _walk(a: _Dir | None, b: _Dir | None, prefix: str) -> Iterator[tuple[str, str | None, str | None]]:

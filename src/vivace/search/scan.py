@@ -8,13 +8,14 @@ library alone.
 
 Files are those the search tools see: hidden files and directories and symlinks are skipped;
 in a git repository, the files git lists (tracked, and untracked but not ignored: a tracked
-`build/` or `vendor/` is indexed), else every file outside vendored dependency and build
-folders (SKIP_DIRS); binary (a NUL byte in the first 8 KiB), oversized and unreadable files
-are counted but not indexed. git runs with `safe.directory=*` (the listing only reads), so a
-repository owned by another user still honours its .gitignore; where git fails in a repository
-all the same, a warning is logged and the walk's rules apply. Not guaranteed: a file that
-changes during a scan may be reported with its old stat and new text (the next scan sees the
-stat change and reads it again).
+`build/` or `vendor/` is indexed; a submodule's or nested repository's files as its own git
+lists them), else every file outside vendored dependency and build folders (SKIP_DIRS);
+binary (a NUL byte in the first 8 KiB), oversized and unreadable files are counted but not
+indexed, and so are files past `max_files`. git runs with `safe.directory=*` (the listing
+only reads), so a repository owned by another user still honours its .gitignore; where git
+fails in a repository all the same, a warning is logged and the walk's rules apply. Not
+guaranteed: a file that changes during a scan may be reported with its old stat and new text
+(the next scan sees the stat change and reads it again).
 """
 
 import base64
@@ -69,24 +70,34 @@ def git_files(root):
 
 def candidates(root):
     """(relative path, lstat) of the regular files under `root` that search may index, sorted."""
-    found = git_files(root)
+    return sorted(_listed(root, ""), key=lambda e: e[0].split("/"))
+
+
+def _listed(root, sub):
+    """(path, lstat) of the files under root/sub, unsorted. git lists a submodule or a nested repository
+    as one directory entry (a gitlink, or "dir/"), so such a directory is listed by its own git."""
+    top = os.path.join(root, sub) if sub else root
+    found = git_files(top)
     if found is None:
         found = []
-        for d, dirs, names in os.walk(root):
+        for d, dirs, names in os.walk(top):
             dirs[:] = [x for x in dirs if not x.startswith(".") and x not in SKIP_DIRS]
-            rel = os.path.relpath(d, root)
+            rel = os.path.relpath(d, top)
             found += [n if rel == "." else rel + "/" + n for n in names]
     out = []
     for p in found:
-        if any(c.startswith(".") for c in p.split("/")):
-            continue
+        p = os.path.normpath(os.path.join(sub, p))
+        if p == sub or any(c.startswith(".") for c in p.split("/")):
+            continue  # hidden, or an empty (uninitialised) submodule listing itself
         try:
             st = os.lstat(os.path.join(root, p))
         except OSError:
             continue
-        if stat.S_ISREG(st.st_mode):  # not a symlink, directory or device
+        if stat.S_ISDIR(st.st_mode):
+            out += _listed(root, p)
+        elif stat.S_ISREG(st.st_mode):  # not a symlink or device
             out.append((p, st))
-    return sorted(out, key=lambda e: e[0].split("/"))
+    return out
 
 
 def read_text(full, max_bytes):
@@ -105,13 +116,15 @@ def scan(
     root=".", since_ns=None, hashes=False, max_files=100_000, max_bytes=1_000_000, budget=150_000, offset=0, limit=None
 ):
     """One pass over `root`: {"clock", "total", "files": [[path, size, mtime_ns, hash]], "texts",
-    "skipped"}. `hashes`: hash every file's text (a workspace's first scan); "" marks a file
-    that is not indexable, null one that was not read. `since_ns`: also return the texts of
-    files modified at or after it, within `budget` characters, so an edit since the last scan
-    costs no second exec. `offset`/`limit` page through the candidates (`total` of them)."""
+    "skipped", "over_max_files"}. `hashes`: hash every file's text (a workspace's first scan); ""
+    marks a file that is not indexable, null one that was not read. `since_ns`: also return the
+    texts of files modified at or after it, within `budget` characters, so an edit since the last
+    scan costs no second exec. `offset`/`limit` page through the candidates (`total` of them, the
+    first `max_files`; "over_max_files" counts those left out)."""
     clock = time.time_ns()
     files, texts, skipped, used = [], {}, 0, 0
-    found = candidates(root)[:max_files]
+    listed = candidates(root)
+    found = listed[:max_files]
     for p, st in found[offset : None if limit is None else offset + limit]:
         full = os.path.join(root, p)
         digest = None
@@ -128,7 +141,8 @@ def scan(
                 texts[p], used = text, used + len(text)
         skipped += digest == ""
         files.append([p, st.st_size, st.st_mtime_ns, digest])
-    return {"clock": clock, "total": len(found), "files": files, "texts": texts, "skipped": skipped}
+    over = len(listed) - len(found)
+    return dict(clock=clock, total=len(found), files=files, texts=texts, skipped=skipped, over_max_files=over)
 
 
 def read_many(root, paths, max_bytes=1_000_000, budget=150_000):

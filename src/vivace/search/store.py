@@ -57,8 +57,12 @@ class BaseStore:
         if self.dir is not None:
             try:
                 base.save(self.dir / "bases" / base.root)
-            except OSError:
-                pass  # a read-only or full cache disk costs a rebuild later, never a failed search
+            except OSError as e:  # a read-only or full cache disk costs a rebuild later, never a failed search
+                log.warning("search cache: could not save the index under %s: %s", self.dir / "bases", e)
+
+    def saved(self, root: str) -> bool:
+        """Whether the base of `root` is on disk, for other processes to reuse."""
+        return self.dir is not None and (self.dir / "bases" / root / "meta.json").is_file()
 
     def closest(self, files: Mapping[str, str], threshold: float) -> BaseIndex | None:
         """The base in memory holding the most of `files` (same path and hash), if it holds at

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ MARGIN_NS = 100_000_000  # files modified this long before a scan are sent again
 TEXT_BUDGET = 150_000  # characters of file text per exec (compressed, well under the sandbox's output cap)
 PAGE = 2_000  # files per scan exec when a whole listing does not fit in the output cap
 READ_BATCH = 500  # paths per read exec (argv stays small)
+log = logging.getLogger(__name__)
+_warned_over: set[str] = set()  # Merkle roots whose max_files cut was logged
 
 
 class Source(Protocol):
@@ -108,7 +111,7 @@ class WorkspaceSource:
             out["skipped"] += got["skipped"]
             offset += page
             if offset >= got["total"]:
-                return out | {"total": got["total"]}
+                return out | {"total": got["total"], "over_max_files": got.get("over_max_files", 0)}
 
     async def read(self, paths: list[str]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
@@ -140,6 +143,7 @@ class TreeState:
     stats: dict[str, tuple[int, int]]  # path -> (size, mtime_ns) of every file the scan listed
     clock: int  # the source's clock (ns) at the last scan
     skipped: int = 0  # files the first scan listed but could not index (binary, oversized, unreadable)
+    over_max_files: int = 0  # files the first scan left out: the tree holds more than config.max_files
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -176,7 +180,11 @@ class Indexer:
             if self.cache is not None:  # the next process opening this tree reuses these vectors
                 await asyncio.to_thread(self.cache.flush)
         stats = {p: (size, mtime) for p, size, mtime, _ in listing["files"]}
-        return TreeState(view, stats, listing["clock"], listing.get("skipped", 0))
+        over = listing.get("over_max_files", 0)
+        if over and tree.root not in _warned_over:
+            _warned_over.add(tree.root)  # once per tree: every workspace of a snapshot would say the same
+            log.warning("search: %d files over max_files=%d not indexed", over, self.config.max_files)
+        return TreeState(view, stats, listing["clock"], listing.get("skipped", 0), over)
 
     async def base_for(
         self, source: Source, tree: MerkleTree, progress: Progress | None = None, share: bool = True

@@ -10,6 +10,12 @@ from typing import Literal
 
 Mode = Literal["bm25", "dense", "hybrid"]
 MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
+QUOTED_CHARS = 200  # of a query echoed back in a message
+
+
+def quote_query(query: str) -> str:
+    """The query as messages quote it (repr), cut: a huge query must not flood the agent's context."""
+    return repr(query if len(query) <= QUOTED_CHARS else query[:QUOTED_CHARS] + "…")
 
 
 @dataclass(frozen=True)

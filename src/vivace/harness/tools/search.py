@@ -51,7 +51,7 @@ from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
 from vivace.sandbox.base import PathEscapeError, SandboxError, Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.search.lexical import tokenize
-from vivace.search.types import SearchHit
+from vivace.search.types import SearchHit, quote_query
 
 SEARCH_TIMEOUT_S = 60.0
 MAX_GLOB_RESULTS = 200
@@ -482,7 +482,7 @@ class CodebaseSearch:
         except (*EXPECTED, ValueError, zlib.error) as e:  # ValueError, zlib.error: garbled walker output
             return error(f"codebase_search failed: {e}; try grep instead.")
         if not hits:
-            return ToolResult(f"No results for {args.query!r}.")
+            return ToolResult(f"No results for {quote_query(args.query)}.")
         text = truncate("\n\n".join(_render(h) for h in hits) + "\n", hint="lower k or narrow the query")
         return ToolResult(text.rstrip("\n"))
 
