@@ -47,3 +47,27 @@ def test_bench_acceptance_500_workspaces(tmp_path):
     iso = res["isolated"]
     assert iso["failures"] == 0 and iso["live_at_peak"] == 500
     assert res["ratio_plain_over_isolated"]["first_command_p50"] >= 10
+
+
+def test_a_run_directory_in_use_by_another_bench_is_refused(tmp_path):
+    """Two `vivace bench` runs into one --out both appended to its results.jsonl (one report, two models'
+    rows), and a second start rewrote the file under the first run. The first to start holds OUT/.lock."""
+    from vivace.bench.runner import start_run
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from vivace.locks import lock_exclusively; "
+         "f = lock_exclusively(Path(sys.argv[1]) / '.lock'); print('held', flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        (tmp_path / "results.jsonl").write_text('{"model": "m", "task_id": "t", "sample": 0}\n')
+        settings = {"models": ["m"], "tasks": ["t"], "samples": 1}
+        with pytest.raises(ValueError, match=f"in use by another `vivace bench` \\(pid {holder.pid}\\)"):
+            start_run(tmp_path, settings, resume=True)
+        assert (tmp_path / "results.jsonl").read_text().count("\n") == 1  # untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    assert start_run(tmp_path / "other", {"models": ["m"], "tasks": ["t"], "samples": 1}) == []
+    assert start_run(tmp_path / "other", {"models": ["m"], "tasks": ["t"], "samples": 1}) == []  # its own: again

@@ -352,3 +352,44 @@ def test_a_model_directory_without_config_json_says_so(ckpt, damage):
         (ckpt / "config.json").mkdir()
     with pytest.raises(ValueError, match=f"no config.json in {re.escape(str(ckpt))}"):
         load_policy(str(ckpt))
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs: writes past it fail with ENOSPC (root only, as the isolated sandbox's tests)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "full"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)])
+
+
+def test_a_checkpoint_write_on_a_full_disk_is_an_oserror_naming_the_file(full_disk):
+    """dcp wraps a rank's failed write in a CheckpointException, a BaseException that no `except Exception`
+    sees, and torch.save says a full disk as RuntimeError("unexpected pos"): `vivace train` ended with ~100
+    lines of traceback instead of its one line with the last checkpoint and the resume command."""
+    import errno
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from vivace.rl.trainer import failed_writes_as_oserror
+
+    big = {"x": torch.zeros(100_000)}
+    for path, write in [
+        (full_disk / "optimizer", lambda p: dcp.save(big, checkpoint_id=p)),
+        (full_disk / "trainer.pt", lambda p: torch.save(big, p)),
+    ]:
+        with pytest.raises(OSError) as e:
+            with failed_writes_as_oserror(path):
+                write(path)
+        assert e.value.errno == errno.ENOSPC or e.value.filename == str(path), e.value
+    with pytest.raises(RuntimeError, match="not a write"):  # other errors are left as they are
+        with failed_writes_as_oserror(full_disk / "x"):
+            raise RuntimeError("not a write")

@@ -298,3 +298,51 @@ def test_run_directory_refusals_come_before_the_training_stack_loads(tmp_path):
         code, torch_imported, stderr = vivace_refusal("train", *args)
         assert (code, torch_imported) == (expected, False), stderr[-2000:]
         assert words in " ".join(stderr.split()), stderr[-2000:]
+
+
+def test_a_run_directory_in_use_is_refused_before_its_files_are_touched(tmp_path):
+    """A second `vivace train --name R` while R ran wrote its own config.json over R's, then was refused:
+    R's `--resume` then went on with the other command's settings. The lock now comes first."""
+    from vivace.locks import lock_exclusively
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("the live run's")
+    with lock_exclusively(run / ".lock"):  # a live run (flock: this process's own second open conflicts too)
+        code, said = _train(tmp_path, {})
+    assert code == 2 and "is in use by another `vivace train`" in said, said
+    assert (run / "config.json").read_text() == "the live run's"
+
+
+def test_unnamed_runs_started_in_one_second_get_directories_of_their_own(tmp_path):
+    """Two unnamed runs started in one second both took train-DATE-TIME: one was refused about a directory
+    it never named, and the other ran with the first one's config.json."""
+    from vivace.rl.runs import RunInUse, claim_run_dir, run_path
+
+    cfg = load_preset("smoke")
+    cfg.train.runs_dir = tmp_path
+    first = run_path(cfg, None)
+    a, lock_a = claim_run_dir(first, cfg, unnamed=True)
+    cfg.train.seed = 7
+    b, lock_b = claim_run_dir(first, cfg, unnamed=True)
+    assert (a, b) == (first, first.with_name(first.name + "-2"))
+    assert (
+        json.loads((b / "config.json").read_text())["train"]["seed"]
+        == 7
+        != json.loads((a / "config.json").read_text())["train"]["seed"]
+    )
+    with pytest.raises(RunInUse, match="in use by another"):
+        claim_run_dir(first, cfg, unnamed=False)  # a name given: refused, never renamed
+    lock_a.close()
+    lock_b.close()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="cannot make the run directory .* set train.runs_dir"):
+        claim_run_dir(blocker / "runs" / "x", cfg, unnamed=False)
+
+
+def test_stop_messages_carry_no_markup(tmp_path):
+    """They are printed with markup off: a literal "[/]" showed in every stop message."""
+    from vivace.cli_train import _stopped_at
+
+    assert _stopped_at(tmp_path, load_preset("smoke")) == "at step 0/2: the last checkpoint is None"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -55,7 +54,16 @@ from vivace.cli import (
     with_sandbox_options,
 )
 from vivace.config import VivaceConfig, load_config
-from vivace.rl.runs import checkpoint_dirs, latest_checkpoint, load_run_config, make_run_dir, run_path, write_atomic
+from vivace.rl.runs import (
+    RunInUse,
+    checkpoint_dirs,
+    claim_run_dir,
+    latest_checkpoint,
+    load_run_config,
+    lock_run,
+    run_path,
+    write_atomic,
+)
 
 train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")
 app.add_typer(train_app, name="train")
@@ -131,17 +139,18 @@ def train_command(
         warnings = check_train_config(cfg, tasks)  # with the model and sft_data (check_model_and_data)
         eval_tasks = held_out_tasks(cfg, cfg.train.eval_tasks) if cfg.train.eval_tasks else []
         if resume is None:
-            run_dir = make_run_dir(run_dir, cfg)
-        lock = _lock_run(run_dir)
+            run_dir, lock = claim_run_dir(run_dir, cfg, unnamed=name is None)
+        else:
+            lock = lock_run(run_dir)
         if resume is not None:
             if (steps is not None and steps != saved.train.steps) or (seed is not None and seed != saved.train.seed):
                 # Saved, so the plain `--resume RUN` that a stop prints finishes the run as extended.
                 saved.train.steps, saved.train.seed = cfg.train.steps, cfg.train.seed
                 write_atomic(run_dir / "config.json", saved.model_dump_json(indent=2))
             err.print(_resume_point(run_dir))
-    except (_Refused, ClusterUnavailable) as e:
+    except (_Refused, RunInUse, ClusterUnavailable) as e:
         fail(str(e))
-    except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (make_run_dir's FileExistsError)
+    except (ValueError, OSError) as e:  # OSError: an unreadable file or directory (claim_run_dir's FileExistsError)
         fail(str(e))
     for warning in warnings:  # legal, but likely not what was meant: said once, before the run
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
@@ -393,7 +402,7 @@ def _step_of(checkpoint: Path) -> int:
 def _stopped_at(run_dir: Path, cfg: VivaceConfig) -> str:
     last = latest_checkpoint(run_dir)
     step = _step_of(last) if last else 0
-    return f"at step {step}/{cfg.train.steps}:[/] the last checkpoint is {last}"
+    return f"at step {step}/{cfg.train.steps}: the last checkpoint is {last}"
 
 
 def _already_complete(run_dir: Path, steps: int) -> bool:
@@ -428,24 +437,6 @@ def _resume_point(run_dir: Path) -> str:
         return (f"resuming {_shown(run_dir)} from step 0: its only checkpoint, {_shown(dirs[-1][1])}, is incomplete "
                 "(no state.json; the save was cut off)")  # fmt: skip
     return f"resuming {_shown(run_dir)} from step 0: it has no checkpoint yet"
-
-
-def _lock_run(run_dir: Path) -> contextlib.AbstractContextManager:
-    """An exclusive lock on RUN/.lock for the life of the run (released when the process ends, however it
-    ends): a second `vivace train --resume RUN` while one runs would interleave metrics and checkpoints."""
-    f = (run_dir / ".lock").open("a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise _Refused(f"{run_dir} is in use by another `vivace train` (pid {holder}); wait for it to end, or "
-                       "stop it first") from None  # fmt: skip
-    f.truncate(0)
-    f.write(str(os.getpid()))
-    f.flush()
-    return f  # a file is its own context manager: closing it releases the lock
 
 
 def _sandbox_here(cfg: VivaceConfig) -> str:
@@ -551,15 +542,17 @@ def report_command(
         chosen = held_out_tasks(cfg, tasks or cfg.train.eval_tasks or None, split)
     except ValueError as e:
         fail(str(e))
+    received: list[int] = []
     try:
-        report, path = _evaluate(cfg, run_dir.resolve(), chosen)
+        with sigterm_interrupts(received):  # SIGTERM as Ctrl-C: the earlier report is put back, not left moved away
+            report, path = _evaluate(cfg, run_dir.resolve(), chosen)
     except KeyboardInterrupt:  # evaluate_run has put the earlier report back
         previous = run_dir / "report.md"
         where = (
             f"the previous report is still at {_shown(previous)}" if previous.is_file() else "there was no earlier one"
         )
         err.print(f"[yellow]report stopped;[/] {escape(where)}", highlight=False)
-        raise typer.Exit(128 + signal.SIGINT) from None
+        raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     if as_json:
         print(json.dumps({"report": str(path), **report}))
         return

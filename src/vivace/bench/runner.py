@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from vivace.aio import gather_all
 from vivace.bench.results import result_rows
@@ -42,6 +42,7 @@ from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policies import load_policy
 from vivace.harness.policy import close_policy, derive_seed
 from vivace.harness.trajectory import Trajectory
+from vivace.locks import Locked, lock_exclusively
 from vivace.model.tokenizer import count_assistant_tokens, reference_chat_format
 from vivace.sandbox import open_backend
 from vivace.sandbox.base import WithEnv
@@ -129,6 +130,7 @@ def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> 
     rows would mix in one report); its errored episodes are dropped, so that they run again, and
     results.jsonl is rewritten to hold just the rows kept. Raises ValueError saying what to do."""
     results, saved = out_dir / "results.jsonl", out_dir / RUN_FILE
+    _hold_run(out_dir)  # before anything is read or written: another run in it would mix rows in one report
     rows = read_results(results) if results.is_file() else []
     if rows and not resume:
         raise ValueError(
@@ -155,6 +157,26 @@ def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> 
     partial.write_text("".join(json.dumps(r) + "\n" for r in kept.values()))
     partial.replace(results)  # atomic: a kill now leaves the old file or the new one, never half of it
     return list(kept.values())
+
+
+_HELD: dict[Path, IO[str]] = {}  # the run directories this process holds (until it ends)
+
+
+def _hold_run(out_dir: Path) -> None:
+    """An exclusive lock on OUT/.lock for the rest of this process, however it ends (flock): a second
+    `vivace bench` into the same --out, resumed or not, is refused instead of appending its rows to the
+    same results.jsonl, or rewriting it under the first run."""
+    key = out_dir.resolve()
+    if key in _HELD:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        f = lock_exclusively(out_dir / ".lock")
+    except Locked as e:
+        raise ValueError(
+            f"{out_dir} is in use by another `vivace bench` (pid {e.holder}); wait for it to end, or give another --out"
+        ) from None
+    _HELD[key] = f
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:

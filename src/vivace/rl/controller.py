@@ -45,6 +45,7 @@ from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
 from vivace.rl.runs import latest_checkpoint, prune_checkpoints, write_atomic
+from vivace.rl.trainer import failed_writes_as_oserror
 from vivace.rl.workers import RayWorkers
 from vivace.tasks.format import Task
 from vivace.tasks.suites import load_suite
@@ -384,7 +385,8 @@ async def _checkpoint(
 ) -> None:
     path = run_dir / "checkpoints" / f"step_{step}"
     await workers.save(path)
-    torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
+    with failed_writes_as_oserror(path / "rng.pt"):
+        torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
     state = {"step": step, "data_position": pipeline.position, "pending": pipeline.pending_positions(),
              "order": order.state()}  # fmt: skip
     write_atomic(path / "state.json", json.dumps(state))  # written last, whole or not at all: complete

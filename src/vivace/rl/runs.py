@@ -8,15 +8,18 @@ rl/controller.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import IO
 
 from pydantic import ValidationError
 
 from vivace.config import VivaceConfig, validation_message
+from vivace.locks import Locked, lock_exclusively
 
 
 def run_path(cfg: VivaceConfig, name: str | None) -> Path:
@@ -30,8 +33,52 @@ def make_run_dir(path: Path, cfg: VivaceConfig) -> Path:
     """The run directory `path` (from `run_path`), made, with the whole configuration saved in it."""
     _untaken(path)  # again: another run may have taken it since
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(cfg.model_dump_json(indent=2))
+    write_atomic(path / "config.json", cfg.model_dump_json(indent=2))
     return path
+
+
+class RunInUse(Exception):
+    """Another process holds the run directory's lock."""
+
+
+def lock_run(run_dir: Path) -> IO[str]:
+    """An exclusive lock on RUN/.lock until the returned file is closed or the process ends (vivace.locks):
+    two processes writing one run would interleave metrics and checkpoints."""
+    try:
+        return lock_exclusively(run_dir / ".lock")
+    except Locked as e:
+        raise RunInUse(f"{run_dir} is in use by another `vivace train` (pid {e.holder}); wait for it to end, or "
+                       "stop it first") from None  # fmt: skip
+
+
+def claim_run_dir(path: Path, cfg: VivaceConfig, *, unnamed: bool) -> tuple[Path, IO[str]]:
+    """`make_run_dir` for `vivace train`: the directory made and locked BEFORE its configuration is written,
+    so a second command naming it is refused without touching the live run's files. An unnamed run
+    (train-DATE-TIME) whose name another run took meanwhile (two started in one second) takes the next
+    free suffix: -2, -3, ..."""
+    for n in itertools.count(1):
+        here = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            here.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot make the run directory {here} ({e.strerror}); set train.runs_dir "
+                          "(--config) to a directory you can write") from None  # fmt: skip
+        try:
+            lock = lock_run(here)
+        except RunInUse:
+            if unnamed:
+                continue
+            raise
+        try:
+            _untaken(here)
+        except FileExistsError:
+            lock.close()
+            if unnamed:
+                continue
+            raise
+        write_atomic(here / "config.json", cfg.model_dump_json(indent=2))
+        return here, lock
+    raise AssertionError("unreachable")
 
 
 def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:

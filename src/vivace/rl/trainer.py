@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import errno
 import os
 import pickle
 import random
@@ -238,6 +239,29 @@ def _read_rows(model: PreTrainedModel, reader: CheckpointRows, rank: int, world:
         buffer.copy_(reader.rows(name, 0, buffer.shape[0] if buffer.dim() else None))
 
 
+@contextlib.contextmanager
+def failed_writes_as_oserror(path: Path) -> Iterator[None]:
+    """A checkpoint write that fails (a full disk, a read-only mount) as an OSError naming `path`, which
+    the CLI reports in one line with the resume command. torch's zip writer says a full disk as a
+    RuntimeError ("unexpected pos"), and dcp wraps any rank's failure in a CheckpointException: a
+    BaseException, which no `except Exception` sees, so it ended the run with every rank's traceback."""
+    try:
+        yield
+    except CheckpointException as e:
+        causes = [exc for exc, _ in e.failures.values()]
+        os_error = next((c for c in causes if isinstance(c, OSError)), None)
+        if os_error is not None:
+            raise os_error from None
+        first = f"{type(causes[0]).__name__}: {causes[0]}".splitlines()[0] if causes else "no cause given"
+        raise OSError(errno.EIO, f"the write failed ({first}); a full disk does this", str(path)) from None
+    except RuntimeError as e:
+        if "inline_container" not in str(e):  # not torch's zip writer: a real error, not a write that failed
+            raise
+        raise OSError(
+            errno.EIO, "the write failed (torch's writer stopped short); a full disk does this", str(path)
+        ) from None
+
+
 class Trainer:
     def __init__(
         self,
@@ -402,7 +426,10 @@ class Trainer:
         (path/trainer.pt). Every rank calls it; the ranks must share `path`. A model whose weights cannot be
         written file by file is gathered whole on rank 0 and written by save_pretrained."""
         path.mkdir(parents=True, exist_ok=True)
-        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=path / "optimizer")
+        with failed_writes_as_oserror(path / "optimizer"):
+            dcp.save(
+                {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=path / "optimizer"
+            )
         with torch.device("meta"):  # an unsharded twin: the config, conversions and tied names the files need
             plain = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
         file_bytes = self.cfg.checkpoint_file_mb * 2**20
@@ -421,7 +448,8 @@ class Trainer:
                 plain.tie_weights()  # tied weights (lm_head) follow the embedding
                 save_checkpoint(plain, self.tokenizer, path / "model")
         if self.rank == 0:
-            torch.save({"step": self.step}, path / "trainer.pt")
+            with failed_writes_as_oserror(path / "trainer.pt"):
+                torch.save({"step": self.step}, path / "trainer.pt")
 
     def load(self, path: Path) -> None:
         """Weights, optimizer and step of checkpoint `path` (as `save` wrote them); a ValueError naming it
