@@ -482,3 +482,90 @@ def test_bench_names_a_policy_the_run_cannot_set_up(repo, tmp_path, state_dir, m
     result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
     assert "error: device 'cuda': no CUDA device" in result.output
+
+
+def test_bench_resume_without_out_is_refused(repo, tmp_path, monkeypatch):
+    """--resume with no --out used to start a fresh run in a new runs/bench-TIME, silently."""
+    monkeypatch.chdir(tmp_path)
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo)[:1], tasks_file)
+    args = ["bench", "--model", "scripted:null", "--tasks", str(tasks_file), "--resume", "--backend", "plain"]
+    result = CliRunner().invoke(app, [*args, "--state-dir", str(tmp_path / "state")])
+    assert result.exit_code == 2 and "--resume needs --out RUN (the run to continue)" in result.output, result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_select_on_results_of_another_suite_says_so(tmp_path):
+    """Results none of whose tasks are in the suite were "no task meets the bounds ... lower --min-solved"."""
+    task = Task(id="t1", repo=RepoSpec(bundled="_blank"), request="fix it", tests=TestSpec(fail_to_pass=["t.py"]),
+                metadata={"split": "train", "family": "f"})  # fmt: skip
+    suite, results = tmp_path / "suite.jsonl", tmp_path / "results.jsonl"
+    save_jsonl([task], suite)
+    results.write_text("".join(json.dumps({"model": "m", "task_id": t, "resolved": True}) + "\n" for t in ("x", "y")))
+    out = tmp_path / "s.jsonl"
+    result = CliRunner().invoke(app, ["tasks", "select", "--results", str(results), "--suite", str(suite),
+                                      "--out", str(out)])  # fmt: skip
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"none of the 2 tasks in the results is in suite {suite}, split train" in said
+    assert "give the --suite (and --split) the results were measured on" in said and "--min-solved" not in said
+    assert not out.exists()
+
+
+def test_tasks_generate_stopped_by_sigterm_closes_the_backend_and_exits_143(tmp_path, monkeypatch):
+    """SIGTERM killed the command outright, leaving the sandbox's cgroups and owner record until the next
+    start; now it stops as Ctrl-C does: the backend is closed, one line, exit 128 + 15."""
+    closed = []
+
+    class Backend:
+        async def aclose(self):
+            closed.append(True)
+
+    async def stopped(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(3)  # stopped here by the CLI's handler
+        return []
+
+    monkeypatch.setattr("vivace.sandbox.open_backend", lambda cfg: Backend())
+    monkeypatch.setattr("vivace.tasks.generate.generate", stopped)
+    out = tmp_path / "gen"
+    args = ["tasks", "generate", "--n", "1", "--backend", "plain", "--state-dir", str(tmp_path / "s")]
+    args += ["--out", str(out)]
+    before = signal.signal(signal.SIGTERM, lambda s, f: None)  # without the CLI's handler: nothing stops
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert result.exit_code == 143, result.output
+    said = " ".join(result.stderr.split())
+    assert f"stopped by SIGTERM: nothing was written to {out}" in said and closed == [True], said
+    assert not out.exists()
+
+
+def test_tasks_families_stopped_by_sigterm_leaves_no_temporary_directories(tmp_path):
+    """Each SIGTERM left the workers' vivace-family-* directories in the temporary directory (the process
+    died in the middle of their test runs); now the runs in flight end and clean up, then exit 143."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "f.jsonl"
+    argv = [sys.executable, "-c", "from vivace.cli import main; main()", "tasks", "families", "--train", "200",
+            "--validation", "0", "--test", "0", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp), "COLUMNS": "300"})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("vivace-family-*")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert list(tmp.glob("vivace-family-*")), "no test run started"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert f"stopped by SIGTERM: nothing was written to {out}" in " ".join(stderr.split()), stderr
+    assert "Traceback" not in stderr and not out.exists()
+    assert not list(tmp.glob("vivace-family-*"))

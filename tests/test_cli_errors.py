@@ -70,3 +70,92 @@ def test_bracketed_user_text_survives_in_the_error_line(here, args, says):
     assert result.stdout == "" and "Traceback" not in result.output
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.stderr
+
+
+def _selectable(tmp_path):
+    """A one-task suite file and a results file measuring it, for `tasks select`."""
+    import json
+
+    from vivace.tasks.format import RepoSpec, Task, TestSpec, save_jsonl
+
+    suite, results = tmp_path / "suite.jsonl", tmp_path / "results.jsonl"
+    save_jsonl([Task(id="t1", repo=RepoSpec(bundled="_blank"), request="fix it", tests=TestSpec(fail_to_pass=["t.py"]),
+                     metadata={"split": "train", "family": "f"})], suite)  # fmt: skip
+    results.write_text(json.dumps({"model": "m", "task_id": "t1", "resolved": True}) + "\n")
+    return suite, results
+
+
+# Each used to end with a traceback, most after all their work (generating, training); {ro} cannot be written.
+UNWRITABLE = {
+    "sft data": ["sft", "data", "--backend", "plain", "--state-dir", "{state}", "--n", "1", "--out", "{ro}/x.jsonl"],
+    "sft copies": ["sft", "copies", "--n", "3", "--out", "{ro}/c.jsonl"],
+    "sft train": ["sft", "train", "--data", "{episodes}", "--init", "tiny-init", "--steps", "1", "--out", "{ro}/m"],
+    "tasks generate": ["tasks", "generate", "--backend", "plain", "--state-dir", "{state}", "--n", "1", "--repos",
+                       "textkit", "--out", "{ro}/gen"],
+    "tasks families": ["tasks", "families", "--train", "1", "--validation", "0", "--test", "0", "--out",
+                       "{ro}/f.jsonl"],
+    "tasks select": ["tasks", "select", "--results", "{results}", "--suite", "{suite}", "--out", "{ro}/s.jsonl"],
+    "tokenizer train": ["tokenizer", "train", "--vocab-size", "300", "--out", "{ro}/tok"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("args", UNWRITABLE.values(), ids=UNWRITABLE.keys())
+def test_an_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, args):
+    """A directory the user cannot write (permissions; a read-only mount and a full disk are refused the same
+    way, by a file made and removed there): exit 2 and one line naming the path and why, before any work."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import unprivileged
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    suite, results = _selectable(tmp_path)
+    episodes = tmp_path / "episodes.jsonl"
+    episodes.write_text('{"ids": [10, 11, 12, 13], "loss_mask": [0, 1, 1, 1]}\n')
+    argv = [a.format(ro=ro, state=tmp_path / "state", suite=suite, results=results, episodes=episodes) for a in args]
+    prefix = unprivileged()  # root writes anywhere unless its override is dropped
+    ro.chmod(0o555)
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", "from vivace.cli import main; main()", *argv],
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+    finally:
+        ro.chmod(0o755)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"error: --out {ro}/") and "(Permission denied)" in lines[0], lines[0]
+    assert not list(ro.iterdir()) and done.stdout == ""
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")  # ENOSPC, no file name: as a write() that fills the disk says it
+
+
+async def _no_tasks(*args, **kwargs):
+    return []
+
+
+class _Backend:
+    async def aclose(self):
+        pass
+
+
+@pytest.mark.parametrize("command", ["generate", "families", "select"])
+def test_a_task_file_write_that_fails_after_the_work_is_one_line_and_exit_1(here, monkeypatch, command):
+    """The disk fills (or the mount turns read-only) between the up-front check and the final write: the
+    OSError was a traceback after all the generating; now one line naming the file and what was lost."""
+    suite, results = _selectable(here)
+    monkeypatch.setattr("vivace.tasks.format.save_jsonl", _disk_full)
+    monkeypatch.setattr("vivace.tasks.families.generate_families", lambda *a, **k: [])
+    monkeypatch.setattr("vivace.tasks.generate.generate", _no_tasks)
+    monkeypatch.setattr("vivace.sandbox.open_backend", lambda cfg: _Backend())
+    args = {"generate": ["generate", "--backend", "plain", "--state-dir", "state", "--n", "1", "--out", "gen"],
+            "families": ["families", "--train", "1", "--validation", "0", "--test", "0", "--out", "f.jsonl"],
+            "select": ["select", "--results", str(results), "--suite", str(suite),
+                       "--out", "s.jsonl"]}[command]  # fmt: skip
+    result = CliRunner().invoke(app, ["tasks", *args])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write {args[-1]}: No space left on device; "), lines

@@ -5,8 +5,12 @@ and Ctrl-C / SIGTERM stop with 130 / 143 and say what was kept and what to do ne
 from __future__ import annotations
 
 import asyncio
+import errno
+import io
 import json
+import math
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +20,7 @@ from typer.testing import CliRunner
 
 import vivace.rl.sft as sft
 from vivace.cli import app
-from vivace.model.checkpoint import load_tokenizer, save_checkpoint, tiny_config
+from vivace.model.checkpoint import load_model, load_tokenizer, save_checkpoint, tiny_config
 
 SMALL = dict(hidden_size=64, moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=32, num_experts=4)  # fmt: skip
@@ -140,11 +144,13 @@ def test_sft_train_refuses_an_out_holding_a_run_and_bad_numbers(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "train_log.jsonl").write_text('{"step": 1}\n')
+    (run / "config.json").write_text("{}")  # a saved model: what --init can train on from
     base = ["train", "--data", str(data), "--init", "tiny-init", "--seq-len", "128", "--threads", "1"]
     result = _run(*base, "--out", str(run), "--steps", "1")
     assert result.exit_code == 2 and "already holds a run" in _said(result) and f"--init {run}" in _said(result)
     assert (run / "train_log.jsonl").read_text() == '{"step": 1}\n' and sorted(run.iterdir()) == [
-        run / "train_log.jsonl"
+        run / "config.json",
+        run / "train_log.jsonl",
     ]
     result = _run(*base, "--out", str(data), "--steps", "1")
     assert result.exit_code == 2 and "is a file" in _said(result), result.output
@@ -208,3 +214,169 @@ def test_sft_eval_says_which_evaluation_runs_on_stderr_and_prints_json_lines(tmp
     rows = [json.loads(line) for line in result.stdout.splitlines()]  # only JSON on stdout
     assert [r["episodes"] for r in rows] == [2, 2]
     assert "[1/2] evaluating tiny-init on" in result.stderr and "[2/2] done in" in result.stderr
+
+
+class _FillsUp(io.FileIO):
+    """A file on a disk with `room` bytes left: a write takes what fits, the next fails with ENOSPC."""
+
+    def __init__(self, path, room: int):
+        super().__init__(path, "wb")
+        self.room = room
+
+    def write(self, data) -> int:
+        if not self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = super().write(bytes(data)[: self.room])
+        self.room -= n
+        return n
+
+
+async def test_expert_data_on_a_disk_that_fills_keeps_whole_lines_in_the_partial_file(tmp_path, monkeypatch):
+    """A full disk left OUT.partial ending in a cut-off JSON line (buffered writes stop anywhere); now the
+    episode that does not fit is cut off again, so the file holds the episodes kept before it, whole."""
+    calls = []
+
+    async def run_task(policy, task, cfg, backend):
+        tokens = SimpleNamespace(ids=list(range(10)), loss_mask=[1] * 10)
+        traj = SimpleNamespace(tokens=tokens, turns=[1], tool_calls=1, to_messages=lambda: [])
+        return traj, SimpleNamespace(resolved=True, total=1.0)
+
+    class Backend:
+        async def aclose(self):
+            calls.append("closed")
+
+    class FullDisk(type(Path())):
+        def open(self, *args, **kwargs):
+            return _FillsUp(self, room=300)  # one episode's line (about 200 bytes) and half the next
+
+    monkeypatch.setattr(sft, "run_task", run_task)
+    monkeypatch.setattr(sft, "_Oracle", lambda *a: None)
+    monkeypatch.setattr(sft, "TeacherTokens", lambda *a: None)
+    monkeypatch.setattr(sft, "partial_path", lambda out: FullDisk(f"{out}.partial"))
+    monkeypatch.setattr("vivace.sandbox.open_backend", lambda cfg: Backend())
+    out = tmp_path / "expert.jsonl"
+    tasks = [SimpleNamespace(id=f"t{i}", split="train") for i in range(3)]
+    with pytest.raises(OSError) as e:
+        await sft.expert_data(SimpleNamespace(sandbox=None), tasks, out, styles=("efficient",), concurrency=1)
+    assert e.value.errno == errno.ENOSPC and str(e.value.filename) == f"{out}.partial"
+    text = Path(f"{out}.partial").read_text()
+    assert text.endswith("\n") and [json.loads(line)["task_id"] for line in text.splitlines()] == ["t0"]
+    assert not out.exists() and calls == ["closed"]
+
+
+def test_sft_data_on_a_full_disk_says_what_the_partial_file_holds(tmp_path, monkeypatch):
+    out = tmp_path / "expert.jsonl"
+
+    async def fills_up(cfg, tasks, out_file, progress, **kwargs):
+        sft.partial_path(out_file).write_text('{"ids": [1]}\n')
+        progress(1, 8)
+        raise OSError(errno.ENOSPC, "No space left on device", str(sft.partial_path(out_file)))
+
+    monkeypatch.setattr(sft, "expert_data", fills_up)
+    result = _run("data", "--backend", "plain", "--state-dir", str(tmp_path / "s"), "--out", str(out), "--n", "2")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    said = _said(result)
+    assert f"error: cannot write {out}.partial: No space left on device; the 1 episodes kept before it are in" in said
+    assert "Traceback" not in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("bad", [["--lr", "inf"], ["--lr", "nan"], ["--epochs", "inf"], ["--minutes", "inf"]])
+def test_sft_train_refuses_numbers_that_are_not_finite(tmp_path, bad):
+    """--lr inf was trained with, saving NaN weights and writing NaN into train_log.jsonl and --json."""
+    data = _data(tmp_path / "a.jsonl")
+    result = _run("train", "--data", str(data), "--init", "tiny-init", "--seq-len", "128", "--threads", "1",
+                  "--steps", "1", "--out", str(tmp_path / "m"), *bad)  # fmt: skip
+    assert result.exit_code == 2 and f"error: {bad[0]} " in _said(result), result.output
+    assert not (tmp_path / "m").exists()
+
+
+def test_sft_train_that_diverges_stops_with_one_line_and_keeps_the_last_good_save(tmp_path, monkeypatch):
+    """A step that makes the weights NaN (here: an infinite learning rate from step 2) used to train on, log
+    NaN and save the NaN weights over the last good save; now the run stops there, exit 1."""
+    import vivace.rl.sft_train as sft_train
+
+    real = sft_train.lr_at
+    monkeypatch.setattr(sft_train, "lr_at", lambda step, *a: real(step, *a) if step == 0 else math.inf)
+    data = _data(tmp_path / "a.jsonl", n=4)
+    out = tmp_path / "m"
+    result = _run("train", "--data", str(data), "--init", "tiny-init", "--seq-len", "128", "--batch-tokens", "64",
+                  "--threads", "1", "--steps", "3", "--save-every", "1", "--warmup-steps", "0", "--json",
+                  "--out", str(out))  # fmt: skip
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.stdout == ""
+    said = _said(result)
+    assert "error: training diverged: the weights became NaN or infinite at step 2" in said, said
+    assert f"{out} keeps the save of step 1" in said
+    log = (out / "train_log.jsonl").read_text()
+    assert [json.loads(line)["step"] for line in log.splitlines()] == [1] and "NaN" not in log and "Infinity" not in log
+    load_model(str(out))  # the step-1 save, whole and finite (load_model refuses NaN weights)
+
+
+def test_sft_train_into_an_out_a_kill_left_during_its_first_save(tmp_path):
+    """A kill during the first save left OUT/.saving; --out OUT was then refused with "give --init OUT", which
+    answered "not a model". The leftover is removed and the run trains; other files without a model are
+    refused without pointing at --init."""
+    data = _data(tmp_path / "a.jsonl")
+    out = tmp_path / "m"
+    (out / ".saving").mkdir(parents=True)
+    (out / ".saving" / "model.safetensors").write_bytes(b"cut short")
+    base = ["train", "--data", str(data), "--init", "tiny-init", "--seq-len", "128", "--threads", "1", "--steps", "1"]
+    result = _run(*base, "--json", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert (out / "config.json").is_file() and not (out / ".saving").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    result = _run(*base, "--out", str(other))
+    assert result.exit_code == 2 and "holds files but no model" in _said(result) and "--init" not in _said(result)
+    assert sorted(other.iterdir()) == [other / "notes.txt"]
+
+
+def test_a_save_cut_short_removes_its_half_written_files(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM) during a save: its files in OUT/.saving are removed, the last whole save stays."""
+    from vivace.rl.sft_train import _save
+
+    def cut_short(model, tokenizer, path):
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("vivace.model.checkpoint.save_checkpoint", cut_short)
+    (tmp_path / "model.safetensors").write_bytes(b"the last save")
+    with pytest.raises(KeyboardInterrupt):
+        _save(None, None, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    assert (tmp_path / "model.safetensors").read_bytes() == b"the last save"
+
+
+def test_sft_train_on_a_disk_that_fills_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    def disk_full(model, tokenizer, out):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / ".saving" / "model.safetensors"))
+
+    monkeypatch.setattr("vivace.rl.sft_train._save", disk_full)
+    data = _data(tmp_path / "a.jsonl")
+    out = tmp_path / "m"
+    result = _run("train", "--data", str(data), "--init", "tiny-init", "--seq-len", "128", "--threads", "1",
+                  "--steps", "1", "--out", str(out))  # fmt: skip
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    said = _said(result)
+    assert f"error: {out}/.saving/model.safetensors: No space left on device; nothing was saved" in said, said
+
+
+def test_a_save_on_a_full_disk_is_an_os_error_naming_the_file(tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own SafetensorError, which the CLI's OSError handling missed
+    (a traceback); the save raises it as the OSError it is, its files removed."""
+    from safetensors import SafetensorError
+
+    from vivace.rl.sft_train import _save
+
+    def disk_full(model, tokenizer, path):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("vivace.model.checkpoint.save_checkpoint", disk_full)
+    with pytest.raises(OSError) as e:
+        _save(None, None, tmp_path)
+    assert (e.value.errno, e.value.strerror) == (errno.ENOSPC, "No space left on device")
+    assert e.value.filename == str(tmp_path / ".saving" / "model.safetensors") and not list(tmp_path.iterdir())

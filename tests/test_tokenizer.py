@@ -4,8 +4,10 @@ own chat template renders what ChatFormat renders, training is deterministic, an
 
 from __future__ import annotations
 
+import errno
 import json
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -243,3 +245,55 @@ def test_bench_counts_reference_tokens():
     assert "tokens/s (ref.)" in markdown({"m": s}, "t")
     scripted = [{**r, "details": r["details"] | {"completion_tokens": 0}} for r in rows]
     assert summarize(scripted)["m"]["ref_tokens_per_s"] is None  # generates nothing: no speed
+
+
+@pytest.fixture
+def small_corpus(monkeypatch):
+    """`tokenizer train` over a few lines instead of vivace's whole source."""
+    import vivace.model.corpus as corpus
+
+    monkeypatch.setattr(corpus, "code_files", lambda: [Path("calc.py")])
+    monkeypatch.setattr(corpus, "code_texts", lambda: iter(["def add(a, b):\n    return a + b\n"]))
+    monkeypatch.setattr(corpus, "conversation_texts", lambda: iter(["Let me read calc.py first.\n"]))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cli_train_stopped_by_a_signal_says_so_and_exits_128_plus_it(tmp_path, monkeypatch, small_corpus, signum):
+    """Ctrl-C exited without a word, and SIGTERM killed the command outright; now both say what was saved."""
+    import vivace.model.tokenizer as T
+
+    real = T.train_tokenizer
+
+    def stopped(texts, vocab_size):
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # what Ctrl-C raises
+        signal.raise_signal(signal.SIGTERM)
+        return real(texts, vocab_size)  # reached only where SIGTERM does not stop the command
+
+    monkeypatch.setattr(T, "train_tokenizer", stopped)
+    out = tmp_path / "tok"
+    before = signal.signal(signal.SIGTERM, lambda s, f: None)  # without the CLI's handler: nothing stops
+    try:
+        res = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(out), "--vocab-size", "300"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert res.exit_code == 128 + signum, res.output
+    said = " ".join(res.stderr.split())
+    assert f"stopped by {signal.Signals(signum).name}: nothing was written to {out}; run it again" in said, said
+    assert not out.exists()
+
+
+def test_cli_train_that_cannot_save_is_one_line(tmp_path, monkeypatch, small_corpus):
+    """A disk that fills (or a mount gone read-only) after the check up front: the save's OSError was a
+    traceback after all the training."""
+
+    def disk_full(tokenizer, out_dir):
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(out_dir) / "tokenizer.json"))
+
+    monkeypatch.setattr("vivace.model.tokenizer.save_tokenizer", disk_full)
+    out = tmp_path / "tok"
+    res = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(out), "--vocab-size", "300", "--json"])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    said = " ".join(res.stderr.split())
+    assert f"error: cannot write {out}/tokenizer.json: No space left on device; the tokenizer trained was not" in said
+    assert "Traceback" not in res.output and res.stdout == ""

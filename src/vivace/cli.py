@@ -6,9 +6,13 @@ Commands that report numbers take `--json`; long work shows a progress bar on st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -141,6 +145,39 @@ def check_out(path: Path, directory: bool, option: str = "--out") -> None:
     """Exit 2 with one line when `path` cannot be written (path_problem)."""
     if problem := path_problem(path, directory):
         fail(f"{option}: {problem}")
+
+
+def check_writable(path: Path, directory: bool, option: str = "--out") -> None:
+    """check_out, then a file made and removed in the directory `path` goes to (the nearest one there is:
+    permission bits alone do not say it for root, a read-only mount or a full disk): exit 2 with one line
+    before the work, not a traceback after it."""
+    check_out(path, directory, option)
+    where = next(p for p in (path, *path.absolute().parents) if p.is_dir())
+    try:
+        with tempfile.TemporaryFile(dir=where) as f:
+            f.write(b"x")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        fail(f"{option} {path}: cannot write in {where} ({e.strerror or e}); give a path you can write "
+             "(check permissions, a read-only mount, free space)")  # fmt: skip
+
+
+@contextlib.contextmanager
+def writes_or_exit(path: Path, then: str) -> Iterator[None]:
+    """For a block writing a command's output to `path`: an OSError (a disk that filled, a mount gone
+    read-only) exits 1 with one line naming the file and the reason, then `then` (what to do next)."""
+    try:
+        yield
+    except OSError as e:
+        fail(f"cannot write {e.filename or path}: {e.strerror or e}; {then}", 1)
+
+
+def stopped_by_signal(received: list[int], what: str) -> typer.Exit:
+    """The message and exit (130 for Ctrl-C, 143 for SIGTERM) of a command stopped by a signal."""
+    signum = received[-1] if received else signal.SIGINT
+    err.print(f"[yellow]stopped by {signal.Signals(signum).name}:[/] {escape(what)}", soft_wrap=True, highlight=False)
+    return typer.Exit(128 + signum)
 
 
 def listening_socket(host: str, port: int):

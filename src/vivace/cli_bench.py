@@ -24,11 +24,14 @@ from vivace.cli import (
     _config,
     app,
     check_out,
+    check_writable,
     err,
     fail,
     out,
     sigterm_interrupts,
+    stopped_by_signal,
     tasks_app,
+    writes_or_exit,
 )
 
 
@@ -49,7 +52,7 @@ def tasks_generate(
     from vivace.tasks.format import BUNDLED_REPOS, bundled_repos, save_jsonl
     from vivace.tasks.generate import generate
 
-    check_out(out_dir, directory=True)
+    check_writable(out_dir, directory=True)
     cfg = _config(preset, backend, state_dir)
     names = [r.strip() for r in repos.split(",")] if repos else bundled_repos()
     unknown = sorted(set(names) - set(bundled_repos()))
@@ -80,18 +83,24 @@ def tasks_generate(
         finally:
             await b.aclose()
 
-    with progress:
-        try:
+    received: list[int] = []
+    try:
+        with progress, sigterm_interrupts(received):  # SIGTERM as Ctrl-C: the sandbox backend is closed
             tasks = asyncio.run(go())
-        except RuntimeError as e:
-            fail(str(e), 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_jsonl(tasks, out_dir / "tasks.jsonl")
+    except RuntimeError as e:
+        fail(str(e), 1)
+    except KeyboardInterrupt:
+        raise stopped_by_signal(received, f"nothing was written to {out_dir}; `tasks generate` does not resume: run "
+                                "it again") from None  # fmt: skip
     counts = {}
-    for split in ("train", "validation", "test"):
-        chosen = [t for t in tasks if t.split == split]
-        save_jsonl(chosen, out_dir / f"{split}.jsonl")
-        counts[split] = len(chosen)
+    with writes_or_exit(out_dir, f"the {len(tasks)} tasks generated were not saved; give an --out you can write and "
+                        "run it again"):  # fmt: skip
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_jsonl(tasks, out_dir / "tasks.jsonl")
+        for split in ("train", "validation", "test"):
+            chosen = [t for t in tasks if t.split == split]
+            save_jsonl(chosen, out_dir / f"{split}.jsonl")
+            counts[split] = len(chosen)
     if as_json:
         report = {"tasks": len(tasks), "splits": counts, "out": str(out_dir / "tasks.jsonl")}
         sys.stdout.write(json.dumps(report) + "\n")
@@ -114,17 +123,23 @@ def tasks_families(
     from vivace.tasks.families import generate_families
     from vivace.tasks.format import save_jsonl
 
-    check_out(out_file, directory=False)
     wanted = {"train": train, "validation": validation, "test": test}
     if not any(wanted.values()):
         fail("no tasks asked for: give --train, --validation or --test above 0")
+    check_writable(out_file, directory=False)
     progress = LoggedProgress()
     bar = progress.add_task("tasks kept", total=sum(wanted.values()))
-    with progress:
-        tasks = generate_families({k: v for k, v in wanted.items() if v > 0}, seed, workers=workers,
-                                  progress=lambda kept, total: progress.update(bar, completed=kept))  # fmt: skip
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    save_jsonl(tasks, out_file)
+    received: list[int] = []
+    try:
+        with progress, sigterm_interrupts(received):  # SIGTERM as Ctrl-C: the test runs in flight end and clean up
+            tasks = generate_families({k: v for k, v in wanted.items() if v > 0}, seed, workers=workers,
+                                      progress=lambda kept, total: progress.update(bar, completed=kept))  # fmt: skip
+    except KeyboardInterrupt:
+        raise stopped_by_signal(received, f"nothing was written to {out_file}; run it again") from None
+    with writes_or_exit(out_file, f"the {len(tasks)} tasks generated were not saved; give an --out you can write and "
+                        "run it again"):  # fmt: skip
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        save_jsonl(tasks, out_file)
     counts: dict[str, int] = {}
     for t in tasks:
         key = f"{t.split}/{t.metadata['family']}"
@@ -284,7 +299,7 @@ def tasks_select(
     from vivace.tasks.select import read_pass_rates, select_tasks
     from vivace.tasks.suites import load_suite
 
-    check_out(out_file, directory=False)
+    check_writable(out_file, directory=False)
     try:
         tasks = load_suite(suite, split)
         rates = read_pass_rates(results, model)
@@ -313,10 +328,15 @@ def tasks_select(
         "families": dict(sorted(counts.items())),
         "out": str(out_file),
     }
+    if not report["measured"]:  # "no task meets the bounds" would send the user lowering them
+        where = f"suite {suite}" + (f", split {split}" if split else "")
+        fail(f"none of the {len(rates)} tasks in the results is in {where}; give the --suite (and --split) the "
+             "results were measured on")  # fmt: skip
     if not chosen:
         fail("no task meets the bounds; nothing written (lower --min-solved or measure more)", 1)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    save_jsonl(chosen, out_file)
+    with writes_or_exit(out_file, "nothing was written; give an --out you can write"):
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        save_jsonl(chosen, out_file)
     if as_json:
         out.print_json(json.dumps(report))
         return
@@ -384,6 +404,8 @@ def bench(
         if not temperature >= 0:  # NaN too
             fail(f"--temperature {temperature:g}: give 0 (greedy) or more")
         cfg.engine.temperature = temperature
+    if resume and out_dir is None:  # a fresh run in a new runs/bench-TIME is not what was asked for
+        fail("--resume needs --out RUN (the run to continue)")
     if out_dir is not None:
         check_out(out_dir, directory=True)
     if (suite is None) == (tasks_path is None):

@@ -13,7 +13,16 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vivace.cli import LoggedProgress, app, check_out, fail, out
+from vivace.cli import (
+    LoggedProgress,
+    app,
+    check_writable,
+    fail,
+    out,
+    sigterm_interrupts,
+    stopped_by_signal,
+    writes_or_exit,
+)
 
 tokenizer_app = typer.Typer(help="The reference tokenizer (byte-level BPE shipped with vivace).", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
@@ -35,47 +44,41 @@ def tokenizer_train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
 ) -> None:
     """Train the byte-level BPE on vivace's code and harness conversations and save it."""
-    from vivace.model import corpus as C
     from vivace.model import tokenizer as T
-    from vivace.tasks.format import bundled_repos
 
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         # Retraining on today's source gives another vocabulary: replacing the shipped reference (which
         # tiny-init and the benchmark's token counts use) must be a deliberate act, and so must any other.
         fail(f"--out {out_dir} already holds files; give a new directory, or empty it first")
-    check_out(out_dir, directory=True)
+    check_writable(out_dir, directory=True)
     if vocab_size < (least := 256 + len(T.SPECIAL_TOKENS)):  # before the corpus is read
         fail(f"--vocab-size {vocab_size}: give {least} or more (256 bytes + the control tokens)")
-    files = C.code_files()
-    n_conversations = len(bundled_repos()) * C.CONVERSATIONS_PER_REPO
     progress = LoggedProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                               TimeElapsedColumn())  # fmt: skip
-    with progress:
-        bar = progress.add_task("corpus: code files", total=len(files))
-        code = []
-        for text in C.code_texts():
-            code.append(text)
+    received: list[int] = []
+    written: dict[str, int] = {}
+    try:
+        with progress, sigterm_interrupts(received):  # SIGTERM as Ctrl-C: one line saying what was saved
+            code, conversations = _read_corpus(progress)
+            bar = progress.add_task(f"training BPE ({vocab_size} tokens)", total=1)
+            t0 = time.monotonic()
+            try:
+                tok = T.train_tokenizer(code + conversations, vocab_size)
+            except ValueError as e:
+                fail(str(e))
+            train_s = time.monotonic() - t0
             progress.advance(bar)
-        bar = progress.add_task("corpus: conversations", total=n_conversations)
-        conversations = []
-        for text in C.conversation_texts():
-            conversations.append(text)
+            with writes_or_exit(out_dir, "the tokenizer trained was not saved; give an --out you can write and run "
+                                "it again"):  # fmt: skip
+                out_dir.mkdir(parents=True, exist_ok=True)
+                written = T.save_tokenizer(tok, out_dir)
+            bar = progress.add_task("measuring compression", total=2)
+            code_cpt = T.chars_per_token(tok, code)
             progress.advance(bar)
-        bar = progress.add_task(f"training BPE ({vocab_size} tokens)", total=1)
-        t0 = time.monotonic()
-        try:
-            tok = T.train_tokenizer(code + conversations, vocab_size)
-        except ValueError as e:
-            fail(str(e))
-        train_s = time.monotonic() - t0
-        progress.advance(bar)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written = T.save_tokenizer(tok, out_dir)
-        bar = progress.add_task("measuring compression", total=2)
-        code_cpt = T.chars_per_token(tok, code)
-        progress.advance(bar)
-        conversation_cpt = T.chars_per_token(tok, conversations)
-        progress.advance(bar)
+            conversation_cpt = T.chars_per_token(tok, conversations)
+            progress.advance(bar)
+    except KeyboardInterrupt:
+        raise stopped_by_signal(received, _what_was_saved(out_dir, written)) from None
     code_bytes = sum(len(t.encode("utf-8")) for t in code)
     conversation_bytes = sum(len(t.encode("utf-8")) for t in conversations)
     result = {
@@ -102,3 +105,30 @@ def tokenizer_train(
             table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
     table.add_row("files", ", ".join(f"{name} ({size:,} B)" for name, size in written.items()))
     out.print(table)
+
+
+def _read_corpus(progress: LoggedProgress) -> tuple[list[str], list[str]]:
+    """The training corpus: the code files' texts and the harness conversations', each read under a bar."""
+    from vivace.model import corpus as C
+    from vivace.tasks.format import bundled_repos
+
+    bar = progress.add_task("corpus: code files", total=len(C.code_files()))
+    code = []
+    for text in C.code_texts():
+        code.append(text)
+        progress.advance(bar)
+    bar = progress.add_task("corpus: conversations", total=len(bundled_repos()) * C.CONVERSATIONS_PER_REPO)
+    conversations = []
+    for text in C.conversation_texts():
+        conversations.append(text)
+        progress.advance(bar)
+    return code, conversations
+
+
+def _what_was_saved(out_dir: Path, written: dict[str, int]) -> str:
+    """What a stopped `tokenizer train` left in `out_dir`, in words."""
+    if written:
+        return f"the tokenizer is saved in {out_dir} (its compression was not measured)"
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        return f"{out_dir} holds part of a tokenizer; empty it and run it again"
+    return f"nothing was written to {out_dir}; run it again"

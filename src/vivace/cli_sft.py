@@ -4,14 +4,20 @@ start on them (train), its probes (eval) and shipping (ship); registered on the 
 Every command refuses an --out that holds data (a non-empty file; for train, a non-empty directory)
 rather than replace it, and writes files under OUT.partial until complete. Ctrl-C / SIGTERM exit
 130 / 143: train saves what it learned, data leaves the episodes kept in OUT.partial, the quick
-writers leave nothing. Nothing resumes: a stopped run is redone, or trained on from (--init)."""
+writers leave nothing. Nothing resumes: a stopped run is redone, or trained on from (--init).
+
+The output helpers here (check_writable, writes_or_exit, stopped_by_signal) serve the `tasks` and
+`tokenizer` commands too: an --out that cannot be written is refused before the work, a write that fails
+after it is one line, not a traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import math
 import random
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -29,12 +35,13 @@ from vivace.cli import (
     StateOpt,
     _config,
     app,
-    check_out,
+    check_writable,
     err,
     fail,
     out,
     path_problem,
     sigterm_interrupts,
+    stopped_by_signal,
 )
 
 sft_app = typer.Typer(help="Supervised warm start: expert data, training.", no_args_is_help=True)
@@ -42,12 +49,13 @@ app.add_typer(sft_app, name="sft")
 
 
 def _fresh_file(path: Path) -> None:
-    """Refuses an --out that would replace what is there (a file with content: the user's data) or that
-    cannot be a file (a directory, a path under a file)."""
+    """Refuses an --out that would replace what is there (a file with content: the user's data), that
+    cannot be a file (a directory, a path under a file) or that cannot be written (check_writable)."""
     if problem := path_problem(path, directory=False):
         raise ValueError(f"--out: {problem}")
     if path.exists() and path.stat().st_size:
         raise ValueError(f"--out {path} already exists; give another --out, or delete it first to write it again")
+    check_writable(path, directory=False)
 
 
 @contextlib.contextmanager
@@ -70,13 +78,6 @@ def _say_written(out_file: Path, n: int, what: str, as_json: bool) -> None:
         print(json.dumps({"out": str(out_file), "written": n}))
     else:
         out.print(f"wrote {n} {what} to {out_file}")
-
-
-def _stopped(received: list[int], what: str) -> typer.Exit:
-    """The message and exit (130 for Ctrl-C, 143 for SIGTERM) of a command stopped by a signal."""
-    signum = received[-1] if received else signal.SIGINT
-    err.print(f"[yellow]stopped by {signal.Signals(signum).name}:[/] {escape(what)}", soft_wrap=True, highlight=False)
-    return typer.Exit(128 + signum)
 
 
 @sft_app.command("data")
@@ -144,14 +145,23 @@ def sft_data(
         fail(str(e))
     except (KeyboardInterrupt, asyncio.CancelledError):
         partial = partial_path(out_file)
-        kept = partial.read_bytes().count(b"\n") if partial.is_file() else 0  # one episode a line
-        raise _stopped(received, f"{done[0]} of {done[1] or '?'} episodes ran; the {kept} kept are in {partial} "
-                                 f"(a partial set; {out_file} was not written). `sft data` does not resume: run "
-                                 "it again for the whole set") from None  # fmt: skip
+        raise stopped_by_signal(received, f"{done[0]} of {done[1] or '?'} episodes ran; the {_lines_in(partial)} kept "
+                                f"are in {partial} (a partial set; {out_file} was not written). `sft data` does not "
+                                "resume: run it again for the whole set") from None  # fmt: skip
+    except OSError as e:  # a disk that filled, a mount gone read-only: expert_data cut the file back to whole lines
+        partial = partial_path(out_file)
+        fail(f"cannot write {e.filename or partial}: {e.strerror or e}; the {_lines_in(partial)} episodes kept before "
+             f"it are in {partial}, whole lines ({out_file} was not written); free space or give another --out, and "
+             "run it again", 1)  # fmt: skip
     if as_json:
         print(json.dumps(result))
     else:
         out.print_json(json.dumps(result))
+
+
+def _lines_in(path: Path) -> int:
+    """Lines in a JSONL file (one episode each); 0 when there is none."""
+    return path.read_bytes().count(b"\n") if path.is_file() else 0
 
 
 def _run_cancelling_on_sigterm(received: list[int], coro):
@@ -270,7 +280,7 @@ def sft_augment(
                 counts["tokens"] += len(row["ids"])
                 counts["trained_tokens"] += sum(row["loss_mask"])
     except KeyboardInterrupt:
-        raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
+        raise stopped_by_signal(received, f"nothing was written to {out_file}; run the command again") from None
     if counts["written"] == 0:
         err.print("[yellow]note:[/] no copies written: no episode names a file in a package directory to rename")
     result = {"out": str(out_file), **counts}
@@ -344,7 +354,7 @@ def sft_copies(
     except ValueError as e:
         fail(str(e))
     except KeyboardInterrupt:
-        raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
+        raise stopped_by_signal(received, f"nothing was written to {out_file}; run the command again") from None
     _say_written(out_file, n, "sequences", as_json)
 
 
@@ -390,7 +400,7 @@ def sft_drills(
                     w.write(json.dumps(row) + "\n")
                     n += 1
     except KeyboardInterrupt:
-        raise _stopped(received, f"nothing was written to {out_file}; run the command again") from None
+        raise stopped_by_signal(received, f"nothing was written to {out_file}; run the command again") from None
     _say_written(out_file, n, "drills", as_json)
     if n == 0:
         err.print(
@@ -554,16 +564,14 @@ def sft_train(
     empty directory). Ctrl-C or SIGTERM stops after the step in flight and saves (exit 130/143); a run
     does not resume, but the next one can start from its checkpoint (--init OUT)."""
     from vivace.model.checkpoint import parse_arch
-    from vivace.rl.sft_train import train_sft
+    from vivace.rl.sft_train import SftDiverged, train_sft
 
     files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
     for name, value in (("--lr", lr), ("--epochs", epochs), ("--minutes", minutes)):
-        if value is not None and not value > 0:
-            fail(f"{name} {value:g}: give a number above 0")
-    check_out(out_dir, directory=True)
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        fail(f"--out {out_dir} already holds a run or other files; give a new or empty directory. `sft train` "
-             f"does not resume: to train on from that checkpoint, give --init {out_dir} and a new --out")  # fmt: skip
+        if value is not None and not (math.isfinite(value) and value > 0):  # inf trained NaN weights; NaN passed
+            fail(f"{name} {value:g}: give a finite number above 0")
+    check_writable(out_dir, directory=True)
+    _check_fresh_run_dir(out_dir)
     try:
         overrides = parse_arch(arch) if arch else None
     except ValueError as e:
@@ -598,12 +606,14 @@ def sft_train(
                                save_every=save_every, seed=seed, threads=threads, device=device,
                                objective=objective, config_overrides=overrides, embedding_rows=rows,
                                freeze_embedding=freeze_embedding, progress=show)  # fmt: skip
+    except SftDiverged as e:
+        fail(str(e), 1)
     except ValueError as e:
         fail(str(e))
     except KeyboardInterrupt:  # before the first step, or a second signal during the last save
-        saved = (out_dir / "model.safetensors").is_file()
-        raise _stopped(received, f"the last save (every --save-every steps) is in {out_dir}" if saved else
-                       "before anything was saved") from None  # fmt: skip
+        raise stopped_by_signal(received, _last_save(out_dir)) from None
+    except OSError as e:  # a disk that filled, a mount gone read-only: the last save is whole
+        fail(f"{e.filename or out_dir}: {e.strerror or e}; {_last_save(out_dir)}", 1)
     if result["counts"]["too_long"]:
         err.print(f"[yellow]note:[/] {result['counts']['too_long']} episode(s) longer than --seq-len {seq_len} "
                   "were skipped")  # fmt: skip
@@ -612,6 +622,27 @@ def sft_train(
     else:
         out.print_json(json.dumps(result))
     if result["stopped_by"] == "interrupted":
-        raise _stopped(received, f"after step {result['step']}{f' of {steps}' if steps else ''}, the checkpoint "
-                                 f"so far is in {out_dir}; to train on from it, give --init {out_dir} and a new "
-                                 "--out (the optimizer state is not saved)")  # fmt: skip
+        raise stopped_by_signal(received, f"after step {result['step']}{f' of {steps}' if steps else ''}, the "
+                                f"checkpoint so far is in {out_dir}; to train on from it, give --init {out_dir} and "
+                                "a new --out (the optimizer state is not saved)")  # fmt: skip
+
+
+def _check_fresh_run_dir(out_dir: Path) -> None:
+    """Exit 2 unless `sft train --out` is new or empty. A first save cut short (a kill) leaves only OUT/.saving,
+    with no model to keep or train on: that is removed. A directory with a model is pointed at --init."""
+    if not (out_dir / "config.json").is_file():
+        shutil.rmtree(out_dir / ".saving", ignore_errors=True)
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    if (out_dir / "config.json").is_file():
+        fail(f"--out {out_dir} already holds a run; give a new or empty directory. `sft train` does not resume: to "
+             f"train on from that checkpoint, give --init {out_dir} and a new --out")  # fmt: skip
+    fail(f"--out {out_dir} holds files but no model (a run stopped before its first save, or other files); give a "
+         "new or empty directory, or delete that one")  # fmt: skip
+
+
+def _last_save(out_dir: Path) -> str:
+    """Where a stopped or failed `sft train` left its weights, in words."""
+    if (out_dir / "model.safetensors").is_file():
+        return f"the last save (every --save-every steps) is in {out_dir}"
+    return "nothing was saved"

@@ -22,7 +22,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from vivace.aio import gather_all
 from vivace.bench.baselines import STYLES, _Oracle
@@ -87,7 +87,7 @@ async def expert_data(
         counts[f"kept:{style}"] += 1
         counts["tokens"] += len(traj.tokens.ids)
         counts["trained_tokens"] += sum(traj.tokens.loss_mask)
-        f.write(json.dumps({
+        _append_line(f, json.dumps({
             "task_id": task.id, "style": style, "split": task.split, "reward": score.total, "turns": len(traj.turns),
             "tool_calls": traj.tool_calls, "ids": traj.tokens.ids, "loss_mask": traj.tokens.loss_mask,
             "messages": traj.to_messages(),
@@ -95,13 +95,27 @@ async def expert_data(
 
     partial = partial_path(out)  # renamed to `out` when every episode has run: a stopped run is clearly partial
     try:
-        with partial.open("w") as f:
+        with partial.open("wb", buffering=0) as f:  # unbuffered: each line is on disk whole, or not at all
             await gather_all(*(one(t, s, f) for t, s in jobs))
     finally:
         await backend.aclose()
     partial.replace(out)
     kept = sum(v for k, v in counts.items() if k.startswith("kept:"))
     return {"episodes": len(jobs), "kept": kept, "out": str(out), **dict(sorted(counts.items()))}
+
+
+def _append_line(f: BinaryIO, line: str) -> None:
+    """Writes `line` whole to the unbuffered file `f`, or none of it: a write that fails part way (a disk
+    that filled) is cut off again, so the file stays valid JSONL, every episode kept so far whole. The
+    OSError is raised again, naming the file."""
+    start, data = f.tell(), memoryview(line.encode())
+    try:
+        while data:
+            data = data[f.write(data) :]
+    except OSError as e:
+        f.seek(start)  # and the next line goes there, not after a hole
+        f.truncate()
+        raise OSError(e.errno, e.strerror, f.name) from None
 
 
 def partial_path(out: Path) -> Path:

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +55,7 @@ __all__ = [
     "IGNORE",
     "PACKED",
     "SftDataError",
+    "SftDiverged",
     "check_files",
     "evaluate_checkpoint",
     "forward_row",
@@ -67,6 +69,11 @@ GRAD_CLIP = 1.0
 
 class SftDataError(ValueError):
     """Training data that cannot be used; the message names the file and line and the fix."""
+
+
+class SftDiverged(Exception):
+    """The loss, the gradient or a weight became NaN or infinite: the run stops, and such weights are
+    never saved (a save from before stays as it was)."""
 
 
 OBJECTIVES = ("assistant", "dialogue", "paths")
@@ -326,15 +333,49 @@ def _limit_training(model, rows: list[int] | None, freeze_embedding: bool) -> Ca
 
 
 def _save(model, tokenizer, out: Path) -> None:
-    """Writes the checkpoint beside `out`, then moves each file in (an interrupted save leaves the last one whole)."""
+    """Writes the checkpoint beside `out`, then moves each file in (an interrupted save leaves the last one whole,
+    and removes its half-written files; only a kill leaves them, in OUT/.saving)."""
     from vivace.model.checkpoint import save_checkpoint
 
     tmp = out / ".saving"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(model, tokenizer, tmp)
+    try:
+        save_checkpoint(model, tokenizer, tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if failed_write := _os_error_of(e, tmp / "model.safetensors"):
+            raise failed_write from e
+        raise
     for f in tmp.iterdir():
         os.replace(f, out / f.name)
     tmp.rmdir()
+
+
+def _os_error_of(e: BaseException, path: Path) -> OSError | None:
+    """The OSError a safetensors SafetensorError stands for when it is a failed write (a full disk: "... (os
+    error 28)"), so that callers handle it as any other; None for any other error."""
+    from safetensors import SafetensorError
+
+    code = re.search(r"\(os error (\d+)\)", str(e)) if isinstance(e, SafetensorError) else None
+    return OSError(int(code[1]), os.strerror(int(code[1])), str(path)) if code else None
+
+
+def _diverged(what: str, step: int, lr: float, saved: int | None, out: Path) -> SftDiverged:
+    """The error that stops a run whose `what` became non-finite, saying which save (if any) is kept."""
+    kept = f"{out} keeps the save of step {saved}" if saved else "nothing was saved"
+    return SftDiverged(f"training diverged: {what} became NaN or infinite at step {step} (learning rate {lr:g}); "
+                       f"{kept}; train again with a lower --lr")  # fmt: skip
+
+
+def _weights_finite(model) -> bool:
+    """Whether every weight is a finite number (checkpoint._require_finite's check: one sum per tensor)."""
+    from vivace.model.checkpoint import _require_finite
+
+    try:
+        _require_finite(model, "the model")
+    except ValueError:
+        return False
+    return True
 
 
 def _accumulate(model, batch: list[list[Episode]], aux_coef: float) -> tuple[float, float]:
@@ -457,6 +498,7 @@ def train_sft(
     state: dict[str, Any] = {"step": 0, "tokens": 0, "trained_tokens": 0, "loss": None, "stopped_by": None}
     last_eval: dict[str, float] = {}
     t0, busy, cursor = time.perf_counter(), 0.0, 0
+    saved: int | None = None  # the step of the last save
 
     def record(line: dict[str, Any]) -> None:
         with log.open("a") as f:
@@ -509,8 +551,13 @@ def train_sft(
             optimizer.zero_grad(set_to_none=True)
             ce_total, aux_total = _accumulate(model, batch, aux_coef)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
+            if not (math.isfinite(ce_total) and math.isfinite(grad_norm)):  # the step would poison every weight
+                raise _diverged("the loss" if not math.isfinite(ce_total) else "the gradient", state["step"] + 1,
+                                lr_now, saved, out)  # fmt: skip
             optimizer.step()
             restore_rows()
+            if not _weights_finite(model):  # a step too large: nothing past here is logged or saved
+                raise _diverged("the weights", state["step"] + 1, lr_now, saved, out)
             dt = time.perf_counter() - s0
             busy += dt
             state["step"] += 1
@@ -530,6 +577,7 @@ def train_sft(
                 run_eval()
             if save_every and state["step"] % save_every == 0:
                 _save(model, tokenizer, out)
+                saved = state["step"]
                 summary(finished=False)
     except KeyboardInterrupt:  # Ctrl-C: keep what was learned (the step in flight is dropped)
         state["stopped_by"] = "interrupted"

@@ -182,7 +182,8 @@ def generate_families(
     wanted = sum(per_split.values())
     tasks: list[Task] = []
     seen: set[str] = set()
-    with ThreadPoolExecutor(workers) as pool:
+    pool = ThreadPoolExecutor(workers)
+    try:
         for split, n in per_split.items():
             rng = random.Random(f"{seed}-{split}")  # one stream per split: more training tasks keep the held-out ones
             plan = [(families[i % len(families)], i) for i in range(n)]
@@ -197,6 +198,10 @@ def generate_families(
                         tasks.append(task)
                 plan = [p for p in plan if p[1] not in done]
                 progress(len(tasks), wanted)
+    finally:
+        # Stopped (Ctrl-C, or the CLI's SIGTERM made one): no queued job starts, and this waits for those
+        # running, so each removes its temporary directory before the process ends.
+        pool.shutdown(cancel_futures=True)
     return tasks
 
 
