@@ -153,14 +153,22 @@ def check_writable(path: Path, directory: bool, option: str = "--out") -> None:
     before the work, not a traceback after it."""
     check_out(path, directory, option)
     where = next(p for p in (path, *path.absolute().parents) if p.is_dir())
+    if problem := write_problem(where):
+        fail(f"{option} {path}: cannot write in {where} ({problem}); give a path you can write "
+             "(check permissions, a read-only mount, free space)")  # fmt: skip
+
+
+def write_problem(directory: Path) -> str | None:
+    """Why a file cannot be made in `directory` (made, synced and removed: permission bits alone do not
+    say it for root, a read-only mount or a full disk); None when it can."""
     try:
-        with tempfile.TemporaryFile(dir=where) as f:
+        with tempfile.TemporaryFile(dir=directory) as f:
             f.write(b"x")
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        fail(f"{option} {path}: cannot write in {where} ({e.strerror or e}); give a path you can write "
-             "(check permissions, a read-only mount, free space)")  # fmt: skip
+        return str(e.strerror or e)
+    return None
 
 
 @contextlib.contextmanager

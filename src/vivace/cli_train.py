@@ -26,7 +26,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +51,7 @@ from vivace.cli import (
     sigterm_interrupts,
     status_say,
     with_sandbox_options,
+    write_problem,
 )
 from vivace.config import VivaceConfig, load_config
 from vivace.rl.runs import (
@@ -416,16 +416,10 @@ def _already_complete(run_dir: Path, steps: int) -> bool:
 
 
 def _check_writable(run_dir: Path) -> None:
-    """A file made and removed in the run directory (permission bits alone do not say it for root, a
-    read-only mount or a full disk): a resume that could not write its first checkpoint is refused."""
-    try:
-        with tempfile.TemporaryFile(dir=run_dir) as f:
-            f.write(b"x")
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        raise _Refused(f"cannot write {run_dir}: {e.strerror or e}; fix it (permissions, a read-only mount, "
-                       f"free space) and resume again with `vivace train --resume {run_dir}`") from None  # fmt: skip
+    """A resume that could not write its first checkpoint is refused (cli.write_problem)."""
+    if problem := write_problem(run_dir):
+        raise _Refused(f"cannot write {run_dir}: {problem}; fix it (permissions, a read-only mount, "
+                       f"free space) and resume again with `vivace train --resume {run_dir}`")  # fmt: skip
 
 
 def _resume_point(run_dir: Path) -> str:
