@@ -146,7 +146,6 @@ def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> 
                 f"--resume: {out_dir} was run with other {', '.join(differ)} (see {saved}); resume it with the "
                 "same options, or give another --out"
             )
-    out_dir.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(settings, indent=1) + "\n")
     wanted = {(m, t, k) for m in settings["models"] for t in settings["tasks"] for k in range(settings["samples"])}
     kept: dict[tuple[str, str, int], dict[str, Any]] = {}
