@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -274,6 +276,65 @@ def test_a_read_stops_one_byte_past_the_limit_of_a_file_still_growing(tmp_path, 
     monkeypatch.setattr(ConfinedFS, "open_regular", grows)
     with pytest.raises(NotAFileError, match="growing, over the 100-byte read limit"):
         fs.read_bytes("log", max_bytes=100)
+
+
+def test_confined_paths_hundreds_of_levels_down_need_two_descriptors(tmp_path):
+    """ConfinedFS held a descriptor for each level it walked: with 256 of them, a write, a read or a
+    climb through `..` 400 levels down ran out and was refused as a path "changed while resolving"
+    (at the usual 1,024: past about 1,000 levels, a tree any command can make). It now holds the
+    root's and the current directory's."""
+    fs = ConfinedFS(tmp_path)
+    deep = "d/" * 400
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, limits[0]), limits[1]))
+    try:
+        fs.write_bytes(deep + "f.txt", b"deep\n")  # makes the 400 directories on the way
+        _symlink_deep(tmp_path, 402, "up", "../../f.txt")  # in the 402nd d: two levels up
+        assert fs.read_bytes(deep + "f.txt") == b"deep\n"
+        assert fs.read_bytes(deep + "d/d/up") == b"deep\n"
+        assert fs.read_bytes(deep + "d/../../" + "d/" + "f.txt") == b"deep\n"
+        assert fs.realpath(deep + "d/d/up") == deep + "f.txt"
+        assert [e.name for e in fs.list(deep)] == ["d", "f.txt"]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        fs.remove("d", recursive=True)
+
+
+def _symlink_deep(root: Path, levels: int, name: str, target: str) -> None:
+    """A link `name` -> `target` in root/d/.../d (`levels` deep, made where missing), walked a level at
+    a time: its path is past what one call takes."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir("d", dir_fd=fd)
+            below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        os.symlink(target, name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def test_confined_climb_through_a_directory_moved_meanwhile_is_refused(tmp_path, monkeypatch):
+    """`..` is opened from the directory reached and must be the one walked through: a directory a
+    command moves elsewhere in the workspace during the walk stops it, rather than lead `..` into
+    the directory it was moved to."""
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x").write_text("right\n")
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "x").write_text("wrong\n")
+    fs, real_fstat, calls = ConfinedFS(tmp_path), os.fstat, []
+
+    def fstat(fd):
+        calls.append(fd)
+        if len(calls) == 4:  # the root, a, b, then c just entered: a command moves c away
+            os.rename(tmp_path / "a" / "b" / "c", tmp_path / "z" / "c")
+        return real_fstat(fd)
+
+    monkeypatch.setattr(os, "fstat", fstat)
+    with pytest.raises(PathEscapeError, match="changed while resolving"):
+        fs.read_bytes("a/b/c/../x")
 
 
 @pytest.mark.parametrize("kind", ["isolated", "plain"])

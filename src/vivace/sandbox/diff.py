@@ -319,8 +319,8 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS, memo: dict | None = 
     directory replaced by a link loses its files, and does not take on those of the link's target.
     `memo`: the directories found beyond a link or not, kept across the calls of one diff."""
     memo = {} if memo is None else memo
-    a_kind, a, a_mode = ("missing", None, 0) if _beyond_link(base, rel, memo, "a") else _entry(base, rel)
-    b_kind, b, b_mode = ("missing", None, 0) if _beyond_link(work, rel, memo, "b") else _entry(work, rel)
+    a_kind, a, a_mode = ("missing", None, 0) if _beyond_link(base, rel, memo, "a") else base.entry(rel)
+    b_kind, b, b_mode = ("missing", None, 0) if _beyond_link(work, rel, memo, "b") else work.entry(rel)
     if a_kind == "dir":
         a_kind, a = "missing", None
     if b_kind == "dir":
@@ -330,26 +330,6 @@ def file_diff(rel: str, base: ConfinedFS, work: ConfinedFS, memo: dict | None = 
     if "missing" not in (a_kind, b_kind) and a_kind != b_kind:
         return _section(rel, a, a_mode, None, 0) + _section(rel, None, 0, b, b_mode)
     return _section(rel, a, a_mode, b, b_mode)
-
-
-# ConfinedFS holds a descriptor for each level of a path it walks: a tree a command made a few
-# thousand levels deep runs out of them (1024 by default), and it takes that for a path changed
-# meanwhile, reading as missing.
-_DEEP = 64
-
-
-def _entry(fs: ConfinedFS, rel: str) -> tuple[str, bytes | None, int]:
-    """`fs.entry(rel)` for a path with no link on the way (`_beyond_link`); a deep one is read from a
-    ConfinedFS rooted at its directory, opened a level at a time, holding one descriptor."""
-    if rel.count("/") < _DEEP:
-        return fs.entry(rel)
-    parent = _open_below(fs.root, _parts(posixpath.dirname(rel)), _PATH_DIR)
-    if parent is None:  # a link swapped in since: nothing there, as _beyond_link would say now
-        return "missing", None, 0
-    try:
-        return ConfinedFS(Path(f"/proc/self/fd/{parent}"), mount=fs.mount).entry(posixpath.basename(rel))
-    finally:
-        os.close(parent)
 
 
 def _beyond_link(fs: ConfinedFS, rel: str, memo: dict, side: str) -> bool:

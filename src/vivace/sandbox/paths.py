@@ -80,6 +80,10 @@ def _open_final(dfd: int, name: str, flags: int, path: str) -> int:
         raise
 
 
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -145,10 +149,22 @@ class ConfinedFS:
         given, receives the resolved components of dir_fd (on a missing directory: those of
         its parent, the missing name and the components not yet walked)."""
         # The root itself is trusted (it may be a /proc/self/fd magic link to a detached mount).
-        fds = [os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
-        names: list[str] = []  # the components of fds[1:]
+        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        # One descriptor besides the root's, however deep the path: `..` is opened from the current
+        # directory and checked to be the directory walked through (its (st_dev, st_ino) in `ids`),
+        # so the walk holds two descriptors at any depth and a directory moved meanwhile stops it.
+        fd = root
+        ids = [_identity(os.fstat(root))]  # the directories walked through, the root first
+        names: list[str] = []  # the components below the root, one per ids[1:]
         if trail is None:
             trail = []
+
+        def enter(new: int) -> None:
+            nonlocal fd
+            if fd != root:
+                os.close(fd)
+            fd = new
+
         try:
             pending = _split(path, path, self.mount)
             _check_lexical(pending, path)
@@ -156,30 +172,37 @@ class ConfinedFS:
             while pending:
                 comp = pending.pop(0)
                 if comp == "..":
-                    if len(fds) == 1:
+                    if len(ids) == 1:
                         raise PathEscapeError(f"{path!r} leads outside the workspace")
-                    os.close(fds.pop())
+                    ids.pop()
                     names.pop()
+                    if len(ids) == 1:
+                        enter(root)
+                        continue
+                    parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                    enter(parent)
+                    if _identity(os.fstat(fd)) != ids[-1]:
+                        raise PathEscapeError(f"{path!r}: a directory on the way changed while resolving")
                     continue
                 final = not pending
                 try:
-                    st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
+                    st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
                     if final:
                         trail[:] = names
-                        yield fds[-1], comp
+                        yield fd, comp
                         return
                     if not create_parents:
                         trail[:] = [*names, comp, *pending]
                         raise WorkspaceFileNotFound(f"{path!r}: no such directory {comp!r}") from None
                     try:
-                        os.mkdir(comp, 0o755, dir_fd=fds[-1])
+                        os.mkdir(comp, 0o755, dir_fd=fd)
                         if self.owner:
-                            os.chown(comp, *self.owner, dir_fd=fds[-1], follow_symlinks=False)
+                            os.chown(comp, *self.owner, dir_fd=fd, follow_symlinks=False)
                     except FileExistsError:
                         pass  # made meanwhile (a parallel write into the same new directory): judged below
                     try:
-                        st = os.stat(comp, dir_fd=fds[-1], follow_symlinks=False)
+                        st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
                     except FileNotFoundError as e:  # a concurrent command removed it again
                         raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
                 if stat_mod.S_ISLNK(st.st_mode) and (follow_final or not final):
@@ -187,34 +210,37 @@ class ConfinedFS:
                     if links > MAX_SYMLINKS:
                         raise PathEscapeError(f"{path!r}: too many levels of symbolic links")
                     try:
-                        target = os.readlink(comp, dir_fd=fds[-1])
+                        target = os.readlink(comp, dir_fd=fd)
                     except OSError as e:  # replaced (EINVAL) or removed (ENOENT) since the stat above
                         raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
                     if target.startswith("/"):
                         mount = self.mount
                         if not (mount and (target == mount or target.startswith(mount + "/"))):
                             raise PathEscapeError(f"{path!r}: symlink {comp!r} points outside the workspace ({target})")
-                        while len(fds) > 1:
-                            os.close(fds.pop())
+                        enter(root)
+                        del ids[1:]
                         names.clear()
                     pending = _split(target, path, self.mount) + pending
                     continue
                 if final:
                     trail[:] = names
-                    yield fds[-1], comp
+                    yield fd, comp
                     return
                 if not stat_mod.S_ISDIR(st.st_mode):
                     raise NotAFileError(f"{path!r}: {comp!r} is not a directory")
                 try:
-                    fds.append(os.open(comp, _DIR_FLAGS, dir_fd=fds[-1]))
+                    child = os.open(comp, _DIR_FLAGS, dir_fd=fd)
                 except OSError as e:  # swapped for a symlink between stat and open
                     raise PathEscapeError(f"{path!r}: {comp!r} changed while resolving") from e
+                enter(child)
+                ids.append(_identity(os.fstat(fd)))
                 names.append(comp)
             trail[:] = names
-            yield fds[-1], None
+            yield fd, None
         finally:
-            for fd in fds:
+            if fd != root:
                 os.close(fd)
+            os.close(root)
 
     # -- operations ---------------------------------------------------------------------
     def open_regular(self, path: str, max_bytes: int = MAX_READ_BYTES, head_bytes: int = 0) -> OpenFile:
