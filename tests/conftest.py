@@ -171,6 +171,19 @@ async def make_workspace(request, repo, state_dir):
     await backend.aclose()
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs: writes past it fail with ENOSPC (root only, as the isolated sandbox's tests)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "full"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)])
+
+
 @pytest.fixture(scope="session")
 def chat_format() -> ChatFormat:
     """A ChatFormat over a small byte-level BPE (800 tokens) trained here on a few KB of this

@@ -354,22 +354,6 @@ def test_a_model_directory_without_config_json_says_so(ckpt, damage):
         load_policy(str(ckpt))
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 64 KiB tmpfs: writes past it fail with ENOSPC (root only, as the isolated sandbox's tests)."""
-    import os
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where = tmp_path / "full"
-    where.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield where
-    subprocess.run(["umount", "-l", str(where)])
-
-
 def test_a_checkpoint_write_on_a_full_disk_is_an_oserror_naming_the_file(full_disk):
     """dcp wraps a rank's failed write in a CheckpointException, a BaseException that no `except Exception`
     sees, and torch.save says a full disk as RuntimeError("unexpected pos"): `vivace train` ended with ~100

@@ -142,7 +142,7 @@ class _Backend:
         pass
 
 
-@pytest.mark.parametrize("command", ["generate", "families", "select"])
+@pytest.mark.parametrize("command", ["generate", "families", "select", "swebench"])
 def test_a_task_file_write_that_fails_after_the_work_is_one_line_and_exit_1(here, monkeypatch, command):
     """The disk fills (or the mount turns read-only) between the up-front check and the final write: the
     OSError was a traceback after all the generating; now one line naming the file and what was lost."""
@@ -151,10 +151,12 @@ def test_a_task_file_write_that_fails_after_the_work_is_one_line_and_exit_1(here
     monkeypatch.setattr("vivace.tasks.families.generate_families", lambda *a, **k: [])
     monkeypatch.setattr("vivace.tasks.generate.generate", _no_tasks)
     monkeypatch.setattr("vivace.sandbox.open_backend", lambda cfg: _Backend())
+    monkeypatch.setattr("vivace.tasks.swebench.load_swebench_jsonl", lambda *a, **k: ["a task"])
     args = {"generate": ["generate", "--backend", "plain", "--state-dir", "state", "--n", "1", "--out", "gen"],
             "families": ["families", "--train", "1", "--validation", "0", "--test", "0", "--out", "f.jsonl"],
             "select": ["select", "--results", str(results), "--suite", str(suite),
-                       "--out", "s.jsonl"]}[command]  # fmt: skip
+                       "--out", "s.jsonl"],
+            "swebench": ["swebench", str(results), "--repos", str(here), "--out", "t.jsonl"]}[command]  # fmt: skip
     result = CliRunner().invoke(app, ["tasks", *args])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     lines = result.stderr.splitlines()

@@ -380,3 +380,15 @@ def test_a_save_on_a_full_disk_is_an_os_error_naming_the_file(tmp_path, monkeypa
         _save(None, None, tmp_path)
     assert (e.value.errno, e.value.strerror) == (errno.ENOSPC, "No space left on device")
     assert e.value.filename == str(tmp_path / ".saving" / "model.safetensors") and not list(tmp_path.iterdir())
+
+
+def test_an_output_that_fills_the_disk_is_one_line_and_nothing_left(full_disk):
+    """copies, drills and augment write through OUT.partial (_written): on a disk that fills meanwhile (a real
+    64 KiB tmpfs here, past the up-front check) the OSError was a traceback; it is one line, exit 1, and
+    neither OUT nor OUT.partial is left."""
+    out = full_disk / "out.jsonl"
+    result = _run("copies", "--n", "2000", "--out", str(out))
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert lines[-1].startswith(f"error: cannot write {out}: No space left on device; nothing was written"), lines
+    assert not out.exists() and not out.with_name("out.jsonl.partial").exists()

@@ -199,7 +199,7 @@ def tasks_swebench(
     from vivace.tasks.format import TaskFormatError, save_jsonl
     from vivace.tasks.swebench import load_repo_runs, load_swebench_jsonl
 
-    check_out(out_file, directory=False)
+    check_writable(out_file, directory=False)
     try:
         if split not in ("train", "validation", "test"):
             raise ValueError(f"unknown split {split!r}; use train, validation or test")
@@ -226,8 +226,10 @@ def tasks_swebench(
             err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
         if not tasks:
             fail(f"no task passed the check; nothing written (episodes in {check_dir})", 1)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    save_jsonl(tasks, out_file)
+    with writes_or_exit(out_file, f"the {len(tasks)} tasks were not saved; give an --out you can write and run "
+                        "the command again"):  # fmt: skip
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        save_jsonl(tasks, out_file)
     by_repo: dict[str, int] = {}
     for t in tasks:
         by_repo[t.metadata["repo"]] = by_repo.get(t.metadata["repo"], 0) + 1

@@ -6,9 +6,8 @@ rather than replace it, and writes files under OUT.partial until complete. Ctrl-
 130 / 143: train saves what it learned, data leaves the episodes kept in OUT.partial, the quick
 writers leave nothing. Nothing resumes: a stopped run is redone, or trained on from (--init).
 
-The output helpers here (check_writable, writes_or_exit, stopped_by_signal) serve the `tasks` and
-`tokenizer` commands too: an --out that cannot be written is refused before the work, a write that fails
-after it is one line, not a traceback."""
+An --out that cannot be written is refused before the work (cli.check_writable); a write that fails
+after it (a disk that filled) is one line and exit 1, not a traceback."""
 
 from __future__ import annotations
 
@@ -61,16 +60,20 @@ def _fresh_file(path: Path) -> None:
 @contextlib.contextmanager
 def _written(path: Path) -> Iterator[TextIO]:
     """The file to write `path` through: PATH.partial until the block ends, then renamed over it; a block
-    that fails or is stopped removes it, so nothing half-written ever carries the name."""
+    that fails or is stopped removes it, so nothing half-written ever carries the name. A write that fails
+    (ENOSPC from write() names no file) exits 1 with one line; other errors, a failed read, propagate."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     try:
         with partial.open("w") as f:
             yield f
-    except BaseException:
+        partial.replace(path)
+    except BaseException as e:
         partial.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename in (None, str(partial), str(path)):
+            fail(f"cannot write {path}: {e.strerror or e}; nothing was written: free some space or give an --out "
+                 "you can write, and run the command again", 1)  # fmt: skip
         raise
-    partial.replace(path)
 
 
 def _say_written(out_file: Path, n: int, what: str, as_json: bool) -> None:
