@@ -292,6 +292,25 @@ def test_concurrent_saves_of_one_base_keep_one_whole_copy(tmp_path, caplog):
     assert os.listdir(directory.parent) == [base.root]  # no temporary copy left behind
 
 
+def test_copies_left_by_killed_saves_are_swept_by_the_next_save(tmp_path):
+    """A save or discard killed midway (SIGKILL) left its hidden copy, a whole base, in bases/ for good. The
+    next save removes those untouched for an hour; a younger one may be a live writer's and stays."""
+    base = BaseIndex.build(FILES, None)
+    bases = tmp_path / "bases"
+    base.save(bases / base.root)
+    old_copy, old_aside, young = (bases / f".{base.root}.0badc0de", bases / f".{base.root}.old.12345678",
+                                  bases / f".{'e' * 32}.c0ffee00")  # fmt: skip
+    for leftover in (old_copy, old_aside, young):
+        shutil.copytree(bases / base.root, leftover)
+    (bases / ".keep-me").mkdir()  # not a name save() or _discard() makes
+    hour_ago = time.time() - 3700
+    for leftover in (old_copy, old_aside, bases / ".keep-me"):
+        os.utime(leftover, (hour_ago, hour_ago))
+    other = BaseIndex.build({"x.py": "def x():\n    return 1\n"}, None)
+    other.save(bases / other.root)
+    assert sorted(os.listdir(bases)) == sorted([base.root, other.root, young.name, ".keep-me"])
+
+
 def test_save_replaces_what_is_not_the_same_base(tmp_path):
     base = BaseIndex.build(FILES, None)
     directory = tmp_path / "bases" / base.root

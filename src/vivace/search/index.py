@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -206,6 +207,7 @@ def _publish(tmp: Path, directory: Path, meta: dict[str, Any]) -> None:
     """Rename `tmp` to `directory`. rename() replaces nothing but an empty directory, so a base another
     writer published first stays; one of another model or format (or a stray file) is replaced."""
     with _locked(directory.parent):
+        _sweep_leftovers(directory.parent, keep=tmp)
         try:
             os.rename(tmp, directory)
             return
@@ -216,6 +218,28 @@ def _publish(tmp: Path, directory: Path, meta: dict[str, Any]) -> None:
             return
         _discard(directory)
         os.rename(tmp, directory)
+
+
+_LEFTOVER = re.compile(r"\.[0-9a-f]+\.(old\.)?[0-9a-f]{8}")  # save()'s and _discard()'s names
+LEFTOVER_AGE_S = 3600.0  # a save writes its copy in seconds: one untouched for an hour is no live writer's
+
+
+def _sweep_leftovers(bases: Path, keep: Path) -> None:
+    """Remove the copies that saves and discards killed midway (SIGKILL, a power cut) left in `bases`:
+    each holds a whole base (its vectors too), and nothing else would ever remove them."""
+    cutoff = time.time() - LEFTOVER_AGE_S
+    for entry in os.scandir(bases):
+        if entry.path == str(keep) or not _LEFTOVER.fullmatch(entry.name):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:  # removed meanwhile, or not ours to remove: left as it is
+            pass
 
 
 def _same_base(directory: Path, meta: dict[str, Any]) -> bool:
