@@ -350,6 +350,20 @@ async def test_token_completions_and_http_sampler(server, taught):
         await sampler.aclose()
 
 
+def test_token_completions_end_at_the_models_end_tokens_unless_ignore_eos(server, taught):
+    """/v1/completions went on past the model's end of turn to max_tokens unless the client named the stop
+    ids (vLLM stops at the eos); a raw prompt's reply now ends there, and `ignore_eos` (vLLM's) keeps going."""
+    _, chat, prompt, target = taught
+    url = f"{server.url}/v1/completions"
+    body = {"model": "taught", "prompt": prompt, "max_tokens": len(target) + 20, "temperature": 0}
+    ended = httpx.post(url, json=body, timeout=60).json()["choices"][0]
+    assert ended["token_ids"] == target and ended["finish_reason"] == "stop", ended
+    assert target[-1] in chat.stop_ids
+    on = httpx.post(url, json={**body, "ignore_eos": True}, timeout=60).json()["choices"][0]
+    assert on["token_ids"][: len(target)] == target and len(on["token_ids"]) == len(target) + 20, on
+    assert on["finish_reason"] == "length"
+
+
 def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(server):
     url = f"{server.url}/v1/chat/completions"
     cases = [

@@ -15,6 +15,9 @@ Endpoints:
   rendering (`numbered_calls`: the ids of a token-level rollout).
 - POST /v1/completions: `prompt` as token ids (or text); returns the generated `token_ids`, the
   sampled tokens' logprobs and the `policy_version` — what RL rollouts and `HttpSampler` use.
+  Generation ends at the model's end tokens (its end of turn, its eos and those its generation
+  config names), as vLLM's does, and at any `stop_token_ids`; `ignore_eos: true` (vLLM's option)
+  ends it only at `stop_token_ids`, `stop` or `max_tokens`.
 - GET /v1/models, GET /health, GET /metrics (tokens/s, batch occupancy, queue).
 
 Options honoured:
@@ -225,6 +228,7 @@ class ChatBody(_Body):
 class CompletionBody(_Body):
     prompt: list[int] | str
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False  # vLLM's: generate past the model's end tokens
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -402,9 +406,8 @@ def create_app(
         if isinstance(body.prompt, str):
             _check_renderable(body.prompt, "prompt")
         prompt = body.prompt if isinstance(body.prompt, list) else await asyncio.to_thread(chat.encode, body.prompt)
-        outs = await run(
-            request, jobs(body, prompt, body.max_tokens or 16, body.stop_token_ids or [], [], body.logprobs or 0)
-        )
+        stop_ids = list(dict.fromkeys([*(body.stop_token_ids or []), *([] if body.ignore_eos else chat.stop_ids)]))
+        outs = await run(request, jobs(body, prompt, body.max_tokens or 16, stop_ids, [], body.logprobs or 0))
         choices = []
         for i, out in enumerate(outs):
             done = out.completion
