@@ -110,10 +110,12 @@ def test_task_dir_round_trip(tmp_path):
 
 def test_task_json_wins_over_files(tmp_path):
     """task.json's own reference_patch and test files are kept; the side files only fill gaps."""
-    data = minimal(reference_patch="inline", tests={"fail_to_pass": ["a"], "files": {"tests/test_x.py": "inline"}})
-    root = write_task_dir(tmp_path / "t", data, patch="file", hidden={"tests/test_x.py": "x", "tests/test_y.py": "y"})
+    data = minimal(reference_patch="@@ inline", tests={"fail_to_pass": ["a"], "files": {"tests/test_x.py": "inline"}})
+    root = write_task_dir(
+        tmp_path / "t", data, patch="@@ file", hidden={"tests/test_x.py": "x", "tests/test_y.py": "y"}
+    )
     task = load_task_dir(root)
-    assert task.reference_patch == "inline"
+    assert task.reference_patch == "@@ inline"
     assert task.tests.files == {"tests/test_x.py": "inline", "tests/test_y.py": "y"}
 
 

@@ -96,11 +96,13 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _by_family(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
-    """family -> [solved, episodes that ran], for tasks that name a family (the generated task families)."""
+    """family -> [solved, episodes that ran], for tasks that name a family (the generated task families).
+    The row holds the task's raw metadata value, which may be any JSON (a dict is unhashable): it is
+    named as `Task.family` names it, with str()."""
     out: dict[str, list[int]] = {}
     for r in rows:
         if r.get("family"):
-            counts = out.setdefault(r["family"], [0, 0])
+            counts = out.setdefault(str(r["family"]), [0, 0])
             counts[0] += bool(r.get("resolved"))
             counts[1] += "error" not in r
     return dict(sorted(out.items()))

@@ -16,7 +16,8 @@ Families (each a one-site change in a project from projects.py):
   from the assert's numbers.
 
 A task is kept only if the clean project's tests pass and the buggy one's fail (run for real,
-in a temporary directory: the code is generated here, not untrusted). The task's repository is
+in a temporary directory: the code is generated here, not untrusted). The scorer runs its own copy
+of the tests (tasks/hidden.py: strict, and on more inputs), which the agent never sees. The task's repository is
 the `_blank` bundled repository plus a patch creating the project, so one JSONL line holds it
 all; its request is the failing test's traceback (file:line) or, for `terse` requests, only
 the failing test's name. Splits follow the project's theme (projects.THEME_SPLITS).
@@ -25,6 +26,7 @@ the failing test's name. Splits follow the project's theme (projects.THEME_SPLIT
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import os
 import random
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 from vivace.tasks.generate import unified_diff
+from vivace.tasks.hidden import hidden_tests
 from vivace.tasks.mutate import mutations
 from vivace.tasks.projects import Project, make_project, split_of_theme
 from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, failure_section, parse_outcomes
@@ -89,7 +92,7 @@ def _candidates(family: str, path: str, source: str, project: Project):
             if family == "misspelled_name" and isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 if node.id in local and len(node.id) >= 3:
                     wrong = _misspell(node.id, random.Random(f"{path}:{node.lineno}:{node.col_offset}"))
-                    if wrong not in local and wrong not in dir(__builtins__):
+                    if wrong not in local and not hasattr(builtins, wrong):
                         yield _replace(lines, node, wrong), []
             elif family == "misspelled_method" and isinstance(node, ast.Attribute) and node.attr in METHODS:
                 wrong = _misspell(node.attr, random.Random(f"{path}:{node.lineno}:{node.attr}"))
@@ -236,7 +239,8 @@ def _task(project, family, path, mutated, context, failing, all_tests, output, r
         repo=RepoSpec(bundled="_blank", patch=created),
         request=_request(style, failing[0], output),
         tests=TestSpec(command=TEST_COMMAND, fail_to_pass=failing,
-                       pass_to_pass=[t for t in all_tests if t not in failing], timeout_s=60.0),  # fmt: skip
+                       pass_to_pass=[t for t in all_tests if t not in failing], timeout_s=60.0,
+                       files=hidden_tests(project.files, project.names.pkg)),  # fmt: skip
         reference_patch=unified_diff(path, mutated, project.files[path]),
         env=dict(NO_PLUGIN_AUTOLOAD),
         metadata={

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vivace.sandbox.base import check_env
 from vivace.sandbox.snapshot import SnapshotSource
@@ -46,6 +48,16 @@ def check_split(split: str | None) -> None:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty or blank")
+    return text
+
+
+NonBlank = Annotated[str, AfterValidator(_not_blank)]  # a command or test id: a blank one can never run or match
+DIFF_LINE_STARTS = ("diff --git ", "--- ", "@@")  # a reference patch without any of these holds no change
 
 
 class RepoSpec(_Strict):
@@ -94,13 +106,13 @@ class TestSpec(_Strict):
 
     __test__ = False  # not a pytest test class
 
-    command: str = Field(DEFAULT_TEST_COMMAND, description="Test command; the test files to run are appended.")
-    fail_to_pass: list[str] = Field(min_length=1, description="Test ids that fail before the fix and must pass.")
-    pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
+    command: NonBlank = Field(DEFAULT_TEST_COMMAND, description="Test command; the test files to run are appended.")
+    fail_to_pass: list[NonBlank] = Field(min_length=1, description="Test ids that fail before the fix and must pass.")
+    pass_to_pass: list[NonBlank] = Field(default_factory=list, description="Test ids that must keep passing.")
     files: dict[str, str] = Field(
         default_factory=dict, description="Hidden test files (workspace path -> content), written fresh at scoring."
     )
-    timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the test run.")
+    timeout_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="Wall-clock limit of the test run.")
 
     @field_validator("files")
     @classmethod
@@ -125,6 +137,13 @@ class Task(_Strict):
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="kind, split, difficulty, mutation, ...")
     base_dir: Path | None = Field(None, exclude=True, description="Where relative repo paths are resolved.")
+
+    @field_validator("reference_patch")
+    @classmethod
+    def _is_a_diff(cls, patch: str) -> str:
+        if patch and not any(line.startswith(DIFF_LINE_STARTS) for line in patch.split("\n")):
+            raise ValueError("not a diff (no line starts with 'diff --git ', '--- ' or '@@'); leave it empty for none")
+        return patch
 
     @field_validator("env")
     @classmethod
@@ -230,7 +249,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     p = Path(path)
     if p.name == "task.json" and p.is_file():
         return [load_task_dir(p.parent)]
-    if p.is_file():
+    if p.exists() and not p.is_dir():  # a regular file; anything else is refused by _read
         tasks = load_jsonl(p)
         if not tasks:
             raise TaskFormatError(f"{p}: no tasks (the file is empty or blank); write one task per line as JSON")
@@ -243,7 +262,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     for child in sorted(p.iterdir()):
         if (child / "task.json").is_file():
             tasks.append(load_task_dir(child))
-        elif child.suffix == ".jsonl":
+        elif child.suffix == ".jsonl":  # a directory or FIFO of that name is refused by _read, not skipped
             tasks += load_jsonl(child)
     if not tasks:
         raise TaskFormatError(f"{p}: no tasks found (expected task directories or .jsonl files)")
@@ -256,14 +275,32 @@ def save_jsonl(tasks: list[Task], path: str | Path) -> None:
     Path(path).write_text("".join(t.model_dump_json() + "\n" for t in tasks))
 
 
+_NOT_REGULAR = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket",
+                stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}  # fmt: skip
+
+
 def _read(path: Path) -> str:
+    """A task file's text. Only a regular file is read: opening a directory fails and reading a FIFO or
+    a device may never end, so the file is opened non-blocking (a FIFO without a writer opens at once)
+    and its type checked on the open descriptor (no window for a swap between check and read)."""
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         what = "not a task directory (no task.json)" if path.name == "task.json" else "no such file"
         raise TaskFormatError(f"{path.parent if path.name == 'task.json' else path}: {what}") from None
+    except OSError as e:
+        raise TaskFormatError(f"{path}: cannot open: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _NOT_REGULAR.items() if test(mode)), "an unusual file type")
+            raise TaskFormatError(f"{path}: not a regular file ({kind}); task files must be regular files")
+        with open(fd, encoding="utf-8", closefd=False) as f:
+            return f.read()
     except UnicodeDecodeError as e:
         raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    finally:
+        os.close(fd)
 
 
 def _check_unique(tasks: list[Task], where: str) -> None:

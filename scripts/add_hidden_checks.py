@@ -1,0 +1,107 @@
+"""Give the shipped family tasks the scorer's copy of their tests (vivace.tasks.hidden), in place.
+
+The tasks were generated before the generator wrote `tests.files`; regenerating them would draw other
+projects. This rebuilds each task's clean project from what the task holds (the repository patch, then
+the reference patch, applied by git) and adds the hidden tests; nothing else in the task changes.
+With --check N, it runs pytest on the first N tasks of each split (and every test task), clean and
+buggy, with the hidden tests in place: every listed test must pass on the clean project, and every
+FAIL_TO_PASS test must fail on the buggy one.
+
+    .venv/bin/python scripts/add_hidden_checks.py src/vivace/tasks/data/families.jsonl [--check 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from vivace.tasks.families import TEST_COMMAND
+from vivace.tasks.format import Task
+from vivace.tasks.hidden import hidden_tests
+from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, parse_outcomes
+
+
+def projects(task: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(buggy, clean) files of a family task, by git apply of its patches."""
+    with tempfile.TemporaryDirectory(prefix="vivace-hidden-") as d:
+        for name, patch in (("repo", task["repo"]["patch"]), ("ref", task["reference_patch"])):
+            Path(d, f".{name}.patch").write_text(patch)
+        subprocess.run(["git", "apply", ".repo.patch"], cwd=d, check=True)
+        buggy = _files(d)
+        subprocess.run(["git", "apply", ".ref.patch"], cwd=d, check=True)
+        return buggy, _files(d)
+
+
+def _files(root: str) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(Path(root).rglob("*"))
+            if p.is_file() and not p.name.endswith(".patch")}  # fmt: skip
+
+
+def outcomes(files: dict[str, str]) -> dict[str, str]:
+    with tempfile.TemporaryDirectory(prefix="vivace-hidden-") as d:
+        for path, content in files.items():
+            Path(d, path).parent.mkdir(parents=True, exist_ok=True)
+            Path(d, path).write_text(content)
+        done = subprocess.run([sys.executable, *TEST_COMMAND.split()[1:]], cwd=d, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **NO_PLUGIN_AUTOLOAD})  # fmt: skip
+    return parse_outcomes(done.stdout)
+
+
+def with_hidden(task: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
+    buggy, clean = projects(task)
+    pkg = task["metadata"]["file"].split("/")[0]
+    task["tests"]["files"] = hidden_tests(clean, pkg)
+    return task, buggy, clean
+
+
+def check(task: dict, buggy: dict[str, str], clean: dict[str, str]) -> str | None:
+    hidden = task["tests"]["files"]
+    if not hidden:
+        return "no hidden tests"
+    listed = task["tests"]["fail_to_pass"] + task["tests"]["pass_to_pass"]
+    after = outcomes({**clean, **hidden})
+    if bad := [t for t in listed if after.get(t) != "PASSED"]:
+        return f"clean project fails {bad}"
+    before = outcomes({**buggy, **hidden})
+    if bad := [t for t in task["tests"]["fail_to_pass"] if before.get(t) == "PASSED"]:
+        return f"buggy project passes {bad}"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--check", type=int, default=0, help="tasks per split run with pytest (all test tasks)")
+    args = parser.parse_args()
+    tasks = [json.loads(line) for line in args.path.read_text().splitlines() if line.strip()]
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        done = list(pool.map(with_hidden, tasks))
+    without = [t["id"] for t, _, _ in done if not t["tests"]["files"]]
+    problems: dict[str, str] = {}
+    if args.check:
+        taken: dict[str, int] = {}
+        chosen = []
+        for task, buggy, clean in done:
+            split = task["metadata"]["split"]
+            if split == "test" or taken.get(split, 0) < args.check:
+                taken[split] = taken.get(split, 0) + 1
+                chosen.append((task, buggy, clean))
+        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+            for (task, _, _), problem in zip(chosen, pool.map(lambda c: check(*c), chosen), strict=True):
+                if problem:
+                    problems[task["id"]] = problem
+        print(json.dumps({"checked": len(chosen), "problems": problems}, indent=1), file=sys.stderr)
+    tmp = args.path.with_name(args.path.name + ".partial")
+    tmp.write_text("".join(Task.model_validate(t).model_dump_json() + "\n" for t, _, _ in done))
+    tmp.replace(args.path)
+    print(json.dumps({"tasks": len(done), "without_hidden": without, "problems": len(problems)}))
+
+
+if __name__ == "__main__":
+    main()
