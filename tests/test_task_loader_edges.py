@@ -147,3 +147,19 @@ def test_the_report_names_a_family_that_is_not_a_string_as_the_task_does():
     s = summarize([row])["m"]
     assert s["success_by_family"] == {name: [0, 1]}
     assert f"| {name} | 0% (0/1) |" in markdown({"m": s}, "t")
+
+
+def test_a_missing_path_is_named_missing_not_an_unknown_name(tmp_path):
+    """A checkpoint path or a tasks file that does not exist read "unknown policy spec" / "unknown suite",
+    listing the path form as valid (docs audit); it is now said to be missing."""
+    from vivace.harness.policies import load_policy
+    from vivace.tasks.suites import load_suite
+
+    with pytest.raises(ValueError, match=r"no such checkpoint directory"):
+        load_policy(str(tmp_path / "ckpt"))
+    with pytest.raises(ValueError, match=r"unknown policy spec 'nosuch'"):
+        load_policy("nosuch")
+    with pytest.raises(ValueError, match=r"my_tasks.jsonl: no such task file or directory"):
+        load_suite("my_tasks.jsonl")
+    with pytest.raises(ValueError, match=r"unknown suite 'nosuch'"):
+        load_suite("nosuch")

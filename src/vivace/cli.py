@@ -518,9 +518,16 @@ def sandbox_bench(
     out.print(table)
     if ratio := results.get("ratio_plain_over_isolated"):
         out.print(
-            f"isolated vs full copy: first command {ratio['first_command_p50']:.1f}x faster (p50), "
-            f"{ratio['first_command_alone_p50']:.1f}x alone, throughput {ratio['throughput']:.1f}x"
+            f"isolated vs full copy: first command {_times(ratio['first_command_p50'])} (p50), "
+            f"{_times(ratio['first_command_alone_p50'])} alone; throughput {ratio['throughput']:.1f}x the full copy's"
         )
+
+
+def _times(plain_over_isolated: float) -> str:
+    """A time ratio said the way it goes: "3.2x faster", or "2.0x slower" (not "0.5x faster")."""
+    if plain_over_isolated >= 1:
+        return f"{plain_over_isolated:.1f}x faster"
+    return f"{1 / plain_over_isolated:.1f}x slower" if plain_over_isolated > 0 else "no time to compare"
 
 
 def _bench_scaling(steps_text: str, files: int, as_json: bool, cfg: VivaceConfig) -> None:

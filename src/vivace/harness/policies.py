@@ -83,6 +83,9 @@ def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     if Path(spec).expanduser().is_dir():  # meant as a checkpoint: say what it lacks, not only the forms
         raise ValueError(f"{spec} is not a checkpoint (no config.json in {spec}); give a directory as "
                          "`vivace sft train` or any Hugging Face model saves it")  # fmt: skip
+    if "/" in spec or spec.startswith((".", "~")):  # reads as a path: say it is missing, not only the forms
+        raise ValueError(f"{spec}: no such checkpoint directory; give a directory as `vivace sft train` or any "
+                         f"Hugging Face model saves it, or another form: {', '.join(SPEC_FORMS)}")  # fmt: skip
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 
 

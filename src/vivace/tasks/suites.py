@@ -40,6 +40,8 @@ def load_suite(name: str, split: str | None = None) -> list[Task]:
     tasks: list[Task] = []
     if name not in SUITES:
         if not Path(name).exists():
+            if "/" in name or name.endswith((".jsonl", ".json")):  # meant as a path: say it is missing
+                raise ValueError(f"{name}: no such task file or directory (suites: {', '.join(SUITES)})")
             raise ValueError(
                 f"unknown suite {name!r}; suites: {', '.join(SUITES)}, or a path to a tasks file or directory"
             )
