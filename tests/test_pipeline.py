@@ -1045,3 +1045,24 @@ def test_state_json_and_metrics_are_whole_or_untouched_when_a_write_is_cut(tmp_p
         controller._truncate_metrics(tmp_path, 1)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["metrics.jsonl", "rng.pt"]
+
+
+async def test_bench_pipeline_leaves_no_workspaces_behind(tmp_path, monkeypatch):
+    """The backend it opened to take the snapshot was never closed: the next vivace command swept its
+    owner directory as a dead process's (docs audit)."""
+    import os
+
+    import vivace.rl.bench as rl_bench
+    from vivace.config import VivaceConfig
+
+    async def no_training(*args, **kwargs):
+        return {}
+
+    monkeypatch.setattr(rl_bench, "train", no_training)
+    monkeypatch.setattr(rl_bench, "measure", lambda run_dir, rows: {"trajectories_per_min": 1.0})
+    cfg = VivaceConfig()
+    cfg.sandbox.backend, cfg.sandbox.state_dir = "plain", tmp_path / "state"
+    await rl_bench.bench_pipeline(cfg, tmp_path / "work", modes=["sync"], median_s=0.01, sigma=0.1, turns=(1, 1),
+                                  local=True)  # fmt: skip
+    owners = os.listdir(tmp_path / "state" / "owners")
+    assert not [o for o in owners if o.startswith(f"{os.getpid()}-")], owners

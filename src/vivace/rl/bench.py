@@ -65,7 +65,11 @@ async def bench_pipeline(
     repo = work_dir / "repo"
     repo.mkdir(parents=True, exist_ok=True)
     (repo / "main.py").write_text("def step():\n    return 1\n")
-    snapshot = open_backend(cfg.sandbox).snapshot(str(repo))
+    backend = open_backend(cfg.sandbox)  # only to take the snapshot: the workers open their own
+    try:
+        snapshot = backend.snapshot(str(repo))
+    finally:  # left open, its owner directory stayed for the next command to sweep as a dead process's
+        await backend.aclose()
     tasks = _tasks(repo)
     results: dict[str, Any] = {}
     for mode in modes:
