@@ -18,22 +18,11 @@ import pytest
 from pydantic import ValidationError
 
 import vivace
+from test_task_format import REFERENCE_PATCH as PATCH  # the format tests' minimal task, shared
+from test_task_format import minimal as task
 from vivace.bench.report import markdown, summarize
 from vivace.tasks.format import Task, TaskFormatError, TestSpec, load_jsonl, load_tasks
 from vivace.tasks.generate import unified_diff
-
-PATCH = "--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
-
-
-def task(**over) -> dict:
-    data = {
-        "id": "t1",
-        "repo": {"path": "repo"},
-        "request": "add() subtracts; make it add",
-        "tests": {"fail_to_pass": ["tests/test_x.py::test_add"]},
-    }
-    data.update(over)
-    return data
 
 
 def spec(**over) -> dict:
