@@ -195,5 +195,7 @@ def test_a_suite_can_be_a_tasks_file(tmp_path):
     path.write_text("".join(t.model_dump_json() + "\n" for t in picked))
     assert [t.id for t in load_suite(str(path))] == [t.id for t in picked]
     assert [t.id for t in load_suite(str(path), split="test")] == [t.id for t in picked[3:]]
-    with pytest.raises(ValueError, match="or a path to a tasks file"):
+    with pytest.raises(ValueError, match="missing.jsonl: no such task file or directory"):
         load_suite(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="or a path to a tasks file"):
+        load_suite("nosuch")
