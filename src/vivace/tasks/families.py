@@ -16,10 +16,10 @@ Families (each a one-site change in a project from projects.py):
   from the assert's numbers.
 
 A task is kept only if the clean project's tests pass and the buggy one's fail (run for real,
-in a temporary directory: the code is generated here, not untrusted). The scorer runs its own copy
-of the tests (tasks/hidden.py: strict, and on more inputs), which the agent never sees. The task's repository is
-the `_blank` bundled repository plus a patch creating the project, so one JSONL line holds it
-all; its request is the failing test's traceback (file:line) or, for `terse` requests, only
+in a temporary directory: the code is generated here, not untrusted). The scorer runs its own
+copy of the tests (tasks/hidden.py: strict, and on more inputs), which the agent never sees. The
+task's repository is the `_blank` bundled repository plus a patch creating the project, so one
+JSONL line holds it all; its request is the failing test's traceback (file:line) or, for `terse` requests, only
 the failing test's name. Splits follow the project's theme (projects.THEME_SPLITS).
 """
 
