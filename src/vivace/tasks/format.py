@@ -57,7 +57,13 @@ def _not_blank(text: str) -> str:
 
 
 NonBlank = Annotated[str, AfterValidator(_not_blank)]  # a command or test id: a blank one can never run or match
-DIFF_LINE_STARTS = ("diff --git ", "--- ", "@@")  # a reference patch without any of these holds no change
+DIFF_LINE_STARTS = ("diff --git ", "--- ", "@@")  # a patch without any of these holds no change
+
+
+def _a_diff_or_nothing(patch: str) -> str:
+    if patch and not any(line.startswith(DIFF_LINE_STARTS) for line in patch.split("\n")):
+        raise ValueError("not a diff (no line starts with 'diff --git ', '--- ' or '@@'); leave it empty for none")
+    return patch
 
 
 class RepoSpec(_Strict):
@@ -71,6 +77,8 @@ class RepoSpec(_Strict):
     patch: str = Field(
         "", description="A git-style diff applied on top to make the task's starting point (e.g. an injected bug)."
     )
+
+    _is_a_diff = field_validator("patch")(_a_diff_or_nothing)
 
     @model_validator(mode="after")
     def _one_source(self) -> RepoSpec:
@@ -138,12 +146,15 @@ class Task(_Strict):
     metadata: dict[str, Any] = Field(default_factory=dict, description="kind, split, difficulty, mutation, ...")
     base_dir: Path | None = Field(None, exclude=True, description="Where relative repo paths are resolved.")
 
-    @field_validator("reference_patch")
+    _is_a_diff = field_validator("reference_patch")(_a_diff_or_nothing)
+
+    @field_validator("metadata")
     @classmethod
-    def _is_a_diff(cls, patch: str) -> str:
-        if patch and not any(line.startswith(DIFF_LINE_STARTS) for line in patch.split("\n")):
-            raise ValueError("not a diff (no line starts with 'diff --git ', '--- ' or '@@'); leave it empty for none")
-        return patch
+    def _known_split(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        # A split of another type or spelling matched no --split and no held-out set: the task was dropped silently.
+        if "split" in metadata and metadata["split"] not in SPLITS:
+            raise ValueError(f"split {metadata['split']!r} is not one of {', '.join(SPLITS)}")
+        return metadata
 
     @field_validator("env")
     @classmethod
