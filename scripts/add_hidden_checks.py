@@ -21,10 +21,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from vivace.tasks.families import TEST_COMMAND
+from vivace.tasks.families import run_project
 from vivace.tasks.format import Task
 from vivace.tasks.hidden import hidden_tests
-from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, parse_outcomes
 
 
 def projects(task: dict) -> tuple[dict[str, str], dict[str, str]]:
@@ -43,16 +42,6 @@ def _files(root: str) -> dict[str, str]:
             if p.is_file() and not p.name.endswith(".patch")}  # fmt: skip
 
 
-def outcomes(files: dict[str, str]) -> dict[str, str]:
-    with tempfile.TemporaryDirectory(prefix="vivace-hidden-") as d:
-        for path, content in files.items():
-            Path(d, path).parent.mkdir(parents=True, exist_ok=True)
-            Path(d, path).write_text(content)
-        done = subprocess.run([sys.executable, *TEST_COMMAND.split()[1:]], cwd=d, capture_output=True, text=True,
-                              timeout=120, env={**os.environ, **NO_PLUGIN_AUTOLOAD})  # fmt: skip
-    return parse_outcomes(done.stdout)
-
-
 def with_hidden(task: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
     buggy, clean = projects(task)
     pkg = task["metadata"]["file"].split("/")[0]
@@ -65,10 +54,10 @@ def check(task: dict, buggy: dict[str, str], clean: dict[str, str]) -> str | Non
     if not hidden:
         return "no hidden tests"
     listed = task["tests"]["fail_to_pass"] + task["tests"]["pass_to_pass"]
-    after = outcomes({**clean, **hidden})
+    after, _ = run_project({**clean, **hidden}, timeout_s=120)
     if bad := [t for t in listed if after.get(t) != "PASSED"]:
         return f"clean project fails {bad}"
-    before = outcomes({**buggy, **hidden})
+    before, _ = run_project({**buggy, **hidden}, timeout_s=120)
     if bad := [t for t in task["tests"]["fail_to_pass"] if before.get(t) == "PASSED"]:
         return f"buggy project passes {bad}"
     return None
