@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -382,3 +383,35 @@ def test_files_over_max_files_are_counted_and_logged(tmp_path, caplog):
     state = asyncio.run(ix.open(DirectorySource(tmp_path / "repo", config)))
     assert len(state.view.tree.files) == 10 and state.over_max_files == len(FILES) - 10
     assert f"{len(FILES) - 10} files over max_files=10 not indexed" in caplog.text
+
+
+# A stand-in for JAX: bm25s runs `jax.lax.top_k` when it is imported, and the real one's first operation
+# takes 75% of a GPU's memory. This one writes down the platforms JAX would have been allowed.
+FAKE_JAX_LAX = """
+import os
+import numpy as np
+
+def top_k(x, k):
+    with open(os.environ["JAX_SEEN"], "w") as f:
+        f.write(os.environ.get("JAX_PLATFORMS", "<unset>"))
+    x = np.asarray(x)
+    order = np.argsort(-x, axis=-1)[..., :k]
+    return np.take_along_axis(x, order, -1), order
+"""
+
+
+@pytest.mark.parametrize("preset,seen", [(None, "cpu"), ("cuda", "cuda")])
+def test_bm25s_keeps_jax_off_the_gpu_unless_told(tmp_path, preset, seen):
+    """On a GPU machine whose image had JAX, the first index vivace built (importing bm25s) left JAX holding
+    75% of the GPU: measured on an H200, the engine and trainer of the same process then ran out of memory.
+    JAX is kept on the CPU for it; a JAX_PLATFORMS the user set is theirs."""
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "__init__.py").write_text("from . import lax\n")
+    (tmp_path / "jax" / "lax.py").write_text(FAKE_JAX_LAX)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    path = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    env |= {"PYTHONPATH": path, "JAX_SEEN": str(tmp_path / "seen")} | ({"JAX_PLATFORMS": preset} if preset else {})
+    code = "from vivace.search.lexical import LexicalIndex\nprint(LexicalIndex([['add', 'total'], ['sub']]).scores(['add']))"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "seen").read_text() == seen

@@ -12,6 +12,7 @@ the base never saw gets the highest IDF, which is what makes a new identifier fi
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -35,12 +36,22 @@ def tokenize(text: str) -> list[str]:
     return out
 
 
+def import_bm25s():
+    """bm25s, imported so that it leaves the GPU alone. Where JAX is installed, importing bm25s runs a JAX
+    top-k, and JAX's first operation takes 75% of the GPU's memory (its preallocation): on a GPU machine
+    whose image has JAX, the first episode that searched left the engine and trainer out of memory.
+    Its top-k over an index's chunks needs no GPU; a JAX_PLATFORMS the user set is kept."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import bm25s  # deferred: importing it costs ~0.3 s
+
+    return bm25s
+
+
 class LexicalIndex:
     """BM25 over a fixed list of documents (token lists), plus scoring of extra documents."""
 
     def __init__(self, docs: Sequence[list[str]]):
-        import bm25s  # deferred: importing it costs ~0.3 s
-
+        bm25s = import_bm25s()
         self.n = len(docs)
         self.df: Counter[str] = Counter(t for doc in docs for t in set(doc))
         self.avgdl = sum(len(d) for d in docs) / self.n if self.n else 1.0

@@ -50,7 +50,7 @@ from vivace.harness.tools.base import (
 from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
 from vivace.sandbox.base import PathEscapeError, SandboxError, Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
-from vivace.search.lexical import tokenize
+from vivace.search.lexical import import_bm25s, tokenize
 from vivace.search.types import SearchHit, quote_query
 
 SEARCH_TIMEOUT_S = 60.0
@@ -394,9 +394,7 @@ class LexicalSearch:
             del index.chunks_by_path[gone], index.tokens_by_path[gone]
         index.listing = listing
         index.chunks = [c for p in sorted(index.chunks_by_path) for c in index.chunks_by_path[p]]
-        import bm25s  # deferred: only episodes that search pay for the import
-
-        index.bm25 = bm25s.BM25()
+        index.bm25 = import_bm25s().BM25()  # deferred: only episodes that search pay for the import
         corpus = [t for p in sorted(index.tokens_by_path) for t in index.tokens_by_path[p]]
         if corpus:
             index.bm25.index(corpus, show_progress=False)
