@@ -363,6 +363,12 @@ MALFORMED = {
         "grep",
         "nested too deep",
     ),
+    # decoded (on any Python) but a list nested far past the cap: "too deep" first, and kept as its text
+    "arguments string a list nested deep": (
+        '<tool_call>{"name": "grep", "arguments": "' + "[" * 900 + "]" * 900 + '"}</tool_call>',
+        "grep",
+        "nested too deep",
+    ),
     "arguments nested too deep to render": (
         '<tool_call>{"name": "grep", "arguments": {"a": ' + "[" * 40 + "]" * 40 + "}}</tool_call>",
         "grep",

@@ -144,12 +144,14 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
             return ToolCall(call_id, name, text, f"the arguments are not valid JSON ({e})")
         except RecursionError:
             return ToolCall(call_id, name, text, _too_deep())
+    # Depth first, whatever the type: a list nested past the cap kept decoded would be rendered again,
+    # recursing over it (from Python 3.12 json decodes 5,000 deep; 3.11 stops near 1,000).
+    if nesting(arguments) > MAX_ARGUMENT_NESTING:
+        return ToolCall(call_id, name, arguments if text is None else text, _too_deep())
     if not isinstance(arguments, dict):
         return ToolCall(
             call_id, name, arguments, f"the arguments must be a JSON object, got {type(arguments).__name__}"
         )
-    if nesting(arguments) > MAX_ARGUMENT_NESTING:
-        return ToolCall(call_id, name, arguments if text is None else text, _too_deep())
     if text is not None and text[:1] == "{" and text[-1:] == "}":  # the object as written: keep its spelling
         return ToolCall(call_id, name, SpelledArguments(arguments, text))
     return ToolCall(call_id, name, arguments)
