@@ -90,10 +90,12 @@ _EMPTY = Sample(ids=[0, 0], mask=[0, 0], logprobs=[0.0, 0.0], versions=[-1, -1],
 
 
 def init_distributed(rank: int = 0, world_size: int = 1) -> None:
-    """Joins (or makes) the trainer's process group: NCCL on GPU, gloo on CPU."""
+    """Joins (or makes) the trainer's process group: NCCL for GPU tensors, gloo for CPU ones."""
     if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # Both on a GPU machine: a collective over CPU tensors (a flag, a pickled object, a shard read on the
+    # CPU) then goes through gloo where NCCL alone refuses it ("no backend type associated with cpu").
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     # NCCL's default is 10 minutes, gloo's 30: the other ranks wait in a collective while rank 0 alone reads
     # the checkpoint (load_sharded), and a large one on a network filesystem takes longer than 10.
     timeout = datetime.timedelta(minutes=30)
