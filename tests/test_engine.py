@@ -135,6 +135,30 @@ def test_decoding_sequences_read_their_shared_prefix_once(kv_heads, flash, dtype
     assert torch.allclose(cascade, full.float(), atol=10 * tol), (cascade - full.float()).abs().max()
 
 
+@pytest.mark.parametrize("kv_heads, dtype", [(2, torch.float32), (4, torch.float32), (2, torch.bfloat16)])
+def test_prompt_chunks_attend_over_their_past_and_causally_over_themselves(kv_heads, dtype, monkeypatch):
+    """On CPU a prompt chunk is attended in two flash calls (the cached past, then the chunk itself, causal)
+    merged by their log-sum-exp: the logits of one masked call, and of the model's own forward pass, for a
+    first chunk and for one after 100 cached positions, in one step."""
+    m = small_model(num_key_value_heads=kv_heads).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    fwd = RaggedForward(m)
+    tokens = torch.randint(0, VOCAB, (160,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def step():
+        first, second = fwd.new_cache(400), fwd.new_cache(400)
+        fwd(tokens[:100], [Segment(second, 100)])
+        return fwd(tokens[:60] + tokens[100:], [Segment(first, 60), Segment(second, 60)])
+
+    split = step()
+    monkeypatch.setattr(ragged, "_FLASH_CPU", None)  # the single masked call
+    masked = step()
+    assert torch.allclose(split, masked, atol=tol), (split - masked).abs().max()
+    with torch.no_grad():
+        full = torch.stack([m(torch.tensor([tokens[:n]])).logits[0, -1] for n in (60, 160)]).float()
+    assert torch.allclose(split, full, atol=10 * tol), (split - full).abs().max()
+
+
 def test_stop_tokens_and_context_limit(model):
     engine = Engine(model)
     p = prompts(1, seed=4)[0]
