@@ -22,7 +22,6 @@ episodes but not their outcome" from "the update changed nothing".
 
 from __future__ import annotations
 
-import copy
 import os
 import statistics
 from collections.abc import Iterable
@@ -32,6 +31,7 @@ import torch
 
 from vivace.config import EngineConfig
 from vivace.harness.trajectory import Trajectory
+from vivace.inference.forward import RaggedForward, Segment
 
 
 def divergence(pairs: Iterable[tuple[Trajectory, Trajectory]]) -> dict[str, Any] | None:
@@ -82,33 +82,37 @@ def policy_shift(
         raise ValueError(
             f"{before!r} and {after!r} have different vocabularies; the shift compares one policy's checkpoints"
         )
-    dev = models[0].device
+    forwards = [RaggedForward(m) for m in models]  # as the engine computes what it samples
     t = engine.temperature or 1.0
     # The episodes open with the same system prompt (most of a short episode's tokens): run it once per
     # model and start every episode from a copy of its cache. It must end before any sampled token's
     # prediction, so it stops one token short of the earliest sampled token.
     first_sampled = min(s.loss_mask.index(1) for s in sequences)
     shared = max(0, min(len(os.path.commonprefix([s.ids for s in sequences])), first_sampled - 1))
-    prefix = torch.tensor(sequences[0].ids[:shared], device=dev)[None]
-    caches = [m(input_ids=prefix, use_cache=True).cache if shared else None for m in models]
+    roots = []
+    for f in forwards:
+        roots.append(f.new_cache(shared))
+        if shared:
+            f(sequences[0].ids[:shared], [Segment(roots[-1], shared)])
     kl_sum, changed, delta_sum, tokens, kl_max = 0.0, 0, 0.0, 0, 0.0
     for seq in sequences:
-        ids = torch.tensor(seq.ids, device=dev)
-        # position i's logits predict token i + 1: compare them where token i + 1 was sampled
-        at = torch.tensor(seq.loss_mask[shared + 1 :], device=dev).bool()
+        # row i of the episode's own tokens predicts token shared + i + 1: take the rows where that was sampled
+        new = seq.ids[shared:-1]
+        rows = [i for i, m in enumerate(seq.loss_mask[shared + 1 :]) if m]
         logp = []
-        for m, cache in zip(models, caches, strict=True):
-            past = copy.deepcopy(cache) if cache is not None else None  # the forward appends to it
-            logits = m(input_ids=ids[None, shared:-1], cache=past).logits[0].float()
-            logp.append(torch.log_softmax(logits[at] / t, dim=-1))
+        for f, root in zip(forwards, roots, strict=True):
+            cache = f.new_cache(len(seq.ids))
+            cache.copy_prefix(root, shared)
+            logits = f(new, [Segment(cache, len(new))], logit_rows=rows)
+            logp.append(torch.log_softmax(logits / t, dim=-1))
         kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)
-        sampled = ids[shared + 1 :][at]
+        sampled = torch.tensor([seq.ids[shared + 1 + i] for i in rows], device=kl.device)
         picked = [lp.gather(1, sampled[:, None])[:, 0] for lp in logp]
         kl_sum += float(kl.sum())
         kl_max = max(kl_max, float(kl.max()))
         changed += int((logp[0].argmax(-1) != logp[1].argmax(-1)).sum())
         delta_sum += float((picked[1] - picked[0]).sum())
-        tokens += int(at.sum())
+        tokens += len(rows)
     return {
         "episodes": len(sequences),
         "tokens": tokens,
