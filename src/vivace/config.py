@@ -477,13 +477,15 @@ PRESETS: dict[str, dict] = {
             # it by noise (5 -> 4); 2e-5 leaves it as it was (5 -> 5). Higher rates, with the masks or a
             # larger Adam epsilon, lowered it or left it where it was. docs/benchmarks.md.
             "lr": 2e-5,
-            # The supervised term beside the policy gradient: the expert on 100 training tasks and a renamed
-            # copy of each, recorded at the start (~1 minute), 4 per update. Without it the preset's steps
-            # doubled the greedy policy's malformed calls (96 -> 200 of 210 test tasks; 118 with it) and
-            # lowered held-out success in most runs. With it, on all 210 test tasks x 2, three seeds leave
-            # success where it was (124 -> 125, 123, 120 of 420) and make solved episodes faster, as the
-            # term alone does (docs/benchmarks.md, twenty-fourth and twenty-fifth rounds).
-            "sft_expert": 100,
+            # The supervised term beside the policy gradient: the expert on 50 training tasks and a renamed
+            # copy of each, recorded at the start, 4 per update. Without it the preset's steps doubled the
+            # greedy policy's malformed calls (96 -> 200 of 210 test tasks; 118 with it) and lowered held-out
+            # success in most runs. With it, on all 210 test tasks x 2, three seeds leave success where it was
+            # (124 -> 125, 123, 120 of 420) and make solved episodes faster, as the term alone does
+            # (docs/benchmarks.md, twenty-fourth and twenty-fifth rounds). Those runs recorded 100 tasks; the
+            # preset's ~12 updates take ~48 episodes, so 50 tasks (100 episodes) are still more than a run
+            # uses, recorded in half the time (~1 minute instead of ~2 on 2 cores).
+            "sft_expert": 50,
             "sft_episodes": 4,
             # The report and --resume need only the last; each holds ~90 MB (weights and Adam's state).
             "keep_checkpoints": 2,
