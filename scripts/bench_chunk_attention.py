@@ -5,12 +5,17 @@ heads, 2 key/value heads, head dim 32). Prints the median of 7 calls per shape a
     .venv/bin/python scripts/bench_chunk_attention.py
 """
 
+import functools
 import time
 
 import torch
 import torch.nn.functional as F
 
 from vivace.inference.forward import _chunk_attention
+
+
+def _masked(q, k, v, mask):
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
 
 
 def median_ms(fn, n: int = 7) -> float:
@@ -30,12 +35,8 @@ def main() -> None:
         q, k, v = torch.randn(4, n, 32), torch.randn(2, past + n, 32), torch.randn(2, past + n, 32)
         mask = torch.arange(past + n)[None, :] <= torch.arange(past, past + n)[:, None]
 
-        def masked():
-            return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
-
-        def split():
-            return _chunk_attention(q, (k[:, :past], v[:, :past]), (k[:, past:], v[:, past:]), 32**-0.5)
-
+        masked = functools.partial(_masked, q, k, v, mask)
+        split = functools.partial(_chunk_attention, q, (k[:, :past], v[:, :past]), (k[:, past:], v[:, past:]), 32**-0.5)
         diff = (masked() - split()).abs().max().item()
         a, b = median_ms(masked), median_ms(split)
         print(f"{n:>6} {past:>6} {a:>10.1f} {b:>9.1f} {b / a:>6.2f} {diff:>9.1e}")
