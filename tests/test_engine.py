@@ -143,19 +143,20 @@ def test_prompt_chunks_attend_over_their_past_and_causally_over_themselves(kv_he
     m = small_model(num_key_value_heads=kv_heads).to(dtype)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     fwd = RaggedForward(m)
-    tokens = torch.randint(0, VOCAB, (160,), generator=torch.Generator().manual_seed(5)).tolist()
+    tokens = torch.randint(0, VOCAB, (250,), generator=torch.Generator().manual_seed(5)).tolist()
+    n = ragged.MIN_SPLIT_CHUNK + 22
 
     def step():
         first, second = fwd.new_cache(400), fwd.new_cache(400)
         fwd(tokens[:100], [Segment(second, 100)])
-        return fwd(tokens[:60] + tokens[100:], [Segment(first, 60), Segment(second, 60)])
+        return fwd(tokens[:n] + tokens[100 : 100 + n], [Segment(first, n), Segment(second, n)])
 
     split = step()
     monkeypatch.setattr(ragged, "_FLASH_CPU", None)  # the single masked call
     masked = step()
     assert torch.allclose(split, masked, atol=tol), (split - masked).abs().max()
     with torch.no_grad():
-        full = torch.stack([m(torch.tensor([tokens[:n]])).logits[0, -1] for n in (60, 160)]).float()
+        full = torch.stack([m(torch.tensor([tokens[:end]])).logits[0, -1] for end in (n, 100 + n)]).float()
     assert torch.allclose(split, full, atol=10 * tol), (split - full).abs().max()
 
 

@@ -114,6 +114,9 @@ def _cascade_groups(segments: list[Segment]) -> tuple[list[tuple[KVCache, int, l
 
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# A prompt chunk at least this long is attended in two flash calls (_chunk_attention); below it the one masked
+# call costs the same or less (40 tokens: 1.00-1.16x slower split; docs/benchmarks.md).
+MIN_SPLIT_CHUNK = 128
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +165,7 @@ def _chunk_attention(
 
     Two flash calls merged by their log-sum-exp, where one masked call reads a boolean mask and computes
     the masked half of the chunk's own square: 1.5x faster for a 1,400-token chunk after a 2,700-token past
-    on 2 CPU cores, the same for a few dozen tokens (docs/benchmarks.md). CPU only (_FLASH_CPU)."""
+    on 2 CPU cores (docs/benchmarks.md). CPU only (_FLASH_CPU), chunks of MIN_SPLIT_CHUNK tokens or more."""
     heads, n, d = q.shape
     kv_heads = own[0].shape[0]
     rep = heads // kv_heads
@@ -260,7 +263,7 @@ class RaggedForward:
                 s, (a, b) = segments[i], bounds[i]
                 c, n = s.cache, s.n_tokens
                 end = c.length + n
-                if n > 1 and split_chunks:
+                if n >= MIN_SPLIT_CHUNK and split_chunks:
                     past = (c.k[li, :, : c.length], c.v[li, :, : c.length])
                     own = (c.k[li, :, c.length : end], c.v[li, :, c.length : end])
                     out[0, :, a:b] = _chunk_attention(q[0, :, a:b], past, own, attn.scaling)
