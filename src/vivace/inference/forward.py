@@ -218,9 +218,7 @@ class RaggedForward:
         return KVCache(self.n_layers, self.n_kv_heads, self.head_dim, capacity, p.dtype, p.device)
 
     @torch.inference_mode()
-    def __call__(
-        self, tokens: list[int], segments: list[Segment], logit_rows: list[int] | None = None
-    ) -> torch.Tensor:
+    def __call__(self, tokens: list[int], segments: list[Segment], logit_rows: list[int] | None = None) -> torch.Tensor:
         """Logits [len(segments), vocab] at each segment's last token (or [len(logit_rows), vocab] at those
         rows of `tokens`: teacher-forced scoring); caches are extended."""
         device = self.base.embed_tokens.weight.device
