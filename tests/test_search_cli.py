@@ -5,6 +5,7 @@ errors that say what to do, and the long benchmarks (slow): `index bench` at a s
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 from typer.testing import CliRunner
@@ -146,8 +147,11 @@ def test_train_embedder_refuses_traces_that_give_no_batch_before_loading_a_model
     monkeypatch.setattr(finetune, "mine_episodes", lambda traces, work: (episodes, "0 skipped"))
     monkeypatch.setattr(finetune, "Embedder", lambda *a: pytest.fail("a model was loaded"))
     (tmp_path / "traces").mkdir()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     code, out = invoke("index", "train-embedder", "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "m"))
     assert code == 2 and "nothing would train" in " ".join(out.split()), out
+    assert list((tmp_path / "tmp").iterdir()) == []  # its work directory was left in /tmp on every run
 
 
 def test_json_output_is_utf8_with_names_that_are_not(tmp_path):

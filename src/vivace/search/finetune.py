@@ -245,8 +245,11 @@ def train_embedder(
     import tempfile
 
     t0 = time.perf_counter()
-    work = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="vivace-embedder-"))
-    episodes, skipped = mine_episodes(traces, work)
+    if state_dir:
+        episodes, skipped = mine_episodes(traces, Path(state_dir))
+    else:  # the tasks' trees are built here only to be chunked: gone once the episodes are mined
+        with tempfile.TemporaryDirectory(prefix="vivace-embedder-") as work:
+            episodes, skipped = mine_episodes(traces, Path(work))
     test = [e for e in episodes if heldout(e.task_id, cfg.holdout, cfg.seed)]
     train = [e for e in episodes if not heldout(e.task_id, cfg.holdout, cfg.seed)]
     if not train or not test:
