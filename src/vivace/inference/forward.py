@@ -130,6 +130,15 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
 
 
+def _merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """One attention over two disjoint sets of keys, from each set's (output, log-sum-exp): the outputs
+    weighted by their share of the softmax's total mass. The kernels' log-sum-exp is float32 whatever the
+    queries' dtype, so the result is float32 too."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    total = torch.logaddexp(lse_a, lse_b)
+    return out_a * torch.exp(lse_a - total)[..., None] + out_b * torch.exp(lse_b - total)[..., None]
+
+
 def _cascade_attention(
     q: torch.Tensor,
     prefix: tuple[torch.Tensor, torch.Tensor],
@@ -151,9 +160,7 @@ def _cascade_attention(
     parts = [_attend(qg[:, :, j], k, v, scale) for j, (k, v) in enumerate(rest)]
     out_rest = torch.stack([o for o, _ in parts], dim=2)  # [kv_heads, rep, m, d]
     lse_rest = torch.stack([lse for _, lse in parts], dim=2)
-    total = torch.logaddexp(lse_prefix, lse_rest)  # the kernels' log-sum-exp is float32 whatever q's dtype
-    out = out_prefix * torch.exp(lse_prefix - total)[..., None] + out_rest * torch.exp(lse_rest - total)[..., None]
-    return out.reshape(heads, m, d).to(q.dtype)
+    return _merge((out_prefix, lse_prefix), (out_rest, lse_rest)).reshape(heads, m, d).to(q.dtype)
 
 
 def _chunk_attention(
@@ -175,10 +182,7 @@ def _chunk_attention(
     if not past[0].shape[1]:
         return out_own
     out_past, lse_past = _attend(q.reshape(kv_heads, rep * n, d), *past, scale)  # grouped as in _cascade_attention
-    out_past, lse_past = out_past.reshape(heads, n, d), lse_past.reshape(heads, n)
-    total = torch.logaddexp(lse_past, lse_own)
-    out = out_past * torch.exp(lse_past - total)[..., None] + out_own * torch.exp(lse_own - total)[..., None]
-    return out.to(q.dtype)
+    return _merge((out_past.reshape(heads, n, d), lse_past.reshape(heads, n)), (out_own, lse_own)).to(q.dtype)
 
 
 def sliding_window(cfg) -> int | None:
