@@ -5,6 +5,7 @@ theme-disjoint, and the task runs through the real benchmark (oracle solves it).
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 
 import pytest
@@ -13,6 +14,7 @@ from conftest import benchmark_episodes
 from vivace.bench.patch import parse_patch
 from vivace.tasks.families import FAMILIES, MULTI_FILE, _make_task, _misspell, bugs, generate_families, run_project
 from vivace.tasks.projects import THEMES, generated_theme, make_project, split_of_theme
+from vivace.tasks.testrun import failure_section
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
@@ -55,6 +57,11 @@ def test_each_family_makes_a_caught_bug_that_the_reference_patch_fixes(family, t
     files = _files_of(task.repo.patch, tmp=tmp_path / "a")
     before, output = run_project(files)
     assert task.tests.fail_to_pass and all(before.get(t) != "PASSED" for t in task.tests.fail_to_pass), output
+    # the request names a test whose failure pytest showed (a broken import stops collection: no test
+    # runs, and a test in another module would pass), in the project's own paths
+    named = re.search(r"tests/\S+\.py::\w+", task.request)
+    assert named and named.group(0) in task.tests.fail_to_pass and failure_section(output, named.group(0))
+    assert tmp_path.as_posix() not in task.request and "/tmp" not in task.request
     assert all(before.get(t) == "PASSED" for t in task.tests.pass_to_pass)
     subprocess.run(["git", "apply", "-"], cwd=tmp_path / "a", input=task.reference_patch.encode(), check=True)
     fixed = {p: (tmp_path / "a" / p).read_text() for p in files}
@@ -65,7 +72,9 @@ def test_each_family_makes_a_caught_bug_that_the_reference_patch_fixes(family, t
     if family in MULTI_FILE:  # the right name lives only in the other file
         (context,) = task.metadata["context_files"]
         assert context != changed[0] and context in files
-    if task.metadata["style"] == "traceback" and family in ("misspelled_name", "misspelled_method", "wrong_keyword"):
+    if task.metadata["style"] == "traceback" and family in (
+        "misspelled_name", "misspelled_method", "wrong_keyword", "misspelled_import"
+    ):  # fmt: skip
         assert f"{changed[0]}:" in task.request  # the traceback points at file:line
 
 
@@ -199,3 +208,23 @@ def test_a_suite_can_be_a_tasks_file(tmp_path):
         load_suite(str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="or a path to a tasks file"):
         load_suite("nosuch")
+
+
+def test_shipped_requests_point_at_the_bug_the_tests_show():
+    """Each shipped task's request names one of its failing tests; a traceback request of a family whose
+    error names the wrong identifier points at the buggy file's line. A misspelled import stops pytest's
+    collection, so its tasks name a test of the module that could not import, and show why."""
+    from vivace.tasks.suites import load_suite
+
+    for task in load_suite("families"):
+        named = re.search(r"tests/\S+\.py::\w+", task.request)
+        assert named and named.group(0) in task.tests.fail_to_pass, task.id
+        assert "/tmp" not in task.request and "/root" not in task.request, task.id
+        family, style = task.metadata["family"], task.metadata["style"]
+        if style == "traceback" and family in ("misspelled_name", "misspelled_method", "wrong_keyword",
+                                               "misspelled_import"):  # fmt: skip
+            assert f"{task.metadata['file']}:" in task.request, task.id
+        if family == "misspelled_import":
+            assert named.group(0).startswith("tests/test_report.py::"), task.id  # what imports the broken file
+            if style == "traceback":
+                assert "ERROR collecting tests/test_report.py" in task.request and "ImportError" in task.request

@@ -87,7 +87,7 @@ def test_a_test_file_with_other_statements_gets_no_copy(project):
 
 
 def test_every_shipped_family_task_has_the_copy_of_each_test_file():
-    """The shipped tasks were given their copies by scripts/add_hidden_checks.py: each visible test file
+    """The shipped tasks were given their copies by scripts/refresh_families.py: each visible test file
     has one, and every test a task lists is defined in it."""
     tasks = load_suite("families")
     assert len(tasks) == 980

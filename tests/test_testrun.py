@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from vivace.tasks.testrun import TestRun, no_outcome_reason, parse_outcomes, read_summary
+from vivace.tasks.testrun import TestRun, failure_section, no_outcome_reason, parse_outcomes, read_summary
 
 SUITE = """
 import pytest
@@ -63,6 +63,25 @@ def test_no_outcome_reason_from_real_runs(tmp_path):
     assert no_outcome_reason(TestRun({}, "", 0, timed_out=True), ids) is None  # tests_timed_out says it
     assert no_outcome_reason(TestRun({}, "", 127), ids) == "exit code 127: no output"
     assert len(no_outcome_reason(TestRun({}, "E   " + "x" * 1000, 1), ids)) == 300
+
+
+def test_failure_section_of_a_failing_test_and_of_a_module_that_did_not_import(tmp_path):
+    """A failing test's section is its traceback; a test in a module that failed to import gets that
+    module's collection error, without the interpreter's own frames; a test pytest never reached, none."""
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (tmp_path / "test_a.py").write_text("from calc import add\n\ndef test_add():\n    assert add(1, 2) == 3\n")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "--tb=short", "-p", "no:cacheprovider"]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False).stdout
+    section = failure_section(out, "test_a.py::test_add")
+    assert "assert add(1, 2) == 3" in section and "ERROR collecting" not in section
+    (tmp_path / "test_b.py").write_text("from calc import sub\n\ndef test_sub():\n    assert sub(3, 2) == 1\n")
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False).stdout
+    assert "Interrupted" in out and not parse_outcomes(out)  # one broken module: no test ran at all
+    section = failure_section(out, "test_b.py::test_sub")
+    assert section.startswith("ERROR collecting test_b.py")
+    assert "cannot import name 'sub' from 'calc'" in section and "test_b.py:1: in <module>" in section
+    assert not [line for line in section.splitlines() if line.startswith("/")]  # importlib's frame is gone
+    assert failure_section(out, "test_a.py::test_add") == ""  # its module imported; the run stopped first
 
 
 FORGER = """

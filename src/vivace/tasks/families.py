@@ -168,7 +168,8 @@ def run_project(files: dict[str, str], timeout_s: float = 30.0) -> tuple[dict[st
                                   text=True, timeout=timeout_s, env={**os.environ, **NO_PLUGIN_AUTOLOAD})  # fmt: skip
         except subprocess.TimeoutExpired:
             return {}, "timed out"
-    return parse_outcomes(done.stdout), done.stdout
+    output = done.stdout.replace(tmp + "/", "")  # paths as the project sees them, not this machine's
+    return parse_outcomes(output), output
 
 
 def generate_families(
@@ -237,7 +238,7 @@ def _task(project, family, path, mutated, context, failing, all_tests, output, r
     return Task(
         id=f"{project.theme}-{family.replace('_', '-')}-{digest}",
         repo=RepoSpec(bundled="_blank", patch=created),
-        request=_request(style, failing[0], output),
+        request=request_for(style, failing, output),
         tests=TestSpec(command=TEST_COMMAND, fail_to_pass=failing,
                        pass_to_pass=[t for t in all_tests if t not in failing], timeout_s=60.0,
                        files=hidden_tests(project.files, project.names.pkg)),  # fmt: skip
@@ -261,7 +262,10 @@ def _new_file(path: str, content: str) -> str:
     return f"{head}--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
 
 
-def _request(style: str, test_id: str, output: str) -> str:
+def request_for(style: str, failing: list[str], output: str) -> str:
+    # A test whose failure pytest showed: when a module fails to import, pytest runs no test at all, and
+    # the first failing id may be one that passes once collection gets past the broken module.
+    test_id = next((t for t in failing if failure_section(output, t)), failing[0])
     section = failure_section(output, test_id)
     if style == "traceback" and section:
         return f"Running the tests fails:\n\n```\n{test_id}\n{section}\n```\n\nPlease fix the bug in the code (not the tests)."

@@ -147,17 +147,34 @@ def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -
 
 
 def failure_section(output: str, test_id: str, max_lines: int = 30) -> str:
-    """The traceback pytest printed for one failing test (its `___ name ___` section), capped."""
-    name = test_id.split("::")[-1]
+    """The traceback pytest printed for one failing test (its `___ name ___` section), capped; for a
+    test whose module did not import, that module's `___ ERROR collecting file ___` section, headed by
+    its title and without the frames outside the project (absolute paths: the interpreter's importlib)."""
+    name, file = test_id.split("::")[-1], test_id.split("::")[0]
     lines = output.splitlines()
     start = next((i for i, line in enumerate(lines) if re.match(rf"^_+ {re.escape(name)}(\[.*\])? _+$", line)), None)
     if start is None:
-        return ""
+        collecting = rf"^_+ (ERROR collecting {re.escape(file)}) _+$"
+        start = next((i for i, line in enumerate(lines) if re.match(collecting, line)), None)
+        if start is None:
+            return ""
+        title = re.match(collecting, lines[start]).group(1)  # type: ignore[union-attr]
+        section = _until_next_section(lines, start)
+        kept = [ln for i, ln in enumerate(section)
+                if not re.match(r"^/\S+:\d+: in ", ln) and not (i and re.match(r"^/\S+:\d+: in ", section[i - 1]))]  # fmt: skip
+        return _capped([title, *kept], max_lines)
+    return _capped(_until_next_section(lines, start), max_lines)
+
+
+def _until_next_section(lines: list[str], start: int) -> list[str]:
     end = next(
         (j for j in range(start + 1, len(lines)) if re.match(r"^(_{3,} .* _{3,}|={3,}.*={3,})$", lines[j])),
         len(lines),
     )
-    section = lines[start + 1 : end]
+    return lines[start + 1 : end]
+
+
+def _capped(section: list[str], max_lines: int) -> str:
     if len(section) > max_lines:
         section = section[: max_lines // 2] + ["..."] + section[-(max_lines // 2) :]
     return "\n".join(section).strip("\n")

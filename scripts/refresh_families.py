@@ -1,13 +1,14 @@
-"""Give the shipped family tasks the scorer's copy of their tests (vivace.tasks.hidden), in place.
+"""Refresh the shipped family tasks from the generator's current code, in place, without drawing new
+projects: the scorer's copy of their tests (vivace.tasks.hidden) and their request (families.request_for).
 
-The tasks were generated before the generator wrote `tests.files`; regenerating them would draw other
-projects. This rebuilds each task's clean project from what the task holds (the repository patch, then
-the reference patch, applied by git) and adds the hidden tests; nothing else in the task changes.
-With --check N, it runs pytest on the first N tasks of each split (and every test task), clean and
-buggy, with the hidden tests in place: every listed test must pass on the clean project, and every
-FAIL_TO_PASS test must fail on the buggy one.
+Regenerating the tasks would draw other projects. This rebuilds each task's buggy and clean project from
+what the task holds (the repository patch, then the reference patch, applied by git), runs the buggy
+project's tests to rebuild the request in the task's own style, and adds the hidden tests; nothing else in
+the task changes. With --check N, it runs pytest on the first N tasks of each split (and every test task),
+clean and buggy, with the hidden tests in place: every listed test must pass on the clean project, and
+every FAIL_TO_PASS test must fail on the buggy one.
 
-    .venv/bin/python scripts/add_hidden_checks.py src/vivace/tasks/data/families.jsonl [--check 50]
+    .venv/bin/python scripts/refresh_families.py src/vivace/tasks/data/families.jsonl [--check 50]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from vivace.tasks.families import run_project
+from vivace.tasks.families import request_for, run_project
 from vivace.tasks.format import Task
 from vivace.tasks.hidden import hidden_tests
 
@@ -42,9 +43,15 @@ def _files(root: str) -> dict[str, str]:
             if p.is_file() and not p.name.endswith(".patch")}  # fmt: skip
 
 
-def with_hidden(task: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
+def refreshed(task: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
     buggy, clean = projects(task)
     pkg = task["metadata"]["file"].split("/")[0]
+    _, output = run_project(buggy)  # the repository as the agent gets it: its own tests, not the scorer's
+    request = request_for(task["metadata"]["style"], task["tests"]["fail_to_pass"], output)
+    # pytest prints a dict's differing items in hash order, which differs between runs: the same lines in
+    # another order are the same request
+    if sorted(request.splitlines()) != sorted(task["request"].splitlines()):
+        task["request"] = request
     task["tests"]["files"] = hidden_tests(clean, pkg)
     return task, buggy, clean
 
@@ -69,8 +76,13 @@ def main() -> None:
     parser.add_argument("--check", type=int, default=0, help="tasks per split run with pytest (all test tasks)")
     args = parser.parse_args()
     tasks = [json.loads(line) for line in args.path.read_text().splitlines() if line.strip()]
+    before = {t["id"]: t["request"] for t in tasks}
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        done = list(pool.map(with_hidden, tasks))
+        done = list(pool.map(refreshed, tasks))
+    changed: dict[str, int] = {}
+    for task, _, _ in done:
+        if task["request"] != before[task["id"]]:
+            changed[task["metadata"]["family"]] = changed.get(task["metadata"]["family"], 0) + 1
     without = [t["id"] for t, _, _ in done if not t["tests"]["files"]]
     problems: dict[str, str] = {}
     if args.check:
@@ -89,7 +101,11 @@ def main() -> None:
     tmp = args.path.with_name(args.path.name + ".partial")
     tmp.write_text("".join(Task.model_validate(t).model_dump_json() + "\n" for t, _, _ in done))
     tmp.replace(args.path)
-    print(json.dumps({"tasks": len(done), "without_hidden": without, "problems": len(problems)}))
+    print(
+        json.dumps(
+            {"tasks": len(done), "requests_changed": changed, "without_hidden": without, "problems": len(problems)}
+        )
+    )
 
 
 if __name__ == "__main__":
