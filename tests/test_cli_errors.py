@@ -102,7 +102,8 @@ UNWRITABLE = {
 @pytest.mark.parametrize("args", UNWRITABLE.values(), ids=UNWRITABLE.keys())
 def test_an_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, args):
     """A directory the user cannot write (permissions; a read-only mount and a full disk are refused the same
-    way, by a file made and removed there): exit 2 and one line naming the path and why, before any work."""
+    way, by a file made and removed there): exit 2 and one line naming the path and why, before any work and
+    before importing torch (seconds on a small machine)."""
     import os
     import subprocess
     import sys
@@ -118,7 +119,10 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, args
     prefix = unprivileged()  # root writes anywhere unless its override is dropped
     ro.chmod(0o555)
     try:
-        done = subprocess.run([*prefix, sys.executable, "-c", "from vivace.cli import main; main()", *argv],
+        mark = tmp_path / "torch-imported"
+        probe = (f"import atexit, sys\natexit.register(lambda: open({str(mark)!r}, 'w').write(str('torch' in sys.modules)))"
+                 "\nfrom vivace.cli import main\nmain()")  # fmt: skip
+        done = subprocess.run([*prefix, sys.executable, "-c", probe, *argv],
                               capture_output=True, text=True, timeout=600,
                               env={**os.environ, "COLUMNS": "300"})  # fmt: skip
     finally:
@@ -127,6 +131,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, args
     assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert lines[0].startswith(f"error: --out {ro}/") and "(Permission denied)" in lines[0], lines[0]
     assert not list(ro.iterdir()) and done.stdout == ""
+    assert mark.read_text() == "False"
 
 
 def _disk_full(*args, **kwargs):

@@ -315,8 +315,6 @@ def sft_copies(
 ) -> None:
     """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
     the first stage of the warm start, where the induction heads that copying needs form."""
-    from vivace.model.checkpoint import load_tokenizer
-    from vivace.rl.copying import LOOKBACK_SPAN, copy_sequences, lookback_sequences, name_pieces, system_opening
 
     def span(option: str, text: str) -> tuple[int, int]:
         try:
@@ -327,7 +325,10 @@ def sft_copies(
 
     received: list[int] = []
     try:
-        _fresh_file(out_file)
+        _fresh_file(out_file)  # before the imports below (torch): a refused --out says so in under a second
+        from vivace.model.checkpoint import load_tokenizer
+        from vivace.rl.copying import LOOKBACK_SPAN, copy_sequences, lookback_sequences, name_pieces, system_opening
+
         vocab_size = len(load_tokenizer(model))
         pool = name_pieces(model) if vocab == "pieces" else None
         if pool is not None and lookback is None:
@@ -566,15 +567,16 @@ def sft_train(
     packed rows, AdamW with warmup and cosine decay; writes a standard checkpoint to --out (a new or
     empty directory). Ctrl-C or SIGTERM stops after the step in flight and saves (exit 130/143); a run
     does not resume, but the next one can start from its checkpoint (--init OUT)."""
-    from vivace.model.checkpoint import parse_arch
-    from vivace.rl.sft_train import SftDiverged, train_sft
-
     files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
     for name, value in (("--lr", lr), ("--epochs", epochs), ("--minutes", minutes)):
         if value is not None and not (math.isfinite(value) and value > 0):  # inf trained NaN weights; NaN passed
             fail(f"{name} {value:g}: give a finite number above 0")
     check_writable(out_dir, directory=True)
     _check_fresh_run_dir(out_dir)
+    # after the refusals above, which need no torch: they answer in under a second, not after its import
+    from vivace.model.checkpoint import parse_arch
+    from vivace.rl.sft_train import SftDiverged, train_sft
+
     try:
         overrides = parse_arch(arch) if arch else None
     except ValueError as e:
