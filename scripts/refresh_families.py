@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -79,10 +80,7 @@ def main() -> None:
     before = {t["id"]: t["request"] for t in tasks}
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         done = list(pool.map(refreshed, tasks))
-    changed: dict[str, int] = {}
-    for task, _, _ in done:
-        if task["request"] != before[task["id"]]:
-            changed[task["metadata"]["family"]] = changed.get(task["metadata"]["family"], 0) + 1
+    changed = Counter(t["metadata"]["family"] for t, _, _ in done if t["request"] != before[t["id"]])
     without = [t["id"] for t, _, _ in done if not t["tests"]["files"]]
     problems: dict[str, str] = {}
     if args.check:

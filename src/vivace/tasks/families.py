@@ -43,7 +43,7 @@ from vivace.tasks.generate import unified_diff
 from vivace.tasks.hidden import hidden_tests
 from vivace.tasks.mutate import mutations
 from vivace.tasks.projects import Project, make_project, split_of_theme
-from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, failure_section, parse_outcomes
+from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, parse_outcomes, shown_failure
 
 LEARNABLE = ("misspelled_name", "misspelled_method", "self_comparison", "unused_loop_variable")
 MULTI_FILE = ("wrong_keyword", "misspelled_import")
@@ -263,10 +263,7 @@ def _new_file(path: str, content: str) -> str:
 
 
 def request_for(style: str, failing: list[str], output: str) -> str:
-    # A test whose failure pytest showed: when a module fails to import, pytest runs no test at all, and
-    # the first failing id may be one that passes once collection gets past the broken module.
-    test_id = next((t for t in failing if failure_section(output, t)), failing[0])
-    section = failure_section(output, test_id)
+    test_id, section = shown_failure(output, failing)
     if style == "traceback" and section:
         return f"Running the tests fails:\n\n```\n{test_id}\n{section}\n```\n\nPlease fix the bug in the code (not the tests)."
     return f"The test {test_id} fails. Fix the code so it passes."

@@ -27,7 +27,7 @@ from pathlib import Path
 from vivace.sandbox.base import WithEnv, Workspace
 from vivace.tasks.format import BUNDLED_REPOS, DEFAULT_TEST_COMMAND, RepoSpec, Task, TestSpec, bundled_repos
 from vivace.tasks.mutate import Mutation, mutations
-from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, failure_section, run_tests
+from vivace.tasks.testrun import NO_PLUGIN_AUTOLOAD, run_tests, shown_failure
 
 # Test repositories never appear in training; validation is for model selection.
 REPO_SPLITS = {
@@ -166,8 +166,7 @@ def unified_diff(rel: str, before: str, after: str) -> str:
 
 
 def _request(style: str, repo: str, failing: list[str], output: str) -> str:
-    first = failing[0]
-    section = failure_section(output, first)
+    first, section = shown_failure(output, failing)
     if style == "traceback" and section:
         return f"Running the tests fails:\n\n```\n{first}\n{section}\n```\n\nPlease fix the bug in the code (not the tests)."
     if style in ("traceback", "issue") and section:

@@ -44,6 +44,7 @@ _FINAL = re.compile(
 )
 _N_PASSED = re.compile(r"\b(\d+) passed\b")
 # The sandbox keeps the head and the tail of a long output and puts this line between them.
+_OUTSIDE_FRAME = re.compile(r"^/\S+:\d+: in ")  # a traceback frame at an absolute path: not the project's
 _DROPPED = re.compile(r"^\[\.\.\. \d+ bytes of output dropped \.\.\.\]$")
 
 
@@ -146,24 +147,29 @@ def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -
     return f"exit code {run.exit_code}: {last}"[:max_chars]
 
 
+def shown_failure(output: str, failing: list[str]) -> tuple[str, str]:
+    """(test id, failure_section) of the first of `failing` whose failure pytest showed, else (failing[0], "").
+    When a module fails to import, pytest runs no test at all: the first failing id may be one that passes
+    once collection gets past the broken module, and has no section."""
+    return next(((t, section) for t in failing if (section := failure_section(output, t))), (failing[0], ""))
+
+
 def failure_section(output: str, test_id: str, max_lines: int = 30) -> str:
     """The traceback pytest printed for one failing test (its `___ name ___` section), capped; for a
     test whose module did not import, that module's `___ ERROR collecting file ___` section, headed by
     its title and without the frames outside the project (absolute paths: the interpreter's importlib)."""
-    name, file = test_id.split("::")[-1], test_id.split("::")[0]
+    file, name = test_id.split("::")[0], test_id.split("::")[-1]
     lines = output.splitlines()
     start = next((i for i, line in enumerate(lines) if re.match(rf"^_+ {re.escape(name)}(\[.*\])? _+$", line)), None)
+    if start is not None:
+        return _capped(_until_next_section(lines, start), max_lines)
+    title = f"ERROR collecting {file}"
+    start = next((i for i, line in enumerate(lines) if re.match(rf"^_+ {re.escape(title)} _+$", line)), None)
     if start is None:
-        collecting = rf"^_+ (ERROR collecting {re.escape(file)}) _+$"
-        start = next((i for i, line in enumerate(lines) if re.match(collecting, line)), None)
-        if start is None:
-            return ""
-        title = re.match(collecting, lines[start]).group(1)  # type: ignore[union-attr]
-        section = _until_next_section(lines, start)
-        kept = [ln for i, ln in enumerate(section)
-                if not re.match(r"^/\S+:\d+: in ", ln) and not (i and re.match(r"^/\S+:\d+: in ", section[i - 1]))]  # fmt: skip
-        return _capped([title, *kept], max_lines)
-    return _capped(_until_next_section(lines, start), max_lines)
+        return ""
+    section = _until_next_section(lines, start)
+    outside = {j for i, line in enumerate(section) if _OUTSIDE_FRAME.match(line) for j in (i, i + 1)}  # frame, code
+    return _capped([title, *(line for i, line in enumerate(section) if i not in outside)], max_lines)
 
 
 def _until_next_section(lines: list[str], start: int) -> list[str]:
