@@ -89,6 +89,9 @@ NEVER_WORK = {
     "repo-patch-not-a-diff": (task(repo={"path": "repo", "patch": "garbage\n"}), "repo.patch"),
     "split-a-list": (task(metadata={"split": ["test"]}), "metadata"),  # matched no --split: dropped silently
     "split-misspelt": (task(metadata={"split": "tset"}), "metadata"),
+    # The expert would read a string's characters as files, and fail a task it can solve.
+    "context-files-a-string": (task(metadata={"context_files": "pkg/util.py"}), "metadata"),
+    "context-files-blank-path": (task(metadata={"context_files": ["pkg/util.py", " "]}), "metadata"),
 }
 
 

@@ -150,10 +150,14 @@ class Task(_Strict):
 
     @field_validator("metadata")
     @classmethod
-    def _known_split(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+    def _known_metadata(cls, metadata: dict[str, Any]) -> dict[str, Any]:
         # A split of another type or spelling matched no --split and no held-out set: the task was dropped silently.
         if "split" in metadata and metadata["split"] not in SPLITS:
             raise ValueError(f"split {metadata['split']!r} is not one of {', '.join(SPLITS)}")
+        # The expert reads these files before its edit; a bare string would be read a character at a time.
+        context = metadata.get("context_files", [])
+        if not isinstance(context, list) or not all(isinstance(p, str) and p.strip() for p in context):
+            raise ValueError(f"context_files must be a list of workspace paths, got {context!r}")
         return metadata
 
     @field_validator("env")
