@@ -191,6 +191,29 @@ def test_prefix_cache_reuses_a_conversation(model):
     assert fresh.token_ids == second.token_ids
 
 
+def test_finished_sequences_keep_only_the_positions_they_filled(model):
+    """A request asks for most of the context and stops after a few tokens (an agent's turn): what the
+    prefix cache keeps is its filled positions, not the allocation for max_tokens, and nothing of the
+    cache it was copied from. The kept keys and values still serve the next turn exactly."""
+    engine = Engine(model, max_step_tokens=4096)
+    p = prompts(1, seed=7, lengths=(40,))[0]
+    stop_all = SamplingParams(max_tokens=400, seed=1, stop_token_ids=tuple(range(VOCAB)))
+    first = engine.run([p], [stop_all])[0]
+    assert len(first.token_ids) == 1 and first.finish_reason == "stop"
+    second = engine.run([p + first.token_ids + [5, 6]], [stop_all])[0]  # copied from the first one's cache
+    assert engine.stats.reused_tokens == len(p)
+    kept = [cache for _, cache in engine.prefix._entries.values()]
+    assert [c.capacity for c in kept] == [c.length for c in kept] == [len(p), len(p) + 3]
+    assert all(c.origin is None for c in kept)
+    per_position = kept[0].nbytes() // kept[0].capacity
+    assert sum(c.nbytes() for c in kept) == engine.prefix.size * per_position  # 400-position allocations are gone
+    follow = p + first.token_ids + [5, 6] + second.token_ids + [9]
+    third = engine.run([follow], [SamplingParams(max_tokens=6, seed=3)])[0]
+    assert engine.stats.reused_tokens == 2 * len(p) + 3
+    ref = reference_logprobs(model, follow, third.token_ids)
+    assert max(abs(a - b) for a, b in zip(ref, third.logprobs, strict=True)) < 1e-4
+
+
 def test_requests_arriving_together_share_their_common_prefix(model):
     g = torch.Generator().manual_seed(11)
     common = torch.randint(0, VOCAB, (200,), generator=g).tolist()

@@ -107,7 +107,8 @@ def _common_length(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 class PrefixCache:
-    """Finished sequences' caches, least recently used first out, bounded by total positions."""
+    """Finished sequences' caches, least recently used first out, bounded by total positions (each
+    kept compact: holding the positions it counts, and nothing of the cache it was copied from)."""
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
@@ -118,7 +119,7 @@ class PrefixCache:
     def put(self, tokens: Sequence[int], cache: KVCache) -> None:
         if self.max_tokens <= 0 or cache.length == 0:
             return
-        self._entries[next(self._ids)] = (torch.tensor(tokens[: cache.length]), cache)
+        self._entries[next(self._ids)] = (torch.tensor(tokens[: cache.length]), cache.compact())
         self.size += cache.length
         while self.size > self.max_tokens and self._entries:
             _, (_, old) = self._entries.popitem(last=False)

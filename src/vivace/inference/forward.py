@@ -76,6 +76,18 @@ class KVCache:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    def compact(self) -> KVCache:
+        """A copy of just the filled positions, with no origin: what a finished sequence leaves for
+        reuse. Its own cache was allocated for all of max_tokens (an agent asks for most of the context
+        and ends its turn early), and its origin would hold the cache it was copied from."""
+        if self.length == self.capacity and self.origin is None:
+            return self
+        layers, heads, _, head_dim = self.k.shape
+        out = KVCache(layers, heads, head_dim, self.length, self.k.dtype, self.k.device)
+        out.copy_prefix(self, self.length)
+        out.origin = None
+        return out
+
 
 @dataclass
 class Segment:
