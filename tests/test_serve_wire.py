@@ -955,3 +955,49 @@ def test_a_stopping_server_ends_open_requests_within_its_grace():
     assert engine.cancelled == 2  # both generations were stopped, their slots freed
     with pytest.raises(ApiError, match="shutting down"):
         app.state.stopping.admit()
+
+
+def test_null_options_take_their_defaults(served):
+    """OpenAI reads an explicit null as "the default", and the openai client sends `temperature=None` as
+    one: every option that has a default was refused with 400 when given null. A required field's null is
+    still refused."""
+    engine, client = served
+    says(engine, "ok")
+    sdk = openai_client(client)
+    nulls = {name: None for name in ("temperature", "top_p", "n", "stream", "logprobs", "top_logprobs",
+                                     "parallel_tool_calls", "presence_penalty", "frequency_penalty")}  # fmt: skip
+    reply = sdk.chat.completions.create(model="m", messages=USER, tools=TOOLS, **nulls, extra_body={"top_k": None})
+    assert reply.choices[0].message.content == "ok" and len(reply.choices) == 1
+    assert (engine.params[-1].temperature, engine.params[-1].top_p, engine.params[-1].top_k) == (1.0, 1.0, 0)
+    r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "echo": None, "best_of": None, "n": None})
+    assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == engine.ids, r.text
+    r = client.post("/v1/chat/completions", json={"model": None, "messages": USER})
+    assert r.status_code == 400 and "model" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": None})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+
+
+def test_a_body_that_is_not_json_says_how_to_mend_it(served):
+    """Invalid JSON said "invalid request: 27: JSON decode error" (a character offset shown as a field, the
+    reason dropped); JSON sent as a form (curl -d without a content-type) said the body was not a dictionary."""
+    _, client = served
+    r = client.post("/v1/chat/completions", content=b'{"model": "m", "messages": [],}',
+                    headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "invalid request: the body is not valid JSON: Expecting property name enclosed in double quotes "
+        "(at character 30)"
+    )
+    body = json.dumps({"model": "m", "messages": USER}).encode()
+    r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400
+    assert "sent with content-type: application/json (this one's: application/x-www-form-urlencoded)" in r.text
+
+
+def test_a_model_is_retrieved_by_its_name(served):
+    """The openai client's models.retrieve (GET /v1/models/{model}) was a 404 for the model served."""
+    _, client = served
+    sdk = openai_client(client)
+    assert sdk.models.retrieve("m").id == "m" == sdk.models.list().data[0].id
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        sdk.models.retrieve("gpt-4o")

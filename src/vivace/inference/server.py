@@ -18,7 +18,8 @@ Endpoints:
   Generation ends at the model's end tokens (its end of turn, its eos and those its generation
   config names), as vLLM's does, and at any `stop_token_ids`; `ignore_eos: true` (vLLM's option)
   ends it only at `stop_token_ids`, `stop` or `max_tokens`.
-- GET /v1/models, GET /health, GET /metrics (tokens/s, batch occupancy, queue).
+- GET /v1/models, GET /v1/models/{model} (404 for another name), GET /health, GET /metrics (tokens/s,
+  batch occupancy, queue).
 
 Options honoured:
 - `stop` strings (both endpoints; at most 4, of at most 1,000 characters: a streamed reply checks
@@ -57,15 +58,17 @@ requests are answered 503, running ones get SHUTDOWN_GRACE_S to finish, then a w
 is answered 503 and a stream ends with an error event, their generation cancelled; a client that
 takes nothing is dropped; the process is gone within a few seconds, also when forced.
 
-Bad requests (invalid JSON, a field of the wrong type, a malformed message or tool, a prompt over
-the context, an unknown model, `tool_choice` naming a function not in `tools`, a `seed` outside
-int64, a string holding a lone surrogate, messages or tools nested over 64 deep) get a 4xx with an
-OpenAI-style error body; so do OpenAI options this server cannot honour, which are refused rather
-than ignored: penalties, `logit_bias`, `response_format` other than text, `best_of`, `echo`,
-`suffix`, streaming on /v1/completions, `tool_choice` in other forms, the legacy `functions` and
-`function_call` (give `tools` and `tool_choice`), audio (`audio`, `modalities` other than text),
-`web_search_options`, `stream_options` without `stream` or with an option other than
-`include_usage` (a strict bool) and `include_obfuscation`. The server goes on serving.
+An option given as null takes its default, as OpenAI's API reads it (the openai client sends
+`temperature=None` so). Bad requests (invalid JSON, a body not sent as application/json, a field of
+the wrong type, a malformed message or tool, a prompt over the context, an unknown model,
+`tool_choice` naming a function not in `tools`, a `seed` outside int64, a string holding a lone
+surrogate, messages or tools nested over 64 deep) get a 4xx with an OpenAI-style error body; so do
+OpenAI options this server cannot honour, which are refused rather than ignored: penalties,
+`logit_bias`, `response_format` other than text, `best_of`, `echo`, `suffix`, streaming on
+/v1/completions, `tool_choice` in other forms, the legacy `functions` and `function_call` (give
+`tools` and `tool_choice`), audio (`audio`, `modalities` other than text), `web_search_options`,
+`stream_options` without `stream` or with an option other than `include_usage` (a strict bool) and
+`include_obfuscation`. The server goes on serving.
 A request body larger than a prompt of the whole context could need (`body_cap`) is refused with
 413 before it is read, so one request cannot take the server's memory. A stream that fails after
 its 200 ends with an error event (`data: {"error": ...}`), which the openai client raises.
@@ -86,7 +89,7 @@ import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vivace.aio import cancel_and_wait
@@ -139,6 +142,18 @@ class _Body(BaseModel):
     # Unknown OpenAI fields are accepted and ignored; known ones are type-checked strictly ("5" is not 5),
     # and those this server cannot honour are refused by `refuse_unsupported`, never silently dropped.
     model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """An explicit null asks for the default, as OpenAI's API reads it: the openai client sends
+        `temperature=None` as null, and code passing an unset setting through does that."""
+        if not isinstance(data, dict):
+            return data
+        nulls = [
+            k for k, v in data.items() if v is None and k in cls.model_fields and not cls.model_fields[k].is_required()
+        ]
+        return {k: v for k, v in data.items() if k not in nulls}
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -242,6 +257,17 @@ class CompletionBody(_Body):
             raise ApiError(400, "echo and suffix are not supported on /v1/completions")
 
 
+def _problem(error: dict, request: Request) -> str:
+    """One validation error as "field: what is wrong"; the body's own errors say how to mend the body."""
+    if error["type"] == "json_invalid":  # its loc holds the character offset, not a field
+        reason = error.get("ctx", {}).get("error", error["msg"])
+        return f"the body is not valid JSON: {reason} (at character {error['loc'][-1]})"
+    if error["loc"] == ("body",) and isinstance(error.get("input"), bytes | str):  # not read as JSON at all
+        kind = request.headers.get("content-type") or "none"
+        return f"the body must be a JSON object sent with content-type: application/json (this one's: {kind})"
+    return f"{'.'.join(str(p) for p in error['loc'] if p != 'body') or 'body'}: {error['msg']}"
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
         super().__init__(message)
@@ -327,11 +353,8 @@ def create_app(
         return _error(exc.status, exc.message, exc.kind)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        return _error(400, f"invalid request: {problems}")
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, f"invalid request: {'; '.join(_problem(e, request) for e in exc.errors())}")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:  # unknown route, wrong method
@@ -393,10 +416,12 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {
-            "object": "list",
-            "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "vivace"}],
-        }
+        return {"object": "list", "data": [await model(model_name)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict:
+        check_model(name)
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "vivace"}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request):
