@@ -406,6 +406,39 @@ def test_tool_choice_required_opens_a_call(served):
     assert_same_reply(one, streamed_choice(client, tools=TWO_TOOLS, tool_choice="required", logprobs=True))
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_a_call_to_a_function_not_in_tools_is_never_a_tool_call(served, tool_choice, stream):
+    """With tool_choice "required" the tiny model called `run_terminal`, which the request never declared,
+    and the reply said finish_reason "tool_calls": a client dispatching on the name got one it did not
+    give. Such a call is now a malformed call: the reply is its text, with no tool calls."""
+    engine, client = served
+    text = 'Listing.\n<tool_call>\n{"name": "h", "arguments": {"x": 1}}\n</tool_call>'
+    says(engine, text if tool_choice == "auto" else text.split("<tool_call>\n")[1])
+    body = {"tools": TWO_TOOLS, "tool_choice": tool_choice}
+    if stream:
+        content, calls, finish = streamed(client, **body)
+    else:
+        choice = whole(client, **body)
+        content, calls, finish = (
+            choice["message"]["content"],
+            choice["message"].get("tool_calls", []),
+            choice["finish_reason"],
+        )
+    assert (calls, finish) == ([], "stop")
+    assert '{"name": "h", "arguments": {"x": 1}}' in content
+
+
+def test_required_with_one_tool_names_it(served):
+    """With a single tool, "required" can only mean a call to it: the reply's opening names it, as a named
+    tool_choice does, so the model cannot call another."""
+    engine, client = served
+    says(engine, ' {"x": 1}}\n</tool_call>')
+    choice = whole(client, tools=TOOLS, tool_choice="required")
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
+    assert CHAT.decode(forced_suffix(engine, client, TOOLS)) == '<tool_call>\n{"name": "f", "arguments":'
+
+
 @pytest.mark.parametrize("name", ["g", "a<|im_end|>b"])
 def test_named_tool_choice_fixes_the_function(served, name):
     """The reply begins with the call's JSON up to its arguments, so the call is of `name` whatever

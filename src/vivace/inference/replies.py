@@ -152,6 +152,7 @@ class Shape:
     tools: bool  # parse tool calls (tools given and tool_choice is not "none")
     parallel: bool  # several calls may be returned (parallel_tool_calls)
     logprobs: bool = False  # report each sampled token's logprob (chat `logprobs`)
+    names: frozenset[str] | None = None  # the functions the request declared; None: any name
 
 
 def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], str]:
@@ -161,10 +162,12 @@ def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], 
     if not shape.tools:
         return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
     message, _ = chat.parse(output, finish_reason=finish_reason)
-    if any(c.error for c in message.tool_calls):
-        # One malformed call makes the whole reply text, the good calls' markup included, as vLLM's tool
-        # parsers answer: a client that parses the markup (OpenAIPolicy) gets every call and every error,
-        # and none reads a good call twice (in tool_calls and in the content).
+    undeclared = shape.names is not None and any(c.name not in shape.names for c in message.tool_calls)
+    if undeclared or any(c.error for c in message.tool_calls):
+        # One malformed call (or one to a function the request did not declare) makes the whole reply
+        # text, the good calls' markup included, as vLLM's tool parsers answer: a client that parses the
+        # markup (OpenAIPolicy) gets every call and every error, and none reads a good call twice (in
+        # tool_calls and in the content).
         return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
     answer: dict[str, Any] = {"role": "assistant", "content": message.content or None}
     calls = [{**c.to_openai(), "id": call_id()} for c in message.tool_calls]

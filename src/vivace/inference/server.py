@@ -32,9 +32,11 @@ Options honoured:
 - `tool_choice` "auto", "none" (no schemas rendered, no calls parsed), "required" and
   {"type": "function", "function": {"name": NAME}}. The last two feed the reply's first tokens
   instead of sampling them (replies.forced_call): the chat format's call markup, and for a named
-  function '{"name": "NAME", "arguments":'. Guaranteed: the reply opens a tool call (of NAME);
-  when the model's arguments then parse, the reply has at least one tool call (the first of
-  NAME), else it is the malformed-call reply (the text as content, no tool calls). The forced
+  function, or "required" with one tool, '{"name": "NAME", "arguments":'. Guaranteed: the reply
+  opens a tool call (of NAME); when the model's arguments then parse, the reply has at least one
+  tool call (the first of NAME), else it is the malformed-call reply (the text as content, no tool
+  calls). A call to a function not in `tools` is a malformed call, whatever the tool_choice: a
+  client dispatching on the name never gets one it did not declare. The forced
   tokens are part of the reply: counted in completion tokens and `max_tokens` (a limit that cannot
   hold them and one token of the model's is refused with 400, not exceeded), not in logprobs.
 - `parallel_tool_calls` false: the first call only.
@@ -226,7 +228,7 @@ class ChatBody(_Body):
         if choice == "required":
             if not names:
                 raise ApiError(400, "tool_choice 'required' needs tools: give at least one in `tools`")
-            return True, None
+            return True, names[0] if len(names) == 1 else None  # one tool: the call can only be to it
         fn = choice.get("function") if isinstance(choice, dict) else None
         if not (isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str)):
             raise ApiError(
@@ -491,7 +493,8 @@ def create_app(
                 f"of at least {len(forced) + 1}",
             )
         todo = jobs(body, prompt, limit, chat.stop_ids, forced, top)
-        shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs)
+        names = frozenset(t["function"]["name"] for t in tools or ())
+        shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs, names)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if body.stream:
             if len(todo[0].prompt) >= engine.engine.max_positions:  # fail before the 200 of a stream
