@@ -429,6 +429,54 @@ def test_a_call_to_a_function_not_in_tools_is_never_a_tool_call(served, tool_cho
     assert '{"name": "h", "arguments": {"x": 1}}' in content
 
 
+STRICT = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"cmd": {"type": "string"}},
+                "required": ["cmd"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("arguments", "kept"), [({"cmd": "ls"}, True), ({"path": "."}, False), ({"cmd": 5}, False)])
+def test_a_strict_functions_calls_keep_to_its_schema(served, arguments, kept, stream):
+    """`strict: true` was ignored: calls with arguments the schema refuses came back as tool calls. They
+    are now malformed calls (the reply is text); calls the schema allows are tool calls as before."""
+    engine, client = served
+    says(engine, f'<tool_call>\n{{"name": "bash", "arguments": {json.dumps(arguments)}}}\n</tool_call>')
+    if stream:
+        content, calls, finish = streamed(client, tools=STRICT)
+    else:
+        choice = whole(client, tools=STRICT)
+        content, calls, finish = (
+            choice["message"]["content"],
+            choice["message"].get("tool_calls", []),
+            choice["finish_reason"],
+        )
+    if kept:
+        assert finish == "tool_calls" and [json.loads(c["function"]["arguments"]) for c in calls] == [arguments]
+    else:
+        assert (calls, finish) == ([], "stop") and json.dumps(arguments) in content
+    loose = [{"type": "function", "function": {**STRICT[0]["function"], "strict": False}}]
+    assert whole(client, tools=loose)["finish_reason"] == "tool_calls"  # without strict, any arguments
+
+
+def test_a_strict_function_needs_a_valid_schema(served):
+    _, client = served
+    bad = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": "thing"}}}]
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "tools": bad})
+    assert r.status_code == 400 and "tools[0].function.parameters is not a valid JSON Schema" in r.text
+
+
 def test_required_with_one_tool_names_it(served):
     """With a single tool, "required" can only mean a call to it: the reply's opening names it, as a named
     tool_choice does, so the model cannot call another."""

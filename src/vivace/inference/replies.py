@@ -23,7 +23,7 @@ import bisect
 import functools
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,14 @@ class Shape:
     parallel: bool  # several calls may be returned (parallel_tool_calls)
     logprobs: bool = False  # report each sampled token's logprob (chat `logprobs`)
     names: frozenset[str] | None = None  # the functions the request declared; None: any name
+    strict: Mapping[str, Any] = field(default_factory=dict)  # function name -> jsonschema validator of its arguments
+
+    def declared(self, call: ToolCall) -> bool:
+        """Whether a parsed call is to a declared function, with arguments its `strict` schema allows."""
+        if self.names is None:
+            return True
+        check = self.strict.get(call.name)
+        return call.name in self.names and (check is None or check.is_valid(call.arguments))
 
 
 def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], str]:
@@ -162,10 +170,9 @@ def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], 
     if not shape.tools:
         return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
     message, _ = chat.parse(output, finish_reason=finish_reason)
-    undeclared = shape.names is not None and any(c.name not in shape.names for c in message.tool_calls)
-    if undeclared or any(c.error for c in message.tool_calls):
-        # One malformed call (or one to a function the request did not declare) makes the whole reply
-        # text, the good calls' markup included, as vLLM's tool parsers answer: a client that parses the
+    if any(c.error or not shape.declared(c) for c in message.tool_calls):
+        # One malformed call (or one to a function the request did not declare, or against a strict
+        # schema) makes the whole reply text, the good calls' markup included, as vLLM's tool parsers answer: a client that parses the
         # markup (OpenAIPolicy) gets every call and every error, and none reads a good call twice (in
         # tool_calls and in the content).
         return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"

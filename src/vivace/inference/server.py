@@ -36,7 +36,9 @@ Options honoured:
   opens a tool call (of NAME); when the model's arguments then parse, the reply has at least one
   tool call (the first of NAME), else it is the malformed-call reply (the text as content, no tool
   calls). A call to a function not in `tools` is a malformed call, whatever the tool_choice: a
-  client dispatching on the name never gets one it did not declare. The forced
+  client dispatching on the name never gets one it did not declare. So is a call to a function
+  marked `strict` whose arguments its `parameters` schema refuses (checked after sampling with
+  jsonschema; decoding is not constrained, so the reply is then text, where OpenAI's is a call). The forced
   tokens are part of the reply: counted in completion tokens and `max_tokens` (a limit that cannot
   hold them and one token of the model's is refused with 400, not exceeded), not in logprobs.
 - `parallel_tool_calls` false: the first call only.
@@ -494,7 +496,7 @@ def create_app(
             )
         todo = jobs(body, prompt, limit, chat.stop_ids, forced, top)
         names = frozenset(t["function"]["name"] for t in tools or ())
-        shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs, names)
+        shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs, names, _strict_schemas(tools or []))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if body.stream:
             if len(todo[0].prompt) >= engine.engine.max_positions:  # fail before the 200 of a stream
@@ -579,6 +581,27 @@ def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                 "names only its function, so give each function a name of its own")  # fmt: skip
         first[fn["name"]] = i
     return tools
+
+
+def _strict_schemas(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """A validator of each `strict` function's parameters (OpenAI's structured outputs). The model is not
+    constrained as it writes; a call its schema refuses is a malformed call, so a client never gets one."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    checks = {}
+    for i, t in enumerate(tools):
+        fn = t["function"]
+        if fn.get("strict") is not True:
+            continue
+        schema = fn.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
+        cls = validator_for(schema)
+        try:
+            cls.check_schema(schema)
+        except SchemaError as exc:
+            raise ApiError(400, f"tools[{i}].function.parameters is not a valid JSON Schema: {exc.message}") from exc
+        checks[fn["name"]] = cls(schema)
+    return checks
 
 
 async def _stream_chat(items: AsyncIterator, rid: str, model: str, prompt_tokens: int, include_usage: bool):
