@@ -1082,3 +1082,35 @@ def test_a_model_is_retrieved_by_its_name(served):
     assert sdk.models.retrieve("m").id == "m" == sdk.models.list().data[0].id
     with pytest.raises(openai.NotFoundError, match="not served here"):
         sdk.models.retrieve("gpt-4o")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}] * 120_000}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab " * 1_300_000}]}),
+        ("/v1/completions", {"prompt": "ab " * 1_300_000}),
+    ],
+    ids=["many-messages", "long-message", "long-prompt"],
+)
+def test_a_prompt_sure_to_be_over_the_context_is_refused_before_it_is_tokenized(served, path, body):
+    """Under the 4 MiB body cap, 120,000 empty messages or a 3.9 MB text took a core 7-12 s to render and
+    tokenize before the context check refused them, while other clients' streams waited. A lower bound
+    (a token a message, the tokenizer's longest token of text per token) now refuses them first."""
+    engine, client = served
+    says(engine, "ok")
+    t0 = time.perf_counter()
+    r = client.post(path, json={"model": "m", **body})
+    assert r.status_code == 400 and "the prompt has at least" in r.text and "context is 8192" in r.text, r.text
+    assert time.perf_counter() - t0 < 3.0  # the JSON alone takes ~0.3 s to read; tokenizing took 7-12 s
+    assert not engine.prompts  # nothing reached the engine
+
+
+def test_a_prompt_the_bound_cannot_rule_out_is_tokenized(served):
+    """30,000 characters may be fewer tokens than the context: tokenized, the engine's exact check decides
+    (this scripted engine has none; its prompt is 30,008 one-character tokens)."""
+    engine, client = served
+    says(engine, "ok")
+    messages = [{"role": "user", "content": "x" * 30_000}]
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert r.status_code == 200 and len(engine.prompts[-1]) > 30_000, r.text
