@@ -172,6 +172,9 @@ def test_stop_tokens_and_context_limit(model):
         engine.add([1] * 512, SamplingParams())
     with pytest.raises(ValueError, match="out of range"):
         engine.add([VOCAB], SamplingParams())
+    for never in (VOCAB, -5):  # a stop id no token has: the request would never end at it, silently
+        with pytest.raises(ValueError, match=rf"stop token ids out of range \[0, {VOCAB}\): \[{never}\]"):
+            engine.add([1], SamplingParams(stop_token_ids=(3, never)))
     with pytest.raises(ValueError, match="empty"):
         engine.add([], SamplingParams())
     near = engine.run([[5] * 500], [SamplingParams(max_tokens=100)])[0]

@@ -212,6 +212,8 @@ class Engine:
             )
         if params.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if bad := [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]:  # could never end it
+            raise ValueError(f"stop token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         if not 0 <= top_logprobs <= self.vocab_size:
             raise ValueError(f"top_logprobs must be in [0, {self.vocab_size}], got {top_logprobs}")
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
