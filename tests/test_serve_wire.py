@@ -297,6 +297,8 @@ BAD = [
     ({"messages": USER, "stop": [""]}, "stop"),
     ({"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty"),
     ({"messages": USER, "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"messages": USER, "repetition_penalty": 1.5}, "repetition_penalty"),  # vLLM's: were silently ignored
+    ({"messages": USER, "min_p": 0.1}, "min_p"),
     ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": USER, "functions": [{"name": "f", "parameters": {}}]}, "give tools and tool_choice"),
     ({"messages": USER, "function_call": "auto"}, "give tools and tool_choice"),
@@ -1114,3 +1116,13 @@ def test_a_prompt_the_bound_cannot_rule_out_is_tokenized(served):
     messages = [{"role": "user", "content": "x" * 30_000}]
     r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
     assert r.status_code == 200 and len(engine.prompts[-1]) > 30_000, r.text
+
+
+def test_chat_ends_at_stop_token_ids_too(served):
+    """vLLM's stop_token_ids and ignore_eos were honoured on /v1/completions and silently ignored on chat."""
+    engine, client = served
+    says(engine, "ok")
+    whole(client, stop_token_ids=[7])
+    assert engine.params[-1].stop_token_ids == (7, *CHAT.stop_ids)
+    whole(client, stop_token_ids=[7], ignore_eos=True, repetition_penalty=1.0, min_p=0.0)  # the neutral values pass
+    assert engine.params[-1].stop_token_ids == (7,)

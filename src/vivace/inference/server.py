@@ -15,9 +15,11 @@ Endpoints:
   rendering (`numbered_calls`: the ids of a token-level rollout).
 - POST /v1/completions: `prompt` as token ids (or text); returns the generated `token_ids`, the
   sampled tokens' logprobs and the `policy_version` — what RL rollouts and `HttpSampler` use.
-  Generation ends at the model's end tokens (its end of turn, its eos and those its generation
+- Both end generation at the model's end tokens (its end of turn, its eos and those its generation
   config names), as vLLM's does, and at any `stop_token_ids`; `ignore_eos: true` (vLLM's option)
-  ends it only at `stop_token_ids`, `stop` or `max_tokens`.
+  ends it only at `stop_token_ids`, `stop` or `max_tokens`. Without `max_tokens` (or chat's
+  `max_completion_tokens`) a chat reply has at most 1,024 tokens and a completion 16, OpenAI's legacy
+  default; vLLM's `top_k` is honoured, its `repetition_penalty` and `min_p` refused.
 - GET /v1/models, GET /v1/models/{model} (404 for another name), GET /health, GET /metrics (tokens/s,
   batch occupancy, queue).
 
@@ -173,6 +175,15 @@ class _Body(BaseModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    # vLLM's options: its end-token rules are honoured; its other samplers' knobs are refused when they act.
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False  # generate past the model's end tokens
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+
+    def stop_ids(self, chat: ChatFormat) -> list[int]:
+        """The ids that end a choice: `stop_token_ids`, and the model's end tokens unless `ignore_eos`."""
+        return list(dict.fromkeys([*(self.stop_token_ids or []), *([] if self.ignore_eos else chat.stop_ids)]))
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -189,6 +200,8 @@ class _Body(BaseModel):
             raise ApiError(400, "frequency_penalty and presence_penalty are not supported here; leave them at 0")
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported here; leave it out")
+        if self.repetition_penalty != 1.0 or self.min_p:
+            raise ApiError(400, "repetition_penalty and min_p are not supported here; leave them at 1 and 0")
 
 
 class ChatBody(_Body):
@@ -247,8 +260,6 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: list[int] | str
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False  # vLLM's: generate past the model's end tokens
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -447,8 +458,9 @@ def create_app(
             _check_renderable(body.prompt, "prompt")
             await check_length(len(body.prompt), 0)
         prompt = body.prompt if isinstance(body.prompt, list) else await asyncio.to_thread(chat.encode, body.prompt)
-        stop_ids = list(dict.fromkeys([*(body.stop_token_ids or []), *([] if body.ignore_eos else chat.stop_ids)]))
-        outs = await run(request, jobs(body, prompt, body.max_tokens or 16, stop_ids, [], body.logprobs or 0))
+        outs = await run(
+            request, jobs(body, prompt, body.max_tokens or 16, body.stop_ids(chat), [], body.logprobs or 0)
+        )
         choices = []
         for i, out in enumerate(outs):
             done = out.completion
@@ -507,7 +519,7 @@ def create_app(
                 f"{len(forced)} tokens of the reply, and the model must write at least one more; give {field} "
                 f"of at least {len(forced) + 1}",
             )
-        todo = jobs(body, prompt, limit, chat.stop_ids, forced, top)
+        todo = jobs(body, prompt, limit, body.stop_ids(chat), forced, top)
         names = frozenset(t["function"]["name"] for t in tools or ())
         shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs, names, _strict_schemas(tools or []))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
