@@ -264,6 +264,7 @@ BAD = [
     ({"messages": [{"role": "user", "content": 123}]}, "content"),
     ({"messages": [{"role": "user", "content": {"a": 1}}]}, "content"),
     ({"messages": [{"role": "user", "content": ["hi"]}]}, "text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]}, "got 'refusal'"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "image_url"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": ["x"]}, *USER]}, "tool_calls[0]"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "a", "type": "function", "function": "f"}]}]},
@@ -1116,6 +1117,18 @@ def test_a_prompt_the_bound_cannot_rule_out_is_tokenized(served):
     messages = [{"role": "user", "content": "x" * 30_000}]
     r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
     assert r.status_code == 200 and len(engine.prompts[-1]) > 30_000, r.text
+
+
+def test_an_assistants_refusal_parts_are_its_text(served):
+    """OpenAI allows refusal parts in an assistant's message (what it said when it declined); they were 400."""
+    engine, client = served
+    says(engine, "ok")
+    refused = [{"type": "text", "text": "Sorry: "}, {"type": "refusal", "refusal": "I cannot do that."}]
+    history = [*USER, {"role": "assistant", "content": refused}, *USER]
+    whole(client, messages=history)
+    as_text = [*USER, {"role": "assistant", "content": "Sorry: I cannot do that."}, *USER]
+    whole(client, messages=as_text)
+    assert engine.prompts[-1] == engine.prompts[-2]
 
 
 def test_chat_ends_at_stop_token_ids_too(served):

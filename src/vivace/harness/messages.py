@@ -108,24 +108,26 @@ def messages_from_openai(raw: Any, where: str = "messages") -> list[Message]:
         for key in ("tool_call_id", "name"):
             if not isinstance(m.get(key), str | None):
                 raise ValueError(f"{at}.{key} must be a string")
-        out.append(Message.from_openai({**m, "role": role, "content": _text(m.get("content"), at)}))
+        out.append(Message.from_openai({**m, "role": role, "content": _text(m.get("content"), at, role)}))
     return out
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content as text: a string, null, or OpenAI's list of text parts."""
+def _text(content: Any, where: str, role: str = "user") -> str:
+    """A message's content as text: a string, null, or OpenAI's list of text parts (and, in an
+    assistant's message, refusal parts: what the model said when it declined)."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise ValueError(f"{where}.content must be a string or a list of text parts")
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
+        key = "refusal" if kind == "refusal" and role == "assistant" else "text"
+        if not isinstance(part, dict) or kind != key or not isinstance(part.get(key), str):
             raise ValueError(
                 f"{where}.content[{j}]: this model reads text parts only ({{'type': 'text', 'text': ...}}), got {kind!r}",
             )
-        texts.append(part["text"])
+        texts.append(part[key])
     return "".join(texts)
 
 
