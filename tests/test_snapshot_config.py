@@ -99,6 +99,51 @@ def test_git_snapshot_at_commit(tmp_path):
         materialize(SnapshotSource(str(repo), commit="no-such-rev"), tmp_path / "cache")
 
 
+def test_git_snapshot_is_the_commits_tree_as_committed(tmp_path):
+    """`git archive` made these snapshots: a symlink pointing outside the repository stopped its
+    extraction (the workspace came out empty with no error, or, with more than a pipe's worth of files
+    after the link, it hung), and the commit's .gitattributes dropped files (export-ignore) and
+    rewrote others (export-subst). The snapshot is now the tree as committed."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    os.symlink("/etc/hostname", repo / "a_link")  # sorts first: everything after it was lost
+    os.symlink("../../outside", repo / "pkg/up_link")
+    os.symlink("main.py", repo / "pkg/alias.py")
+    (repo / "pkg/main.py").write_text("# version: $Format:%H$\n")
+    (repo / "pkg/test_main.py").write_text("def test_f(): pass\n")
+    (repo / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (repo / "run.sh").chmod(0o755)
+    (repo / "z.bin").write_bytes(os.urandom(300_000))  # more than a pipe holds, after the links
+    (repo / ".gitattributes").write_text("pkg/test_main.py export-ignore\npkg/main.py export-subst\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    snap = materialize(SnapshotSource(str(repo), commit="HEAD"), tmp_path / "cache")
+    root = snap.root
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == sorted(
+        [".gitattributes", "a_link", "pkg", "pkg/alias.py", "pkg/main.py", "pkg/test_main.py", "pkg/up_link",
+         "run.sh", "z.bin"])  # fmt: skip
+    assert os.readlink(root / "a_link") == "/etc/hostname" and os.readlink(root / "pkg/up_link") == "../../outside"
+    assert (root / "pkg/alias.py").read_text() == "# version: $Format:%H$\n"  # through the link, unrewritten
+    assert (root / "z.bin").read_bytes() == (repo / "z.bin").read_bytes()
+    assert os.access(root / "run.sh", os.X_OK) and not os.access(root / "pkg/main.py", os.X_OK)
+
+
+def test_git_snapshot_keeps_a_submodule_as_an_empty_directory(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "f.py").write_text("x = 1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    _git(repo, "update-index", "--add", "--cacheinfo", f"160000,{head},vendor/lib")  # a gitlink, as a submodule
+    _git(repo, "commit", "-qm", "two")
+    root = materialize(SnapshotSource(str(repo), commit="HEAD"), tmp_path / "cache").root
+    assert (root / "vendor/lib").is_dir() and not list((root / "vendor/lib").iterdir())
+    assert (root / "f.py").read_text() == "x = 1\n"
+
+
 def test_missing_source(tmp_path):
     with pytest.raises(SandboxError, match="does not exist"):
         materialize(SnapshotSource(str(tmp_path / "nope")), tmp_path / "cache")

@@ -394,6 +394,22 @@ def test_evict_removes_least_recently_used_unclaimed_snapshots(tmp_path):
     assert materialize(SnapshotSource(str(tmp_path / "old")), cache).root.is_dir()  # rebuilt on demand
 
 
+def test_evict_removes_builds_whose_builder_was_killed(tmp_path):
+    """A build killed mid-way (its cleanup never ran) left its half-built tree, ~100 MB for a large
+    repository, forever; one whose builder still runs is left alone."""
+    cache = tmp_path / "cache"
+    snap = materialize(_source(tmp_path, "a"), cache)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    killed = cache / f".{snap.key}x.tmp-{dead.pid}-0123abcd"
+    running = cache / f".{snap.key}y.tmp-{os.getpid()}-0123abcd"
+    for d in (killed, running):
+        (d / "pkg").mkdir(parents=True)
+        (d / "pkg" / "f.py").write_text("half")
+    evict(cache, [], max_bytes=1 << 40)
+    assert not killed.exists() and running.is_dir() and snap.root.is_dir()
+
+
 async def test_backend_never_evicts_a_snapshot_in_use(tmp_path, monkeypatch):
     monkeypatch.setattr(local_mod, "evict", functools.partial(evict, max_bytes=0, min_idle_s=0))
     state = tmp_path / "state"

@@ -40,6 +40,7 @@ import fcntl
 import hashlib
 import os
 import posixpath
+import re
 import secrets
 import shutil
 import stat
@@ -442,6 +443,7 @@ def evict(
     those claimed in a `holders` directory and those used within `min_idle_s`; returns the
     keys removed. Skips the round when another process is evicting or claiming."""
     doomed = [Path(e) for e in _listdir(cache_dir) if ".evicted-" in e.name]  # left by a crash
+    doomed += _abandoned_builds(cache_dir)
     removed = []
     with _cache_lock(cache_dir, exclusive=True, wait=False) as locked:
         for key in _victims(cache_dir, holders, max_bytes, min_idle_s) if locked else []:
@@ -452,6 +454,29 @@ def evict(
     for trash in doomed:  # slow, and needs no lock once renamed away
         shutil.rmtree(trash, ignore_errors=True)
     return removed
+
+
+_BUILDING = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]{8}$")  # build_once's directory while it builds
+
+
+def _abandoned_builds(cache_dir: Path) -> list[Path]:
+    """Half-built snapshots whose builder is gone (killed, so its cleanup never ran): a large
+    repository's left ~100 MB each time."""
+    gone = []
+    for entry in _listdir(cache_dir):
+        if (m := _BUILDING.match(entry.name)) and not _alive(int(m.group(1))):
+            gone.append(Path(entry))
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _victims(cache_dir: Path, holders: Iterable[Path], max_bytes: int, min_idle_s: float) -> list[str]:
@@ -609,24 +634,66 @@ def _git(repo: Path, *args: str) -> bytes:
 
 
 def _extract_git(repo: Path, commit: str, dest: Path) -> None:
-    # git's errors go to a file, not a pipe: a pipe read only after the archive could fill and stall it.
-    with (
-        tempfile.TemporaryFile() as errors,
-        subprocess.Popen(
-            ["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE, stderr=errors
-        ) as proc,
-    ):  # closes the pipe and waits, however extraction ends
-        assert proc.stdout is not None
-        try:
-            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-                tar.extractall(dest, filter="data")
-        except tarfile.TarError:
-            pass  # git's own error below is the useful one
-        if proc.wait() != 0:
-            errors.seek(0)
-            raise SandboxError(
-                f"git archive {commit} in {repo} failed: {errors.read().decode(errors='replace').strip()}"
-            )
+    """The commit's tree as committed: each blob's bytes with its mode, symlinks as links (whatever they
+    point at, as a checkout writes them), submodules as empty directories. Not `git archive`, which
+    applies the commit's .gitattributes (export-ignore drops files, export-subst rewrites them), and
+    whose tar stream a link pointing outside stopped the extraction of, silently or for good."""
+    entries = [_tree_entry(record) for record in _git(repo, "ls-tree", "-r", "-z", "--full-tree", commit).split(b"\0")
+               if record]  # fmt: skip
+    blobs = [e for e in entries if e[1] == "blob"]
+    with tempfile.TemporaryFile() as wanted, tempfile.TemporaryFile() as errors:
+        wanted.write(b"".join(oid + b"\n" for _, _, oid, _ in blobs))
+        wanted.seek(0)
+        # The ids come from a file and the contents are read as they come: neither pipe can stall the other.
+        with subprocess.Popen(["git", "-C", str(repo), "cat-file", "--batch"], stdin=wanted,
+                              stdout=subprocess.PIPE, stderr=errors) as proc:  # fmt: skip
+            assert proc.stdout is not None
+            for mode, _, oid, rel in blobs:
+                header = proc.stdout.readline().split()
+                if len(header) != 3 or header[0] != oid or header[1] != b"blob":
+                    errors.seek(0)
+                    raise SandboxError(f"git cat-file in {repo} did not give blob {oid.decode()} of {commit} "
+                                       f"({errors.read().decode(errors='replace').strip() or b' '.join(header).decode()})")  # fmt: skip
+                data = proc.stdout.read(int(header[2]) + 1)[:-1]  # each content ends with a newline of git's
+                _write_entry(dest, rel, mode, data)
+    for _, kind, _, rel in entries:
+        if kind == "commit":  # a submodule: checked out empty, as `git clone` leaves one before `submodule update`
+            _parent_dir(dest, rel)
+            (dest / rel).mkdir(exist_ok=True)
+
+
+def _tree_entry(record: bytes) -> tuple[bytes, str, bytes, str]:
+    """(mode, kind, object id, path) of one `git ls-tree -z` record; a path a checkout would refuse
+    (absolute, `..`, `.git`) is refused here too: it would land outside the snapshot or in its git directory."""
+    meta, _, raw = record.partition(b"\t")
+    mode, kind, oid = meta.split(b" ")
+    rel = os.fsdecode(raw)
+    if any(part in ("", ".", "..") or part.lower() == ".git" for part in rel.split("/")):
+        raise SandboxError(f"the commit holds the path {rel!r}, which git itself would not check out")
+    return mode, kind.decode(), oid, rel
+
+
+def _write_entry(dest: Path, rel: str, mode: bytes, data: bytes) -> None:
+    _parent_dir(dest, rel)
+    target = dest / rel
+    if mode == b"120000":
+        os.symlink(os.fsdecode(data), target)
+        return
+    # O_EXCL | O_NOFOLLOW: a path given twice (a malformed tree) cannot write through a link made before.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if mode == b"100755" else 0o644)
+    with open(fd, "wb") as f:
+        f.write(data)
+
+
+def _parent_dir(dest: Path, rel: str) -> None:
+    """Makes the directories above `rel`, refusing to go through a symlink the tree wrote (a malformed
+    tree can name `link/file` beside `link`)."""
+    parent = dest
+    for part in rel.split("/")[:-1]:
+        parent = parent / part
+        if parent.is_symlink():
+            raise SandboxError(f"the commit writes {rel!r} through its own symlink {parent.relative_to(dest)}")
+        parent.mkdir(exist_ok=True)
 
 
 def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
