@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
-from vivace.tasks.testrun import TestRun, failure_section, no_outcome_reason, parse_outcomes, read_summary
+import pytest
+
+from conftest import make_backend
+from vivace.tasks.format import DEFAULT_TEST_COMMAND
+from vivace.tasks.testrun import TestRun, failure_section, no_outcome_reason, parse_outcomes, read_summary, run_tests
 
 SUITE = """
 import pytest
@@ -129,3 +133,39 @@ def test_only_pytests_own_summary_is_read(tmp_path):
     assert parse_outcomes(cut, truncated=True) == {"a.py::t": "PASSED", "a.py::u": "FAILED"}
     assert parse_outcomes(cut) == {"a.py::u": "FAILED"}  # not cut: no header, no summary; a failure stands
     assert parse_outcomes(f"{header}\n{summary}") == {"a.py::u": "FAILED"}  # no final line: pytest did not finish
+
+
+@pytest.mark.parametrize(
+    ("addopts", "command"),
+    [
+        ("-ra -q", DEFAULT_TEST_COMMAND),  # pytest's documented example: with another -q, no final line
+        ('"--color=yes"', DEFAULT_TEST_COMMAND),  # python-slugify's: every summary line coloured
+        ("-q --color=yes", DEFAULT_TEST_COMMAND),
+        ("", "python -m pytest -q -rA --color=yes -p no:cacheprovider"),  # a task's own command that colours
+    ],
+)
+async def test_outcomes_whatever_the_repositorys_pytest_options(tmp_path, state_dir, addopts, command):
+    """A repository's addopts could leave no outcome to read: a valid task was judged unsound and the
+    oracle scored 0 ("exit code 0: PASSED ..." given as the reason the fix failed)."""
+    (tmp_path / "test_sample.py").write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2\n")
+    if addopts:
+        (tmp_path / "pytest.ini").write_text(f"[pytest]\naddopts = {addopts}\n")
+    backend = make_backend("plain", state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(tmp_path)))
+        run = await run_tests(ws, command, ["test_sample.py::test_ok"], 60)
+        await ws.close()
+    finally:
+        await backend.aclose()
+    assert run.outcomes == {"test_sample.py::test_ok": "PASSED", "test_sample.py::test_bad": "FAILED"}, run.output
+    assert "\x1b[" not in run.output
+
+
+def test_a_summary_without_its_final_line_is_named_as_the_reason(tmp_path):
+    (tmp_path / "test_sample.py").write_text("def test_ok():\n    pass\n")
+    cmd = [sys.executable, "-m", "pytest", "-qq", "-rA", "-p", "no:cacheprovider"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False)
+    run = TestRun(parse_outcomes(done.stdout), done.stdout, done.returncode)
+    assert run.outcomes == {}  # no final line: nothing is read (it is what proves the PASSED lines)
+    reason = no_outcome_reason(run, ["test_sample.py::test_ok"])
+    assert reason.startswith("exit code 0: pytest printed its summary without the final") and "-q" in reason

@@ -30,7 +30,10 @@ from vivace.sandbox.base import check_env
 from vivace.sandbox.snapshot import SnapshotSource
 
 BUNDLED_REPOS = Path(__file__).parent / "repos"
-DEFAULT_TEST_COMMAND = "python -m pytest -q -rA --tb=short -p no:cacheprovider"
+# No -q: with one in the repository's addopts too (pytest's own documented `-ra -q`), pytest prints no
+# final "N passed in Xs" line, which the outcomes are read by (testrun.read_summary). --color=no: an
+# addopts --color=yes coloured every summary line.
+DEFAULT_TEST_COMMAND = "python -m pytest -rA --tb=short -p no:cacheprovider --color=no"
 
 
 class TaskFormatError(ValueError):

@@ -46,6 +46,7 @@ _N_PASSED = re.compile(r"\b(\d+) passed\b")
 # The sandbox keeps the head and the tail of a long output and puts this line between them.
 _OUTSIDE_FRAME = re.compile(r"^/\S+:\d+: in ")  # a traceback frame at an absolute path: not the project's
 _DROPPED = re.compile(r"^\[\.\.\. \d+ bytes of output dropped \.\.\.\]$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours (a repository's addopts may force them)
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,9 @@ async def run_tests(workspace: Workspace, command: str, test_ids: list[str] | No
     """Runs `command` (+ the files of `test_ids`, when given) and parses the outcomes."""
     argv = command + ("".join(" " + shlex.quote(f) for f in test_files(test_ids)) if test_ids else "")
     res = await workspace.exec(argv, timeout=timeout_s)
-    output = res.stdout + ("\n" + res.stderr if res.stderr else "")
-    outcomes, untrusted = read_summary(res.stdout, truncated=res.stdout_dropped > 0)
+    stdout, stderr = _ANSI.sub("", res.stdout), _ANSI.sub("", res.stderr)
+    output = stdout + ("\n" + stderr if stderr else "")
+    outcomes, untrusted = read_summary(stdout, truncated=res.stdout_dropped > 0)
     return TestRun(outcomes, output, res.exit_code, res.timed_out, res.duration_s, untrusted)
 
 
@@ -141,6 +143,10 @@ def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -
     command), or None when at least one did: the run's exit code and its last error line."""
     if run.timed_out or any(t in run.outcomes for t in test_ids):
         return None
+    if _summary_section(run.output.split("\n"), False) is None and any(map(_HEADER.match, run.output.split("\n"))):
+        return (f"exit code {run.exit_code}: pytest printed its summary without the final 'N passed in Xs' line "
+                "that outcomes are read by; it leaves that line out at -qq, so give the command no -q when the "
+                "repository's pytest addopts have one")[:max_chars]  # fmt: skip
     lines = [line.strip() for line in run.output.splitlines() if line.strip()]
     errors = [line for line in lines if re.search(r"\b\w*(Error|Exception)\b|^E\s", line)]
     last = (errors or lines or ["no output"])[-1]
