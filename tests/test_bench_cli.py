@@ -84,6 +84,52 @@ def test_bench_warns_about_tasks_whose_tests_never_run(repo, tmp_path, state_dir
     assert result.exit_code == 0 and "2/2" in result.output and "unsound" not in result.output, result.output
 
 
+def test_bench_lists_every_unsound_task_with_why_and_what_to_do(repo, tmp_path, state_dir):
+    """The warning named only the first unsound task, and nothing else did: now report.md, unsound.json
+    and --json list each with its reason; tests that ran out of time say so, with the task's limit; and
+    the advice fits where the task came from (`tasks swebench --check` only checks SWE-bench tasks)."""
+    sound, sub = _tasks(repo)
+    slow_test = "import time\n\n\ndef test_sub():\n    time.sleep(60)\n"
+    slow = sub.model_copy(update={"id": "calc-sub-slow", "tests": sub.tests.model_copy(update={
+        "files": {"tests/test_sub.py": slow_test}, "timeout_s": 2.0})})  # fmt: skip
+    broken = sub.model_copy(update={"id": "calc-sub-broken", "metadata": {"split": "test", "kind": "swebench"},
+        "tests": sub.tests.model_copy(update={"files": {"tests/test_sub.py": "import not_installed_anywhere\n"}})})  # fmt: skip
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl([sound, slow, broken], tasks_file)
+    out = tmp_path / "run"
+    args = ["bench", "--model", "scripted:oracle", "--model", "scripted:null", "--tasks", str(tasks_file), "--json"]
+    args += ["--out", str(out), "--backend", BACKEND, "--state-dir", str(state_dir), "--concurrency", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    unsound = json.loads(result.stdout)["unsound_tasks"]
+    assert json.loads((out / "unsound.json").read_text()) == unsound
+    assert set(json.loads((out / "summary.json").read_text())) == {"scripted:oracle", "scripted:null"}
+    assert list(unsound) == ["calc-sub-slow", "calc-sub-broken"]
+    assert unsound["calc-sub-slow"] == (
+        "the reference fix does not pass the tests (they timed out after 2 s, the task's tests.timeout_s)"
+    )
+    assert "not_installed_anywhere" in unsound["calc-sub-broken"]
+    report = (out / "report.md").read_text()
+    assert "## Unsound tasks" in report and "- calc-sub-slow: the reference fix" in report
+    assert "- calc-sub-broken: the reference fix" in report
+    said = " ".join(result.stderr.split())
+    assert "2 task(s) are unsound in this environment (e.g. calc-sub-slow:" in said
+    assert f"{out / 'report.md'} and unsound.json" in said
+    # One hand-written task, one from SWE-bench: each gets its own way to fix and check it.
+    assert "`vivace bench --model scripted:oracle --model scripted:null --tasks FILE`" in said
+    assert "`vivace tasks swebench` again" in said and "--check" in said
+
+
+def test_unsound_advice_names_swebench_check_only_for_swebench_tasks():
+    """`vivace tasks swebench --check` cannot check a hand-written task file."""
+    from vivace.bench.report import unsound_advice
+
+    rows = [{"task_id": "mine", "kind": None}, {"task_id": "swe", "kind": "swebench"}]
+    mine, swe = unsound_advice(rows, {"mine": "x"}), unsound_advice(rows, {"swe": "x"})
+    assert "swebench" not in mine and "--model scripted:oracle" in mine and "reference_patch" in mine
+    assert "`vivace tasks swebench`" in swe and "--check" in swe and "scripted:oracle" not in swe
+
+
 def test_bench_config_file_overrides_the_preset(repo, tmp_path, state_dir):
     tasks_file = tmp_path / "tasks.jsonl"
     save_jsonl(_tasks(repo)[:1], tasks_file)

@@ -150,6 +150,67 @@ def test_parse_patch_ends_lines_at_newline_only_and_reads_quoted_names():
         assert (change.path, change.added, change.removed, change.added_lines) == (path, 1, 1, [2])
 
 
+def _prefixed(diff: str, old: str, new: str) -> str:
+    """`diff` (a/ b/ prefixes) as git writes it with other prefixes: `-R` swaps them (b/ a/), and
+    `diff.mnemonicPrefix` names the sides (i/ index, w/ work tree, c/ commit, o/ object)."""
+    for mark in (" ", '"'):  # before a plain name and a C-quoted one
+        diff = diff.replace(f"{mark}a/", f"{mark}{old}/").replace(f"{mark}b/", f"{mark}{new}/")
+    return diff
+
+
+@pytest.mark.parametrize("old, new", [("a", "b"), ("b", "a"), ("i", "w"), ("c", "w"), ("o", "w")])
+def test_parse_patch_reads_paths_as_git_apply_does(old, new):
+    """A reference patch made with `git diff -R` (b/ a/) or `diff.mnemonicPrefix` applies with `git apply`:
+    its paths are read as git reads them (-p1), not as the whole `i/x.py w/x.py` pair, which named a
+    file that does not exist. The a/ b/ forms read as before."""
+    from vivace.bench.patch import parse_patch
+
+    modified = (
+        "diff --git a/pkg/x.py b/pkg/x.py\nindex 1..2 100644\n--- a/pkg/x.py\n+++ b/pkg/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    added = "diff --git a/n.py b/n.py\nnew file mode 100644\n--- /dev/null\n+++ b/n.py\n@@ -0,0 +1 @@\n+n\n"
+    deleted = "diff --git a/d.py b/d.py\ndeleted file mode 100644\n--- a/d.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-d\n"
+    mode = "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n"
+    binary = "diff --git a/b.dat b/b.dat\nnew file mode 100644\nindex 0..1\nBinary files /dev/null and b/b.dat differ\n"
+    renamed = "diff --git a/old.py b/new.py\nsimilarity index 100%\nrename from old.py\nrename to new.py\n"
+    # git ends a name holding a space with a tab on the ---/+++ lines; it quotes one holding non-ASCII.
+    spaced = "diff --git a/my dir/f.py b/my dir/f.py\n--- a/my dir/f.py\t\n+++ b/my dir/f.py\t\n@@ -1 +1 @@\n-a\n+b\n"
+    quoted = (
+        'diff --git "a/my dir/caf\\303\\251.py" "b/my dir/caf\\303\\251.py"\n--- "a/my dir/caf\\303\\251.py"\n'
+        '+++ "b/my dir/caf\\303\\251.py"\n@@ -1 +1 @@\n-a\n+b\n'
+    )
+    patch = _prefixed(modified + added + deleted + mode + binary + renamed + spaced + quoted, old, new)
+    assert [(c.path, c.new_file, c.deleted, c.added, c.removed) for c in parse_patch(patch)] == [
+        ("pkg/x.py", False, False, 1, 1), ("n.py", True, False, 1, 0), ("d.py", False, True, 0, 1),
+        ("run.sh", False, False, 0, 0), ("b.dat", True, False, 0, 0), ("new.py", False, False, 0, 0),
+        ("my dir/f.py", False, False, 1, 1), ("my dir/café.py", False, False, 1, 1),
+    ]  # fmt: skip
+
+
+def test_parse_patch_reads_a_reversed_patch_and_dashes_in_hunks():
+    """`git diff -R` swaps old and new, so its added file is a deleted one; and inside a hunk a line
+    reading "--- x" or "+++ x" is content ("-- x" removed, "++ x" added), not a file's header."""
+    from vivace.bench.patch import parse_patch
+
+    reverse = (
+        "diff --git b/n.py a/n.py\ndeleted file mode 100644\n--- b/n.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-n\n--- x\n"
+    )
+    reverse += "diff --git b/pkg/x.py a/pkg/x.py\n--- b/pkg/x.py\n+++ a/pkg/x.py\n@@ -1 +1 @@\n-b\n+++ x\n"
+    changes = parse_patch(reverse)
+    assert [(c.path, c.deleted, c.added, c.removed) for c in changes] == [
+        ("n.py", True, 0, 2),
+        ("pkg/x.py", False, 1, 1),
+    ]
+
+
+async def test_oracle_applies_a_reference_patch_with_mnemonic_prefixes(task, state_dir):
+    """The oracle edits the file the reference patch names, whatever its prefixes; it used to edit
+    `i/pkg/calc.py w/pkg/calc.py`, so the task was judged unsound."""
+    mnemonic = task.model_copy(update={"reference_patch": _prefixed(task.reference_patch, "i", "w")})
+    _, s = await play(OraclePolicy(), mnemonic, state_dir)
+    assert s.resolved and s.adherence == 1.0
+
+
 async def test_what_the_setup_changed_is_not_the_agents(task, state_dir):
     """A task's setup commands run in the workspace before the agent, so what they changed was in the
     episode's diff and scored as the agent's: a build's egg-info as stray files, a touched file in the

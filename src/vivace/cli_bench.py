@@ -254,7 +254,7 @@ def _check_tasks(tasks: list, cfg, out_dir: Path, concurrency: int) -> dict[str,
     with progress:
         rows = asyncio.run(run_benchmark([ORACLE, NULL], tasks, cfg, out_dir, concurrency,
                                          lambda row: progress.advance(bar)))  # fmt: skip
-    problems = task_problems(rows)
+    problems = task_problems(rows, {t.id: t.tests.timeout_s for t in tasks})
     return {t.id: problems[t.id] for t in tasks if t.id in problems}
 
 
@@ -351,17 +351,15 @@ def tasks_select(
     out.print(f"wrote {len(chosen)} tasks to {out_file}")
 
 
-def _warn_unsound(rows: list[dict]) -> None:
-    """Tasks the scripted baselines show to be unsound here (task_problems), with the first reason,
-    so that a success rate of 0 does not have to explain itself."""
-    from vivace.bench.report import task_problems
-
-    problems = task_problems(rows)
+def _warn_unsound(problems: dict[str, str], advice: str, out_dir: Path) -> None:
+    """One line on the tasks the scripted baselines show to be unsound here (task_problems), so that a
+    success rate of 0 does not have to explain itself; all of them are in the report and unsound.json."""
     if problems:
         task_id, why = next(iter(problems.items()))
         err.print(
             f"[yellow]warning:[/] {len(problems)} task(s) are unsound in this environment (e.g. {escape(task_id)}: "
-            f"{escape(why)}); check their test command, setup and env (vivace tasks swebench --check).",
+            f"{escape(why)}); each, with why, is listed in {escape(str(out_dir / 'report.md'))} and unsound.json; "
+            f"{escape(advice)}.",
             highlight=False,
             soft_wrap=True,
         )
@@ -395,7 +393,7 @@ def bench(
     state_dir: StateOpt = None,
 ) -> None:
     """Run models on tasks in sandboxes and score them: correctness, adherence, efficiency, claims."""
-    from vivace.bench.report import html_report, markdown, summarize
+    from vivace.bench.report import html_report, markdown, summarize, task_problems, unsound_advice
     from vivace.bench.runner import SetupError, read_results, run_benchmark, run_settings, start_run
     from vivace.harness.policies import load_policy
     from vivace.tasks.format import TaskFormatError, check_split, load_tasks
@@ -468,19 +466,23 @@ def bench(
         raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     seconds = time.monotonic() - t0
     summary = summarize(rows)
-    (out_dir / "report.md").write_text(markdown(summary, title))
+    unsound = task_problems(rows, {t.id: t.tests.timeout_s for t in tasks})
+    advice = unsound_advice(rows, unsound)
+    (out_dir / "report.md").write_text(markdown(summary, title, unsound, advice))
     (out_dir / "report.html").write_text(html_report(summary, title))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    _warn_unsound(rows)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))  # model -> stats, nothing else
+    (out_dir / "unsound.json").write_text(json.dumps(unsound, indent=1))  # task id -> why ({} when none)
+    _warn_unsound(unsound, advice, out_dir)
     if failed := [r for r in rows if "error" in r]:
         err.print(f"[yellow]warning:[/] {len(failed)} episode(s) could not run and are not counted in success (e.g. "
                   f"{escape(failed[0]['task_id'])}: {escape(failed[0]['error'])}); to run them again, {escape(again)}",
                   highlight=False, soft_wrap=True)  # fmt: skip
     if as_json:
-        sys.stdout.write(json.dumps({"summary": summary, "out_dir": str(out_dir), "seconds": seconds}) + "\n")
+        sys.stdout.write(json.dumps({"summary": summary, "unsound_tasks": unsound, "out_dir": str(out_dir),
+                                     "seconds": seconds}) + "\n")  # fmt: skip
     else:
         # Whole lines, no markup: the table must stay Markdown when stdout is a file or a pipe.
-        out.print(markdown(summary, title), soft_wrap=True, markup=False, highlight=False)
+        out.print(markdown(summary, title, unsound, advice), soft_wrap=True, markup=False, highlight=False)
         out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)", soft_wrap=True, markup=False, highlight=False)
     # A model none of whose episodes could run (its endpoint down) measured nothing: a script must see that.
     if unmeasured := [m for m in model if all("error" in r for r in rows if r.get("model") == m)]:

@@ -29,13 +29,13 @@ from vivace.harness.policies import NullPolicy
 ORACLE, NULL = OraclePolicy.name, NullPolicy.name
 
 
-def task_problems(rows: list[dict[str, Any]]) -> dict[str, str]:
+def task_problems(rows: list[dict[str, Any]], test_timeouts: dict[str, float]) -> dict[str, str]:
     """Task id -> why the task is unsound here, judged by the scripted baselines' rows: the
     reference fix (`scripted:oracle`) must pass the hidden tests, doing nothing (`scripted:null`)
     must leave every FAIL_TO_PASS test failing, and neither episode may fail outright (a setup
     that does not run, say). A task neither ran on is not judged. Why it matters: no policy can
     solve a task its own fix does not, and a task solved by doing nothing rewards nothing in
-    particular."""
+    particular. `test_timeouts` (task id -> its tests.timeout_s) names the limit tests ran out of."""
     problems: dict[str, str] = {}
     for r in rows:
         d, task_id = r.get("details", {}), r["task_id"]
@@ -47,10 +47,27 @@ def task_problems(rows: list[dict[str, Any]]) -> dict[str, str]:
             why = d.get("tests_not_run") or (
                 f"FAIL_TO_PASS {_count(d.get('fail_to_pass'))}, PASS_TO_PASS {_count(d.get('pass_to_pass'))} passed"
             )
+            if d.get("tests_timed_out"):  # the counts alone read as a wrong fix; the limit is the task's to raise
+                limit = test_timeouts.get(task_id)
+                why = f"they timed out after {limit:g} s, the task's tests.timeout_s" if limit else "they timed out"
             problems[task_id] = f"the reference fix does not pass the tests ({why})"
         elif r["model"] == NULL and (d.get("fail_to_pass") or [0])[0] > 0:
             problems[task_id] = f"{_count(d['fail_to_pass'])} FAIL_TO_PASS tests pass without any change"
     return problems
+
+
+def unsound_advice(rows: list[dict[str, Any]], problems: dict[str, str]) -> str:
+    """What to do about the tasks in `problems`: a hand-written task is fixed in its file and checked by
+    running the baselines again; one made by `vivace tasks swebench` is made again with its --check."""
+    from_swebench = {r["task_id"]: r.get("kind") == "swebench" for r in rows if r["task_id"] in problems}
+    advice = []
+    if not all(from_swebench.values()):
+        advice.append("fix a task's tests, setup, env or reference_patch in its file, then check it with "
+                      "`vivace bench --model scripted:oracle --model scripted:null --tasks FILE`")  # fmt: skip
+    if any(from_swebench.values()):
+        advice.append("for a SWE-bench task, run `vivace tasks swebench` again with the right --test-command, "
+                      "--setup or --env, and --check")  # fmt: skip
+    return "; ".join(advice)
 
 
 def _count(pair: list[int] | None) -> str:
@@ -142,7 +159,9 @@ def _cell(value: Any, fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def markdown(summary: dict[str, dict[str, Any]], title: str) -> str:
+def markdown(summary: dict[str, dict[str, Any]], title: str, unsound: dict[str, str] | None = None,
+             advice: str = "") -> str:  # fmt: skip
+    """The report; `unsound` (task_problems) and its `advice` (unsound_advice) add a section listing them."""
     head = "| model | episodes | " + " | ".join(c[1] for c in _COLUMNS) + " |"
     lines = [f"# {title}", "", head, "|" + "---|" * (len(_COLUMNS) + 2)]
     for model, s in summary.items():
@@ -155,6 +174,10 @@ def markdown(summary: dict[str, dict[str, Any]], title: str) -> str:
         for fam in families:
             cells = [_solved(s.get("success_by_family", {}).get(fam)) for s in summary.values()]
             lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    if unsound:
+        lines += ["", "## Unsound tasks", "", "The scripted baselines show that these tasks measure nothing in this "
+                  f"environment; {advice}.", ""]  # fmt: skip
+        lines += [f"- {task_id}: {' '.join(why.split())}" for task_id, why in unsound.items()]  # one line each
     return "\n".join(lines) + "\n"
 
 

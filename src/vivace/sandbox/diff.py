@@ -542,15 +542,38 @@ def changed_paths(diff_text: str) -> list[str]:
 
 
 def header_path(pair: str) -> str | None:
-    """The path of a `diff --git A B` header (given without "diff --git "), None when A and B differ."""
+    """The path of a `diff --git A B` header (given without "diff --git "), read as `git apply` reads it:
+    each side less its first component, whatever that is (a/ and b/; -R's b/ and a/; the mnemonic i/, w/,
+    c/, o/). None when the two sides then differ: a rename, whose names are on lines of their own."""
     if pair.startswith('"'):
         try:
             a, rest = _unquote(pair)
             b, tail = _unquote(rest[1:]) if rest.startswith(' "') else (os.fsencode(rest[1:]), "")
         except ValueError:
             return None
-        ok = not tail and a.startswith(b"a/") and b.startswith(b"b/") and a[2:] == b[2:]
-        return os.fsdecode(a[2:]) if ok else None
-    half = (len(pair) - 1) // 2
-    a, b = pair[:half], pair[half + 1 :]
-    return a[2:] if a.startswith("a/") and b.startswith("b/") and a[2:] == b[2:] else None
+        a_path, b_path = strip_component(os.fsdecode(a)), strip_component(os.fsdecode(b))
+        return a_path if not tail and a_path is not None and a_path == b_path else None
+    name = strip_component(pair) or ""
+    # Names may hold spaces: the separator is the space after which the other side, less its first
+    # component, repeats what comes before it (git's rule; the first such space).
+    for i, c in enumerate(name):
+        if c == " " and strip_component(name[i + 1 :]) == name[:i]:
+            return name[:i]
+    return None
+
+
+def strip_component(name: str) -> str | None:
+    """`name` less its first path component (`git apply -p1`); None when it has no such component."""
+    top, slash, rest = name.partition("/")
+    return rest if top and slash else None
+
+
+def line_name(text: str) -> str:
+    """The name on a `---`, `+++` or `rename to` line of a diff (given without its keyword): C-quoted,
+    or plain up to a tab (git puts one after a name holding a space; `diff -u`, a timestamp)."""
+    if text.startswith('"'):
+        try:
+            return os.fsdecode(_unquote(text)[0])
+        except ValueError:
+            pass
+    return text.split("\t", 1)[0]
