@@ -77,13 +77,19 @@ def test_corrupt_tarball_is_refused(tmp_path):
         materialize(SnapshotSource(str(bad)), tmp_path / "cache")
 
 
-def test_git_snapshot_at_commit(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
+def _committed(repo: Path, files: dict[str, str]) -> Path:
+    """`repo` as a git repository whose one commit holds `files` (and whatever `repo` already held)."""
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
     _git(repo, "init", "-q")
-    (repo / "f.py").write_text("v1\n")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "one")
+    return repo
+
+
+def test_git_snapshot_at_commit(tmp_path):
+    repo = _committed(tmp_path / "repo", {"f.py": "v1\n"})
     first = _git(repo, "rev-parse", "HEAD").strip()
     (repo / "f.py").write_text("v2\n")
     (repo / "g.py").write_text("new\n")
@@ -114,10 +120,7 @@ def test_git_snapshot_is_the_commits_tree_as_committed(tmp_path):
     (repo / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (repo / "run.sh").chmod(0o755)
     (repo / "z.bin").write_bytes(os.urandom(300_000))  # more than a pipe holds, after the links
-    (repo / ".gitattributes").write_text("pkg/test_main.py export-ignore\npkg/main.py export-subst\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "one")
+    _committed(repo, {".gitattributes": "pkg/test_main.py export-ignore\npkg/main.py export-subst\n"})
     snap = materialize(SnapshotSource(str(repo), commit="HEAD"), tmp_path / "cache")
     root = snap.root
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == sorted(
@@ -130,12 +133,7 @@ def test_git_snapshot_is_the_commits_tree_as_committed(tmp_path):
 
 
 def test_git_snapshot_keeps_a_submodule_as_an_empty_directory(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    (repo / "f.py").write_text("x = 1\n")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "one")
+    repo = _committed(tmp_path / "repo", {"f.py": "x = 1\n"})
     head = _git(repo, "rev-parse", "HEAD").strip()
     _git(repo, "update-index", "--add", "--cacheinfo", f"160000,{head},vendor/lib")  # a gitlink, as a submodule
     _git(repo, "commit", "-qm", "two")
