@@ -105,6 +105,34 @@ def test_bench_lists_every_unsound_task_with_why_and_what_to_do(repo, tmp_path, 
     assert "unsound in this environment" not in result.output and "Unsound tasks" not in result.output
 
 
+def test_tasks_that_cannot_start_are_named_as_the_tasks_problem(repo, tmp_path, state_dir):
+    """A missing repository or a failing setup command was reported as episodes that "could not run", with
+    --resume as the next step, which failed the same way; the setup's error was cut mid-word. Now each such
+    task is named, with the fix in its file as the next step and the setup's last lines whole."""
+    sound, sub = _tasks(repo)
+    gone = sub.model_copy(update={"id": "calc-gone", "repo": RepoSpec(path=str(tmp_path / "no-such-repo"))})
+    setup = (
+        "echo collecting; echo 'ERROR: Could not find a version that satisfies the requirement setuptools' >&2; exit 3"
+    )
+    no_net = sound.model_copy(update={"id": "calc-setup", "setup": [setup]})
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl([sound, gone, no_net], tasks_file)
+    # Not a baseline that judges tasks (with scripted:oracle or scripted:null both are listed as unsound).
+    args = ["bench", "--model", "scripted:random-edit", "--tasks", str(tasks_file), "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "2 task(s) could not start here and are not counted in success (calc-gone, calc-setup;" in said, said
+    assert "fix the task's repo, patch or setup in its file" in said and "could not run" not in said
+    rows = {r["task_id"]: r for r in map(json.loads, (tmp_path / "run" / "results.jsonl").read_text().splitlines())}
+    assert "the task's repository cannot be had" in rows["calc-gone"]["error"]
+    assert rows["calc-setup"]["error"].endswith(
+        "failed (exit code 3; the sandbox has no network, so what it installs must be in the environment already): "
+        "collecting\nERROR: Could not find a version that satisfies the requirement setuptools"
+    )
+    assert "error" not in rows["calc-add"]
+
+
 def test_unsound_advice_names_swebench_check_only_for_swebench_tasks():
     """`vivace tasks swebench --check` cannot check a hand-written task file."""
     from vivace.bench.report import unsound_advice

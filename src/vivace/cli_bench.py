@@ -394,7 +394,7 @@ def bench(
 ) -> None:
     """Run models on tasks in sandboxes and score them: correctness, adherence, efficiency, claims."""
     from vivace.bench.report import html_report, markdown, summarize, task_problems, unsound_advice
-    from vivace.bench.runner import SetupError, read_results, run_benchmark, run_settings, start_run
+    from vivace.bench.runner import SetupError, TaskError, read_results, run_benchmark, run_settings, start_run
     from vivace.harness.policies import load_policy
     from vivace.tasks.format import TaskFormatError, check_split, load_tasks
     from vivace.tasks.suites import load_suite
@@ -473,7 +473,16 @@ def bench(
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))  # model -> stats, nothing else
     (out_dir / "unsound.json").write_text(json.dumps(unsound, indent=1))  # task id -> why ({} when none)
     _warn_unsound(unsound, advice, out_dir)
-    if failed := [r for r in rows if "error" in r]:
+    failed = [r for r in rows if "error" in r]
+    task_failed = [r for r in failed if r["error"].startswith(f"{TaskError.__name__}: ")]
+    if ids := sorted({r["task_id"] for r in task_failed} - set(unsound)):  # the unsound ones are named above
+        first = next(r["error"] for r in task_failed if r["task_id"] == ids[0]).removeprefix(f"{TaskError.__name__}: ")
+        err.print(f"[yellow]warning:[/] {len(ids)} task(s) could not start here and are not counted in success "
+                  f"({escape(', '.join(ids[:5]))}{', ...' if len(ids) > 5 else ''}; e.g. {escape(ids[0])}: "
+                  f"{escape(first)}); fix the task's repo, "
+                  f"patch or setup in its file (results.jsonl has each error), then {escape(again)}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    if failed := [r for r in failed if r not in task_failed]:
         err.print(f"[yellow]warning:[/] {len(failed)} episode(s) could not run and are not counted in success (e.g. "
                   f"{escape(failed[0]['task_id'])}: {escape(failed[0]['error'])}); to run them again, {escape(again)}",
                   highlight=False, soft_wrap=True)  # fmt: skip

@@ -45,13 +45,18 @@ from vivace.harness.trajectory import Trajectory
 from vivace.locks import Locked, lock_exclusively
 from vivace.model.tokenizer import count_assistant_tokens, reference_chat_format
 from vivace.sandbox import open_backend
-from vivace.sandbox.base import WithEnv
+from vivace.sandbox.base import SandboxError, WithEnv
 from vivace.tasks.format import Task
 
 
 class SetupError(ValueError):
     """The run could not start: a policy, the reference tokenizer or the sandbox backend was refused (the
     message says which and why). No episode ran; a command shows it as its one-line error."""
+
+
+class TaskError(RuntimeError):
+    """The task itself cannot start here: its repository, patch or commit cannot be had, or a setup
+    command failed. Running it again changes nothing until the task (or the environment) is fixed."""
 
 
 def slug(text: str) -> str:
@@ -265,7 +270,10 @@ async def run_task(
     RL rollouts both go through here, so a rollout is exactly a benchmark episode. `seed`: the
     episode's sampling seed (None, as in RL rollouts: the sampler's own randomness)."""
     # Building the task's starting tree and snapshot is file copying: off the event loop.
-    snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
+    try:
+        snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
+    except (SandboxError, OSError, ValueError) as e:  # and TaskFormatError: a missing path or commit, a bad patch
+        raise TaskError(f"the task's repository cannot be had: {e}") from e
     ws = await backend.create(snapshot)
     if task.env:
         ws = WithEnv(ws, task.env)
@@ -273,7 +281,10 @@ async def run_task(
         for command in task.setup:
             res = await ws.exec(command, timeout=cfg.sandbox.timeout_s)
             if res.exit_code != 0:
-                raise RuntimeError(f"setup command {command!r} failed ({res.exit_code}): {res.stderr[-500:]}")
+                output = "\n".join(part.strip() for part in (res.stdout, res.stderr) if part.strip())
+                said = "\n".join(output.splitlines()[-8:])  # whole last lines
+                raise TaskError(f"setup command {command!r} failed (exit code {res.exit_code}; the sandbox has "
+                                f"no network, so what it installs must be in the environment already): {said}")  # fmt: skip
         setup_diff = await ws.diff() if task.setup else ""  # what the setup changed is not the agent's
         bound = policy.for_task(task) if hasattr(policy, "for_task") else policy
         traj = await run_episode(bound, ws, task.request, cfg.agent, task_id=task.id, seed=seed)
