@@ -66,6 +66,12 @@ def test_no_outcome_reason_from_real_runs(tmp_path):
     assert reason is not None and "ModuleNotFoundError" in reason and "not_installed_anywhere" in reason
     assert no_outcome_reason(TestRun({}, "", 0, timed_out=True), ids) is None  # tests_timed_out says it
     assert no_outcome_reason(TestRun({}, "", 127), ids) == "exit code 127: no output"
+    # Another runner (python -m unittest) passed and printed no pytest summary: "exit code 0: OK" said nothing.
+    unittest_said = no_outcome_reason(TestRun({}, "...\n------\nRan 3 tests in 0.001s\n\nOK\n", 0), ids)
+    assert unittest_said == (
+        "exit code 0, but no pytest -rA summary to read outcomes from: the test command must be pytest with -rA "
+        "(its last line: OK)"
+    )
     assert len(no_outcome_reason(TestRun({}, "E   " + "x" * 1000, 1), ids)) == 300
 
 

@@ -150,6 +150,9 @@ def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -
     lines = [line.strip() for line in run.output.splitlines() if line.strip()]
     errors = [line for line in lines if re.search(r"\b\w*(Error|Exception)\b|^E\s", line)]
     last = (errors or lines or ["no output"])[-1]
+    if run.exit_code == 0 and not errors:  # it ran and passed, but said nothing outcomes are read from
+        return (f"exit code 0, but no pytest -rA summary to read outcomes from: the test command must be pytest "
+                f"with -rA (its last line: {last})")[:max_chars]  # fmt: skip
     return f"exit code {run.exit_code}: {last}"[:max_chars]
 
 
