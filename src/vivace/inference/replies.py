@@ -172,9 +172,9 @@ def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], 
     message, _ = chat.parse(output, finish_reason=finish_reason)
     if any(c.error or not shape.declared(c) for c in message.tool_calls):
         # One malformed call (or one to a function the request did not declare, or against a strict
-        # schema) makes the whole reply text, the good calls' markup included, as vLLM's tool parsers answer: a client that parses the
-        # markup (OpenAIPolicy) gets every call and every error, and none reads a good call twice (in
-        # tool_calls and in the content).
+        # schema) makes the whole reply text, the good calls' markup included, as vLLM's tool parsers
+        # answer: a client that parses the markup (OpenAIPolicy) gets every call and every error, and
+        # none reads a good call twice (in tool_calls and in the content).
         return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
     answer: dict[str, Any] = {"role": "assistant", "content": message.content or None}
     calls = [{**c.to_openai(), "id": call_id()} for c in message.tool_calls]

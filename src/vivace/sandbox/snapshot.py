@@ -652,8 +652,8 @@ def _extract_git(repo: Path, commit: str, dest: Path) -> None:
                 header = proc.stdout.readline().split()
                 if len(header) != 3 or header[0] != oid or header[1] != b"blob":
                     errors.seek(0)
-                    raise SandboxError(f"git cat-file in {repo} did not give blob {oid.decode()} of {commit} "
-                                       f"({errors.read().decode(errors='replace').strip() or b' '.join(header).decode()})")  # fmt: skip
+                    said = errors.read().decode(errors="replace").strip() or b" ".join(header).decode(errors="replace")
+                    raise SandboxError(f"git cat-file in {repo} did not give blob {oid.decode()} of {commit}: {said}")
                 data = proc.stdout.read(int(header[2]) + 1)[:-1]  # each content ends with a newline of git's
                 _write_entry(dest, rel, mode, data)
     for _, kind, _, rel in entries:
