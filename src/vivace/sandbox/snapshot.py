@@ -641,6 +641,7 @@ def _extract_git(repo: Path, commit: str, dest: Path) -> None:
     entries = [_tree_entry(record) for record in _git(repo, "ls-tree", "-r", "-z", "--full-tree", commit).split(b"\0")
                if record]  # fmt: skip
     blobs = [e for e in entries if e[1] == "blob"]
+    made: set[str] = set()  # directories written, each made once
     with tempfile.TemporaryFile() as wanted, tempfile.TemporaryFile() as errors:
         wanted.write(b"".join(oid + b"\n" for _, _, oid, _ in blobs))
         wanted.seek(0)
@@ -655,11 +656,10 @@ def _extract_git(repo: Path, commit: str, dest: Path) -> None:
                     said = errors.read().decode(errors="replace").strip() or b" ".join(header).decode(errors="replace")
                     raise SandboxError(f"git cat-file in {repo} did not give blob {oid.decode()} of {commit}: {said}")
                 data = proc.stdout.read(int(header[2]) + 1)[:-1]  # each content ends with a newline of git's
-                _write_entry(dest, rel, mode, data)
+                _write_entry(dest, rel, mode, data, made)
     for _, kind, _, rel in entries:
         if kind == "commit":  # a submodule: checked out empty, as `git clone` leaves one before `submodule update`
-            _parent_dir(dest, rel)
-            (dest / rel).mkdir(exist_ok=True)
+            _parent_dirs(dest, rel + "/", made)
 
 
 def _tree_entry(record: bytes) -> tuple[bytes, str, bytes, str]:
@@ -673,8 +673,8 @@ def _tree_entry(record: bytes) -> tuple[bytes, str, bytes, str]:
     return mode, kind.decode(), oid, rel
 
 
-def _write_entry(dest: Path, rel: str, mode: bytes, data: bytes) -> None:
-    _parent_dir(dest, rel)
+def _write_entry(dest: Path, rel: str, mode: bytes, data: bytes, made: set[str]) -> None:
+    _parent_dirs(dest, rel, made)
     target = dest / rel
     if mode == b"120000":
         os.symlink(os.fsdecode(data), target)
@@ -685,15 +685,19 @@ def _write_entry(dest: Path, rel: str, mode: bytes, data: bytes) -> None:
         f.write(data)
 
 
-def _parent_dir(dest: Path, rel: str) -> None:
-    """Makes the directories above `rel`, refusing to go through a symlink the tree wrote (a malformed
-    tree can name `link/file` beside `link`)."""
-    parent = dest
-    for part in rel.split("/")[:-1]:
-        parent = parent / part
-        if parent.is_symlink():
-            raise SandboxError(f"the commit writes {rel!r} through its own symlink {parent.relative_to(dest)}")
-        parent.mkdir(exist_ok=True)
+def _parent_dirs(dest: Path, rel: str, made: set[str]) -> None:
+    """Makes the directories above `rel` not yet in `made`. mkdir never follows a link: a malformed tree
+    naming `link/file` beside the symlink `link` (or a file) is refused, not written through."""
+    parts = rel.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        if (d := "/".join(parts[:depth])) not in made:
+            try:
+                (dest / d).mkdir()
+            except FileExistsError:
+                raise SandboxError(
+                    f"the commit writes {rel!r} through {d!r}, which it holds as a file or link"
+                ) from None
+            made.add(d)
 
 
 def _chown_tree(root: Path, owner: tuple[int, int]) -> None:

@@ -143,7 +143,8 @@ def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -
     command), or None when at least one did: the run's exit code and its last error line."""
     if run.timed_out or any(t in run.outcomes for t in test_ids):
         return None
-    if _summary_section(run.output.split("\n"), False) is None and any(map(_HEADER.match, run.output.split("\n"))):
+    raw = [line.rstrip("\r") for line in run.output.split("\n")]
+    if any(map(_HEADER.match, raw)) and not any(map(_FINAL.match, raw)):
         return (f"exit code {run.exit_code}: pytest printed its summary without the final 'N passed in Xs' line "
                 "that outcomes are read by; it leaves that line out at -qq, so give the command no -q when the "
                 "repository's pytest addopts have one")[:max_chars]  # fmt: skip
