@@ -254,7 +254,7 @@ def _check_tasks(tasks: list, cfg, out_dir: Path, concurrency: int) -> dict[str,
     with progress:
         rows = asyncio.run(run_benchmark([ORACLE, NULL], tasks, cfg, out_dir, concurrency,
                                          lambda row: progress.advance(bar)))  # fmt: skip
-    problems = task_problems(rows, {t.id: t.tests.timeout_s for t in tasks})
+    problems = task_problems(rows, tasks)
     return {t.id: problems[t.id] for t in tasks if t.id in problems}
 
 
@@ -466,23 +466,23 @@ def bench(
         raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     seconds = time.monotonic() - t0
     summary = summarize(rows)
-    unsound = task_problems(rows, {t.id: t.tests.timeout_s for t in tasks})
+    unsound = task_problems(rows, tasks)
     advice = unsound_advice(rows, unsound)
     (out_dir / "report.md").write_text(markdown(summary, title, unsound, advice))
     (out_dir / "report.html").write_text(html_report(summary, title))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))  # model -> stats, nothing else
     (out_dir / "unsound.json").write_text(json.dumps(unsound, indent=1))  # task id -> why ({} when none)
     _warn_unsound(unsound, advice, out_dir)
-    failed = [r for r in rows if "error" in r]
-    task_failed = [r for r in failed if r["error"].startswith(f"{TaskError.__name__}: ")]
+    task_error = f"{TaskError.__name__}: "  # how the runner's row names the exception
+    task_failed = [r for r in rows if r.get("error", "").startswith(task_error)]
     if ids := sorted({r["task_id"] for r in task_failed} - set(unsound)):  # the unsound ones are named above
-        first = next(r["error"] for r in task_failed if r["task_id"] == ids[0]).removeprefix(f"{TaskError.__name__}: ")
+        first = next(r["error"] for r in task_failed if r["task_id"] == ids[0]).removeprefix(task_error)
         err.print(f"[yellow]warning:[/] {len(ids)} task(s) could not start here and are not counted in success "
                   f"({escape(', '.join(ids[:5]))}{', ...' if len(ids) > 5 else ''}; e.g. {escape(ids[0])}: "
                   f"{escape(first)}); fix the task's repo, "
                   f"patch or setup in its file (results.jsonl has each error), then {escape(again)}",
                   highlight=False, soft_wrap=True)  # fmt: skip
-    if failed := [r for r in failed if r not in task_failed]:
+    if failed := [r for r in rows if "error" in r and not r["error"].startswith(task_error)]:
         err.print(f"[yellow]warning:[/] {len(failed)} episode(s) could not run and are not counted in success (e.g. "
                   f"{escape(failed[0]['task_id'])}: {escape(failed[0]['error'])}); to run them again, {escape(again)}",
                   highlight=False, soft_wrap=True)  # fmt: skip

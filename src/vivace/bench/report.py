@@ -25,17 +25,19 @@ from typing import Any
 
 from vivace.bench.baselines import OraclePolicy
 from vivace.harness.policies import NullPolicy
+from vivace.tasks.format import Task
 
 ORACLE, NULL = OraclePolicy.name, NullPolicy.name
 
 
-def task_problems(rows: list[dict[str, Any]], test_timeouts: dict[str, float]) -> dict[str, str]:
+def task_problems(rows: list[dict[str, Any]], tasks: list[Task]) -> dict[str, str]:
     """Task id -> why the task is unsound here, judged by the scripted baselines' rows: the
     reference fix (`scripted:oracle`) must pass the hidden tests, doing nothing (`scripted:null`)
     must leave every FAIL_TO_PASS test failing, and neither episode may fail outright (a setup
     that does not run, say). A task neither ran on is not judged. Why it matters: no policy can
     solve a task its own fix does not, and a task solved by doing nothing rewards nothing in
-    particular. `test_timeouts` (task id -> its tests.timeout_s) names the limit tests ran out of."""
+    particular. `tasks` (those run) give the time limit tests ran out of."""
+    test_timeouts = {t.id: t.tests.timeout_s for t in tasks}
     problems: dict[str, str] = {}
     for r in rows:
         d, task_id = r.get("details", {}), r["task_id"]
