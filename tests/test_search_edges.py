@@ -226,11 +226,9 @@ def test_ctrl_c_stops_a_build_between_batches(tmp_path):
     repo = tmp_path / "repo"
     write(repo, {f"m{i}.py": f"def func_{i}(x):\n    return x + {i}\n" for i in range(120)})
     ix = indexer(tmp_path / "cache", SlowEmbedder())
-    t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         _open(ix, repo, quiet=True, share=False)
-    assert time.perf_counter() - t0 < 4  # all 15 batches would take 6 s
-    assert 0 < ix.cache.embedder.encoded < 120
+    assert 0 < ix.cache.embedder.encoded < 120  # stopped between batches, not after all 15
     resumed = EmbeddingCache(FakeEmbedder(), tmp_path / "cache" / "embeddings")
     resumed.embed(["x"])
     assert len(resumed) == ix.cache.embedder.encoded + 1  # what was embedded before Ctrl-C was saved

@@ -73,6 +73,9 @@ async def _drain(stream: asyncio.StreamReader, buf: _CappedBuffer) -> None:
         buf.feed(chunk)
 
 
+KILLED = 128 + signal.SIGKILL  # the shell's exit status of a command killed by SIGKILL
+
+
 def exit_status(returncode: int) -> int:
     """Shell convention: a process killed by signal N reports 128+N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -189,7 +192,9 @@ async def run_capped(
     return RawResult(
         stdout=out.text(),
         stderr=err.text(),
-        exit_code=exit_status(proc.returncode if proc.returncode is not None else -9),
+        # A timed-out command was killed (SIGKILL) whatever its launcher reports: bwrap, seeing the
+        # sandbox's init die before its own kill lands, exits 255 (seen under load).
+        exit_code=KILLED if timed_out else exit_status(proc.returncode if proc.returncode is not None else -9),
         duration_s=time.monotonic() - start,
         timed_out=timed_out,
         stdout_dropped=out.dropped,
