@@ -47,6 +47,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 HOME = Path(pwd.getpwuid(os.getuid()).pw_dir)
 SANDBOX_UID = SandboxConfig.model_fields["sandbox_uid"].default  # what the conftest backend runs commands as
 _WS_MOUNT = re.compile(r"/owners/([0-9a-f-]+)/w\d+(/merged)?$")
+_TEST_TMP = re.compile(r"/pytest-of-[^/]+/pytest-\d+/popen-(gw\d+)/")  # a pytest-xdist worker's tmp_path
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -140,13 +141,17 @@ def host_mount_points() -> list[str]:
 
 
 def host_mounts(own_owner: str) -> set[str]:
-    """This mount namespace's mounts, minus workspace mounts of other (concurrent) owners."""
+    """This mount namespace's mounts, minus workspace mounts of other (concurrent) owners and mounts in other
+    test workers' tmp_path (test_sft_cli's full-disk tmpfs came and went during a check)."""
     keep = set()
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
             m = _WS_MOUNT.search(fields[4])
             if m and m.group(1) != own_owner:
+                continue
+            t = _TEST_TMP.search(fields[4] + "/")
+            if t and t.group(1) != os.environ.get("PYTEST_XDIST_WORKER"):
                 continue
             keep.add(" ".join(fields[3:5] + fields[fields.index("-") :]))
     return keep
