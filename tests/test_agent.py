@@ -115,6 +115,47 @@ class _ThenFail:
         raise self.exc
 
 
+async def test_a_tool_result_past_the_models_context_ends_the_episode_at_its_token_limit(ws):
+    """A tool result that filled a small model's context (pytest -rA on a real repository: ~11,400 tokens
+    for the tiny policy's 8,192) ended the episode as an "error" with the engine's ValueError. It is the
+    episode's length limit, as max_tokens is: that stop reason, the engine's words as the reason, and the
+    turn that read the file kept."""
+    from transformers import AutoModelForCausalLM
+
+    from vivace.harness.chat import ChatFormat
+    from vivace.inference.engine import AsyncEngine, Engine
+    from vivace.model.checkpoint import tiny_config
+    from vivace.model.tokenizer import reference_tokenizer
+
+    chat = ChatFormat(reference_tokenizer())
+    tools = [tool_schema(t) for t in default_tools()]
+    prompt = len(chat.prompt_ids([Message("system", "s"), Message("user", "x")], tools))
+    context = prompt + 1024  # the system prompt and a turn fit; a 40,000-character file does not
+    model = AutoModelForCausalLM.from_config(tiny_config(len(chat.tokenizer), max_position_embeddings=context))
+    await ws.write_text("big.txt", "".join(f"line {i}: some words of a long log\n" for i in range(1_200)))
+    read = chat.assistant_ids(Message("assistant", "", tool_calls=(ToolCall("c1", "read_file", {"path": "big.txt"}),)))
+
+    class ReadsThenSamples:  # says the read as its first turn, then the engine samples
+        def __init__(self, engine):
+            self.engine, self.said = engine, False
+
+        async def generate(self, prompt_ids, params):
+            if not self.said:
+                self.said = True
+                return Completion(read, [0.0] * len(read), "stop", 0)
+            return await self.engine.generate(prompt_ids, params)
+
+    engine = AsyncEngine(Engine(model.eval()))
+    try:
+        traj = await run_episode(TokenPolicy(ReadsThenSamples(engine), chat, "small"), ws, "x")
+    finally:
+        engine.close()
+    assert traj.stop_reason == "max_tokens", traj.error
+    assert f"the model's context is {context}" in traj.error
+    assert len(traj.turns) == 1 and traj.turns[0].tool_calls[0].name == "read_file"
+    assert not traj.turns[0].tool_calls[0].is_error
+
+
 async def test_wall_clock_limit(ws):
     t0 = time.monotonic()
     traj = await run_episode(_Slow(), ws, "x", AgentConfig(max_wall_s=0.3))

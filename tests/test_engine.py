@@ -417,6 +417,10 @@ async def test_ray_actor_engine(tmp_path):
             after.policy_version == 1 and after.token_ids == Engine(small_model(seed=1)).run([p], [params])[0].token_ids
         )
         assert (await remote.metrics())["generated_tokens"] == 20
+        from vivace.harness.policy import ContextFull  # the engine's own words, not the actor's traceback
+
+        with pytest.raises(ContextFull, match=r"^the prompt has 512 tokens; the model's context is 512"):
+            await remote.generate([1] * 512, params)
     finally:
         ray.shutdown()
 

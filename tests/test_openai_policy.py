@@ -437,8 +437,26 @@ async def test_context_overflow_ends_the_episode_at_once_with_a_clear_reason(ws,
     fake.replies = [calls(call("a", "list_dir", "{}")), JSONResponse({"object": "error", "message": said}, 400)]
     traj = await run_episode(policy, ws, "x")
     assert len(fake.requests) == 2 and len(traj.turns) == 1  # a 400 is not retried
-    assert traj.stop_reason == "error" and "no longer fits the model's context window" in traj.error
+    assert traj.stop_reason == "max_tokens" and "no longer fits the model's context window" in traj.error
     assert said[:40] in traj.error
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "kind"),
+    [
+        (400, "the prompt has 9000 tokens; the context is 8192", "ContextFull"),  # vivace serve
+        (400, "the prompt has at least 9000 tokens (3 messages); the model's context is 8192", "ContextFull"),
+        (400, "This model's maximum context length is 32768 tokens.", "ContextFull"),  # vLLM
+        (400, "temperature must be non-negative", "PolicyError"),
+        (503, "maximum context length", "PolicyUnavailable"),  # the server failed, whatever it says
+    ],
+)
+def test_a_refusal_over_the_context_is_the_episodes_limit(status, said, kind):
+    """A server's refusal of a prompt over the context (vivace serve words it "the context is N") is
+    ContextFull, which the loop ends as max_tokens; other refusals stay the policy's errors."""
+    from vivace.harness.policy import http_failure
+
+    assert type(http_failure(f"sampler at http://x/v1 answered HTTP {status}: {said}", status)).__name__ == kind
 
 
 async def test_timeout_is_retried_a_bounded_number_of_times(ws, server):

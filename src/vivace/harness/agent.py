@@ -8,7 +8,8 @@ A turn: the policy answers; if the answer has no tool calls it is the final answ
 reason "done"); otherwise the calls run (in parallel where safe, see executor.py), their
 results are appended as tool messages, and the next turn starts. Malformed output never
 ends the episode — it comes back to the model as an error result. The episode ends early
-on the turn, token and wall-clock limits, or when the policy itself fails ("error").
+on the turn, token and wall-clock limits (a conversation grown past the model's context is the
+token limit: "max_tokens"), or when the policy itself fails ("error").
 
 Not covered: scoring (bench) and what to do with the trajectory (rl, cli).
 """
@@ -23,7 +24,7 @@ from typing import Any
 from vivace.config import AgentConfig
 from vivace.harness.executor import ToolOutcome, execute
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
-from vivace.harness.policy import Conversation, Policy, PolicyError, PolicyUnavailable
+from vivace.harness.policy import ContextFull, Conversation, Policy, PolicyError, PolicyUnavailable
 from vivace.harness.prompts import SYSTEM_PROMPT, SYSTEM_PROMPT_VERSION
 from vivace.harness.tools import default_tools, tools_by_name
 from vivace.harness.tools.base import Tool, ToolContext, ToolResult, tool_schema
@@ -106,6 +107,8 @@ async def run_episode(
             stop = _Stop("max_turns")
     except _Stop as s:
         stop = s
+    except ContextFull as e:  # the conversation outgrew the model's context: its length limit, not a failure
+        stop = _Stop("max_tokens", str(e))
     except PolicyError as e:
         stop = _Stop("error", str(e), unavailable=isinstance(e, PolicyUnavailable))
     except Exception as e:  # a bug in a policy is still recorded, not lost with the episode

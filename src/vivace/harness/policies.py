@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call
-from vivace.harness.policy import Conversation, Policy, PolicyError, http_failure
+from vivace.harness.policy import CONTEXT_TOO_LONG, Conversation, Policy, PolicyError, http_failure
 
 if TYPE_CHECKING:
     from vivace.config import EngineConfig
@@ -259,10 +259,6 @@ class OpenAIPolicy:
         return _completion_turn(body, self.name, bool(conversation.tools))
 
 
-_CONTEXT_TOO_LONG = re.compile(
-    r"context[ _](?:length|window|size)|maximum context|prompt is too long|longer than the model|max_new_tokens` must be <=",
-    re.IGNORECASE,
-)
 _ERROR_CODE = re.compile(r"^Error code: \d+(?: - |$)")  # the openai client's prefix of the server's message
 _LONGEST_RETRY_AFTER_S = 120  # openai._constants.MAX_RETRY_AFTER_DELAY: a longer wait is not retried
 _TOOL_CALL_MARKUP = re.compile(r"<tool_call>\s*\{")  # chat.TOOL_CALL_OPEN and a JSON object, without transformers
@@ -282,7 +278,7 @@ def _describe(e: Exception) -> str:
         return f"{type(e).__name__} {attempts}: {_clip(str(e))}{cause}"
     response = getattr(e, "response", None)
     said = _clip(_ERROR_CODE.sub("", str(getattr(e, "message", None) or e)))
-    if 400 <= status < 500 and _CONTEXT_TOO_LONG.search(said):
+    if 400 <= status < 500 and CONTEXT_TOO_LONG.search(said):
         return (
             f"HTTP {status}: the conversation no longer fits the model's context window (the prompt plus "
             f"max_turn_tokens for the reply); the server said: {said}"

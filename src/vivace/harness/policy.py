@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -91,9 +92,26 @@ class PolicyUnavailable(PolicyError):
     server refused (a context overflow, a 400) or an answer it gave."""
 
 
+class ContextFull(PolicyError, ValueError):
+    """The conversation no longer fits the model's context window. Not a failure of the policy but the
+    episode's length limit, as max_tokens is: the loop ends the episode with that stop reason. A ValueError
+    too, so what checks requests (the engine's check, the server) treats it as the bad input it is there."""
+
+
+# How servers word a context overflow: OpenAI, vLLM, SGLang, TGI, llama.cpp, transformers, vivace serve.
+CONTEXT_TOO_LONG = re.compile(
+    r"context[ _](?:length|window|size)|maximum context|prompt is too long|longer than the model|"
+    r"max_new_tokens` must be <=|context is \d",
+    re.IGNORECASE,
+)
+
+
 def http_failure(message: str, status: int | None) -> PolicyError:
     """The error for a request to a policy's server that failed with HTTP `status` (None: no answer at
-    all): PolicyUnavailable when the server, not the request, failed (408, 429, 5xx)."""
+    all): PolicyUnavailable when the server, not the request, failed (408, 429, 5xx); ContextFull for a
+    refusal that says the prompt is over the context."""
+    if status is not None and 400 <= status < 500 and CONTEXT_TOO_LONG.search(message):
+        return ContextFull(message)
     unavailable = status is None or status in (408, 429) or status >= 500
     return (PolicyUnavailable if unavailable else PolicyError)(message)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vivace.harness.policy import Completion, SamplingParams
+from vivace.harness.policy import Completion, ContextFull, SamplingParams
 from vivace.inference.forward import KVCache, RaggedForward, Segment
 from vivace.inference.sampling import most_likely, sample
 
@@ -206,7 +206,7 @@ class Engine:
         if bad:
             raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         if len(prompt) >= self.max_positions:
-            raise ValueError(
+            raise ContextFull(
                 f"the prompt has {len(prompt)} tokens; the model's context is {self.max_positions} "
                 "(and at least one token must be left to generate)"
             )

@@ -26,11 +26,7 @@ import torch
 
 from vivace.config import EngineConfig, check_device
 from vivace.harness.chat import ChatFormat
-from vivace.harness.policy import (
-    Completion,
-    SamplingParams,
-    TokenPolicy,
-)
+from vivace.harness.policy import Completion, ContextFull, SamplingParams, TokenPolicy
 from vivace.inference.engine import AsyncEngine, Engine
 from vivace.inference.http_sampler import HttpSampler
 from vivace.model.checkpoint import LoadedModel, generation_eos_ids, load_model, load_tokenizer, model_config
@@ -136,6 +132,10 @@ class RayEngine:
             return await ref
         except asyncio.CancelledError:
             ray.cancel(ref)  # the actor stops generating for an episode that was aborted
+            raise
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, ContextFull):  # the episode's limit, said as the engine says it (not a traceback)
+                raise e.cause from None
             raise
 
     async def load(self) -> int:
