@@ -145,14 +145,14 @@ def test_minimal_edits_make_exactly_the_reference_fix_on_every_task():
     """The oracle's minimal old_string/new_string pairs (cut inside lines to the changed words, a
     word with the space before it) turn each buggy file into exactly the fixed one, every
     old_string unique when applied."""
-    from vivace.bench.baselines import _edits, _hunks
+    from vivace.bench.baselines import _edits
     from vivace.bench.patch import parse_patch
     from vivace.tasks.suites import load_suite
 
     tasks = load_suite("families")
     shorter = 0
     for task in tasks:
-        created = {c.path: "".join(new for _, new in _hunks(c.text)) for c in parse_patch(task.repo.patch)}
+        created = {c.path: "".join(new for _, new in c.hunks) for c in parse_patch(task.repo.patch)}
         for change in parse_patch(task.reference_patch):
             buggy = created[change.path]
             whole = buggy
@@ -174,13 +174,13 @@ def test_a_hunk_changing_two_lines_becomes_two_short_edits_applied_in_order():
     """Two changed lines in one hunk: one short edit per line (no newline, indentation or quotes to
     escape in a JSON string), the second cut against the file as the first left it."""
     from vivace.bench.baselines import _edits
-    from vivace.bench.patch import FileChange
+    from vivace.bench.patch import parse_patch
 
     buggy = 'def find(items, name):\n    for item in items:\n        if items[0]["name"] == name:\n            return items[0]\n'
     diff = ("@@ -1,4 +1,4 @@\n def find(items, name):\n     for item in items:\n"
             '-        if items[0]["name"] == name:\n-            return items[0]\n'
             '+        if item["name"] == name:\n+            return item\n')  # fmt: skip
-    change = FileChange(path="m.py", text=diff)
+    (change,) = parse_patch("--- a/m.py\n+++ b/m.py\n" + diff)
     calls = [args for _, args in _edits(change, buggy)]
     assert [(a["old_string"], a["new_string"]) for a in calls] == [(" items[0][", " item["), (" items[0]", " item")]
     fixed = buggy
@@ -190,7 +190,8 @@ def test_a_hunk_changing_two_lines_becomes_two_short_edits_applied_in_order():
     assert fixed == buggy.replace('items[0]["name"]', 'item["name"]').replace("return items[0]", "return item")
     # A hunk that adds a line is not one-for-one: it stays one edit.
     grow = "@@ -1,2 +1,3 @@\n def f():\n-    return 1\n+    x = 1\n+    return x\n"
-    assert len(_edits(FileChange(path="m.py", text=grow), "def f():\n    return 1\n")) == 1
+    (change,) = parse_patch("--- a/m.py\n+++ b/m.py\n" + grow)
+    assert len(_edits(change, "def f():\n    return 1\n")) == 1
 
 
 def test_a_suite_can_be_a_tasks_file(tmp_path):

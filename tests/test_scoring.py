@@ -203,6 +203,113 @@ def test_parse_patch_reads_a_reversed_patch_and_dashes_in_hunks():
     ]
 
 
+def _traditional(old: str, new: str, tmp_path, name: str = "f.txt") -> str:
+    """GNU `diff -u` of two texts, as `diff -ruN a b` names them (a/NAME, b/NAME, with timestamps)."""
+    import subprocess
+
+    for side, text in (("a", old), ("b", new)):
+        (tmp_path / side).mkdir(exist_ok=True)
+        (tmp_path / side / name).write_text(text)
+    out = subprocess.run(["diff", "-u", f"a/{name}", f"b/{name}"], cwd=tmp_path, capture_output=True, text=True)
+    return out.stdout
+
+
+def _git_diff(old: str, new: str, tmp_path) -> str:
+    import subprocess
+
+    (tmp_path / "old").write_text(old)
+    (tmp_path / "new").write_text(new)
+    out = subprocess.run(["git", "diff", "--no-index", "--no-color", "old", "new"], cwd=tmp_path,
+                         capture_output=True, text=True)  # fmt: skip
+    return out.stdout
+
+
+def _rebuilt(old: str, change) -> str:
+    """`old` with the change's hunks applied where their @@ lines put them; each hunk's old text must be
+    exactly what the file holds there."""
+    import re
+
+    starts = [int(m.group(1)) for m in re.finditer(r"^@@ -(\d+)", change.text, re.M)]
+    assert len(starts) == len(change.hunks)
+    lines, out, at = old.splitlines(keepends=True), [], 0
+    for start, (before, after) in zip(starts, change.hunks, strict=True):
+        begin = start - 1 if before else start  # an empty old side (a pure addition) names the line before it
+        out += lines[at:begin]
+        n = len(before.splitlines(keepends=True))
+        assert "".join(lines[begin : begin + n]) == before
+        out.append(after)
+        at = begin + n
+    return "".join(out + lines[at:])
+
+
+def test_parse_patch_reads_every_hunk_of_real_diffs_line_for_line(tmp_path):
+    """Random edits of files full of diff-like lines ("---", "+++ x", "-- y", "@@", blank lines, no final
+    newline), diffed by GNU diff and by git: each hunk's old text is exactly the file's lines there, and
+    the hunks rebuild the new file. A hunk ends where its @@ line says: the oracle used to skip any body
+    line starting "---" or "+++" (a YAML or Markdown rule removed), and a traditional diff named no file."""
+    import random
+
+    from vivace.bench.patch import parse_patch
+
+    pool = ["---", "--- a/x", "+++ b/x", "-- y", "++", "@@ -1 +1 @@", "", "a", "b", "c", "d", "\\ z", "diff --git a b"]
+    rng = random.Random(7)
+    for trial in range(60):
+        old_lines = [rng.choice(pool) for _ in range(rng.randint(1, 30))]
+        new_lines = list(old_lines)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(new_lines) + 1)
+            op = rng.choice(("insert", "delete", "replace"))
+            if op == "insert" or not new_lines[at:]:
+                new_lines.insert(at, rng.choice(pool))
+            elif op == "delete":
+                del new_lines[at]
+            else:
+                new_lines[at] = rng.choice(pool)
+        old = "\n".join(old_lines) + ("\n" if rng.random() < 0.7 else "")
+        new = "\n".join(new_lines) + ("\n" if rng.random() < 0.7 else "")
+        if old == new:
+            continue
+        for make in (_traditional, _git_diff):
+            diff = make(old, new, tmp_path)
+            (change,) = parse_patch(diff)
+            assert change.path in ("f.txt", "new"), diff
+            assert _rebuilt(old, change) == new, (trial, make.__name__, diff)
+            assert change.added == sum(ln.startswith("+") for ln in diff.split("\n")[2:] if not ln.startswith("+++ "))
+
+
+def test_parse_patch_reads_a_traditional_multi_file_diff():
+    """`diff -ruN a b` output (no `diff --git` lines; a file absent on one side has the epoch as its time)
+    and a plain `diff -u x.orig x`: `git apply` takes them, so the oracle and the scorer read them too."""
+    from vivace.bench.patch import parse_patch
+
+    patch = (
+        "diff -ruN a/pkg/x.py b/pkg/x.py\n--- a/pkg/x.py\t2026-11-30 10:00:00.000000000 +0000\n"
+        "+++ b/pkg/x.py\t2026-12-01 10:00:00.000000000 +0000\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n"
+        "diff -ruN a/n.py b/n.py\n--- a/n.py\t1970-01-01 00:00:00.000000000 +0000\n"
+        "+++ b/n.py\t2026-12-01 10:00:00.000000000 +0000\n@@ -0,0 +1,2 @@\n+n\n+m\n"
+        "diff -ruN a/d.py b/d.py\n--- a/d.py\t2026-11-30 10:00:00.000000000 +0000\n"
+        "+++ b/d.py\t1970-01-01 00:00:00.000000000 +0000\n@@ -1 +0,0 @@\n-d\n"
+    )
+    got = [(c.path, c.new_file, c.deleted, c.added, c.removed, c.hunks) for c in parse_patch(patch)]
+    assert got == [
+        ("pkg/x.py", False, False, 1, 1, [("a\nb\n", "a\nc\n")]),
+        ("n.py", True, False, 2, 0, [("", "n\nm\n")]),
+        ("d.py", False, True, 0, 1, [("d\n", "")]),
+    ]
+    assert [c.path for c in parse_patch("--- lib/x.py.orig\n+++ lib/x.py\n@@ -1 +1 @@\n-a\n+b\n")] == ["x.py"]
+
+
+async def test_oracle_solves_a_task_whose_reference_patch_is_a_traditional_diff(task, state_dir):
+    """A reference patch without `diff --git` lines (made with `diff -u`) gave the oracle nothing to do,
+    so the task was judged unsound and the scorer had no reference files."""
+    traditional = "".join(
+        line for line in task.reference_patch.splitlines(keepends=True) if not line.startswith(("diff --git", "index "))
+    )
+    assert traditional.startswith("--- a/pkg/calc.py\n")
+    _, s = await play(OraclePolicy(), task.model_copy(update={"reference_patch": traditional}), state_dir)
+    assert s.resolved and s.adherence == 1.0
+
+
 async def test_oracle_applies_a_reference_patch_with_mnemonic_prefixes(task, state_dir):
     """The oracle edits the file the reference patch names, whatever its prefixes; it used to edit
     `i/pkg/calc.py w/pkg/calc.py`, so the task was judged unsound."""

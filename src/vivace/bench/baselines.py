@@ -130,7 +130,7 @@ def _edits(change: FileChange, content: str | None = None) -> list[tuple[str, di
     """The tool calls that make one file's change; with the file's `content`, minimal fragments."""
     if change.deleted:
         return [("delete_file", {"path": change.path})]
-    hunks = _hunks(change.text)
+    hunks = change.hunks
     if change.new_file:
         return [("write_file", {"path": change.path, "content": "".join(new for _, new in hunks)})]
     if content is not None:
@@ -230,27 +230,6 @@ def _file_text(read_output: str) -> str:
     """A file's text from read_file's numbered lines (notes such as truncation markers dropped)."""
     lines = [re.match(r"^\s*\d+\t(.*)$", ln) for ln in read_output.split("\n")]
     return "\n".join(x.group(1) for x in lines if x) + "\n"
-
-
-def _hunks(section: str) -> list[tuple[str, str]]:
-    """(old text, new text) of each hunk of one file's diff section."""
-    hunks: list[tuple[list[str], list[str]]] = []
-    for line in section.splitlines(keepends=True):
-        if line.startswith("@@"):
-            hunks.append(([], []))
-        elif not hunks or line.startswith(("+++", "---")):
-            continue
-        elif line.startswith("\\"):  # "\ No newline at end of file": the previous line has no newline
-            for side in hunks[-1]:
-                if side and side[-1].endswith("\n"):
-                    side[-1] = side[-1][:-1]
-        elif line[:1] in (" ", "-", "+"):
-            old, new = hunks[-1]
-            if line[0] != "+":
-                old.append(line[1:])
-            if line[0] != "-":
-                new.append(line[1:])
-    return [("".join(o), "".join(n)) for o, n in hunks]
 
 
 class RandomPolicy(_NeedsTask):

@@ -1,7 +1,8 @@
-"""Reading git-style unified diffs: which files a change touches and how much.
+"""Reading unified diffs: which files a change touches, how much, and each hunk's text.
 
 Both the agent's diff (from the workspace) and a task's reference patch go through here, so
-the scorer compares like with like.
+the scorer compares like with like. git's diffs and traditional ones (`diff -u`, `diff -ruN`,
+other tools' patches, which `git apply` takes too) are read as `git apply` reads them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field
 
 from vivace.sandbox.diff import header_path, line_name, strip_component
 
-_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+# `diff -N` names a file absent on one side with the epoch as its time (git apply reads it as /dev/null).
+_EPOCH = re.compile(r"\t(?:1970-01-01|1969-12-31) \d\d:\d\d:\d\d(?:\.0+)? [+-]\d{4}\s*$")
 
 
 @dataclass
@@ -24,6 +27,7 @@ class FileChange:
     removed: int = 0
     added_lines: list[int] = field(default_factory=list)  # 1-based line numbers in the new file
     text: str = ""  # this file's section of the diff
+    hunks: list[tuple[str, str]] = field(default_factory=list)  # (old text, new text) of each hunk
 
     @property
     def size(self) -> int:
@@ -31,54 +35,114 @@ class FileChange:
 
 
 def parse_patch(diff: str) -> list[FileChange]:
-    """The files a git-style diff changes. Each path is read as `git apply` (-p1) reads it, so that a
+    """The files a unified diff changes. Each path is read as `git apply` (-p1) reads it, so that a
     patch made with `git diff -R` (b/ a/) or `diff.mnemonicPrefix` (i/ w/) names the right file: from
     the `---`/`+++` lines, a rename's `rename to` line, or else the `diff --git` header (a mode change,
-    a binary file)."""
+    a binary file). A file's section starts at its `diff --git` line or, in a traditional diff, at a
+    `---` line followed by `+++` outside any hunk; a hunk is as long as its `@@` line says, so inside
+    it a line reading "--- x" is a removed "-- x" (a YAML or Markdown rule), never a new file."""
     changes: list[FileChange] = []
     current: FileChange | None = None
-    in_hunks = False  # past the section's first @@: a "--- x" there is a removed line "-- x"
-    new_line = 0
+    hunk: _Hunk | None = None  # the hunk being read
+    named = False  # the current section has its +++ line: a later ---/+++ pair starts the next file
     # Only "\n" ends a line in a diff: a content line may hold \r, \f or U+2028 (splitlines would break it).
     lines = [line + "\n" for line in diff.split("\n")]
     lines[-1] = lines[-1][:-1]
-    for line in lines:
+    for i, line in enumerate(lines):
+        if current is not None and hunk is not None and hunk.takes(line):
+            current.text += line
+            hunk.read(line, current)
+            continue
+        hunk = None  # past the hunk's last line (or a hunk cut short): headers again
         if line.startswith("diff --git "):
             pair = line[len("diff --git ") :].rstrip("\n")
-            current, in_hunks = FileChange(path=header_path(pair) or pair), False
+            current, named = FileChange(path=header_path(pair) or pair), False
+            changes.append(current)
+        elif (
+            line.startswith("--- ")
+            and (current is None or named)
+            and i + 1 < len(lines)
+            and lines[i + 1].startswith("+++ ")
+        ):
+            current, named = FileChange(path=""), False  # a traditional diff's next file
             changes.append(current)
         if current is None:
             continue
         current.text += line
         if m := _HUNK.match(line):
-            new_line, in_hunks = int(m.group(1)), True
-        elif not in_hunks:
-            _read_header_line(current, line.rstrip("\n"))
-        elif line.startswith("+"):
-            current.added += 1
-            current.added_lines.append(new_line)
-            new_line += 1
-        elif line.startswith("-"):
-            current.removed += 1
-        elif line.startswith(" "):
-            new_line += 1
-    return changes
+            hunk, named = _Hunk(int(m.group(1) or 1), int(m.group(3) or 1), int(m.group(2))), True
+            current.hunks.append(("", ""))
+        else:
+            named |= _read_header_line(current, line.rstrip("\n"))
+    return [c for c in changes if c.path]
 
 
-def _read_header_line(change: FileChange, line: str) -> None:
-    """One line of a file's section before its hunks: its path, and whether the file is new or deleted."""
+class _Hunk:
+    """Reads one hunk's lines into its file's change: as many old and new lines as its @@ line says, and
+    the "\\ No newline at end of file" mark after any of them."""
+
+    def __init__(self, old: int, new: int, first_new_line: int):
+        self.old_left, self.new_left, self.new_line = old, new, first_new_line
+        self.old: list[str] = []
+        self.new: list[str] = []
+        self.last = ""  # the kind of the line read last: " ", "-" or "+"
+
+    def takes(self, line: str) -> bool:
+        kind = _kind(line)
+        if kind == "\\":
+            return self.last != ""
+        return (kind == " " and self.old_left > 0 and self.new_left > 0) or (
+            (kind == "-" and self.old_left > 0) or (kind == "+" and self.new_left > 0)
+        )
+
+    def read(self, line: str, change: FileChange) -> None:
+        kind = _kind(line)
+        if kind == "\\":  # the line before has no newline
+            for side, kinds in ((self.old, " -"), (self.new, " +")):
+                if self.last in kinds and side and side[-1].endswith("\n"):
+                    side[-1] = side[-1][:-1]
+            self.last = ""
+        else:
+            body = line[1:] if line != "\n" else line  # an empty line: a blank context line stripped of its space
+            if kind != "+":
+                self.old_left -= 1
+                self.old.append(body)
+            if kind != "-":
+                self.new_left -= 1
+                self.new.append(body)
+            if kind == "+":
+                change.added += 1
+                change.added_lines.append(self.new_line)
+            elif kind == "-":
+                change.removed += 1
+            self.new_line += kind != "-"
+            self.last = kind
+        change.hunks[-1] = ("".join(self.old), "".join(self.new))
+
+
+def _kind(line: str) -> str:
+    return " " if line == "\n" else line[:1]
+
+
+def _read_header_line(change: FileChange, line: str) -> bool:
+    """One line of a file's section before its hunks: its path, and whether the file is new or deleted.
+    True for the `+++` line, which ends a section's names."""
     if line.startswith(("new file mode", "deleted file mode")):
         change.new_file |= line.startswith("new")
         change.deleted |= line.startswith("deleted")
     elif line.startswith(("--- ", "+++ ")):
         name = line_name(line[4:])
-        if name == "/dev/null":
+        if name == "/dev/null" or _EPOCH.search(line):
             change.new_file |= line.startswith("-")
             change.deleted |= line.startswith("+")
+            if not change.path:  # a traditional diff names the file on the other side alone
+                change.path = strip_component(name) or name
         else:
             change.path = strip_component(name) or name
+        return line.startswith("+++ ")
     elif line.startswith(("rename to ", "copy to ")):
         change.path = line_name(line.split(" ", 2)[2])  # no prefix on these lines
+    return False
 
 
 def is_test_path(path: str) -> bool:

@@ -140,7 +140,7 @@ class Task(_Strict):
     repo: RepoSpec
     request: str = Field(min_length=1, description="What the user asks, in their words.")
     tests: TestSpec
-    reference_patch: str = Field("", description="The curated solution, a git-style unified diff.")
+    reference_patch: str = Field("", description="The curated solution, a unified diff (git diff, diff -u).")
     setup: list[str] = Field(default_factory=list, description="Commands run in the workspace before the agent.")
     env: dict[str, str] = Field(
         default_factory=dict,
