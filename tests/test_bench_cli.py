@@ -91,6 +91,9 @@ def test_bench_lists_every_unsound_task_with_why_and_what_to_do(repo, tmp_path, 
     report = (out / "report.md").read_text()
     assert "## Unsound tasks" in report and "- calc-sub-slow: the reference fix" in report
     assert "- calc-sub-broken: the reference fix" in report
+    page = (out / "report.html").read_text()  # the page said nothing of them
+    assert "<h2>Unsound tasks</h2>" in page and "<li><b>calc-sub-slow</b>: the reference fix" in page
+    assert "<li><b>calc-sub-broken</b>: the reference fix" in page
     said = " ".join(result.stderr.split())
     assert "2 task(s) are unsound in this environment (e.g. calc-sub-slow:" in said
     assert f"{out / 'report.md'} and unsound.json" in said

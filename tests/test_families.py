@@ -126,7 +126,7 @@ async def test_oracle_solves_a_multi_file_task_and_random_edit_does_not_crash(st
 
 
 def test_bench_summary_breaks_success_down_by_family():
-    from vivace.bench.report import markdown, summarize
+    from vivace.bench.report import html_report, markdown, summarize
 
     details = {"turns": 2, "tool_calls": 2, "tool_calls_per_turn": 1.0, "reference_tokens": 10, "wall_s": 1.0,
                "unsupported_claims": [], "format_errors": 0, "model_s": 0.0}  # fmt: skip
@@ -139,6 +139,8 @@ def test_bench_summary_breaks_success_down_by_family():
     assert summary["b"]["success_by_family"] == {"arith": [0, 1], "typo": [0, 2]}
     text = markdown(summary, "t")
     assert "| typo | 50% (1/2) | 0% (0/2) |" in text and "| arith | 100% (1/1) | 0% (0/1) |" in text
+    page = html_report(summary, "t")  # the page had the overall table only
+    assert "<tr><td>typo</td><td>50% (1/2)</td><td>0% (0/2)</td></tr>" in page
 
 
 def test_minimal_edits_make_exactly_the_reference_fix_on_every_task():

@@ -469,7 +469,7 @@ def bench(
     unsound = task_problems(rows, tasks)
     advice = unsound_advice(rows, unsound)
     (out_dir / "report.md").write_text(markdown(summary, title, unsound, advice))
-    (out_dir / "report.html").write_text(html_report(summary, title))
+    (out_dir / "report.html").write_text(html_report(summary, title, unsound, advice))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))  # model -> stats, nothing else
     (out_dir / "unsound.json").write_text(json.dumps(unsound, indent=1))  # task id -> why ({} when none)
     _warn_unsound(unsound, advice, out_dir)

@@ -169,38 +169,61 @@ def markdown(summary: dict[str, dict[str, Any]], title: str, unsound: dict[str, 
     for model, s in summary.items():
         cells = [_cell(_shown(s, k), f) for k, _, f in _COLUMNS]
         lines.append(f"| {model} | {s['episodes']} | " + " | ".join(cells) + " |")
-    families = sorted({f for s in summary.values() for f in s.get("success_by_family", {})})
-    if families:
+    if by_family := _family_rows(summary):
         lines += ["", "Success by task family (solved/episodes):", "",
                   "| family | " + " | ".join(summary) + " |", "|" + "---|" * (len(summary) + 1)]  # fmt: skip
-        for fam in families:
-            cells = [_solved(s.get("success_by_family", {}).get(fam)) for s in summary.values()]
-            lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+        lines += [f"| {fam} | " + " | ".join(cells) + " |" for fam, cells in by_family]
     if unsound:
-        lines += ["", "## Unsound tasks", "", "The scripted baselines show that these tasks measure nothing in this "
-                  f"environment; {advice}.", ""]  # fmt: skip
+        lines += ["", "## Unsound tasks", "", f"{_UNSOUND} {advice}.", ""]
         lines += [f"- {task_id}: {' '.join(why.split())}" for task_id, why in unsound.items()]  # one line each
     return "\n".join(lines) + "\n"
+
+
+_UNSOUND = "The scripted baselines show that these tasks measure nothing in this environment;"
+
+
+def _family_rows(summary: dict[str, dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """(family, each model's solved/episodes) for every task family in the summary."""
+    families = sorted({f for s in summary.values() for f in s.get("success_by_family", {})})
+    return [(fam, [_solved(s.get("success_by_family", {}).get(fam)) for s in summary.values()]) for fam in families]
 
 
 def _solved(counts: list[int] | None) -> str:
     return "n/a" if not counts or not counts[1] else f"{counts[0] / counts[1]:.0%} ({counts[0]}/{counts[1]})"
 
 
-def html_report(summary: dict[str, dict[str, Any]], title: str) -> str:
+def html_report(summary: dict[str, dict[str, Any]], title: str, unsound: dict[str, str] | None = None,
+                advice: str = "") -> str:  # fmt: skip
+    """The report as one HTML page: what `markdown` says, and success against tokens plotted."""
+    e = html.escape
     rows = "".join(
-        "<tr><td>" + html.escape(m) + f"</td><td>{s['episodes']}</td>"
+        "<tr><td>" + e(m) + f"</td><td>{s['episodes']}</td>"
         + "".join(f"<td>{_cell(_shown(s, k), f)}</td>" for k, _, f in _COLUMNS) + "</tr>"
         for m, s in summary.items()
     )  # fmt: skip
-    head = "".join(f"<th>{html.escape(c[1])}</th>" for c in _COLUMNS)
+    head = "".join(f"<th>{e(c[1])}</th>" for c in _COLUMNS)
     plot = _plot(summary) if len(summary) > 1 else ""
+    families = ""
+    if by_family := _family_rows(summary):
+        families = (
+            "<h2>Success by task family (solved/episodes)</h2><table><tr><th>family</th>"
+            + "".join(f"<th>{e(m)}</th>" for m in summary)
+            + "</tr>"
+            + "".join(
+                f"<tr><td>{e(fam)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>" for fam, cells in by_family
+            )
+            + "</table>"
+        )
+    listed = ""
+    if unsound:
+        items = "".join(f"<li><b>{e(task_id)}</b>: {e(' '.join(why.split()))}</li>" for task_id, why in unsound.items())
+        listed = f"<h2>Unsound tasks</h2><p>{e(f'{_UNSOUND} {advice}.')}</p><ul>{items}</ul>"
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
-        f"</style></head><body><h1>{html.escape(title)}</h1><table><tr><th>model</th><th>episodes</th>{head}</tr>"
-        f"{rows}</table>{plot}</body></html>\n"
+        f"</style></head><body><h1>{e(title)}</h1><table><tr><th>model</th><th>episodes</th>{head}</tr>"
+        f"{rows}</table>{families}{plot}{listed}</body></html>\n"
     )
 
 
