@@ -277,6 +277,22 @@ def test_parse_patch_reads_every_hunk_of_real_diffs_line_for_line(tmp_path):
             assert change.added == sum(ln.startswith("+") for ln in diff.split("\n")[2:] if not ln.startswith("+++ "))
 
 
+def test_parse_patch_is_linear_in_the_diff():
+    """An agent's diff that rewrites a 50,000-line file (1.6 MB) took 27 s to read (each line added to
+    the section's text one at a time; 59 s once hunks were kept the same way): now ~0.1 s."""
+    import time
+
+    from vivace.bench.patch import parse_patch
+
+    n = 50_000
+    patch = f"diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1,{n} +1,{n} @@\n"
+    patch += "".join(f"-old line {i}\n+new line {i}\n" for i in range(n))
+    t0 = time.perf_counter()
+    (change,) = parse_patch(patch)
+    assert time.perf_counter() - t0 < 5
+    assert change.text == patch and change.added == change.removed == n and len(change.hunks) == 1
+
+
 def test_parse_patch_reads_a_traditional_multi_file_diff():
     """`diff -ruN a b` output (no `diff --git` lines; a file absent on one side has the epoch as its time)
     and a plain `diff -u x.orig x`: `git apply` takes them, so the oracle and the scorer read them too."""
