@@ -154,14 +154,14 @@ def test_minimal_edits_make_exactly_the_reference_fix_on_every_task():
     tasks = load_suite("families")
     shorter = 0
     for task in tasks:
-        created = {c.path: "".join(new for _, new in c.hunks) for c in parse_patch(task.repo.patch)}
+        created = {c.path: "".join(h.new for h in c.hunks) for c in parse_patch(task.repo.patch)}
         for change in parse_patch(task.reference_patch):
             buggy = created[change.path]
             whole = buggy
             for _, args in _edits(change):  # the reference's whole hunks
                 whole = whole.replace(args["old_string"], args["new_string"], 1)
             cut = buggy
-            for _, args in _edits(change, buggy):
+            for _, args in _edits(change, buggy, minimal=True):
                 assert cut.count(args["old_string"]) == 1, (task.id, args)
                 at = cut.find(args["old_string"])
                 if args["old_string"][:1].isalnum():  # a word after a space keeps it (same tokens as the file)
@@ -183,7 +183,7 @@ def test_a_hunk_changing_two_lines_becomes_two_short_edits_applied_in_order():
             '-        if items[0]["name"] == name:\n-            return items[0]\n'
             '+        if item["name"] == name:\n+            return item\n')  # fmt: skip
     (change,) = parse_patch("--- a/m.py\n+++ b/m.py\n" + diff)
-    calls = [args for _, args in _edits(change, buggy)]
+    calls = [args for _, args in _edits(change, buggy, minimal=True)]
     assert [(a["old_string"], a["new_string"]) for a in calls] == [(" items[0][", " item["), (" items[0]", " item")]
     fixed = buggy
     for a in calls:
@@ -193,7 +193,7 @@ def test_a_hunk_changing_two_lines_becomes_two_short_edits_applied_in_order():
     # A hunk that adds a line is not one-for-one: it stays one edit.
     grow = "@@ -1,2 +1,3 @@\n def f():\n-    return 1\n+    x = 1\n+    return x\n"
     (change,) = parse_patch("--- a/m.py\n+++ b/m.py\n" + grow)
-    assert len(_edits(change, "def f():\n    return 1\n")) == 1
+    assert len(_edits(change, "def f():\n    return 1\n", minimal=True)) == 1
 
 
 def test_a_suite_can_be_a_tasks_file(tmp_path):

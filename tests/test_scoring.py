@@ -8,9 +8,11 @@ import pytest
 
 from conftest import benchmark_episodes, make_backend
 from vivace.bench.baselines import OraclePolicy, RandomEditPolicy, RandomPolicy
+from vivace.bench.patch import parse_patch
 from vivace.bench.score import score, unsupported_claims
 from vivace.harness.agent import run_episode
 from vivace.harness.policies import NullPolicy, ReplayPolicy
+from vivace.tasks.families import _new_file
 from vivace.tasks.format import RepoSpec, Task, TestSpec
 from vivace.tasks.generate import unified_diff
 
@@ -139,7 +141,6 @@ def test_claims_need_a_passing_test_run_after_the_last_edit(task):
 def test_parse_patch_ends_lines_at_newline_only_and_reads_quoted_names():
     """A form feed or U+2028 inside a line is no line end (git's rule), and a C-quoted name (a tab in it)
     is read back: otherwise the added line numbers shift and the path is wrong."""
-    from vivace.bench.patch import parse_patch
 
     quoted = (
         'diff --git "a/x\\ty.py" "b/x\\ty.py"\n--- "a/x\\ty.py"\n+++ "b/x\\ty.py"\n@@ -1,2 +1,2 @@\n a\x0cb\n-c\n+d\n'
@@ -163,7 +164,6 @@ def test_parse_patch_reads_paths_as_git_apply_does(old, new):
     """A reference patch made with `git diff -R` (b/ a/) or `diff.mnemonicPrefix` applies with `git apply`:
     its paths are read as git reads them (-p1), not as the whole `i/x.py w/x.py` pair, which named a
     file that does not exist. The a/ b/ forms read as before."""
-    from vivace.bench.patch import parse_patch
 
     modified = (
         "diff --git a/pkg/x.py b/pkg/x.py\nindex 1..2 100644\n--- a/pkg/x.py\n+++ b/pkg/x.py\n@@ -1 +1 @@\n-a\n+b\n"
@@ -190,7 +190,6 @@ def test_parse_patch_reads_paths_as_git_apply_does(old, new):
 def test_parse_patch_reads_a_reversed_patch_and_dashes_in_hunks():
     """`git diff -R` swaps old and new, so its added file is a deleted one; and inside a hunk a line
     reading "--- x" or "+++ x" is content ("-- x" removed, "++ x" added), not a file's header."""
-    from vivace.bench.patch import parse_patch
 
     reverse = (
         "diff --git b/n.py a/n.py\ndeleted file mode 100644\n--- b/n.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-n\n--- x\n"
@@ -227,17 +226,13 @@ def _git_diff(old: str, new: str, tmp_path) -> str:
 def _rebuilt(old: str, change) -> str:
     """`old` with the change's hunks applied where their @@ lines put them; each hunk's old text must be
     exactly what the file holds there."""
-    import re
-
-    starts = [int(m.group(1)) for m in re.finditer(r"^@@ -(\d+)", change.text, re.M)]
-    assert len(starts) == len(change.hunks)
     lines, out, at = old.splitlines(keepends=True), [], 0
-    for start, (before, after) in zip(starts, change.hunks, strict=True):
-        begin = start - 1 if before else start  # an empty old side (a pure addition) names the line before it
+    for hunk in change.hunks:
+        begin = hunk.line - 1 if hunk.old else hunk.line  # an empty old side (a pure addition) names the line before
         out += lines[at:begin]
-        n = len(before.splitlines(keepends=True))
-        assert "".join(lines[begin : begin + n]) == before
-        out.append(after)
+        n = len(hunk.old.splitlines(keepends=True))
+        assert "".join(lines[begin : begin + n]) == hunk.old
+        out.append(hunk.new)
         at = begin + n
     return "".join(out + lines[at:])
 
@@ -248,8 +243,6 @@ def test_parse_patch_reads_every_hunk_of_real_diffs_line_for_line(tmp_path):
     the hunks rebuild the new file. A hunk ends where its @@ line says: the oracle used to skip any body
     line starting "---" or "+++" (a YAML or Markdown rule removed), and a traditional diff named no file."""
     import random
-
-    from vivace.bench.patch import parse_patch
 
     pool = ["---", "--- a/x", "+++ b/x", "-- y", "++", "@@ -1 +1 @@", "", "a", "b", "c", "d", "\\ z", "diff --git a b"]
     rng = random.Random(7)
@@ -282,8 +275,6 @@ def test_parse_patch_is_linear_in_the_diff():
     the section's text one at a time; 59 s once hunks were kept the same way): now ~0.1 s."""
     import time
 
-    from vivace.bench.patch import parse_patch
-
     n = 50_000
     patch = f"diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1,{n} +1,{n} @@\n"
     patch += "".join(f"-old line {i}\n+new line {i}\n" for i in range(n))
@@ -296,7 +287,6 @@ def test_parse_patch_is_linear_in_the_diff():
 def test_parse_patch_reads_a_traditional_multi_file_diff():
     """`diff -ruN a b` output (no `diff --git` lines; a file absent on one side has the epoch as its time)
     and a plain `diff -u x.orig x`: `git apply` takes them, so the oracle and the scorer read them too."""
-    from vivace.bench.patch import parse_patch
 
     patch = (
         "diff -ruN a/pkg/x.py b/pkg/x.py\n--- a/pkg/x.py\t2026-11-30 10:00:00.000000000 +0000\n"
@@ -308,9 +298,9 @@ def test_parse_patch_reads_a_traditional_multi_file_diff():
     )
     got = [(c.path, c.new_file, c.deleted, c.added, c.removed, c.hunks) for c in parse_patch(patch)]
     assert got == [
-        ("pkg/x.py", False, False, 1, 1, [("a\nb\n", "a\nc\n")]),
-        ("n.py", True, False, 2, 0, [("", "n\nm\n")]),
-        ("d.py", False, True, 0, 1, [("d\n", "")]),
+        ("pkg/x.py", False, False, 1, 1, [("a\nb\n", "a\nc\n", 1)]),
+        ("n.py", True, False, 2, 0, [("", "n\nm\n", 0)]),
+        ("d.py", False, True, 0, 1, [("d\n", "", 1)]),
     ]
     assert [c.path for c in parse_patch("--- lib/x.py.orig\n+++ lib/x.py\n@@ -1 +1 @@\n-a\n+b\n")] == ["x.py"]
 
@@ -324,6 +314,96 @@ async def test_oracle_solves_a_task_whose_reference_patch_is_a_traditional_diff(
     assert traditional.startswith("--- a/pkg/calc.py\n")
     _, s = await play(OraclePolicy(), task.model_copy(update={"reference_patch": traditional}), state_dir)
     assert s.resolved and s.adherence == 1.0
+
+
+SHAPES = (
+    "class Square:\n    def __init__(self, size):\n        self.size = size\n\n    def scaled(self, k):\n"
+    "        return self.size + k\n\n\nclass Circle:\n    def __init__(self, size):\n        self.size = size\n\n"
+    "    def scaled(self, k):\n        return self.size + k\n"
+)
+SHAPES_TESTS = (
+    "from pkg.shapes import Circle, Square\n\n\ndef test_circle_scales():\n    assert Circle(3).scaled(2) == 6\n\n\n"
+    "def test_square_adds():\n    assert Square(3).scaled(2) == 5\n"
+)
+
+
+def _shapes_task(repo, fixed: str, path: str = "pkg/shapes.py", test_file: str = "tests/test_shapes.py") -> Task:
+    module = path.removesuffix(".py").replace("/", ".")
+    return Task(
+        id="shapes",
+        repo=RepoSpec(path=str(repo), patch=_new_file(path, SHAPES)),
+        request="Circle.scaled is wrong; fix it.",
+        tests=TestSpec(
+            fail_to_pass=[f"{test_file}::test_circle_scales"],
+            pass_to_pass=[f"{test_file}::test_square_adds"],
+            files={test_file: SHAPES_TESTS.replace("pkg.shapes", module)},
+        ),
+        reference_patch=unified_diff(path, SHAPES, fixed),
+    )
+
+
+async def _run(policy, task: Task, state_dir):
+    backend = make_backend("plain", state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(task.source(cache_dir=state_dir)))
+        traj = await run_episode(policy.for_task(task), ws, task.request, task_id=task.id)
+        return traj, await score(task, traj, ws)
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize("style", ["efficient", "serial"])
+@pytest.mark.parametrize("minimal", [False, True])
+async def test_oracle_changes_the_one_of_two_identical_blocks_its_patch_names(repo, state_dir, style, minimal):
+    """git apply goes by line number, so a reference patch may change one of two identical blocks (its
+    context and all); the oracle's edit_file needs a unique old_string, so it failed ("occurs 2 times")
+    and the task was judged unsound. It now widens the hunk with the file's lines around it."""
+    from vivace.bench.baselines import _Oracle
+
+    fixed = SHAPES[: SHAPES.rindex("+ k")] + "* k\n"
+    task = _shapes_task(repo, fixed)
+    ((hunk,),) = [c.hunks for c in parse_patch(task.reference_patch)]
+    assert SHAPES.count(hunk.old) == 2  # the hunk alone names both blocks
+
+    class Oracle:
+        def for_task(self, t):
+            return _Oracle(t, style, minimal)
+
+    traj, s = await _run(Oracle(), task, state_dir)
+    assert s.resolved and s.details["pass_to_pass"] == [1, 1], traj.final_message
+    assert not any(c.is_error for t in traj.turns for c in t.tool_calls)
+
+
+def test_test_paths_are_the_conventions_not_every_directory_named_test():
+    """A library's own test helpers (django/test/, numpy/testing/) are code a fix may change: the scorer
+    undid the agent's fix there and the oracle dropped it from the reference, so no fix could pass."""
+    from vivace.bench.patch import is_test_path
+
+    tests = ["tests/test_x.py", "pkg/tests/helpers.py", "test/support.py", "testing/util.py", "pkg/test_x.py",
+             "pkg/x_test.py", "pkg/conftest.py", "conftest.py"]  # fmt: skip
+    code = ["django/test/utils.py", "numpy/testing/_private.py", "pkg/testing/factories.py", "pkg/x.py", "test.py",
+            "pkg/latest.py", "contest.py"]  # fmt: skip
+    assert [p for p in tests if not is_test_path(p)] == [] and [p for p in code if is_test_path(p)] == []
+
+
+async def test_a_fix_in_a_packages_testing_module_counts_and_the_tasks_own_test_files_are_undone(repo, state_dir):
+    """The oracle fixes pkg/testing/shapes.py (no longer taken for a test file) and solves the task; an agent
+    that edits the task's own test file, whatever its name (checks/check_shapes.py), has that edit undone
+    before the hidden tests run, as it is for test_*.py."""
+    fixed = SHAPES[: SHAPES.rindex("+ k")] + "* k\n"
+    task = _shapes_task(repo, fixed, path="pkg/testing/shapes.py", test_file="checks/check_shapes.py")
+    task = task.model_copy(update={"repo": task.repo.model_copy(update={
+        "patch": task.repo.patch + _new_file("pkg/testing/__init__.py", "") + _new_file(
+            "checks/check_shapes.py", SHAPES_TESTS.replace("pkg.shapes", "pkg.testing.shapes"))})})  # fmt: skip
+    _, s = await _run(OraclePolicy(), task, state_dir)
+    assert s.resolved and s.details["test_files_edited"] == []
+    cheat = "def test_circle_scales():\n    pass\n\n\ndef test_square_adds():\n    pass\n"
+    replay = ReplayPolicy([{"tool_calls": [{"name": "write_file", "arguments": {
+        "path": "checks/check_shapes.py", "content": cheat}}]}])  # fmt: skip
+    replay.for_task = lambda t: replay
+    task = task.model_copy(update={"tests": task.tests.model_copy(update={"files": {}})})  # the repo's file judges
+    _, s = await _run(replay, task, state_dir)
+    assert not s.resolved and s.details["test_files_edited"] == ["checks/check_shapes.py"]
 
 
 async def test_oracle_applies_a_reference_patch_with_mnemonic_prefixes(task, state_dir):

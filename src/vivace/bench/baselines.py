@@ -19,7 +19,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from vivace.bench.patch import FileChange, is_test_path, parse_patch
+from vivace.bench.patch import FileChange, Hunk, is_test_path, parse_patch
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
 from vivace.harness.policy import Conversation, PolicyError
 from vivace.tasks.format import Task
@@ -89,7 +89,7 @@ class _Oracle:
         py = [c.path for c in self.changes if c.path.endswith(".py") and not c.deleted]
         test = ("run_terminal_cmd", {"command": self.task.tests.command})
         lint = [("read_lints", {"paths": py})] if py else []
-        n_edits = sum(len(_edits(c)) for c in self.changes)
+        n_edits = sum(len(_edits(c, minimal=self.minimal)) for c in self.changes)
         # An expert does not open a file nothing has pointed it to: when the request names none of
         # the changed files, it runs the tests first and reads what their traceback shows.
         changed = [c.path for c in self.changes if not c.new_file]
@@ -110,8 +110,8 @@ class _Oracle:
         return plan
 
     def _edit_calls(self, conversation: Conversation) -> list[tuple[str, dict]]:
-        files = files_read(conversation.messages) if self.minimal else {}
-        return [call for c in self.changes for call in _edits(c, files.get(c.path))]
+        files = files_read(conversation.messages)
+        return [call for c in self.changes for call in _edits(c, files.get(c.path), self.minimal)]
 
     def _answer(self, conversation: Conversation) -> str:
         files = ", ".join(c.path for c in self.changes) or "nothing"
@@ -126,21 +126,46 @@ class _Oracle:
         return f"Changed {files}. The test run did not succeed; see its output above."
 
 
-def _edits(change: FileChange, content: str | None = None) -> list[tuple[str, dict]]:
-    """The tool calls that make one file's change; with the file's `content`, minimal fragments."""
+def _edits(change: FileChange, content: str | None = None, minimal: bool = False) -> list[tuple[str, dict]]:
+    """The tool calls that make one file's change. With the file's `content` (as read), a hunk whose text
+    the file holds more than once is widened with the file's lines around it until unique, and with
+    `minimal` each edit is cut to the least that is unique (see _minimal)."""
     if change.deleted:
         return [("delete_file", {"path": change.path})]
-    hunks = change.hunks
     if change.new_file:
-        return [("write_file", {"path": change.path, "content": "".join(new for _, new in hunks)})]
-    if content is not None:
-        cut = []
-        for old, new in hunks:  # each pair is cut against the file as the edits before it left it
-            for pair in _per_line(old, new):
-                cut.append(_minimal(*pair, content))
-                content = content.replace(cut[-1][0], cut[-1][1], 1)
-        hunks = cut
-    return [("edit_file", {"path": change.path, "old_string": old, "new_string": new}) for old, new in hunks]
+        return [("write_file", {"path": change.path, "content": "".join(h.new for h in change.hunks)})]
+    pairs, shift = [], 0
+    for hunk in change.hunks:  # each is placed and cut against the file as the edits before it left it
+        placed = (hunk.old, hunk.new) if content is None else _placed(hunk, content, shift)
+        shift += hunk.new.count("\n") - hunk.old.count("\n")
+        for pair in _per_line(*placed) if minimal else [placed]:  # as many edits with the content as without
+            pairs.append(_minimal(*pair, content) if minimal and content is not None else pair)
+            if content is not None:
+                content = content.replace(pairs[-1][0], pairs[-1][1], 1)
+    return [("edit_file", {"path": change.path, "old_string": old, "new_string": new}) for old, new in pairs]
+
+
+def _placed(hunk: Hunk, content: str, shift: int) -> tuple[str, str]:
+    """The hunk's (old, new), widened with the lines around where its @@ line puts it (`shift` lines
+    further down after the earlier hunks' edits) until its old side occurs once in `content`: git apply
+    goes by line number, so a reference patch may change one of two identical blocks."""
+    if content.count(hunk.old) == 1:
+        return hunk.old, hunk.new
+    lines = [line + "\n" for line in content.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    begin = hunk.line - 1 + shift if hunk.old else hunk.line + shift  # an empty old side: after that line
+    end = begin + hunk.old.count("\n") + (not hunk.old.endswith("\n") and hunk.old != "")
+    if "".join(lines[begin:end]) != hunk.old:
+        return hunk.old, hunk.new  # not where it says (the file as read differs): edit_file will say so
+    lo, hi, up = begin, end, True
+    while content.count("".join(lines[lo:hi])) != 1 and (lo > 0 or hi < len(lines)):
+        if (up and lo > 0) or hi == len(lines):
+            lo -= 1
+        else:
+            hi += 1
+        up = not up
+    before, after = "".join(lines[lo:begin]), "".join(lines[end:hi])
+    return before + hunk.old + after, before + hunk.new + after
 
 
 def _per_line(old: str, new: str) -> list[tuple[str, str]]:

@@ -10,12 +10,19 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from vivace.sandbox.diff import header_path, line_name, strip_component
 
-_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 # `diff -N` names a file absent on one side with the epoch as its time (git apply reads it as /dev/null).
 _EPOCH = re.compile(r"\t(?:1970-01-01|1969-12-31) \d\d:\d\d:\d\d(?:\.0+)? [+-]\d{4}\s*$")
+
+
+class Hunk(NamedTuple):
+    old: str  # the lines it replaces, as one text
+    new: str  # the lines it puts in their place
+    line: int  # where `old` starts in the old file (1-based; the line before it when `old` is empty)
 
 
 @dataclass
@@ -27,7 +34,7 @@ class FileChange:
     removed: int = 0
     added_lines: list[int] = field(default_factory=list)  # 1-based line numbers in the new file
     text: str = ""  # this file's section of the diff
-    hunks: list[tuple[str, str]] = field(default_factory=list)  # (old text, new text) of each hunk
+    hunks: list[Hunk] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -54,7 +61,7 @@ def parse_patch(diff: str) -> list[FileChange]:
             if hunk.takes(line):
                 hunk.read(line, current)
                 continue
-            current.hunks.append(hunk.texts())  # past the hunk's last line (or a hunk cut short): headers again
+            current.hunks.append(hunk.as_hunk())  # past the hunk's last line (or a hunk cut short): headers again
             hunk = None
         if line.startswith("diff --git "):
             pair = line[len("diff --git ") :].rstrip("\n")
@@ -73,11 +80,11 @@ def parse_patch(diff: str) -> list[FileChange]:
         if current is None:
             continue
         if m := _HUNK.match(line):
-            hunk, named = _Hunk(int(m.group(1) or 1), int(m.group(3) or 1), int(m.group(2))), True
+            hunk, named = _Hunk(int(m.group(1)), int(m.group(2) or 1), int(m.group(4) or 1), int(m.group(3))), True
         else:
             named |= _read_header_line(current, line.rstrip("\n"))
     if current is not None and hunk is not None:
-        current.hunks.append(hunk.texts())
+        current.hunks.append(hunk.as_hunk())
     for change, begin, end in zip(changes, starts, [*starts[1:], len(lines)], strict=False):  # [len] when none
         change.text = "".join(lines[begin:end])  # joined once: adding line by line took minutes on megabytes
     return [c for c in changes if c.path]
@@ -87,8 +94,8 @@ class _Hunk:
     """Reads one hunk's lines into its file's change: as many old and new lines as its @@ line says, and
     the "\\ No newline at end of file" mark after any of them."""
 
-    def __init__(self, old: int, new: int, first_new_line: int):
-        self.old_left, self.new_left, self.new_line = old, new, first_new_line
+    def __init__(self, first_old_line: int, old: int, new: int, first_new_line: int):
+        self.line, self.old_left, self.new_left, self.new_line = first_old_line, old, new, first_new_line
         self.old: list[str] = []
         self.new: list[str] = []
         self.last = ""  # the kind of the line read last: " ", "-" or "+"
@@ -124,8 +131,8 @@ class _Hunk:
         self.new_line += kind != "-"
         self.last = kind
 
-    def texts(self) -> tuple[str, str]:
-        return "".join(self.old), "".join(self.new)
+    def as_hunk(self) -> Hunk:
+        return Hunk("".join(self.old), "".join(self.new), self.line)
 
 
 def _kind(line: str) -> str:
@@ -154,11 +161,14 @@ def _read_header_line(change: FileChange, line: str) -> bool:
 
 
 def is_test_path(path: str) -> bool:
-    """Test code by the usual conventions (a tests/ directory, test_*.py, *_test.py, conftest.py)."""
+    """Test code by the usual conventions: a tests/ directory anywhere, a test/ or testing/ directory at the
+    top (inside a package those are often the library's own code: django/test/, numpy/testing/), and
+    test modules by name (test_*.py, *_test.py, conftest.py)."""
     parts = path.split("/")
     name = posixpath.basename(path)
     return (
-        any(p in ("tests", "test", "testing") for p in parts[:-1])
+        "tests" in parts[:-1]
+        or (len(parts) > 1 and parts[0] in ("test", "testing"))
         or name.startswith("test_")
         or name.endswith("_test.py")
         or name == "conftest.py"

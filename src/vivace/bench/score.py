@@ -118,7 +118,7 @@ def agent_changes(diff: str, setup_diff: str = "") -> tuple[list[FileChange], li
 
 
 async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tuple[bool, dict[str, Any]]:
-    test_edits = [c for c in agent if is_test_path(c.path)]
+    test_edits = [c for c in agent if is_test_path(c.path) or c.path in _test_files(task)]
     if test_edits:  # undo them: the hidden tests judge the code, not tests the agent rewrote
         await ws.write_text(_REVERT_PATCH, "".join(c.text for c in test_edits))
         undo = await ws.exec(f"git apply -R --unsafe-paths {_REVERT_PATCH}; rc=$?; rm -f {_REVERT_PATCH}; exit $rc")
@@ -155,6 +155,12 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
     ) is not None:  # no id got an outcome: the code does not import, or no tests ran
         details["tests_not_run"] = reason
     return resolved, details
+
+
+def _test_files(task: Task) -> set[str]:
+    """The task's own test files, whatever their names: those of its test ids and its hidden tests."""
+    ids = task.tests.fail_to_pass + task.tests.pass_to_pass
+    return {t.split("::")[0] for t in ids if t.split("::")[0].endswith(".py")} | set(task.tests.files)
 
 
 async def _adherence(agent: list[FileChange], reference: list[FileChange], ws: Workspace) -> tuple[float, dict]:
