@@ -406,6 +406,56 @@ async def test_a_fix_in_a_packages_testing_module_counts_and_the_tasks_own_test_
     assert not s.resolved and s.details["test_files_edited"] == ["checks/check_shapes.py"]
 
 
+async def test_a_reference_patch_that_does_not_apply_is_named_as_the_tasks_problem(repo, state_dir):
+    """A reference patch whose context the file does not hold was reported as a wrong fix ("FAIL_TO_PASS
+    0/1 passed"): the oracle's rejected edit is now in the score's details and the reason names the patch."""
+    from vivace.bench.report import task_problems
+
+    fixed = SHAPES[: SHAPES.rindex("+ k")] + "* k\n"
+    task = _shapes_task(repo, fixed)
+    task = task.model_copy(update={"reference_patch": task.reference_patch.replace(" def scaled", " def sclaed")})
+    _, s = await _run(OraclePolicy(), task, state_dir)
+    assert not s.resolved and s.details["edits_rejected"] == 1
+    assert s.details["first_rejected_edit"].startswith("edit_file pkg/shapes.py: old_string was not found")
+    row = {"model": "scripted:oracle", "task_id": task.id, "resolved": False, "details": s.details}
+    why = task_problems([row], [task])[task.id]
+    assert why.startswith("the reference_patch does not apply here (edit_file pkg/shapes.py: old_string"), why
+
+
+async def test_test_ids_pytest_never_reported_are_named(repo, state_dir):
+    """A FAIL_TO_PASS id that is not how pytest names the test (a class left out) was blamed on the test
+    command ("no pytest -rA summary"), and one wrong id among right ones went unnamed ("FAIL_TO_PASS 1/2").
+    An id written with a parameter's own characters (`[café]`, which pytest prints escaped) is matched."""
+    from vivace.bench.report import task_problems
+
+    fixed = SHAPES[: SHAPES.rindex("+ k")] + "* k\n"
+    base = _shapes_task(repo, fixed)
+    wrong = base.model_copy(update={"tests": base.tests.model_copy(update={
+        "fail_to_pass": ["tests/test_shapes.py::test_circle_scale"], "pass_to_pass": []})})  # fmt: skip
+    _, s = await _run(OraclePolicy(), wrong, state_dir)
+    assert s.details["tests_not_run"] == (
+        "pytest reported 2 tests but none by the task's 1 ids; the closest it reported to "
+        "tests/test_shapes.py::test_circle_scale: tests/test_shapes.py::test_circle_scales; an id is "
+        "FILE::[CLASS::]NAME[PARAMS] as pytest -rA prints it"
+    )
+    unicode_test = SHAPES_TESTS + (
+        '\n\nimport pytest\n\n\n@pytest.mark.parametrize("name", ["café"])\ndef test_named(name):\n'
+        "    assert Circle(1).scaled(2) == 2\n"
+    )
+    one_wrong = base.model_copy(update={"tests": base.tests.model_copy(update={
+        "fail_to_pass": ["tests/test_shapes.py::test_circle_scales", "tests/test_shapes.py::test_named[café]",
+                         "tests/test_shapes.py::Circle::test_circle_scales"],
+        "files": {"tests/test_shapes.py": unicode_test}})})  # fmt: skip
+    _, s = await _run(OraclePolicy(), one_wrong, state_dir)
+    assert s.details["fail_to_pass"] == [2, 3] and "tests_not_run" not in s.details
+    assert s.details["ids_without_outcome"] == ["tests/test_shapes.py::Circle::test_circle_scales"]
+    row = {"model": "scripted:oracle", "task_id": base.id, "resolved": False, "details": s.details}
+    assert task_problems([row], [one_wrong])[base.id] == (
+        "the reference fix does not pass the tests (FAIL_TO_PASS 2/3, PASS_TO_PASS 1/1 passed; pytest reported "
+        "nothing for tests/test_shapes.py::Circle::test_circle_scales: check those ids)"
+    )
+
+
 async def test_oracle_applies_a_reference_patch_with_mnemonic_prefixes(task, state_dir):
     """The oracle edits the file the reference patch names, whatever its prefixes; it used to edit
     `i/pkg/calc.py w/pkg/calc.py`, so the task was judged unsound."""

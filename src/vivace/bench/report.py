@@ -45,10 +45,14 @@ def task_problems(rows: list[dict[str, Any]], tasks: list[Task]) -> dict[str, st
             continue
         if r.get("error"):
             problems[task_id] = f"the {r['model']} episode failed: {r['error']}"
+        elif r["model"] == ORACLE and not r.get("resolved") and d.get("first_rejected_edit"):
+            problems[task_id] = f"the reference_patch does not apply here ({d['first_rejected_edit']})"
         elif r["model"] == ORACLE and not r.get("resolved"):
             why = d.get("tests_not_run") or (
                 f"FAIL_TO_PASS {_count(d.get('fail_to_pass'))}, PASS_TO_PASS {_count(d.get('pass_to_pass'))} passed"
             )
+            if missing := d.get("ids_without_outcome"):  # the counts alone read as a wrong fix
+                why += f"; pytest reported nothing for {', '.join(missing)}: check those ids"
             if d.get("tests_timed_out"):  # the counts alone read as a wrong fix; the limit is the task's to raise
                 limit = test_timeouts.get(task_id)
                 why = f"they timed out after {limit:g} s, the task's tests.timeout_s" if limit else "they timed out"

@@ -87,6 +87,7 @@ async def score(
         **test_details,
         **adherence_details,
         **efficiency_details,
+        **_rejected_edits(traj),
         "claims_checked": n_claims,
         "unsupported_claims": unsupported,
         "format_errors": traj.format_errors,
@@ -146,7 +147,7 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
         "test_files_edited": list(dict.fromkeys(c.path for c in test_edits)),
         **guarded,
     }
-    if xfailed := [t for t in task.tests.fail_to_pass if run.outcomes.get(t) == "XFAIL"]:
+    if xfailed := [t for t in task.tests.fail_to_pass if run.outcome(t) == "XFAIL"]:
         details["fail_to_pass_xfailed"] = xfailed
     if run.untrusted:
         details["summary_untrusted"] = run.untrusted
@@ -154,6 +155,8 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
         reason := no_outcome_reason(run, ids)
     ) is not None:  # no id got an outcome: the code does not import, or no tests ran
         details["tests_not_run"] = reason
+    elif not run.timed_out and (missing := [t for t in ids if run.outcome(t) is None]):
+        details["ids_without_outcome"] = missing[:10]  # a wrong id, or a module that did not import
     return resolved, details
 
 
@@ -192,6 +195,19 @@ async def _new_lint_problems(changes: list[FileChange], ws: Workspace) -> int:
     if result.is_error:
         return 0  # no linter here: not the agent's fault
     return sum(1 for path, line, *_ in result.meta.get("diagnostics", []) if line in py.get(path, ()))
+
+
+def _rejected_edits(traj: Trajectory) -> dict[str, Any]:
+    """How many edits the tools refused (an old_string not found or not unique, a path that does not
+    exist), and the first one's path and error: for the reference fix, the sign that its patch does not
+    apply here."""
+    rejected = [c for t in traj.turns for c in t.tool_calls if c.name in _EDIT_TOOLS and c.is_error]
+    if not rejected:
+        return {"edits_rejected": 0}
+    first = rejected[0]
+    path = first.arguments.get("path", "?") if isinstance(first.arguments, dict) else "?"
+    said = " ".join(first.result.removeprefix("Error: ").split())[:200]
+    return {"edits_rejected": len(rejected), "first_rejected_edit": f"{first.name} {path}: {said}"}
 
 
 def _efficiency(traj: Trajectory, w: ScoreConfig) -> tuple[float, dict[str, Any]]:

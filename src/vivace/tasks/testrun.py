@@ -18,6 +18,7 @@ Not covered: test runners other than pytest-style summaries.
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -63,7 +64,16 @@ class TestRun:
         """Passed, or (with `xfail`) failed as expected: a test marked xfail before and after a change
         keeps passing. The code under test can call pytest.xfail() itself, so a test that must start
         passing is asked with xfail=False."""
-        return self.outcomes.get(test_id) in (("PASSED", "XFAIL") if xfail else ("PASSED",))
+        return self.outcome(test_id) in (("PASSED", "XFAIL") if xfail else ("PASSED",))
+
+    def outcome(self, test_id: str) -> str | None:
+        """What pytest reported for `test_id`, also when a parameter in it is written as in the source
+        (`test_x[café]`, which pytest reports as `test_x[caf\\xe9]`); None when it reported nothing."""
+        if test_id in self.outcomes:
+            return self.outcomes[test_id]
+        head, bracket, params = test_id.partition("[")
+        escaped = params.encode("unicode_escape").decode("ascii")  # pytest's ascii_escaped of a parameter id
+        return self.outcomes.get(head + bracket + escaped) if bracket else None
 
     @property
     def failing(self) -> list[str]:
@@ -141,8 +151,13 @@ def _summary_section(lines: list[str], truncated: bool) -> list[str] | None:
 def no_outcome_reason(run: TestRun, test_ids: list[str], max_chars: int = 300) -> str | None:
     """Why none of `test_ids` got an outcome (a collection error, a missing module, a wrong
     command), or None when at least one did: the run's exit code and its last error line."""
-    if run.timed_out or any(t in run.outcomes for t in test_ids):
+    if run.timed_out or any(run.outcome(t) is not None for t in test_ids):
         return None
+    if run.outcomes:  # pytest reported tests, none of them by these ids
+        near = difflib.get_close_matches(test_ids[0], list(run.outcomes), n=1, cutoff=0.5)
+        closest = f"; the closest it reported to {test_ids[0]}: {near[0]}" if near else ""
+        return (f"pytest reported {len(run.outcomes)} tests but none by the task's {len(test_ids)} ids{closest}; an id "
+                "is FILE::[CLASS::]NAME[PARAMS] as pytest -rA prints it")[:max_chars]  # fmt: skip
     raw = [line.rstrip("\r") for line in run.output.split("\n")]
     if any(map(_HEADER.match, raw)) and not any(map(_FINAL.match, raw)):
         return (f"exit code {run.exit_code}: pytest printed its summary without the final 'N passed in Xs' line "
