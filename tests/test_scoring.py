@@ -406,6 +406,28 @@ async def test_a_fix_in_a_packages_testing_module_counts_and_the_tasks_own_test_
     assert not s.resolved and s.details["test_files_edited"] == ["checks/check_shapes.py"]
 
 
+async def test_a_doctest_ids_module_is_code_the_fix_changes_not_a_test_file_to_undo(repo, state_dir):
+    """A doctest's id names the module under test (pkg/shapes.py::pkg.shapes.Circle.scaled): the task's own
+    test files leave out those its reference fix changes, or the oracle's fix would be undone."""
+    from vivace.tasks.format import DEFAULT_TEST_COMMAND
+
+    doc = '        """\n        >>> Circle(3).scaled(2)\n        6\n        """\n'
+    buggy = SHAPES[: SHAPES.rindex("        return")] + doc + SHAPES[SHAPES.rindex("        return") :]
+    fixed = buggy[: buggy.rindex("+ k")] + "* k\n"
+    task = Task(
+        id="doctest",
+        repo=RepoSpec(path=str(repo), patch=_new_file("pkg/shapes.py", buggy)),
+        request="Circle.scaled is wrong; fix it.",
+        tests=TestSpec(
+            command=DEFAULT_TEST_COMMAND + " --doctest-modules",
+            fail_to_pass=["pkg/shapes.py::pkg.shapes.Circle.scaled"],
+        ),  # fmt: skip
+        reference_patch=unified_diff("pkg/shapes.py", buggy, fixed),
+    )
+    _, s = await _run(OraclePolicy(), task, state_dir)
+    assert s.resolved and s.details["test_files_edited"] == [], s.details
+
+
 async def test_a_reference_patch_that_does_not_apply_is_named_as_the_tasks_problem(repo, state_dir):
     """A reference patch whose context the file does not hold was reported as a wrong fix ("FAIL_TO_PASS
     0/1 passed"): the oracle's rejected edit is now in the score's details and the reason names the patch."""

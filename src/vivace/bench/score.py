@@ -161,9 +161,11 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
 
 
 def _test_files(task: Task) -> set[str]:
-    """The task's own test files, whatever their names: those of its test ids and its hidden tests."""
+    """The task's own test files, whatever their names: those of its test ids and its hidden tests, less
+    any file its reference fix changes (a doctest's id names the module under test)."""
     ids = task.tests.fail_to_pass + task.tests.pass_to_pass
-    return {t.split("::")[0] for t in ids if t.split("::")[0].endswith(".py")} | set(task.tests.files)
+    files = {t.split("::")[0] for t in ids if t.split("::")[0].endswith(".py")} | set(task.tests.files)
+    return files - {c.path for c in parse_patch(task.reference_patch)}
 
 
 async def _adherence(agent: list[FileChange], reference: list[FileChange], ws: Workspace) -> tuple[float, dict]:
