@@ -157,13 +157,7 @@ def _placed(hunk: Hunk, content: str, shift: int) -> tuple[str, str]:
     end = begin + hunk.old.count("\n") + (not hunk.old.endswith("\n") and hunk.old != "")
     if "".join(lines[begin:end]) != hunk.old:
         return hunk.old, hunk.new  # not where it says (the file as read differs): edit_file will say so
-    lo, hi, up = begin, end, True
-    while content.count("".join(lines[lo:hi])) != 1 and (lo > 0 or hi < len(lines)):
-        if (up and lo > 0) or hi == len(lines):
-            lo -= 1
-        else:
-            hi += 1
-        up = not up
+    lo, hi = _widened(lines, begin, end, content)
     before, after = "".join(lines[lo:begin]), "".join(lines[end:hi])
     return before + hunk.old + after, before + hunk.new + after
 
@@ -226,16 +220,23 @@ def _unique(old: list[str], new: list[str], lo: int, hi: int, content: str) -> t
     changed region (`new` has the same pieces before `lo` and after `hi`), widened alternately
     before and after until the old side occurs exactly once in `content`; None when even all of
     `old` is not unique."""
+    lo, hi = _widened(old, lo, hi, content)
+    if content.count("".join(old[lo:hi])) != 1:
+        return None
+    return "".join(old[lo:hi]), "".join(new[lo : len(new) - (len(old) - hi)])
+
+
+def _widened(pieces: list[str], lo: int, hi: int, content: str) -> tuple[int, int]:
+    """[lo, hi) grown by a piece before, then one after, and so on, until the pieces it spans occur once
+    in `content` or it spans them all."""
     up = True
-    while content.count("".join(old[lo:hi])) != 1 and (lo > 0 or hi < len(old)):
-        if (up and lo > 0) or hi == len(old):
+    while content.count("".join(pieces[lo:hi])) != 1 and (lo > 0 or hi < len(pieces)):
+        if (up and lo > 0) or hi == len(pieces):
             lo -= 1
         else:
             hi += 1
         up = not up
-    if content.count("".join(old[lo:hi])) != 1:
-        return None
-    return "".join(old[lo:hi]), "".join(new[lo : len(new) - (len(old) - hi)])
+    return lo, hi
 
 
 def files_read(messages: Sequence[Message]) -> dict[str, str]:
