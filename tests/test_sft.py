@@ -85,3 +85,30 @@ async def test_a_run_whose_expert_solves_nothing_stops_with_the_reason(state_dir
     with pytest.raises(ValueError, match="solved none of the 1 training tasks"):
         await _expert_file(cfg, tmp_path, tasks, notes.append)
     assert notes[0].startswith("recording the expert on 1 training tasks") and not (tmp_path / "expert.jsonl").exists()
+
+
+def test_sft_data_takes_a_users_tasks_file_without_splits_and_names_what_it_dropped(task, state_dir, tmp_path):  # noqa: F811
+    """`sft data --tasks FILE` refused a file whose tasks name no split ("no tasks in split 'train'"), which
+    `train.suite` and `tasks select` take as train; and a task whose expert episode failed was only counted
+    ("unresolved:efficient": 1), never named."""
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+
+    broken = task.model_copy(update={"id": "calc-add-broken", "reference_patch": task.reference_patch.replace(
+        "-    return a - b", "-    return a -  b")})  # fmt: skip
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("".join(t.model_dump_json(exclude={"base_dir"}) + "\n" for t in (task, broken)))
+    assert all("split" not in t.metadata for t in (task, broken))
+    out = tmp_path / "expert.jsonl"
+    args = ["sft", "data", "--tasks", str(tasks_file), "--out", str(out), "--styles", "efficient", "--json",
+            "--backend", "plain", "--state-dir", str(state_dir)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    counts = json.loads(result.stdout)
+    assert counts["episodes"] == 2 and counts["kept"] == 1 and counts["unresolved:efficient"] == 1
+    assert list(counts["not_kept"]) == ["calc-add-broken (efficient)"]
+    assert counts["not_kept"]["calc-add-broken (efficient)"].startswith("edit_file pkg/calc.py: old_string was not")
+    args[args.index("--out") + 1] = str(tmp_path / "test.jsonl")
+    result = CliRunner().invoke(app, [*args, "--split", "test"])
+    assert result.exit_code == 2 and "metadata.split (train when it names none)" in " ".join(result.output.split())

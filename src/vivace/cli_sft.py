@@ -120,14 +120,12 @@ def sft_data(
     try:
         _fresh_file(out_file)
         cfg = _config(preset, backend, state_dir)
-        if tasks_path is not None:
-            from vivace.tasks.format import load_tasks
-
-            tasks = [t for t in load_tasks(tasks_path) if split is None or t.split == split][:n]
-        else:
-            tasks = load_suite(suite, split=split)[:n]
+        # A tasks file is a suite like any other: a task whose metadata names no split is its repository's
+        # (a user's repository: train), as `train.suite` and `tasks select` take it.
+        tasks = load_suite(str(tasks_path) if tasks_path is not None else suite, split=split)[:n]
         if not tasks:
-            raise ValueError(f"{tasks_path or f'suite {suite!r}'} has no tasks in split {split!r}")
+            raise ValueError(f"{tasks_path or f'suite {suite!r}'} has no tasks in split {split!r}; a task's split is "
+                             "its metadata.split (train when it names none), and --split picks one")  # fmt: skip
         wanted = tuple(s.strip() for s in styles.split(",") if s.strip())
         if not wanted:
             raise ValueError(f"--styles {styles!r} names no style; choose from efficient, serial, redundant, no-tests")

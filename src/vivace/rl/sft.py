@@ -63,6 +63,7 @@ async def expert_data(
     k = len(styles) if styles_per_task is None else max(1, min(styles_per_task, len(styles)))
     jobs = [(t, styles[(i + j) % len(styles)]) for i, t in enumerate(tasks) for j in range(k)]
     counts: Counter[str] = Counter()
+    dropped: dict[str, str] = {}  # "task (style)" -> why its episode was not kept (errors and unresolved)
     done = 0
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -73,6 +74,7 @@ async def expert_data(
                 traj, score = await run_task(TeacherTokens(_Oracle(task, style, minimal), chat), task, cfg, backend)
             except Exception as e:  # a broken task is counted and skipped, not fatal
                 counts[f"error:{type(e).__name__}"] += 1
+                dropped.setdefault(f"{task.id} ({style})", f"{type(e).__name__}: {e}"[:300])
                 traj = score = None
         done += 1
         progress(done, len(jobs))
@@ -80,6 +82,12 @@ async def expert_data(
             return
         if not score.resolved:
             counts[f"unresolved:{style}"] += 1
+            d = score.details
+            dropped[f"{task.id} ({style})"] = (
+                d.get("first_rejected_edit")
+                or d.get("tests_not_run")
+                or (f"FAIL_TO_PASS {d['fail_to_pass'][0]}/{d['fail_to_pass'][1]} passed")
+            )  # why the expert's episode failed, as bench's unsound-task list says it
             return
         if max_tokens is not None and len(traj.tokens.ids) > max_tokens:
             counts[f"too_long:{style}"] += 1
@@ -101,7 +109,9 @@ async def expert_data(
         await backend.aclose()
     partial.replace(out)
     kept = sum(v for k, v in counts.items() if k.startswith("kept:"))
-    return {"episodes": len(jobs), "kept": kept, "out": str(out), **dict(sorted(counts.items()))}
+    failed = dict(sorted(dropped.items())[:20])  # a broken suite names its first tasks, not thousands
+    return {"episodes": len(jobs), "kept": kept, "out": str(out), **dict(sorted(counts.items())),
+            **({"not_kept": failed} if failed else {})}  # fmt: skip
 
 
 def _append_line(f: BinaryIO, line: str) -> None:
