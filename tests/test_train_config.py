@@ -346,3 +346,21 @@ def test_stop_messages_carry_no_markup(tmp_path):
     from vivace.cli_train import _stopped_at
 
     assert _stopped_at(tmp_path, load_preset("smoke")) == "at step 0/2: the last checkpoint is None"
+
+
+def test_a_run_keeps_the_files_it_names_as_absolute_paths(tmp_path, monkeypatch):
+    """config.json kept `train.suite` as given (`tasks.jsonl`), so `--resume` from another directory said
+    "tasks.jsonl: no such task file or directory": a tasks file, a model directory and sft_data named
+    relative to the working directory are kept absolute; named suites and models stay names."""
+    from vivace.tasks.suites import load_suite
+
+    work = tmp_path / "work"
+    work.mkdir()
+    tasks = load_suite("families", split="train")[:4]
+    (work / "tasks.jsonl").write_text("".join(t.model_dump_json(exclude={"base_dir"}) + "\n" for t in tasks))
+    monkeypatch.chdir(work)
+    code, said = _train(tmp_path, {"train": {"suite": "tasks.jsonl", "families": None, "eval_suite": "families"}})
+    assert code == STARTED, said
+    saved = json.loads((tmp_path / "runs" / "r" / "config.json").read_text())["train"]
+    assert saved["suite"] == str(work / "tasks.jsonl") and saved["eval_suite"] == "families"
+    assert saved["model"] == "tiny"

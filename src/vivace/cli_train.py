@@ -112,7 +112,7 @@ def train_command(
             _check_writable(run_dir)
             cfg = saved.model_copy(deep=True)
         else:
-            cfg = load_config(preset, config_file)
+            cfg = _absolute_paths(load_config(preset, config_file))
             run_dir = run_path(cfg, name)
         if steps is not None:
             if steps < 1:
@@ -443,6 +443,23 @@ def _sandbox_here(cfg: VivaceConfig) -> str:
     backend = open_backend(cfg.sandbox)
     asyncio.run(backend.aclose())
     return "plain" if isinstance(backend, PlainBackend) else "isolated"
+
+
+def _absolute_paths(cfg: VivaceConfig) -> VivaceConfig:
+    """The config with the files it names relative to the working directory (a tasks file as the suite, a
+    checkpoint as the model, sft_data) made absolute, as the run's config.json keeps them: `--resume` from
+    another directory said "tasks.jsonl: no such task file or directory"."""
+    from vivace.tasks.suites import SUITES
+
+    tc = cfg.train
+    for key in ("suite", "eval_suite"):
+        if (value := getattr(tc, key)) and value not in SUITES and Path(value).expanduser().exists():
+            setattr(tc, key, str(Path(value).expanduser().resolve()))
+    if tc.model not in ("tiny", "tiny-init") and Path(tc.model).expanduser().exists():
+        tc.model = str(Path(tc.model).expanduser().resolve())
+    if tc.sft_data is not None:
+        tc.sft_data = tc.sft_data.expanduser().resolve()
+    return cfg
 
 
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
