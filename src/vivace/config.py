@@ -140,8 +140,9 @@ class AgentConfig(_Strict):
     reproducible_output: bool = Field(
         False,
         description="Commands run with PYTHONHASHSEED=0 (set and dict order, e.g. in pytest's assertion diffs) and "
-        "their output's wall-clock durations (pytest's `in 0.16s`, unittest's `Ran 3 tests in 0.002s`) are written "
-        "as one fixed value, so the same policy, task and seed give the same episode and paired before/after "
+        "their output's wall-clock durations (pytest's `in 0.16s`, unittest's `Ran 3 tests in 0.002s`) and object "
+        "addresses (`<Circle object at 0x7f9b25b6ccd0>`) are written as fixed values, so the same policy, task and "
+        "seed give the same episode and paired before/after "
         "comparisons stay paired past the first test run. For benchmarks and training; the product runs commands "
         "and shows their output as they are.",
     )

@@ -192,7 +192,7 @@ class RunTerminalCmd:
             head += " (killed: out of memory)"
         streams = [("stdout", res.stdout, res.stdout_dropped), ("stderr", res.stderr, res.stderr_dropped)]
         if ctx.reproducible_output:
-            streams = [(name, fix_timings(text), dropped) for name, text, dropped in streams]
+            streams = [(name, steady(text), dropped) for name, text, dropped in streams]
         streams = [st for st in streams if st[1] or st[2]]
         parts = [head] + [_section(*st, share=max(1, len(streams))) for st in streams]
         meta = {"exit_code": res.exit_code, "timed_out": res.timed_out, "duration_s": res.duration_s}
@@ -203,9 +203,15 @@ class RunTerminalCmd:
 _DURATION = re.compile(r"\bin (\d+)\.(\d+)s\b(?: \(\d+:\d\d:\d\d\))?")
 
 
-def fix_timings(text: str) -> str:
-    """Durations written as `in 0.10s` (as many decimals as the original): the rest of the text unchanged."""
-    return _DURATION.sub(lambda m: "in 0." + "1".ljust(len(m.group(2)), "0") + "s", text)
+# An object's address in its repr (`<Circle object at 0x7f9b25b6ccd0>`, `<function f at 0x...>`): new each run.
+_ADDRESS = re.compile(r"\bat 0x([0-9a-fA-F]{6,16})\b")
+
+
+def steady(text: str) -> str:
+    """The text with what differs between two runs of one command written as one fixed value: durations as
+    `in 0.10s` (as many decimals as the original), addresses in reprs as `at 0x7f00…` (as many digits)."""
+    text = _DURATION.sub(lambda m: "in 0." + "1".ljust(len(m.group(2)), "0") + "s", text)
+    return _ADDRESS.sub(lambda m: "at 0x" + "7f".ljust(len(m.group(1)), "0"), text)
 
 
 def _section(name: str, text: str, dropped: int, share: int) -> str:
