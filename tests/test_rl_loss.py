@@ -309,7 +309,7 @@ def test_a_success_made_only_of_malformed_turns_is_dropped():
     assert [s.advantage < 0 for s in samples] == [True] and counts["samples_without_tokens"] == 1
 
 
-def test_training_tasks_by_family():
+def test_training_tasks_by_family(tmp_path):
     from vivace.config import load_preset
     from vivace.rl.controller import training_tasks
 
@@ -322,6 +322,28 @@ def test_training_tasks_by_family():
     cfg.train.families = ["wrong_keyword", "nope"]
     with pytest.raises(ValueError, match="train.families: nope not in suite 'families'.*misspelled_method"):
         training_tasks(cfg)
+    # A user's tasks file under the tiny preset, which names the built-in families: say to unset them.
+    cfg.train.suite, cfg.train.families = str(_users_tasks(tmp_path)), load_preset("tiny").train.families
+    with pytest.raises(ValueError, match="set train.families to null for all"):
+        training_tasks(cfg)
+    cfg.train.families = None
+    assert len(training_tasks(cfg)) == 2  # no split named: train
+    from vivace.rl.evaluate import held_out_tasks
+
+    with pytest.raises(ValueError, match="metadata.split; train when it names none.*train.eval_tasks to 0"):
+        held_out_tasks(cfg, 1)
+
+
+def _users_tasks(tmp_path):
+    """Two tasks as a user writes them: no family, no split."""
+    from vivace.tasks.suites import load_suite
+
+    tasks = load_suite("families", split="train")[:2]
+    for t in tasks:
+        t.metadata = {}
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(t.model_dump_json(exclude={"base_dir"}) + "\n" for t in tasks))
+    return path
 
 
 def test_training_tasks_by_id():

@@ -64,7 +64,8 @@ def training_tasks(cfg: VivaceConfig) -> list[Task]:
         if unknown := sorted(set(tc.families) - set(known)):
             raise ValueError(
                 f"train.families: {', '.join(unknown)} not in suite {tc.suite!r} (split {tc.split}); "
-                f"its families: {', '.join(known)}"
+                f"its families: {', '.join(known)}; list some of those, or set train.families to null for all "
+                "(the tiny preset names the built-in families)"
             )
         tasks = [t for t in tasks if t.family in tc.families]
     if tc.task_ids is not None:

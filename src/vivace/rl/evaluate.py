@@ -106,7 +106,9 @@ def held_out_tasks(cfg: VivaceConfig, n: int | None = None, split: str | None = 
     suite = cfg.train.eval_suite or cfg.train.suite
     tasks = load_suite(suite, split=split)
     if not tasks:
-        raise ValueError(f"suite {suite!r} has no tasks in split {split!r}; choose another split or train.eval_suite")
+        raise ValueError(f"suite {suite!r} has no tasks in split {split!r} (a task's split is its metadata.split; "
+                         "train when it names none); choose another train.eval_split or train.eval_suite, or set "
+                         "train.eval_tasks to 0 for no evaluation")  # fmt: skip
     return stratified(tasks, n, cfg.train.seed)
 
 
