@@ -364,3 +364,18 @@ def test_a_run_keeps_the_files_it_names_as_absolute_paths(tmp_path, monkeypatch)
     saved = json.loads((tmp_path / "runs" / "r" / "config.json").read_text())["train"]
     assert saved["suite"] == str(work / "tasks.jsonl") and saved["eval_suite"] == "families"
     assert saved["model"] == "tiny"
+
+
+def test_config_show_checks_a_file_merged_over_a_preset(tmp_path):
+    """A config file could be checked only by starting a run: `vivace config show --config FILE` prints the
+    merged configuration, or says what is wrong in one line (exit 2)."""
+    good = tmp_path / "good.toml"
+    good.write_text("[train]\nsteps = 3\nlr = 1e-5\n")
+    result = CliRunner().invoke(app, ["config", "show", "--preset", "tiny", "--config", str(good)])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["train"]["steps"] == 3 and shown["train"]["lr"] == 1e-5 and shown["train"]["suite"] == "families"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train": {"stpes": 3}}))
+    result = CliRunner().invoke(app, ["config", "show", "--config", str(bad)])
+    assert result.exit_code == 2 and "stpes" in result.output and "Traceback" not in result.output

@@ -242,9 +242,19 @@ def version() -> None:
 
 
 @config_app.command("show")
-def config_show(preset: PresetOpt = "default") -> None:
-    """Print a preset's full configuration as JSON."""
-    out.print_json(_config(preset).model_dump_json())
+def config_show(
+    preset: PresetOpt = "default",
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A .json or .toml file merged over the preset, as `vivace train --config` merges it: a bad "
+            "setting is one line and exit 2 (train checks the suite and model it names when it starts).",
+        ),
+    ] = None,
+) -> None:
+    """Print a preset's full configuration as JSON (with --config, the file merged over it)."""
+    out.print_json(_config(preset, config_file=config_file).model_dump_json())
 
 
 AgentModelOpt = Annotated[
