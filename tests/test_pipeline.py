@@ -447,19 +447,22 @@ def test_broadcast_sync_only_between_whole_gpus_or_on_cpus():
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_first_stop_signal_asks_for_a_stop_and_the_second_stops_at_once(signum):
+def test_first_stop_signal_asks_for_a_stop_and_the_second_stops_at_once(signum, monkeypatch):
+    import vivace.cli_train as cli_train
     from vivace.cli_train import _stop_signals
 
     before = signal.signal(signum, signal.default_int_handler)  # as in a terminal, whatever ran pytest
     try:
         stop, received, said = threading.Event(), [], []
-        with _stop_signals(stop, received, said.append, same_stop_s=0.0):
+        monkeypatch.setattr(cli_train, "SAME_STOP_S", 0.0)  # the second comes later than the window
+        with _stop_signals(stop, received, said.append):
             signal.raise_signal(signum)
             assert stop.is_set() and said == [signum]
             with pytest.raises(KeyboardInterrupt):
                 signal.raise_signal(signum)
         assert received == [signum, signum] and signal.getsignal(signum) is signal.default_int_handler
         # GNU timeout signals the process, then its process group: one stop, twice, microseconds apart.
+        monkeypatch.setattr(cli_train, "SAME_STOP_S", 1.0)
         stop, received, said = threading.Event(), [], []
         with _stop_signals(stop, received, said.append):
             signal.raise_signal(signum)
@@ -496,10 +499,12 @@ def test_sigterm_checkpoints_and_exits_143_without_the_evaluation(times, tmp_pat
     how to go on, and the driver's handler is put back."""
     from typer.testing import CliRunner
 
+    import vivace.cli_train as cli_train
     import vivace.rl.workers as workers
     from vivace.cli import app
 
     monkeypatch.setattr(workers, "LocalWorkers", lambda cfg: _SignalledWorkers(*[signal.SIGTERM] * times))
+    monkeypatch.setattr(cli_train, "SAME_STOP_S", 0.0)  # the second SIGTERM stands for one sent seconds later
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps({"train": {"steps": 4, "tasks_per_step": 2, "group_size": 3, "checkpoint_every": 100,
                                             "eval_tasks": 2, "runs_dir": str(tmp_path / "runs")}}))  # fmt: skip

@@ -465,9 +465,12 @@ def _absolute_paths(cfg: VivaceConfig) -> VivaceConfig:
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
-def _stop_signals(stop: threading.Event, received: list[int], announce, same_stop_s: float = 1.0):
+SAME_STOP_S = 1.0  # a second stop signal sooner than this after the first is the same stop (see below)
+
+
+def _stop_signals(stop: threading.Event, received: list[int], announce):
     """The first SIGINT or SIGTERM sets `stop` and calls `announce(signum)`; the next raises
-    KeyboardInterrupt, unless it comes within `same_stop_s` of the first: GNU `timeout` sends its signal
+    KeyboardInterrupt, unless it comes within SAME_STOP_S of the first: GNU `timeout` sends its signal
     to the process and then to its process group, so one stop arrives twice, microseconds apart (it
     ended 3 of 5 runs at once, with no checkpoint). Each signal is appended to `received`."""
     from vivace.signals import signal_handler
@@ -477,7 +480,7 @@ def _stop_signals(stop: threading.Event, received: list[int], announce, same_sto
     def handler(signum, frame):
         received.append(signum)
         if stop.is_set():
-            if first and time.monotonic() - first[0] < same_stop_s:
+            if first and time.monotonic() - first[0] < SAME_STOP_S:
                 return  # the same stop, sent twice
             raise KeyboardInterrupt
         first.append(time.monotonic())
