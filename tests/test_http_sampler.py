@@ -169,13 +169,12 @@ async def test_an_unreachable_server_is_unavailable_and_says_what_to_do():
 async def test_a_slow_reply_times_out_once_and_is_unavailable(fake):
     fake.answers = [lambda: (time.sleep(1.5), ok())[1]]
     sampler = HttpSampler(fake.url, "tiny", timeout_s=0.3)
-    start = time.monotonic()
     try:
         with pytest.raises(PolicyUnavailable, match=r"did not answer within 0.3 s \(ReadTimeout\)"):
             await sampler.generate([1], PARAMS)
     finally:
         await sampler.aclose()
-    assert time.monotonic() - start < 1.2 and len(fake.requests) == 1  # not retried: it would wait as long
+    assert len(fake.requests) == 1  # not retried: it would wait as long (a wall-clock bound here could flake)
 
 
 def choice(**fields) -> Answer:
