@@ -45,21 +45,30 @@ def task_problems(rows: list[dict[str, Any]], tasks: list[Task]) -> dict[str, st
             continue
         if r.get("error"):
             problems[task_id] = f"the {r['model']} episode failed: {r['error']}"
-        elif r["model"] == ORACLE and not r.get("resolved") and d.get("first_rejected_edit"):
-            problems[task_id] = f"the reference_patch does not apply here ({d['first_rejected_edit']})"
         elif r["model"] == ORACLE and not r.get("resolved"):
-            why = d.get("tests_not_run") or (
-                f"FAIL_TO_PASS {_count(d.get('fail_to_pass'))}, PASS_TO_PASS {_count(d.get('pass_to_pass'))} passed"
-            )
-            if missing := d.get("ids_without_outcome"):  # the counts alone read as a wrong fix
-                why += f"; pytest reported nothing for {', '.join(missing)}: check those ids"
-            if d.get("tests_timed_out"):  # the counts alone read as a wrong fix; the limit is the task's to raise
-                limit = test_timeouts.get(task_id)
-                why = f"they timed out after {limit:g} s, the task's tests.timeout_s" if limit else "they timed out"
-            problems[task_id] = f"the reference fix does not pass the tests ({why})"
+            why = why_unresolved(d, test_timeouts.get(task_id))
+            problems[task_id] = (f"the reference_patch does not apply here ({why})" if d.get("first_rejected_edit")
+                                 else f"the reference fix does not pass the tests ({why})")  # fmt: skip
         elif r["model"] == NULL and (d.get("fail_to_pass") or [0])[0] > 0:
             problems[task_id] = f"{_count(d['fail_to_pass'])} FAIL_TO_PASS tests pass without any change"
     return problems
+
+
+def why_unresolved(details: dict[str, Any], limit: float | None = None) -> str:
+    """Why an episode did not resolve its task, from its score's details: the first edit the tools refused,
+    why the tests did not run, or the counts with the ids pytest never reported, or the time limit
+    (`limit`, the task's tests.timeout_s) they ran out of. The counts alone would read as a wrong fix."""
+    d = details
+    if d.get("first_rejected_edit"):
+        return d["first_rejected_edit"]
+    if d.get("tests_timed_out"):  # the limit is the task's to raise
+        return f"they timed out after {limit:g} s, the task's tests.timeout_s" if limit else "they timed out"
+    why = d.get("tests_not_run") or (
+        f"FAIL_TO_PASS {_count(d.get('fail_to_pass'))}, PASS_TO_PASS {_count(d.get('pass_to_pass'))} passed"
+    )
+    if missing := d.get("ids_without_outcome"):
+        why += f"; pytest reported nothing for {', '.join(missing)}: check those ids"
+    return why
 
 
 def unsound_advice(rows: list[dict[str, Any]], problems: dict[str, str]) -> str:

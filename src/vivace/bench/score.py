@@ -73,7 +73,7 @@ async def score(
     w = weights or ScoreConfig()
     agent, by_setup = agent_changes(traj.diff, setup_diff)
     reference = parse_patch(task.reference_patch)
-    tests, test_details = await _correctness(task, agent, workspace)
+    tests, test_details = await _correctness(task, agent, workspace, _test_files(task, reference))
     adherence, adherence_details = await _adherence(agent, reference, workspace)
     efficiency, efficiency_details = _efficiency(traj, w)
     unsupported, n_claims = unsupported_claims(traj)
@@ -118,8 +118,11 @@ def agent_changes(diff: str, setup_diff: str = "") -> tuple[list[FileChange], li
     return [c for c in changes if setup.get(c.path) != c.text], by_setup
 
 
-async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tuple[bool, dict[str, Any]]:
-    test_edits = [c for c in agent if is_test_path(c.path) or c.path in _test_files(task)]
+async def _correctness(
+    task: Task, agent: list[FileChange], ws: Workspace, own_tests: set[str]
+) -> tuple[bool, dict[str, Any]]:
+    """`own_tests`: the task's own test files (_test_files), undone like any test path the agent edited."""
+    test_edits = [c for c in agent if is_test_path(c.path) or c.path in own_tests]
     if test_edits:  # undo them: the hidden tests judge the code, not tests the agent rewrote
         await ws.write_text(_REVERT_PATCH, "".join(c.text for c in test_edits))
         undo = await ws.exec(f"git apply -R --unsafe-paths {_REVERT_PATCH}; rc=$?; rm -f {_REVERT_PATCH}; exit $rc")
@@ -160,12 +163,12 @@ async def _correctness(task: Task, agent: list[FileChange], ws: Workspace) -> tu
     return resolved, details
 
 
-def _test_files(task: Task) -> set[str]:
+def _test_files(task: Task, reference: list[FileChange]) -> set[str]:
     """The task's own test files, whatever their names: those of its test ids and its hidden tests, less
     any file its reference fix changes (a doctest's id names the module under test)."""
     ids = task.tests.fail_to_pass + task.tests.pass_to_pass
     files = {t.split("::")[0] for t in ids if t.split("::")[0].endswith(".py")} | set(task.tests.files)
-    return files - {c.path for c in parse_patch(task.reference_patch)}
+    return files - {c.path for c in reference}
 
 
 async def _adherence(agent: list[FileChange], reference: list[FileChange], ws: Workspace) -> tuple[float, dict]:

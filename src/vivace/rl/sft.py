@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 from vivace.aio import gather_all
 from vivace.bench.baselines import STYLES, _Oracle
+from vivace.bench.report import why_unresolved
 from vivace.bench.runner import run_task
 from vivace.config import VivaceConfig
 from vivace.harness.chat import ChatFormat
@@ -74,7 +75,7 @@ async def expert_data(
                 traj, score = await run_task(TeacherTokens(_Oracle(task, style, minimal), chat), task, cfg, backend)
             except Exception as e:  # a broken task is counted and skipped, not fatal
                 counts[f"error:{type(e).__name__}"] += 1
-                dropped.setdefault(f"{task.id} ({style})", f"{type(e).__name__}: {e}"[:300])
+                dropped[f"{task.id} ({style})"] = f"{type(e).__name__}: {e}"[:300]
                 traj = score = None
         done += 1
         progress(done, len(jobs))
@@ -82,12 +83,7 @@ async def expert_data(
             return
         if not score.resolved:
             counts[f"unresolved:{style}"] += 1
-            d = score.details
-            dropped[f"{task.id} ({style})"] = (
-                d.get("first_rejected_edit")
-                or d.get("tests_not_run")
-                or (f"FAIL_TO_PASS {d['fail_to_pass'][0]}/{d['fail_to_pass'][1]} passed")
-            )  # why the expert's episode failed, as bench's unsound-task list says it
+            dropped[f"{task.id} ({style})"] = why_unresolved(score.details, task.tests.timeout_s)
             return
         if max_tokens is not None and len(traj.tokens.ids) > max_tokens:
             counts[f"too_long:{style}"] += 1
