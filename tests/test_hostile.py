@@ -587,7 +587,10 @@ async def test_cannot_ptrace_host_process(box):
 async def test_fork_bomb_is_bounded(box):
     """Threat: a fork bomb exhausts the host's process table."""
     limit = box.backend.config.pids_max
-    bomb = "sleep 3 & s=$!; bomb() { bomb | bomb & }; bomb; wait $s; echo survived"
+    # The shell forks the bomb's first process (`bomb &`) and nothing after it. Calling `bomb` from the
+    # shell itself would fork the pipeline's two halves from there, and if the bomb filled the limit
+    # between those two forks, bash would sleep through its fork retries (1 + 2 + 4 + 8 s) past the timeout.
+    bomb = "sleep 3 & s=$!; bomb() { bomb | bomb & }; bomb & wait $s; echo survived"
     task = asyncio.create_task(box.sh(bomb, timeout=8))
     peak = 0
     while not task.done():
