@@ -180,12 +180,13 @@ async def test_submitting_and_reading_the_load_never_wait_for_the_engines_steps(
     """Both took the lock the engine's thread holds through each step (a long prefill chunk on a large
     model) and takes back at once after one, so an event loop submitting a request (every request) or
     reading the load (/metrics, the replica router) waited out the step in progress, often many: up
-    to 8 s with the tiny model busy. Here each step takes 0.2 s."""
+    to 8 s with the tiny model busy. Here each step takes 0.5 s: waiting out the rest of one would pass the
+    0.25 s bound in 10 tries with odds of 1,023 in 1,024, and a loaded machine has room below it."""
     engine, _ = local_engine("tiny", EngineConfig(max_batch=8, device="cpu"))
     step = engine.engine.step
 
     def slow_step():
-        time.sleep(0.2)
+        time.sleep(0.5)
         return step()
 
     engine.engine.step = slow_step
@@ -199,7 +200,7 @@ async def test_submitting_and_reading_the_load_never_wait_for_the_engines_steps(
             engine.load() if i % 2 else engine._submit([5], SamplingParams(max_tokens=1), None)
             waits.append(round(time.perf_counter() - start, 3))
             await asyncio.sleep(0.03)
-        assert max(waits) < 0.1, waits
+        assert max(waits) < 0.25, waits
     finally:
         busy.cancel()
         await asyncio.gather(busy, return_exceptions=True)
