@@ -14,7 +14,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from vivace.config import AgentConfig
-from vivace.harness.agent import run_episode
+from vivace.harness.agent import result_budget, run_episode
 from vivace.harness.messages import AssistantTurn, Message, ToolCall
 from vivace.harness.policies import NullPolicy, ReplayPolicy, deterministic, load_policy
 from vivace.harness.policy import Completion, Conversation, PolicyError, SamplingParams, TokenPolicy, close_policy
@@ -154,6 +154,80 @@ async def test_a_tool_result_past_the_models_context_ends_the_episode_at_its_tok
     assert f"the model's context is {context}" in traj.error
     assert len(traj.turns) == 1 and traj.turns[0].tool_calls[0].name == "read_file"
     assert not traj.turns[0].tool_calls[0].is_error
+
+
+async def test_a_model_with_a_small_declared_context_gets_tool_results_it_can_hold(ws):
+    """The episode above, with the model's context declared by its checkpoint: the 40,000-character read is
+    cut to 3/4 of the context in characters, so the next turn still fits and the episode goes on."""
+    from transformers import AutoModelForCausalLM
+
+    from vivace.harness.chat import ChatFormat
+    from vivace.inference.engine import AsyncEngine, Engine
+    from vivace.model.checkpoint import tiny_config
+    from vivace.model.tokenizer import reference_tokenizer
+
+    chat = ChatFormat(reference_tokenizer())
+    tools = [tool_schema(t) for t in default_tools()]
+    prompt = len(chat.prompt_ids([Message("system", "s"), Message("user", "x")], tools))
+    context = chat.context_tokens = prompt + 3_000
+    model = AutoModelForCausalLM.from_config(tiny_config(len(chat.tokenizer), max_position_embeddings=context))
+    await ws.write_text("big.txt", "".join(f"line {i}: some words of a long log\n" for i in range(1_200)))
+    read = chat.assistant_ids(Message("assistant", "", tool_calls=(ToolCall("c1", "read_file", {"path": "big.txt"}),)))
+
+    class ReadsThenSamples:
+        def __init__(self, engine):
+            self.engine, self.said = engine, False
+
+        async def generate(self, prompt_ids, params):
+            if not self.said:
+                self.said = True
+                return Completion(read, [0.0] * len(read), "stop", 0)
+            return await self.engine.generate(prompt_ids, params)
+
+    engine = AsyncEngine(Engine(model.eval()))
+    try:
+        limits = AgentConfig(max_turns=2, max_turn_tokens=16)
+        traj = await run_episode(TokenPolicy(ReadsThenSamples(engine), chat, "small"), ws, "x", limits)
+    finally:
+        engine.close()
+    # The second turn was sampled (16 tokens of an untrained model: its turn cap, not the context).
+    assert len(traj.turns) == 2 and traj.turns[1].completion_tokens == 16 and traj.error is None, traj.error
+    result = traj.turns[0].tool_calls[0].result
+    assert "characters omitted" in result and "line 0:" in result and "line 1199:" in result
+    assert len(result) <= context * 3 // 4 + 200  # the budget, and the note saying what was cut
+
+
+class _Sized:
+    name = "sized"
+
+    def __init__(self, context_tokens):
+        self.context_tokens = context_tokens
+
+
+@pytest.mark.parametrize(
+    "context, configured, budget",
+    [
+        (None, None, 20_000),  # an endpoint or script: nothing known
+        (8_192, None, 6_144),  # the tiny policy
+        (26_666, None, 19_999),
+        (131_072, None, 20_000),  # a large context: the usual budget
+        (0, None, 20_000),
+        (8_192, 12_000, 12_000),  # agent.max_result_chars decides when set
+        (None, 1_000, 1_000),
+    ],
+)
+def test_a_tool_results_budget_follows_the_models_context_unless_configured(context, configured, budget):
+    assert result_budget(AgentConfig(max_result_chars=configured), _Sized(context)) == budget
+    assert result_budget(AgentConfig(), NullPolicy()) == 20_000  # a policy that says nothing of its context
+
+
+async def test_a_commands_output_is_cut_to_the_budget_shared_by_its_two_streams(ws):
+    script = [{"tool_calls": [call("run_terminal_cmd", command="seq 1 3000; seq 1 3000 >&2")]}]
+    traj = await run_episode(ReplayPolicy(script), ws, "x", AgentConfig(max_turns=1, max_result_chars=2_000))
+    text = traj.turns[0].tool_calls[0].result
+    assert text.startswith("Exit code: 0\n--- stdout ---\n1\n2\n") and "--- stderr ---\n1\n" in text
+    assert text.count("characters omitted") == 2 and len(text) < 2_000 + 400, len(text)
+    assert text.rstrip().endswith("3000")
 
 
 async def test_wall_clock_limit(ws):

@@ -31,7 +31,7 @@ from vivace.harness.policy import Conversation, SamplingParams
 from vivace.inference.engine import Engine
 from vivace.inference.samplers import local_engine, token_policy
 from vivace.inference.server import create_app
-from vivace.model.checkpoint import generation_eos_ids, load_model, load_tokenizer
+from vivace.model.checkpoint import declared_context, generation_eos_ids, load_model, load_tokenizer
 from vivace.model.tokenizer import QWEN_SPLIT, reference_tokenizer
 from vivace.sandbox.background import BackgroundServer
 
@@ -278,6 +278,38 @@ def test_generation_eos_ids_outside_the_vocabulary_are_ignored_with_a_warning(tm
         chat = ChatFormat(load_tokenizer(path))
     assert chat.stop_ids == [1, 6]
     assert f"{path}/generation_config.json's eos_token_id [99999] not in the tokenizer's" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "text, context",
+    [
+        (None, None),
+        ('{"max_position_embeddings": 4096}', 4096),
+        ('{"text_config": {"max_position_embeddings": 32768}}', 32768),  # a multimodal config
+        ('{"max_position_embeddings": 4096, "text_config": {"max_position_embeddings": 9}}', 4096),
+        ("{}", None),
+        ("{not json", None),  # load_tokenizer and load_model name a config.json that is not a JSON object
+        ("[4096]", None),
+        ('{"max_position_embeddings": true}', None),
+        ('{"max_position_embeddings": -1}', None),
+        ('{"max_position_embeddings": "4096"}', None),
+        ('{"text_config": [1]}', None),
+    ],
+)
+def test_the_chat_format_knows_the_context_its_checkpoint_declares(tmp_path, text, context):
+    """The agent sizes tool results by it (agent.result_budget); a config.json that says nothing usable is
+    an unknown context, never an error here."""
+    path = ckpt_tokenizer_dir(tmp_path, None)
+    if text is not None:
+        (tmp_path / "config.json").write_text(text)
+    assert declared_context(path) == context
+    if text not in ("{not json", "[4096]"):
+        assert ChatFormat(load_tokenizer(path)).context_tokens == context
+
+
+def test_the_shipped_tiny_declares_its_8192_token_context():
+    assert ChatFormat(load_tokenizer("tiny")).context_tokens == 8192
+    assert ChatFormat(reference_tokenizer()).context_tokens is None  # no checkpoint beside it
 
 
 @pytest.mark.parametrize("spec", ["tiny", "tiny-init"])

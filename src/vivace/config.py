@@ -137,6 +137,13 @@ class AgentConfig(_Strict):
     )
     max_wall_s: float = Field(1800.0, gt=0, description="Wall-clock seconds for the episode (stop reason timeout).")
     command_timeout_s: float = Field(120.0, gt=0, description="Default timeout of run_terminal_cmd, s.")
+    max_result_chars: int | None = Field(
+        None,
+        ge=500,
+        description="Characters one tool result may hold; the rest is cut from its middle, saying how much. None: "
+        "20,000, or 3/4 of the model's context in tokens where its checkpoint declares one below 26,667 "
+        "(6,144 for the tiny policy's 8,192), so that one test report cannot fill a small model's context.",
+    )
     reproducible_output: bool = Field(
         False,
         description="Commands run with PYTHONHASHSEED=0 (set and dict order, e.g. in pytest's assertion diffs) and "

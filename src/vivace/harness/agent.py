@@ -27,7 +27,7 @@ from vivace.harness.messages import AssistantTurn, Message, ToolCall
 from vivace.harness.policy import ContextFull, Conversation, Policy, PolicyError, PolicyUnavailable
 from vivace.harness.prompts import SYSTEM_PROMPT, SYSTEM_PROMPT_VERSION
 from vivace.harness.tools import default_tools, tools_by_name
-from vivace.harness.tools.base import Tool, ToolContext, ToolResult, tool_schema
+from vivace.harness.tools.base import MAX_RESULT_CHARS, Tool, ToolContext, ToolResult, tool_schema
 from vivace.harness.trajectory import StopReason, Tokens, ToolRecord, Trajectory, Turn
 from vivace.sandbox.base import Workspace
 
@@ -43,6 +43,17 @@ Observer = Callable[[str, Any], None]
 class _Stop(Exception):
     def __init__(self, reason: StopReason, error: str | None = None, unavailable: bool = False):
         self.reason, self.error, self.unavailable = reason, error, unavailable  # see Trajectory.unavailable
+
+
+def result_budget(limits: AgentConfig, policy: Policy) -> int:
+    """Characters one tool result may hold: agent.max_result_chars when set, else MAX_RESULT_CHARS, or 3/4 of the
+    policy's context in tokens when that is less. The tiny policy's tokenizer spends a token per ~2.5 characters
+    of pytest -rA output: with its 8,192-token context, of which the system prompt and tools take 2,672, a
+    20,000-character report overflows at once, and the 6,144 characters it is cut to take ~2,500 tokens."""
+    if limits.max_result_chars is not None:
+        return limits.max_result_chars
+    context = getattr(policy, "context_tokens", None)
+    return min(MAX_RESULT_CHARS, context * 3 // 4) if isinstance(context, int) and context > 0 else MAX_RESULT_CHARS
 
 
 async def run_episode(
@@ -69,7 +80,10 @@ async def run_episode(
         seed=seed,
     )
     ctx = ToolContext(
-        workspace=workspace, command_timeout_s=limits.command_timeout_s, reproducible_output=limits.reproducible_output
+        workspace=workspace,
+        command_timeout_s=limits.command_timeout_s,
+        reproducible_output=limits.reproducible_output,
+        max_result_chars=result_budget(limits, policy),
     )
     notify = observer or (lambda kind, payload: None)
     turns: list[Turn] = []

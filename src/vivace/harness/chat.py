@@ -181,6 +181,7 @@ class ChatFormat:
         stops = {self._single_id(t): t for t in ends}
         stops.update((i, self.decode([i])) for i in self._generation_eos(eos_ids) if i not in stops)
         self.stop_ids = list(stops)
+        self.context_tokens = self._declared_context()
         # Stripped off a turn's end.
         self._end_tags = tuple(dict.fromkeys((self.end_of_turn, END_OF_TEXT, *stops.values())))
         self._tag_of_id = {vocab[t]: t for t in SPECIAL_TOKENS if t in vocab}
@@ -217,6 +218,13 @@ class ChatFormat:
         if self.template_note:
             log.warning("%s; using %s instead", self.template_note, self.template_name)
 
+    def _declared_context(self) -> int | None:
+        """The model's context, by the config.json beside the tokenizer (a checkpoint's); None: unknown."""
+        from vivace.model.checkpoint import declared_context  # (the one reader of checkpoint files)
+
+        directory = _directory(self.tokenizer)
+        return declared_context(directory) if directory else None
+
     def _generation_eos(self, eos_ids: Sequence[int] | None) -> list[int]:
         """The given end ids, or those of the tokenizer's checkpoint's generation_config.json; ids
         outside the tokenizer's vocabulary are left out with a warning (no text, nothing to parse)."""
@@ -224,7 +232,7 @@ class ChatFormat:
         if eos_ids is None:
             from vivace.model.checkpoint import generation_eos_ids  # (the one reader of checkpoint files)
 
-            directory = getattr(self.tokenizer, "name_or_path", "") or ""
+            directory = _directory(self.tokenizer)
             source = f"{directory}/generation_config.json's eos_token_id"
             eos_ids = generation_eos_ids(directory) if directory else []
         size = len(self.tokenizer)
@@ -481,6 +489,11 @@ def _template_problem(
             "Qwen3's does with <think>), so rollouts could not extend the tokens sampled so far"
         ), ""
     return None, end.group(0)
+
+
+def _directory(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The directory the tokenizer was loaded from ("" when it was built in memory)."""
+    return getattr(tokenizer, "name_or_path", "") or ""
 
 
 def _template_name(tokenizer: PreTrainedTokenizerBase, template: str, from_tokenizer: bool) -> str:

@@ -65,7 +65,8 @@ class Conversation:
 @runtime_checkable
 class Policy(Protocol):
     """A policy that holds something (an HTTP client's connections, an engine's thread) also has
-    `async aclose()`; whoever loaded it calls `close_policy` when done."""
+    `async aclose()`; whoever loaded it calls `close_policy` when done. One that knows its model's
+    context has `context_tokens` (agent.result_budget sizes tool results by it)."""
 
     name: str  # the spec it was made from, for logs and reports
 
@@ -175,6 +176,11 @@ class TokenPolicy:
         self.sampler, self.chat, self.name = sampler, chat_format, name
         self.params = params or SamplingParams()
 
+    @property
+    def context_tokens(self) -> int | None:
+        """The model's context, as its checkpoint declares it (None: unknown); the agent sizes tool results by it."""
+        return self.chat.context_tokens
+
     async def aclose(self) -> None:
         """Close the sampler: an HTTP sampler's client, or a local engine's thread."""
         if (aclose := getattr(self.sampler, "aclose", None)) is not None:
@@ -221,6 +227,11 @@ class TeacherTokens:
 
     def __init__(self, inner: Policy, chat_format: Any):
         self.inner, self.chat, self.name = inner, chat_format, inner.name
+
+    @property
+    def context_tokens(self) -> int | None:
+        """As TokenPolicy's: expert episodes see tool results cut as the model's own rollouts do."""
+        return self.chat.context_tokens
 
     async def act(self, conversation: Conversation) -> AssistantTurn:
         log = _with_new_messages(conversation, self.chat)

@@ -491,6 +491,21 @@ def _config_error(file: Path, e: Exception) -> str:
     return (text[:300] + "…" if len(text) > 300 else text) or type(e).__name__
 
 
+def declared_context(path: str | Path) -> int | None:
+    """The context, in tokens, that a checkpoint directory's config.json declares: its
+    `max_position_embeddings` (a multimodal config's `text_config`'s). None when the directory has no
+    such file or field, or the file cannot be read: loading the model is what reports a bad config."""
+    file = Path(path).expanduser() / "config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8")) if str(path) and file.is_file() else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    config = config if isinstance(config, dict) else {}
+    text = config.get("text_config")
+    n = config.get("max_position_embeddings", text.get("max_position_embeddings") if isinstance(text, dict) else None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def generation_eos_ids(path: str | Path) -> list[int]:
     """The ids that end generation by a checkpoint directory's generation_config.json: its
     `eos_token_id`, one id or a list (Llama 3 Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>;

@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from vivace.sandbox.base import Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 
-MAX_RESULT_CHARS = 20_000  # what one tool result may put in front of the model
+MAX_RESULT_CHARS = 20_000  # what one tool result may put in front of the model (less for a small context)
 MAX_RESULT_LINES = 500
 EVERYTHING = "*"  # a resource name that overlaps every other (shell commands, repo-wide search)
 
@@ -114,6 +114,7 @@ class ToolContext:
     search: Any = None  # the codebase_search backend (see search.py); None: built on first use
     command_timeout_s: float = 120.0  # default for run_terminal_cmd
     reproducible_output: bool = False  # AgentConfig.reproducible_output, for run_terminal_cmd
+    max_result_chars: int = MAX_RESULT_CHARS  # one result's budget (agent.result_budget)
 
 
 @runtime_checkable

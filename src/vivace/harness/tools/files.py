@@ -183,7 +183,8 @@ class ReadFile:
         out = [numbered(n, lines[n - 1]) for n in range(args.offset, end + 1)]
         if args.offset > 1 or end < total:
             out.append(f"[showing lines {args.offset}-{end} of {total}; use offset and limit to see more]")
-        return ToolResult(truncate("\n".join(out) + "\n", hint="use offset and limit to read a range").rstrip("\n"))
+        text = truncate("\n".join(out) + "\n", ctx.max_result_chars, hint="use offset and limit to read a range")
+        return ToolResult(text.rstrip("\n"))
 
 
 FIND_IT = "use list_dir or glob_file_search to find it"
@@ -514,7 +515,8 @@ class ListDir:
             return ToolResult("(empty directory)")
         dirs = [f"{e.name}/" for e in entries if e.kind == "dir"]
         rest = [_entry_line(e.name, e.kind, e.size) for e in entries if e.kind != "dir"]
-        text = truncate("\n".join(dirs + rest) + "\n", hint="list a subdirectory or use glob_file_search")
+        text = "\n".join(dirs + rest) + "\n"
+        text = truncate(text, ctx.max_result_chars, hint="list a subdirectory or use glob_file_search")
         return ToolResult(text.rstrip("\n"))
 
 

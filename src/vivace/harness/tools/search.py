@@ -191,7 +191,7 @@ class Grep:
         lines = [line.removeprefix("./").removesuffix("\r") for line in stdout.split("\n")]
         lines = lines[:-1] if lines and lines[-1] == "" else lines
         timed_out = SEARCH_TIMEOUT_S if res.timed_out else None
-        return ToolResult(_finish(lines, args.head_limit, res.stdout_dropped, timed_out))
+        return ToolResult(_finish(lines, args.head_limit, res.stdout_dropped, ctx.max_result_chars, timed_out))
 
     async def _search(self, ws: Workspace, args: GrepArgs, path: str, before: int, after: int) -> Any:
         use_rg = self.use_rg if self.use_rg is not None else self._has_rg.get_for(ws)
@@ -229,7 +229,7 @@ def _rg_args(args: GrepArgs, path: str, before: int, after: int) -> list[str]:
 _NARROW = "narrow the path or glob, or simplify the pattern"
 
 
-def _finish(lines: list[str], head_limit: int | None, dropped: int, timed_out: float | None = None) -> str:
+def _finish(lines: list[str], head_limit: int | None, dropped: int, budget: int, timed_out: float | None = None) -> str:
     """Output lines with head_limit applied, long lines cut, then the one truncation rule."""
     notes = []
     if timed_out is not None:
@@ -240,7 +240,7 @@ def _finish(lines: list[str], head_limit: int | None, dropped: int, timed_out: f
     if dropped:
         notes.append(f"[the sandbox dropped {dropped} more bytes of output; narrow the search]")
     lines = [line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " [... line cut]" for line in lines]
-    text = truncate("\n".join(lines + notes) + "\n", hint="narrow the pattern, path or glob, or use head_limit")
+    text = truncate("\n".join(lines + notes) + "\n", budget, hint="narrow the pattern, path or glob, or use head_limit")
     return text.rstrip("\n")
 
 
@@ -291,7 +291,8 @@ class GlobFileSearch:
         shown = found[:MAX_GLOB_RESULTS]
         if len(found) > MAX_GLOB_RESULTS:
             shown.append(f"[... and {len(found) - MAX_GLOB_RESULTS} more files; use a narrower pattern or path]")
-        return ToolResult(truncate("\n".join(shown) + "\n", hint="use a narrower pattern or path").rstrip("\n"))
+        text = truncate("\n".join(shown) + "\n", ctx.max_result_chars, hint="use a narrower pattern or path")
+        return ToolResult(text.rstrip("\n"))
 
 
 # -- codebase_search --------------------------------------------------------------------------------
@@ -481,7 +482,8 @@ class CodebaseSearch:
             return error(f"codebase_search failed: {e}; try grep instead.")
         if not hits:
             return ToolResult(f"No results for {quote_query(args.query)}.")
-        text = truncate("\n\n".join(_render(h) for h in hits) + "\n", hint="lower k or narrow the query")
+        text = "\n\n".join(_render(h) for h in hits) + "\n"
+        text = truncate(text, ctx.max_result_chars, hint="lower k or narrow the query")
         return ToolResult(text.rstrip("\n"))
 
 

@@ -139,7 +139,8 @@ async def _lint(ctx: ToolContext, targets: list[str], notes: list[str]) -> ToolR
         return ToolResult("\n".join([f"No lint errors in {shown}."] + notes), meta={"problems": 0, "diagnostics": []})
     lines = [f"{path}:{line}:{col}: {code} {msg}" for path, line, col, code, msg in rows]
     lines.append(f"{len(rows)} problem(s) in {len(files)} file(s).")
-    text = truncate("\n".join(lines + notes) + "\n", hint="lint fewer paths at a time").rstrip("\n")
+    text = truncate("\n".join(lines + notes) + "\n", ctx.max_result_chars, hint="lint fewer paths at a time")
+    text = text.rstrip("\n")
     return ToolResult(text, meta={"problems": len(rows), "files": len(files), "diagnostics": rows})
 
 
@@ -194,7 +195,7 @@ class RunTerminalCmd:
         if ctx.reproducible_output:
             streams = [(name, steady(text), dropped) for name, text, dropped in streams]
         streams = [st for st in streams if st[1] or st[2]]
-        parts = [head] + [_section(*st, share=max(1, len(streams))) for st in streams]
+        parts = [head] + [_section(*st, budget=ctx.max_result_chars // max(1, len(streams))) for st in streams]
         meta = {"exit_code": res.exit_code, "timed_out": res.timed_out, "duration_s": res.duration_s}
         return ToolResult("\n".join(parts), meta=meta)
 
@@ -214,9 +215,9 @@ def steady(text: str) -> str:
     return _ADDRESS.sub(lambda m: "at 0x" + "7f".ljust(len(m.group(1)), "0"), text)
 
 
-def _section(name: str, text: str, dropped: int, share: int) -> str:
-    """One output stream under its header; two streams split the one result budget."""
+def _section(name: str, text: str, dropped: int, budget: int) -> str:
+    """One output stream under its header, in `budget` characters (two streams split the one result budget)."""
     note = f" (the sandbox dropped {dropped} bytes in the middle)" if dropped else ""
     hint = f"redirect {name} to a file and read or grep it"
-    body = truncate(text, MAX_RESULT_CHARS // share, MAX_RESULT_LINES // share, hint=hint)
+    body = truncate(text, budget, max(1, MAX_RESULT_LINES * budget // MAX_RESULT_CHARS), hint=hint)
     return f"--- {name}{note} ---\n" + body.rstrip("\n")
