@@ -540,3 +540,83 @@ def test_a_server_failing_on_its_side_is_unavailable_and_a_refusal_is_not(status
     policy.client.chat.completions.with_raw_response.create = hang
     with pytest.raises(PolicyUnavailable):
         asyncio.run(policy.act(conversation))
+
+
+def _cards_server(cards: Any, replies: list[dict]) -> tuple[BackgroundServer, list[str]]:
+    """A server listing `cards` (a body, or a status to answer) and replying `replies` in turn; the paths
+    it was asked, in order."""
+    app, asked = FastAPI(), []
+
+    @app.get("/v1/models")
+    async def models():
+        asked.append("models")
+        return JSONResponse({"error": {"message": "no"}}, cards) if isinstance(cards, int) else cards
+
+    @app.post("/v1/chat/completions")
+    async def complete():
+        asked.append("chat")
+        return replies[min(asked.count("chat"), len(replies)) - 1]
+
+    return BackgroundServer(app).start(), asked
+
+
+@pytest.mark.parametrize(
+    "cards, context",
+    [
+        ({"object": "list", "data": [{"id": "other", "max_model_len": 9}, {"id": "m", "max_model_len": 4096}]}, 4096),
+        ({"object": "list", "data": [{"id": "m"}]}, None),  # a hosted API's card: no length
+        ({"object": "list", "data": [{"id": "m", "max_model_len": "4096"}]}, None),
+        ({"object": "list", "data": [{"id": "m", "max_model_len": True}]}, None),
+        ({"object": "list", "data": "m"}, None),
+        (404, None),
+        (500, None),  # asked once, not retried: the episode goes on with the usual budget
+    ],
+)
+async def test_an_endpoint_policy_learns_its_models_context_from_the_model_card(ws, cards, context):
+    """vLLM lists max_model_len with each model: tool results then fit it (3/4 of it in characters), as they
+    do for a local checkpoint. Asked once per policy, never failing an episode."""
+    reads = calls(call("c1", "run_terminal_cmd", json.dumps({"command": "seq -f %050g 1 300"})))
+    background, asked = _cards_server(cards, [reads, DONE])
+    policy = OpenAIPolicy(f"{background.url}/v1", "m", name="fake", timeout_s=5.0)
+    try:
+        traj = await run_episode(policy, ws, "x", AgentConfig(max_turns=3))
+        again = await run_episode(policy, ws, "x", AgentConfig(max_turns=3))
+    finally:
+        await policy.aclose()
+        background.stop(10)
+    assert traj.stop_reason == again.stop_reason == "done", (traj.error, again.error)
+    assert policy.context_tokens == context and asked.count("models") == 1, asked
+    result = traj.turns[0].tool_calls[0].result
+    if context is None:
+        assert "omitted" not in result and result.endswith("300")  # 15,300 characters: under 20,000
+    else:
+        assert "characters omitted" in result and len(result) < 3_072 + 300, len(result)
+
+
+async def test_a_model_card_that_never_answers_costs_one_short_wait():
+    """GET /models hanging (a proxy that only forwards chat) delays the first turn by CONTEXT_LOOKUP_S, once."""
+    from vivace.harness import policies
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        await asyncio.sleep(30)
+
+    app.post("/v1/chat/completions")(lambda: DONE)
+    background = BackgroundServer(app).start()
+    policy = OpenAIPolicy(f"{background.url}/v1", "m", name="fake", timeout_s=20.0)
+    old, policies.CONTEXT_LOOKUP_S = policies.CONTEXT_LOOKUP_S, 0.5
+    try:
+        start = time.monotonic()
+        await asyncio.gather(*(policy.act(conversation()) for _ in range(3)))
+        first = time.monotonic() - start
+        start = time.monotonic()
+        await policy.act(conversation())
+        later = time.monotonic() - start
+    finally:
+        policies.CONTEXT_LOOKUP_S = old
+        await policy.aclose()
+        background.stop(10)
+    assert policy.context_tokens is None
+    assert 0.5 <= first < 20 and later < first, (first, later)  # bounded by the lookup's own timeout, once

@@ -1087,6 +1087,14 @@ def test_a_model_is_retrieved_by_its_name(served):
         sdk.models.retrieve("gpt-4o")
 
 
+def test_the_model_card_says_the_context_as_vllm_does(served):
+    """max_model_len: what vivace's own endpoint policy (and any client) sizes its requests by."""
+    engine, client = served
+    card = openai_client(client).models.list().data[0]
+    assert card.max_model_len == engine.engine.max_positions > 0
+    assert client.get("/v1/models/m").json()["max_model_len"] == engine.engine.max_positions
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

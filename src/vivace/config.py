@@ -141,8 +141,9 @@ class AgentConfig(_Strict):
         None,
         ge=500,
         description="Characters one tool result may hold; the rest is cut from its middle, saying how much. None: "
-        "20,000, or 3/4 of the model's context in tokens where its checkpoint declares one below 26,667 "
-        "(6,144 for the tiny policy's 8,192), so that one test report cannot fill a small model's context.",
+        "20,000, or 3/4 of the model's context in tokens where that is less: the context its checkpoint's "
+        "config.json declares, or an endpoint's model card (max_model_len, as vLLM and vivace serve list it). "
+        "6,144 for the tiny policy's 8,192, so that one test report cannot fill a small model's context.",
     )
     reproducible_output: bool = Field(
         False,

@@ -83,7 +83,6 @@ async def run_episode(
         workspace=workspace,
         command_timeout_s=limits.command_timeout_s,
         reproducible_output=limits.reproducible_output,
-        max_result_chars=result_budget(limits, policy),
     )
     notify = observer or (lambda kind, payload: None)
     turns: list[Turn] = []
@@ -107,6 +106,7 @@ async def run_episode(
                 else:
                     stop = _Stop("max_tokens" if reply.finish_reason == "length" else "done")
                 break
+            ctx.max_result_chars = result_budget(limits, policy)  # an endpoint's context is known after its first turn
             outcomes = await _within(
                 deadline, _run_calls(list(message.tool_calls), by_name, ctx, limits), "running tools"
             )

@@ -25,6 +25,7 @@ Spec parsing is lazy: nothing heavy is imported until a policy of that kind is m
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
@@ -204,12 +205,14 @@ class OpenAIPolicy:
     ) -> None:
         import openai  # lazy: only this policy needs the client
 
-        self.name, self.model = name, model
+        self.name, self.model, self.timeout_s = name, model, timeout_s
         # Sent unless it is the API's own default (1), which some models refuse to be sent at all.
         self.temperature = None if temperature == 1.0 else temperature
         key = os.environ.get("OPENAI_API_KEY") or "EMPTY"  # local servers accept any key
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries)
         self._openai = openai
+        self.context_tokens: int | None = None  # from the server's model card, once asked (_learn_context)
+        self._context_lookup: asyncio.Future | None = None
 
     async def aclose(self) -> None:
         await self.client.close()
@@ -231,9 +234,30 @@ class OpenAIPolicy:
             self.model = models[0]
         return self.model
 
+    async def _learn_context(self) -> None:
+        """Asks the server once, for every episode of this policy, for the model's context: the `max_model_len`
+        of its model card (vLLM, SGLang and vivace serve list it; hosted APIs do not). Shielded, so an episode
+        cancelled meanwhile does not cancel the others' answer."""
+        if self._context_lookup is None:
+            self._context_lookup = asyncio.ensure_future(self._read_context())
+        await asyncio.shield(self._context_lookup)
+
+    async def _read_context(self) -> None:
+        """Never raises: without an answer the context stays unknown (tool results get the usual budget)."""
+        try:
+            client = self.client.with_options(timeout=min(CONTEXT_LOOKUP_S, self.timeout_s), max_retries=0)
+            async for card in client.models.list():
+                length = getattr(card, "max_model_len", None)
+                if card.id == self.model and isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                    self.context_tokens = length
+        except (self._openai.OpenAIError, AttributeError, TypeError, ValueError):
+            pass
+
     async def act(self, conversation: Conversation) -> AssistantTurn:
+        model = await self._model_name()
+        await self._learn_context()
         request: dict[str, Any] = {
-            "model": await self._model_name(),
+            "model": model,
             "messages": [_for_api(m) for m in conversation.messages],
             "max_tokens": conversation.max_turn_tokens,
         }
@@ -259,6 +283,7 @@ class OpenAIPolicy:
         return _completion_turn(body, self.name, bool(conversation.tools))
 
 
+CONTEXT_LOOKUP_S = 5.0  # GET /models answers at once where it is served; a server that hangs there costs this once
 _ERROR_CODE = re.compile(r"^Error code: \d+(?: - |$)")  # the openai client's prefix of the server's message
 _LONGEST_RETRY_AFTER_S = 120  # openai._constants.MAX_RETRY_AFTER_DELAY: a longer wait is not retried
 _TOOL_CALL_MARKUP = re.compile(r"<tool_call>\s*\{")  # chat.TOOL_CALL_OPEN and a JSON object, without transformers

@@ -20,8 +20,8 @@ Endpoints:
   ends it only at `stop_token_ids`, `stop` or `max_tokens`. Without `max_tokens` (or chat's
   `max_completion_tokens`) a chat reply has at most 1,024 tokens and a completion 16, OpenAI's legacy
   default; vLLM's `top_k` is honoured, its `repetition_penalty` and `min_p` refused.
-- GET /v1/models, GET /v1/models/{model} (404 for another name), GET /health, GET /metrics (tokens/s,
-  batch occupancy, queue).
+- GET /v1/models, GET /v1/models/{model} (404 for another name; the card has vLLM's max_model_len),
+  GET /health, GET /metrics (tokens/s, batch occupancy, queue).
 
 Options honoured:
 - `stop` strings (both endpoints; at most 4, of at most 1,000 characters: a streamed reply checks
@@ -447,7 +447,14 @@ def create_app(
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> dict:
         check_model(name)
-        return {"id": model_name, "object": "model", "created": created, "owned_by": "vivace"}
+        # max_model_len as vLLM says it: a client sizes what it sends by it (vivace's agent, its tool results).
+        return {
+            "id": model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vivace",
+            "max_model_len": engine.engine.max_positions,
+        }
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request):
