@@ -115,11 +115,10 @@ class _ThenFail:
         raise self.exc
 
 
-async def test_a_tool_result_past_the_models_context_ends_the_episode_at_its_token_limit(ws):
-    """A tool result that filled a small model's context (pytest -rA on a real repository: ~11,400 tokens
-    for the tiny policy's 8,192) ended the episode as an "error" with the engine's ValueError. It is the
-    episode's length limit, as max_tokens is: that stop reason, the engine's words as the reason, and the
-    turn that read the file kept."""
+async def _read_a_long_file_then_sample(ws, room: int, declared: bool, limits: AgentConfig | None = None):
+    """An untrained model whose context is the prompt plus `room` tokens: its first turn reads a
+    40,000-character file (said, not sampled), then the engine samples. `declared`: its checkpoint declares
+    that context (ChatFormat.context_tokens). Returns the trajectory and the context."""
     from transformers import AutoModelForCausalLM
 
     from vivace.harness.chat import ChatFormat
@@ -129,47 +128,9 @@ async def test_a_tool_result_past_the_models_context_ends_the_episode_at_its_tok
 
     chat = ChatFormat(reference_tokenizer())
     tools = [tool_schema(t) for t in default_tools()]
-    prompt = len(chat.prompt_ids([Message("system", "s"), Message("user", "x")], tools))
-    context = prompt + 1024  # the system prompt and a turn fit; a 40,000-character file does not
-    model = AutoModelForCausalLM.from_config(tiny_config(len(chat.tokenizer), max_position_embeddings=context))
-    await ws.write_text("big.txt", "".join(f"line {i}: some words of a long log\n" for i in range(1_200)))
-    read = chat.assistant_ids(Message("assistant", "", tool_calls=(ToolCall("c1", "read_file", {"path": "big.txt"}),)))
-
-    class ReadsThenSamples:  # says the read as its first turn, then the engine samples
-        def __init__(self, engine):
-            self.engine, self.said = engine, False
-
-        async def generate(self, prompt_ids, params):
-            if not self.said:
-                self.said = True
-                return Completion(read, [0.0] * len(read), "stop", 0)
-            return await self.engine.generate(prompt_ids, params)
-
-    engine = AsyncEngine(Engine(model.eval()))
-    try:
-        traj = await run_episode(TokenPolicy(ReadsThenSamples(engine), chat, "small"), ws, "x")
-    finally:
-        engine.close()
-    assert traj.stop_reason == "max_tokens", traj.error
-    assert f"the model's context is {context}" in traj.error
-    assert len(traj.turns) == 1 and traj.turns[0].tool_calls[0].name == "read_file"
-    assert not traj.turns[0].tool_calls[0].is_error
-
-
-async def test_a_model_with_a_small_declared_context_gets_tool_results_it_can_hold(ws):
-    """The episode above, with the model's context declared by its checkpoint: the 40,000-character read is
-    cut to 3/4 of the context in characters, so the next turn still fits and the episode goes on."""
-    from transformers import AutoModelForCausalLM
-
-    from vivace.harness.chat import ChatFormat
-    from vivace.inference.engine import AsyncEngine, Engine
-    from vivace.model.checkpoint import tiny_config
-    from vivace.model.tokenizer import reference_tokenizer
-
-    chat = ChatFormat(reference_tokenizer())
-    tools = [tool_schema(t) for t in default_tools()]
-    prompt = len(chat.prompt_ids([Message("system", "s"), Message("user", "x")], tools))
-    context = chat.context_tokens = prompt + 3_000
+    context = len(chat.prompt_ids([Message("system", "s"), Message("user", "x")], tools)) + room
+    if declared:
+        chat.context_tokens = context
     model = AutoModelForCausalLM.from_config(tiny_config(len(chat.tokenizer), max_position_embeddings=context))
     await ws.write_text("big.txt", "".join(f"line {i}: some words of a long log\n" for i in range(1_200)))
     read = chat.assistant_ids(Message("assistant", "", tool_calls=(ToolCall("c1", "read_file", {"path": "big.txt"}),)))
@@ -186,10 +147,28 @@ async def test_a_model_with_a_small_declared_context_gets_tool_results_it_can_ho
 
     engine = AsyncEngine(Engine(model.eval()))
     try:
-        limits = AgentConfig(max_turns=2, max_turn_tokens=16)
-        traj = await run_episode(TokenPolicy(ReadsThenSamples(engine), chat, "small"), ws, "x", limits)
+        return await run_episode(TokenPolicy(ReadsThenSamples(engine), chat, "small"), ws, "x", limits), context
     finally:
         engine.close()
+
+
+async def test_a_tool_result_past_the_models_context_ends_the_episode_at_its_token_limit(ws):
+    """A tool result that filled a small model's context (pytest -rA on a real repository, for the tiny
+    policy's 8,192) ended the episode as an "error" with the engine's ValueError. It is the episode's length
+    limit, as max_tokens is: that stop reason, the engine's words as the reason, and the turn that read the
+    file kept. (A model that declares no context gets the usual 20,000 characters.)"""
+    traj, context = await _read_a_long_file_then_sample(ws, 1024, declared=False)
+    assert traj.stop_reason == "max_tokens", traj.error
+    assert f"the model's context is {context}" in traj.error
+    assert len(traj.turns) == 1 and traj.turns[0].tool_calls[0].name == "read_file"
+    assert not traj.turns[0].tool_calls[0].is_error
+
+
+async def test_a_model_with_a_small_declared_context_gets_tool_results_it_can_hold(ws):
+    """The episode above, with the model's context declared by its checkpoint: the 40,000-character read is
+    cut to 3/4 of the context in characters, so the next turn still fits and the episode goes on."""
+    limits = AgentConfig(max_turns=2, max_turn_tokens=16)
+    traj, context = await _read_a_long_file_then_sample(ws, 3_000, declared=True, limits=limits)
     # The second turn was sampled (16 tokens of an untrained model: its turn cap, not the context).
     assert len(traj.turns) == 2 and traj.turns[1].completion_tokens == 16 and traj.error is None, traj.error
     result = traj.turns[0].tool_calls[0].result

@@ -237,8 +237,8 @@ class OpenAIPolicy:
     async def _learn_context(self) -> None:
         """Asks the server once, for every episode of this policy, for the model's context: the `max_model_len`
         of its model card (vLLM, SGLang and vivace serve list it; hosted APIs do not). Shielded, so an episode
-        cancelled meanwhile does not cancel the others' answer."""
-        if self._context_lookup is None:
+        cancelled meanwhile does not cancel the others' answer (one cancelled with its event loop is asked again)."""
+        if self._context_lookup is None or self._context_lookup.cancelled():
             self._context_lookup = asyncio.ensure_future(self._read_context())
         await asyncio.shield(self._context_lookup)
 
