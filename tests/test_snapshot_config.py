@@ -392,7 +392,28 @@ BAD_CONFIG_FILES = [  # (file name, bytes, words the error must hold besides the
     ("dupsec.json", b'{"train": {"steps": 1}, "train": {"lr": 0.001}}', ["section 'train' is given twice"]),
     ("dupkey.json", b'{"train": {"steps": 1, "steps": 5}}', ["setting 'train.steps' is given twice"]),
     ("device.json", b'{"engine": {"device": "banana"}}', ["engine.device", "unknown device 'banana'"]),
+    # Another type is refused, not converted: `true` ran 1 step, "8" passed as 8, 1 turned a flag on.
+    ("bool_int.json", b'{"train": {"steps": true}}', ["train.steps: Input should be a valid integer"]),
+    ("str_int.json", b'{"agent": {"max_turns": "8"}}', ["agent.max_turns: Input should be a valid integer"]),
+    ("str_float.toml", b'[train]\nlr = "1e-4"\n', ["train.lr: Input should be a valid number"]),
+    ("float_int.json", b'{"train": {"steps": 40.0}}', ["train.steps: Input should be a valid integer"]),
+    ("int_bool.json", b'{"agent": {"reproducible_output": 1}}', ["agent.reproducible_output", "valid boolean"]),
+    ("int_str.json", b'{"train": {"suite": 5}}', ["train.suite: Input should be a valid string"]),
 ]
+
+
+def test_settings_of_the_right_type_still_load(tmp_path):
+    """strict keeps what JSON and TOML mean: an integer for a float, strings for paths, lists, tables."""
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps({
+        "sandbox": {"cpus": 2, "toolchain": ["."], "state_dir": str(tmp_path / "state")},
+        "train": {"lr": 1, "families": ["wrong_keyword"], "sft_data": "x.jsonl", "mask_truncated": "solved"},
+        "agent": {"max_result_chars": 4000, "reproducible_output": True},
+    }))  # fmt: skip
+    cfg = load_config("tiny", path)
+    assert (cfg.sandbox.cpus, cfg.train.lr, cfg.agent.max_result_chars) == (2.0, 1.0, 4000)
+    assert cfg.sandbox.toolchain == [Path(".")] and cfg.train.sft_data == Path("x.jsonl")
+    assert cfg.sandbox.state_dir == tmp_path / "state" and cfg.train.mask_truncated == "solved"
 
 
 @pytest.mark.parametrize("name,content,words", BAD_CONFIG_FILES, ids=[c[0] for c in BAD_CONFIG_FILES])

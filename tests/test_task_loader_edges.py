@@ -86,6 +86,8 @@ NEVER_WORK = {
     "reference-blank": (task(reference_patch="\n"), "reference_patch"),
     "timeout-infinite": (task(tests=spec(timeout_s=float("inf"))), "tests.timeout_s"),
     "timeout-nan": (task(tests=spec(timeout_s=float("nan"))), "tests.timeout_s"),
+    "timeout-a-string": (task(tests=spec(timeout_s="60")), "tests.timeout_s"),  # was read as 60
+    "timeout-a-boolean": (task(tests=spec(timeout_s=True)), "tests.timeout_s"),  # was read as 1 second
     "repo-patch-not-a-diff": (task(repo={"path": "repo", "patch": "garbage\n"}), "repo.patch"),
     "split-a-list": (task(metadata={"split": ["test"]}), "metadata"),  # matched no --split: dropped silently
     "split-misspelt": (task(metadata={"split": "tset"}), "metadata"),

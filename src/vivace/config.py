@@ -15,9 +15,9 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 
 def cache_root() -> Path:
@@ -34,7 +34,12 @@ def default_state_dir() -> Path:
 class _Strict(BaseModel):
     # allow_inf_nan=False: JSON's Infinity/NaN and TOML's inf/nan are refused in every float setting (a weight of
     # inf made NaN scores; a timeout of inf an OverflowError in every episode), naming the setting.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # strict: a value of another type is refused, naming the setting, rather than converted: `"steps": true` ran
+    # 1 step and `"max_turns": "8"` passed as 8. An int is still a float; paths are read from strings (PathSetting).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
+
+
+PathSetting = Annotated[Path, Strict(False)]  # a path's JSON or TOML value is a string
 
 
 # The devices the engine runs on (inference.samplers.resolve_device, which also checks that torch sees it);
@@ -58,7 +63,7 @@ class SandboxConfig(_Strict):
         "plain: directory copy + rlimits, NOT isolated; auto: isolated when available, "
         "else plain with a loud warning.",
     )
-    state_dir: Path = Field(
+    state_dir: PathSetting = Field(
         default_factory=default_state_dir,
         description="Snapshot cache and live workspaces; shared by every process on the machine.",
     )
@@ -71,7 +76,7 @@ class SandboxConfig(_Strict):
     output_limit_bytes: int = Field(
         256 * 1024, ge=1024, description="Bytes kept per stream (stdout, stderr); the rest is counted and dropped."
     )
-    toolchain: list[Path] = Field(
+    toolchain: list[PathSetting] = Field(
         default_factory=list,
         description="Directories mounted read-only at the same path inside the sandbox (a "
         "virtualenv, an interpreter prefix); their bin/ goes first on PATH. Empty: the "
@@ -345,7 +350,7 @@ class TrainConfig(_Strict):
     )
     is_cap: float = Field(2.0, ge=1, description="Cap of the sampler-to-trainer importance weight (truncated IS).")
     kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3); 0: off.")
-    sft_data: Path | None = Field(
+    sft_data: PathSetting | None = Field(
         None,
         description="Expert episodes (a `vivace sft data` JSONL file) whose supervised loss is added to every "
         "update, weighted by sft_coef: it holds the policy near what the warm start learnt (copying names it "
@@ -401,7 +406,7 @@ class TrainConfig(_Strict):
         "default is 50 GB; a 30B model in fp32 is 120 GB).",
     )
     seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
-    runs_dir: Path = Field(Path("runs"), description="Where run directories are made.")
+    runs_dir: PathSetting = Field(Path("runs"), description="Where run directories are made.")
     eval_tasks: int = Field(
         0, ge=0, description="Held-out tasks in the before/after benchmark that ends the run (0: no evaluation)."
     )

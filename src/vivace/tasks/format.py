@@ -123,7 +123,9 @@ class TestSpec(_Strict):
     files: dict[str, str] = Field(
         default_factory=dict, description="Hidden test files (workspace path -> content), written fresh at scoring."
     )
-    timeout_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="Wall-clock limit of the test run.")
+    timeout_s: float = Field(
+        300.0, gt=0, allow_inf_nan=False, strict=True, description="Wall-clock limit of the test run."
+    )  # strict: "60" or true is refused, naming the field, not read as 60 or 1
 
     @field_validator("files")
     @classmethod
