@@ -388,3 +388,54 @@ async def test_a_sweep_that_raises_never_stops_a_backend(tmp_path, caplog, monke
         backend = _backend("plain", state)
     await backend.aclose()
     assert f"could not sweep {state / 'owners' / DEAD}" in caplog.text and "cannot sweep" in caplog.text
+
+
+def test_evict_replaced_spares_the_current_and_claimed_entries_and_removes_leftovers(tmp_path):
+    from vivace.sandbox.snapshot import claim, evict_replaced
+
+    cache, owners = tmp_path / "cache", tmp_path / "owners"
+    for name in ("etc-old", "etc-claimed", "etc-now", "snapshots", ".etc-x.evicted-0123abcd"):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "f").write_text("x")
+    (owners / "live").mkdir(parents=True)
+    claim(cache, owners / "live", "etc-claimed")
+    dead_builder = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    (cache / f".etc-new.tmp-{int(dead_builder.stdout)}-0123abcd").mkdir()  # a killed build's half
+
+    removed = evict_replaced(cache, owners.iterdir(), "etc-", "etc-now")
+
+    assert removed == ["etc-old"]
+    assert sorted(p.name for p in cache.iterdir() if p.name != ".lock") == ["etc-claimed", "etc-now", "snapshots"]
+    (owners / "live" / "uses-etc-claimed").unlink()  # its owner closed
+    assert evict_replaced(cache, owners.iterdir(), "etc-", "etc-now") == ["etc-claimed"]
+
+
+@needs_isolation
+@pytest.mark.isolated
+async def test_an_old_copy_of_etc_goes_once_no_live_backend_uses_it(tmp_path, repo):
+    """Each content of the sandbox's /etc is built once into the state directory; a host whose /etc
+    changes (a rebuilt container) used to leave every old copy there. A copy in use stays."""
+    from vivace.sandbox.isolated import IsolatedBackend
+
+    state = tmp_path / "state"
+    stale = state / "etc-0000000000000000"  # an older host's copy
+    stale.mkdir(parents=True)
+    (stale / "passwd").write_text("root:x:0:0::/:/bin/sh\n")
+    first = IsolatedBackend(isolated_config(state))
+    assert not stale.exists()
+    mine = [p.name for p in state.glob("etc-*")]
+    assert len(mine) == 1
+
+    # Another content (another sandbox uid is written into its passwd) while the first backend runs.
+    other = isolated_config(state).model_copy(update={"sandbox_uid": 64000})
+    second = IsolatedBackend(other)
+    assert sorted(p.name for p in state.glob("etc-*")) != mine and (state / mine[0]).is_dir()
+    ws = await first.create(first.snapshot(str(repo)))
+    assert (await ws.exec("grep -c sandbox /etc/passwd", timeout=30)).exit_code == 0  # still bound
+    await first.aclose()
+    await second.aclose()
+
+    third = IsolatedBackend(other)
+    assert not (state / mine[0]).exists()
+    assert len(list(state.glob("etc-*"))) == 1
+    await third.aclose()

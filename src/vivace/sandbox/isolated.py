@@ -63,7 +63,7 @@ from vivace.sandbox.local import (
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.sandbox.process import run_capped
 from vivace.sandbox.seccomp import keyring_filter
-from vivace.sandbox.snapshot import Snapshot, build_once
+from vivace.sandbox.snapshot import Snapshot, build_once, claim, evict_replaced
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ class IsolatedBackend(LocalBackend):
     def _build_etc(self) -> Path:
         """The sandbox's /etc: synthetic identity files plus copies of the few host files
         programs need, bound with one mount (a bind per file cost ~2 ms per command). Built
-        once per machine and content (copying /etc/ssl takes most of a second)."""
+        once per machine and content (copying /etc/ssl takes most of a second); a copy of older
+        content is removed once no live backend claims it."""
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
         files = {
             "passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n",
@@ -170,7 +171,14 @@ class IsolatedBackend(LocalBackend):
                 else:
                     shutil.copyfile(host, tmp / host.name)  # follows a link (localtime -> zoneinfo)
 
-        return build_once(self.state / f"etc-{h.hexdigest()[:16]}", build)
+        key = f"etc-{h.hexdigest()[:16]}"
+        claim(self.state, self.owner_dir, key)  # for this backend's life: every command binds it
+        etc = build_once(self.state / key, build)
+        try:  # a host whose /etc changed (a container rebuilt) would otherwise keep every old copy
+            evict_replaced(self.state, (self.state / "owners").iterdir(), "etc-", key)
+        except OSError as e:
+            log.warning("could not remove old copies of /etc from %s: %s", self.state, e)
+        return etc
 
     def _static_bwrap_args(self) -> list[str]:
         args = [

@@ -456,6 +456,43 @@ def evict(
     return removed
 
 
+def claim(cache_dir: Path, holder: Path, key: str) -> None:
+    """Mark cache entry `key` as used by `holder` (a directory that exists while its user may use the
+    entry, as in `materialize`): `evict_replaced` then spares it. Made before the entry is looked up
+    or built, so an eviction either sees the claim or has finished before the lookup."""
+    with _cache_lock(cache_dir, exclusive=False):
+        (holder / f"{CLAIM_PREFIX}{key}").touch()
+
+
+def evict_replaced(cache_dir: Path, holders: Iterable[Path], prefix: str, current: str) -> list[str]:
+    """Remove the entries named `prefix*` other than `current` that no holder claims: entries built
+    from content that has since changed (the sandbox's /etc after the host's changed), which no new
+    user will ask for; also what a killed process left of such entries. Returns the names removed;
+    skips the round when another process holds the lock."""
+    doomed = [Path(e) for e in _listdir(cache_dir) if e.name.startswith(f".{prefix}") and ".evicted-" in e.name]
+    doomed += [p for p in _abandoned_builds(cache_dir) if p.name.startswith(f".{prefix}")]
+    removed = []
+    with _cache_lock(cache_dir, exclusive=True, wait=False) as locked:
+        if locked:
+            claimed = {
+                e.name[len(CLAIM_PREFIX) :] for h in holders for e in _listdir(h) if e.name.startswith(CLAIM_PREFIX)
+            }
+            for e in _listdir(cache_dir):
+                name = e.name
+                if (
+                    name.startswith(prefix)
+                    and name != current
+                    and name not in claimed
+                    and e.is_dir(follow_symlinks=False)
+                ):
+                    doomed.append(cache_dir / f".{name}.evicted-{secrets.token_hex(4)}")
+                    os.rename(cache_dir / name, doomed[-1])
+                    removed.append(name)
+    for trash in doomed:
+        shutil.rmtree(trash, ignore_errors=True)
+    return removed
+
+
 _BUILDING = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]{8}$")  # build_once's directory while it builds
 
 
