@@ -231,3 +231,24 @@ def test_shipped_requests_point_at_the_bug_the_tests_show():
             assert named.group(0).startswith("tests/test_report.py::"), task.id  # what imports the broken file
             if style == "traceback":
                 assert "ERROR collecting tests/test_report.py" in task.request and "ImportError" in task.request
+
+
+def test_a_python_without_pytest_is_named_not_reported_as_a_broken_project(tmp_path, monkeypatch):
+    """Generating tasks runs each project's tests with this Python; where it has no pytest (an install
+    without the test tools), the error said only `fails its own tests: {}`."""
+    import sys
+    import venv
+
+    venv.create(tmp_path / "bare", with_pip=False)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bare" / "bin" / "python"))
+    with pytest.raises(RuntimeError, match="No module named pytest"):
+        generate_families({"train": 1}, seed=0, workers=1)
+
+
+def test_unsound_tasks_for_want_of_pytest_get_advice_about_the_environment():
+    from vivace.bench.report import unsound_advice
+
+    why = "the reference fix does not pass the tests (exit code 1: /venv/bin/python: No module named pytest)"
+    advice = unsound_advice([{"task_id": "t", "kind": None}], {"t": why})
+    assert advice.startswith("the sandbox's Python has no pytest") and "pip install pytest" in advice
+    assert "no pytest" not in unsound_advice([{"task_id": "t", "kind": None}], {"t": "FAIL_TO_PASS 0/1 passed"})

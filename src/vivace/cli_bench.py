@@ -136,6 +136,8 @@ def tasks_families(
                                       progress=lambda kept, total: progress.update(bar, completed=kept))  # fmt: skip
     except KeyboardInterrupt:
         raise stopped_by_signal(received, f"nothing was written to {out_file}; run it again") from None
+    except RuntimeError as e:  # a clean project fails: the environment cannot run the tests
+        fail(f"{e}\nnothing was written to {out_file}; the projects' tests run with this Python's pytest", 1)
     with writes_or_exit(out_file, f"the {len(tasks)} tasks generated were not saved; give an --out you can write and "
                         "run it again"):  # fmt: skip
         out_file.parent.mkdir(parents=True, exist_ok=True)

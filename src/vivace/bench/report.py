@@ -76,6 +76,9 @@ def unsound_advice(rows: list[dict[str, Any]], problems: dict[str, str]) -> str:
     running the baselines again; one made by `vivace tasks swebench` is made again with its --check."""
     from_swebench = {r["task_id"]: r.get("kind") == "swebench" for r in rows if r["task_id"] in problems}
     advice = []
+    if any("No module named pytest" in why for why in problems.values()):  # every task fails alike: the environment
+        advice.append("the sandbox's Python has no pytest: install it where the tests run (vivace's own environment "
+                      "unless sandbox.toolchain names another), e.g. `pip install pytest`")  # fmt: skip
     if not all(from_swebench.values()):
         advice.append("fix a task's tests, setup, env or reference_patch in its file, then check it with "
                       "`vivace bench --model scripted:oracle --model scripted:null --tasks FILE`")  # fmt: skip

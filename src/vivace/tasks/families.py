@@ -169,6 +169,8 @@ def run_project(files: dict[str, str], timeout_s: float = 30.0) -> tuple[dict[st
         except subprocess.TimeoutExpired:
             return {}, "timed out"
     output = done.stdout.replace(tmp + "/", "")  # paths as the project sees them, not this machine's
+    if not output.strip() and done.stderr.strip():  # pytest never ran (not installed, say): say why
+        output = done.stderr.replace(tmp + "/", "")
     return parse_outcomes(output), output
 
 
@@ -218,9 +220,11 @@ def _project_for(family: str, themes: list[str], rng: random.Random) -> Project:
 
 
 def _make_task(project: Project, family: str, rng: random.Random) -> Task | None:
-    clean, _ = run_project(project.files)
+    clean, output = run_project(project.files)
     if not clean or any(v != "PASSED" for v in clean.values()):
-        raise RuntimeError(f"a generated {project.theme} project fails its own tests: {clean}")
+        tail = "\n".join(output.strip().splitlines()[-8:])
+        raise RuntimeError(f"a generated {project.theme} project fails its own tests ({sys.executable} -m pytest): "
+                           f"{clean or 'no test outcome'}\n{tail}")  # fmt: skip
     for fam, path, mutated, context in bugs(project, family, rng)[:3]:
         files = {**project.files, path: mutated}
         outcomes, output = run_project(files)
