@@ -379,3 +379,18 @@ def test_config_show_checks_a_file_merged_over_a_preset(tmp_path):
     bad.write_text(json.dumps({"train": {"stpes": 3}}))
     result = CliRunner().invoke(app, ["config", "show", "--config", str(bad)])
     assert result.exit_code == 2 and "stpes" in result.output and "Traceback" not in result.output
+
+
+def test_without_ray_train_says_to_install_it_or_pass_local_before_making_the_run(tmp_path, monkeypatch):
+    """Ray is optional (`vivace[ray]`); a plain install found out only when the workers started, after the
+    run directory was made, in two tracebacks."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    said = _refused(tmp_path, {})
+    assert "Ray is not installed" in said and "pip install 'vivace[ray]'" in said and "--local" in said
+    code, said = _train(tmp_path, {}, "--local")  # needs no Ray
+    assert code == STARTED, said
+    result = CliRunner().invoke(app, ["train", "bench-pipeline", "--work-dir", str(tmp_path / "bench")])
+    assert result.exit_code == 2 and "Ray is not installed" in result.output

@@ -130,9 +130,11 @@ def train_command(
 
     from vivace.rl.controller import training_tasks
     from vivace.rl.evaluate import held_out_tasks
-    from vivace.rl.workers import ClusterUnavailable, check_reachable
+    from vivace.rl.workers import ClusterUnavailable, check_ray_installed, check_reachable
 
     try:
+        if not local:
+            check_ray_installed()
         if address is not None and not local:
             check_reachable(address)
         # Checked before training: a bad split, suite, family list, model or sft_data must not surface only after the run.
@@ -610,6 +612,7 @@ def bench_pipeline_command(
     """Synchronous vs asynchronous rollouts on a heavy-tailed synthetic environment, side by side:
     trajectories per minute, sampler busy fraction, staleness, p50/p99 episode time."""
     from vivace.rl.bench import MODES, bench_pipeline
+    from vivace.rl.workers import ClusterUnavailable, check_ray_installed
 
     cfg = _config(preset, backend, state_dir, config_file)
     try:
@@ -631,7 +634,11 @@ def bench_pipeline_command(
         cfg.engine = cfg.engine.model_copy(update={"max_batch": max(cfg.engine.max_batch, concurrency)})
         if not 1 <= turn_range[0] <= turn_range[1]:
             raise ValueError(f"--turns {turns!r}: give MIN-MAX with 1 <= MIN <= MAX")
+        if not local:
+            check_ray_installed()
     except ValueError as e:
+        fail(str(e))
+    except ClusterUnavailable as e:
         fail(str(e))
     with err.status("measuring the rollout pipeline...") as status:
         say = status_say(status)

@@ -67,6 +67,17 @@ class ClusterUnavailable(Exception):
     """The Ray cluster to join cannot be reached or refuses this process."""
 
 
+def check_ray_installed() -> None:
+    """Raises ClusterUnavailable when Ray, an optional dependency (`vivace[ray]`), is not installed: found
+    only when the workers start, it failed after the run directory was made, in two tracebacks."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ClusterUnavailable("Ray is not installed: vivace trains on Ray actors by default; install it with "
+                                 "`pip install 'vivace[ray]'` (or `pip install 'ray>=2.40'`), or pass --local to "
+                                 "run sampler, rollouts and trainer in this process")  # fmt: skip
+
+
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
     """Raises ClusterUnavailable unless a `host:port` cluster address accepts a TCP connection: Ray's own
     join retries an unresolvable or closed address for many minutes, printing only its own warnings.
