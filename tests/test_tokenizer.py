@@ -297,3 +297,18 @@ def test_cli_train_that_cannot_save_is_one_line(tmp_path, monkeypatch, small_cor
     said = " ".join(res.stderr.split())
     assert f"error: cannot write {out}/tokenizer.json: No space left on device; the tokenizer trained was not" in said
     assert "Traceback" not in res.output and res.stdout == ""
+
+
+def test_the_code_corpus_is_the_same_when_vivace_is_installed_under_a_hidden_directory(tmp_path, monkeypatch):
+    """Hidden directories are left out below the package only: installed under `.venv/` or `~/.local/`,
+    every file had been left out, and `vivace tokenizer train` trained on no code at all."""
+    import shutil
+
+    from vivace.model import corpus
+
+    here = [p.relative_to(corpus.VIVACE_SRC) for p in corpus.code_files()]
+    copy = tmp_path / ".venv" / "site-packages" / "vivace"
+    shutil.copytree(corpus.VIVACE_SRC, copy, ignore=shutil.ignore_patterns("__pycache__", "*.safetensors", "*.json*"))
+    (copy / ".hidden.py").write_text("x = 1\n")  # still left out
+    monkeypatch.setattr(corpus, "VIVACE_SRC", copy)
+    assert [p.relative_to(copy) for p in corpus.code_files()] == here and len(here) > 100

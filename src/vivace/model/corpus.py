@@ -52,10 +52,12 @@ def build_corpus(seed: int = CORPUS_SEED) -> Iterator[str]:
 
 def code_files() -> list[Path]:
     """vivace's own source and the bundled repositories: .py, .md and .toml files, in path order."""
-    files = [
+    files = [  # hidden parts below the package only: an install under `.venv/` or `~/.local/` holds every file
         p
         for p in VIVACE_SRC.rglob("*")
-        if p.suffix in CODE_SUFFIXES and p.is_file() and not any(part.startswith(".") for part in p.parts)
+        if p.suffix in CODE_SUFFIXES
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(VIVACE_SRC).parts)
     ]
     return sorted(files, key=lambda p: p.relative_to(VIVACE_SRC).as_posix())
 
