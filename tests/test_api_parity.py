@@ -45,6 +45,10 @@ class TurnEngine:
     class engine:  # noqa: N801 - mirrors AsyncEngine.engine
         max_positions = 8192
 
+        @staticmethod
+        def request(prompt, params, top_logprobs=0):  # Engine.request's checks: every request passes here
+            return None
+
     def __init__(self, turns: list[list[int]]) -> None:
         self.turns, self.prompts = turns, []
 

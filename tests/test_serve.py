@@ -383,6 +383,11 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(server):
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "taught", "prompt": [5], "stop_token_ids": [2**70]})
     assert r.status_code == 400 and "stop token ids out of range" in r.json()["error"]["message"]
+    # Streamed, the engine's refusals come before the 200 too (a bad stop id was a 200 and then an internal error).
+    for extra, words in (({"stop_token_ids": [2**70]}, "stop token ids out of range"),
+                         ({"messages": [{"role": "user", "content": "word " * 9000}]}, "context")):  # fmt: skip
+        r = httpx.post(url, json={"model": "taught", "messages": MESSAGES, "stream": True, **extra}, timeout=60)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
     ok = client(server).chat.completions.create(model="taught", messages=MESSAGES, tools=TOOLS, temperature=0)
     assert ok.choices[0].finish_reason == "tool_calls"

@@ -531,10 +531,11 @@ def create_app(
         shape = Shape(use_tools, body.parallel_tool_calls, body.logprobs, names, _strict_schemas(tools or []))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if body.stream:
-            if len(todo[0].prompt) >= engine.engine.max_positions:  # fail before the 200 of a stream
-                raise ApiError(
-                    400, f"the prompt has {len(todo[0].prompt)} tokens; the context is {engine.engine.max_positions}"
-                )
+            for job in todo:  # the engine's checks, before the 200 of a stream: after it, a refusal is an event
+                try:
+                    engine.engine.request(job.prompt, job.params, top_logprobs=job.top_logprobs)
+                except ValueError as exc:  # prompt over the context, stop token ids out of the vocabulary
+                    raise ApiError(400, str(exc)) from exc
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             streams = [stream_choice(engine, chat, job, i, shape) for i, job in enumerate(todo)]
             events = _stream_chat(merge(streams, stopping.on_stop), rid, model_name, len(prompt), include_usage)
