@@ -1080,6 +1080,8 @@ def test_a_body_that_is_not_json_says_how_to_mend_it(served):
     r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == 400
     assert "sent with content-type: application/json (this one's: application/x-www-form-urlencoded)" in r.text
+    r = client.post("/v1/chat/completions", content=b'"hi"', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"].endswith("must be a JSON object, not a JSON string")
 
 
 def test_a_model_is_retrieved_by_its_name(served):

@@ -280,6 +280,8 @@ def _problem(error: dict, request: Request) -> str:
         return f"the body is not valid JSON: {reason} (at character {error['loc'][-1]})"
     if error["loc"] == ("body",) and isinstance(error.get("input"), bytes | str):  # not read as JSON at all
         kind = request.headers.get("content-type") or "none"
+        if kind.split(";")[0].strip().lower() == "application/json":  # JSON, but a string: not an object
+            return "the body must be a JSON object, not a JSON string"
         return f"the body must be a JSON object sent with content-type: application/json (this one's: {kind})"
     return f"{'.'.join(str(p) for p in error['loc'] if p != 'body') or 'body'}: {error['msg']}"
 
