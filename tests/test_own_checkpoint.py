@@ -7,6 +7,7 @@ must stop each turn where the model ends it, whatever the tokenizer calls its en
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import openai
@@ -350,3 +351,38 @@ def test_a_qwen3_template_checkpoint_runs_past_its_first_turn(tmp_path):
                                   for c in turn.message.tool_calls]  # fmt: skip
     assert len(conversation.tokens.ids) > 0
     policy.sampler.close()
+
+
+@pytest.mark.parametrize("writer", ["save_checkpoint", "save_streamed"])
+def test_a_trained_checkpoint_keeps_the_files_that_say_how_to_use_it(eot_ckpt, tmp_path, writer):
+    """sft train (save_checkpoint) and the RL trainer (save_streamed) wrote the tokenizer and generation
+    config anew: the RL output ended generation at one id of the eos list its source gave (so it no longer
+    stopped at <|eot_id|>), and both rewrote tokenizer_config.json and dropped the license."""
+    import shutil
+
+    from vivace.model.checkpoint import save_checkpoint
+    from vivace.model.stream_save import save_streamed
+
+    source = tmp_path / "source"
+    shutil.copytree(eot_ckpt, source)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (source / "chat_template.jinja").write_text(LLAMA3_TEMPLATE)
+    (source / "LICENSE").write_text("the model's license\n")
+    (source / "warm_start.json").write_text("{}")  # the source's own record: not the trained model's
+    loaded = load_model(str(source))
+    out = tmp_path / "out"
+    if writer == "save_checkpoint":
+        save_checkpoint(loaded.model, loaded.tokenizer, out)
+    else:
+        state = loaded.model.state_dict()
+        save_streamed(loaded.model, loaded.tokenizer, ((n, state[n]) for n in sorted(state)), out)
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json", "LICENSE"):
+        assert (out / name).read_bytes() == (source / name).read_bytes(), name
+    assert not (out / "warm_start.json").exists()
+    assert generation_eos_ids(out) == generation_eos_ids(source) == [loaded.tokenizer.eos_token_id, 0]
+    reloaded = load_model(str(out))
+    assert ChatFormat(reloaded.tokenizer).stop_ids == ChatFormat(loaded.tokenizer).stop_ids
+    for name, value in loaded.model.state_dict().items():
+        assert torch.equal(reloaded.model.state_dict()[name], value), name

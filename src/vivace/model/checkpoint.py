@@ -582,8 +582,42 @@ def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    save_companions(model, tokenizer, path)
     return path
+
+
+# What a checkpoint directory holds beside its weights and config.json that says how to use them. A checkpoint
+# trained from it gets these files as they are: save_pretrained rewrote them (another tokenizer_class, a
+# normalizer that class adds, one end-of-generation id where generation_config.json listed several).
+COMPANION_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
+)  # fmt: skip
+_LICENSE_FILE = re.compile(r"^(LICEN[CS]E|NOTICE|USE_POLICY)", re.IGNORECASE)
+
+
+def save_companions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> list[str]:
+    """Writes the files beside the weights into checkpoint directory `path`: those of the directory the
+    tokenizer was loaded from (COMPANION_FILES, its named chat templates and license files), copied as
+    they are; what that directory lacks (or all, for a tokenizer made in memory) from the tokenizer and
+    the model's generation config. Returns the names copied."""
+    import shutil
+
+    source = Path(tokenizer.name_or_path) if tokenizer.name_or_path else None
+    copied = []
+    if source is not None and source.is_dir() and source.resolve() != path.resolve():
+        for file in sorted(source.iterdir()):
+            if file.is_file() and (file.name in COMPANION_FILES or _LICENSE_FILE.match(file.name)):
+                shutil.copyfile(file, path / file.name)
+                copied.append(file.name)
+            elif file.name == "additional_chat_templates" and file.is_dir():
+                shutil.copytree(file, path / file.name, dirs_exist_ok=True)
+                copied.append(file.name)
+    if "tokenizer_config.json" not in copied:
+        tokenizer.save_pretrained(path)
+    if "generation_config.json" not in copied and model.can_generate() and model.generation_config is not None:
+        model.generation_config.save_pretrained(path)
+    return copied
 
 
 def ship_checkpoint(source: str | Path, dest: Path = TINY_DIR, dtype: torch.dtype = torch.bfloat16) -> dict:

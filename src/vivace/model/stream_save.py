@@ -28,6 +28,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from vivace.model.checkpoint import save_companions
+
 SHARD_BYTES = 2 * 2**30  # weights per file: what rank 0 holds at once while saving (and their reverted copy)
 
 
@@ -104,7 +106,5 @@ def save_streamed(
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     model.config.save_pretrained(path)
-    if model.can_generate() and model.generation_config is not None:
-        model.generation_config.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_companions(model, tokenizer, path)
     return path
