@@ -631,3 +631,20 @@ def test_tasks_families_stopped_by_sigterm_leaves_no_temporary_directories(tmp_p
     assert f"stopped by SIGTERM: nothing was written to {out}" in " ".join(stderr.split()), stderr
     assert "Traceback" not in stderr and not out.exists()
     assert not list(tmp.glob("vivace-family-*"))
+
+
+def test_episodes_the_policy_ended_in_an_error_are_counted_apart_from_weak_ones():
+    """A policy that crashed on every episode (a model whose vocabulary its tokenizer outgrew) showed
+    `errors 0 | success 0.0%`, as a weak model does."""
+    from vivace.bench.report import markdown, summarize
+
+    def row(task_id: str, stop_reason: str) -> dict:
+        details = {"turns": 1, "tool_calls": 0, "tool_calls_per_turn": 0.0, "wall_s": 0.1, "format_errors": 0,
+                   "unsupported_claims": [], "model_s": 0.0, "stop_reason": stop_reason}  # fmt: skip
+        return {"model": "m", "task_id": task_id, "resolved": False, "total": 0.0, "adherence": 0.0,
+                "details": details}  # fmt: skip
+
+    summary = summarize([row("a", "error"), row("b", "error"), row("c", "answered")])
+    assert summary["m"]["policy_errors"] == 2 and summary["m"]["errors"] == 0 and summary["m"]["success"] == 0
+    table = markdown(summary, "t")
+    assert "| format errors | policy errors |" in table and "| 0 | 2 |" in table  # format errors 0, policy errors 2

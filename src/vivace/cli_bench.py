@@ -488,6 +488,10 @@ def bench(
         err.print(f"[yellow]warning:[/] {len(failed)} episode(s) could not run and are not counted in success (e.g. "
                   f"{escape(failed[0]['task_id'])}: {escape(failed[0]['error'])}); to run them again, {escape(again)}",
                   highlight=False, soft_wrap=True)  # fmt: skip
+    if crashed := [r for r in rows if r.get("details", {}).get("stop_reason") == "error"]:
+        err.print(f"[yellow]warning:[/] {len(crashed)} episode(s) ended in an error of the policy and count as "
+                  f"failures (e.g. {escape(crashed[0]['task_id'])}); each trajectory's `error` says what failed "
+                  f"({escape(str(out_dir / crashed[0]['trajectory']))})", highlight=False, soft_wrap=True)  # fmt: skip
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary, "unsound_tasks": unsound, "out_dir": str(out_dir),
                                      "seconds": seconds}) + "\n")  # fmt: skip

@@ -121,6 +121,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "median_wall_s": _median([x["wall_s"] for x in d]),
         "unsupported_claim_rate": _mean([1.0 if x["unsupported_claims"] else 0.0 for x in d]),
         "format_errors": sum(x["format_errors"] for x in d),
+        # Episodes the policy ended by failing (a bug, a request its server refused), scored as failures: a
+        # success rate of 0 from a policy that never ran must not read as a weak model.
+        "policy_errors": sum(x.get("stop_reason") == "error" for x in d),
         # Scored as failures (the limit is part of the task: speed is measured), shown apart so a
         # slow endpoint is not mistaken for a weak model.
         "timeouts": sum(x.get("stop_reason") == "timeout" for x in d),
@@ -162,6 +165,7 @@ _COLUMNS = [
     ("median_wall_s", "median wall s", "{:.1f}"),
     ("unsupported_claim_rate", "unsupported claims", "{:.1%}"),
     ("format_errors", "format errors", "{:d}"),
+    ("policy_errors", "policy errors", "{:d}"),
     ("timeouts", "timeouts (waiting for the model)", "{}"),
     ("ref_tokens_per_s", "tokens/s (ref.)", "{:.0f}"),
 ]
