@@ -11,21 +11,27 @@ import signal
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 from typer.testing import CliRunner
 
+from test_own_checkpoint import SMALL as OWN
+from test_own_checkpoint import llama3_tokenizer, save
 from vivace.cli import app
+from vivace.harness.chat import ChatFormat
 from vivace.model.checkpoint import deepen, load_model, load_tokenizer, save_checkpoint, tiny_config
+from vivace.model.tokenizer import reference_tokenizer
 from vivace.rl.sft_train import (
     IGNORE,
     PACKED,
     SftDataError,
+    _init_model,
     forward_row,
     lr_at,
     make_episode,
     pack,
     read_episodes,
     train_sft,
+    turn_start_token,
 )
 
 torch.set_num_threads(2)
@@ -482,3 +488,76 @@ def test_cli_embedding_rows_must_be_a_list_of_token_ids(tmp_path):
     (tmp_path / "ok.json").write_text("[1, 2]")
     both = CliRunner().invoke(app, [*base, "--embedding-rows", str(tmp_path / "ok.json"), "--freeze-embedding"])
     assert both.exit_code == 2 and "exclude each other" in both.output, both.output
+
+
+def _own_checkpoint(path, config, tokenizer) -> str:
+    """A checkpoint directory of another architecture, saved as such checkpoints ship."""
+    return str(save(path, config, tokenizer))
+
+
+@pytest.mark.parametrize(
+    "config, types",
+    [
+        (lambda v: Qwen3Config(vocab_size=v, head_dim=8, **OWN), ["full_attention"] * 5),
+        # full attention in layer 0, a sliding window from layer 1 on (max_window_layers=1)
+        (lambda v: Qwen2Config(vocab_size=v, use_sliding_window=True, sliding_window=16, max_window_layers=1, **OWN),
+         ["full_attention"] * 3 + ["sliding_attention"] * 2),
+    ],
+    ids=["qwen3", "qwen2-sliding"],
+)  # fmt: skip
+def test_deepen_gives_new_layers_the_layer_types_of_their_sources(tmp_path, config, types):
+    tok = reference_tokenizer()
+    start = _own_checkpoint(tmp_path / "start", config(len(tok)), tok)
+    model = load_model(start).model
+    deeper, _ = _init_model(start, {"num_hidden_layers": 5}, 0)  # what `sft train --arch` builds
+    # 2 -> 5: positions 0, 1, 2 are old layer 0 and two new layers after it; 3, 4 old layer 1 and one after
+    assert deeper.config.layer_types == types and len(model.config.layer_types) == 2
+    if hasattr(deeper.config, "max_window_layers") and "sliding_attention" in types:
+        assert deeper.config.max_window_layers == types.index("sliding_attention")
+    save_checkpoint(deeper, tok, tmp_path / "deeper")
+    loaded = load_model(str(tmp_path / "deeper")).model
+    assert loaded.config.layer_types == types
+    ids = torch.randint(0, len(tok), (1, 40))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, loaded(ids).logits)  # identity layers: the same function
+
+
+def test_deepen_keeps_each_moe_layer_sparse_or_dense_as_its_source():
+    # decoder_sparse_step=2: old layer 0 dense, layer 1 sparse; the stride would shift over the new layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(VOCAB, **{**SMALL, "decoder_sparse_step": 2})).eval()
+    deeper = deepen(model, 5)
+    assert deeper.config.mlp_only_layers == [0, 1, 2] and deeper.config.decoder_sparse_step == 1
+    ids = torch.randint(0, VOCAB, (1, 30))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, deeper(ids).logits)
+
+
+def test_cli_arch_deepens_a_qwen3_checkpoint(tmp_path):
+    tok = reference_tokenizer()
+    start = _own_checkpoint(tmp_path / "start", Qwen3Config(vocab_size=len(tok), head_dim=8, **OWN), tok)
+    data = _write(tmp_path / "a.jsonl", _episodes(2, lo=40, hi=80))
+    result = CliRunner().invoke(app, ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--init",
+                                      start, "--arch", "num_hidden_layers=3", "--seq-len", "256", "--steps", "1",
+                                      "--threads", "2", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert load_model(str(tmp_path / "m")).model.config.layer_types == ["full_attention"] * 3
+
+
+def test_dialogue_objective_needs_a_turn_start_token(tmp_path):
+    tok = reference_tokenizer()
+    assert turn_start_token(ChatFormat(tok)) == tok.convert_tokens_to_ids("<|im_start|>")
+    # Llama 3's vocabulary has no <|im_start|>: vivace's template spells it as text, so nothing marks
+    # where the system turn ends, and the objective would quietly be the assistant one.
+    llama = llama3_tokenizer()
+    start = _own_checkpoint(tmp_path / "llama", LlamaConfig(vocab_size=len(llama), **OWN), llama)
+    data = _write(tmp_path / "a.jsonl", [{"ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}])
+    train = ["sft", "train", "--data", str(data), "--out", str(tmp_path / "m"), "--steps", "1", "--init", start]
+    result = CliRunner().invoke(app, [*train, "--objective", "dialogue"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "opens every chat turn" in said and "--objective assistant" in said, said
+    assert not (tmp_path / "m").exists()  # refused before anything trained
+    drills = ["sft", "drills", "--data", str(data), "--out", str(tmp_path / "drills.jsonl"), "--model", start]
+    result = CliRunner().invoke(app, drills)  # a drill keeps the system turn too
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "opens every chat turn" in said, said

@@ -139,10 +139,11 @@ def deepen(model: PreTrainedModel, num_layers: int, seed: int = 0) -> PreTrained
     extra = num_layers - old
     after = [max((j + 1) * old // extra - 1, 0) for j in range(extra)]  # the old layer each new one follows
     source: list[int | None] = []  # per new position: the old layer it copies, or None (a new identity layer)
+    like: list[int] = []  # per new position: the old layer it copies or follows, whose config entries it takes
     for i in range(old):
         source += [i] + [None] * after.count(i)
-    cfg = copy.deepcopy(model.config)
-    cfg.num_hidden_layers = num_layers
+        like += [i] * (1 + after.count(i))
+    cfg = _deepened_config(model.config, like)
     torch.manual_seed(seed)
     deeper = AutoModelForCausalLM.from_config(cfg, dtype=next(model.parameters()).dtype)
     state = model.state_dict()
@@ -156,10 +157,52 @@ def deepen(model: PreTrainedModel, num_layers: int, seed: int = 0) -> PreTrained
         src = source[int(index)]
         if src is not None:
             target[key] = state[f"{prefix}{src}.{rest}"]
-        elif rest in ("self_attn.o_proj.weight", "mlp.experts.down_proj", "mlp.down_proj.weight"):
+        elif IDENTITY_OUTPUTS.intersection(rest.split(".")):
             target[key] = torch.zeros_like(target[key])
     deeper.load_state_dict(target)
     return deeper
+
+
+# The projections that write a layer's attention and MLP (experts, shared expert) into the residual
+# stream: zero in a new layer (weights and biases), so it adds nothing.
+IDENTITY_OUTPUTS = {"o_proj", "down_proj"}
+
+
+def _deepened_config(config: PretrainedConfig, like: list[int]) -> PretrainedConfig:
+    """`config` with `len(like)` layers, new layer i configured as old layer `like[i]`: its entry in
+    every per-layer list (layer_types: full or sliding attention), its MLP kind (an MoE config's
+    mlp_only_layers and decoder_sparse_step, rewritten as the explicit list), and Qwen's
+    max_window_layers kept consistent with layer_types. Without this the model is built for the
+    old depth (transformers indexes layer_types past its end) or with layers of another kind."""
+    old = config.num_hidden_layers
+    cfg = copy.deepcopy(config)
+    cfg.num_hidden_layers = len(like)
+    for name, value in vars(config).items():
+        if name == "mlp_only_layers" or not (isinstance(value, list) and len(value) == old and "layer" in name):
+            continue
+        if not name.endswith("layer_types"):
+            raise ValueError(f"cannot deepen a {type(config).__name__}: its config field {name} has one entry per "
+                             "layer and no known way to extend it; train this checkpoint at its own depth (no --arch)")  # fmt: skip
+        setattr(cfg, name, [value[s] for s in like])
+    dense = _dense_mlp_layers(config)
+    if dense is not None:  # as a list: a sparse step of 2 would otherwise shift which new layers are MoE
+        cfg.mlp_only_layers = [i for i, s in enumerate(like) if s in dense]
+        cfg.decoder_sparse_step = 1
+    window = getattr(config, "max_window_layers", None)
+    if isinstance(window, int):  # Qwen: the layers from this index on slide; kept true to layer_types
+        cfg.max_window_layers = sum(s < window for s in like) if window < old else max(window, len(like))
+    return cfg
+
+
+def _dense_mlp_layers(config: PretrainedConfig) -> set[int] | None:
+    """The layers of a Qwen MoE config (mlp_only_layers, decoder_sparse_step) whose MLP is dense, as
+    transformers decides it; None for a config without that layout."""
+    only = getattr(config, "mlp_only_layers", None)
+    if only is None:
+        return None
+    step = getattr(config, "decoder_sparse_step", None) or 1
+    sparse = (getattr(config, "num_experts", None) or 0) > 0
+    return {i for i in range(config.num_hidden_layers) if i in only or not (sparse and (i + 1) % step == 0)}
 
 
 @dataclass

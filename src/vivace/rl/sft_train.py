@@ -79,6 +79,47 @@ class SftDiverged(Exception):
 OBJECTIVES = ("assistant", "dialogue", "paths")
 
 
+# Message texts no template writes itself, to find each message's place in a rendering.
+_PROBE = {"system": "vivace probe: system", "user": "vivace probe: user", "assistant": "vivace probe: assistant"}
+
+
+def turn_start_token(chat) -> int | None:
+    """The id of the control token that opens every message in `chat`'s format (a ChatFormat, the
+    one `vivace sft data` renders episodes with), or None when there is none: <|im_start|> for a Qwen
+    vocabulary. A vocabulary without it (Llama 3, Mistral) gets vivace's template with "<|im_start|>"
+    spelled as several text tokens, which a message can hold too, so no id marks a turn's start."""
+    from vivace.harness.messages import Message
+
+    text = chat.render([Message(role, content) for role, content in _PROBE.items()])
+    contents = [text.find(content) for content in _PROBE.values()]
+    for token in sorted((t for t in chat.tokenizer.get_added_vocab() if t in text), key=text.find):
+        at = [m.start() for m in re.finditer(re.escape(token), text)]
+        # once per message, each before its text (a turn's end token comes after it)
+        if (
+            len(at) == len(contents)
+            and all(c < a for c, a in zip(contents, at[1:], strict=False))
+            and all(a < c for a, c in zip(at, contents, strict=True))
+        ):
+            return chat.tokenizer.convert_tokens_to_ids(token)
+    return None
+
+
+def _dialogue_turn_start(tokenizer) -> int:
+    """The turn-start id the dialogue objective cuts the system turn off at; a ValueError saying why
+    and what to train instead when the chat format has none (without it every episode would quietly
+    train the assistant tokens only)."""
+    from vivace.harness.chat import ChatFormat
+
+    chat = ChatFormat(tokenizer)
+    turn_start = turn_start_token(chat)
+    if turn_start is None:
+        raise ValueError(f"the dialogue objective needs a token that opens every chat turn, and {chat.template_name} "
+                         "has none in this tokenizer's vocabulary (such as Qwen's <|im_start|>), so the system turn "
+                         "cannot be told from the rest of an episode; train the assistant objective instead "
+                         "(--objective assistant)")  # fmt: skip
+    return turn_start
+
+
 def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) -> list[Episode]:
     """Every line of a JSONL file, checked: ids in the vocabulary, a 0/1 loss_mask per id.
     With `turn_start` (the chat format's message-start token) the "dialogue" objective: every
@@ -454,7 +495,7 @@ def train_sft(
     vocab = min(len(tokenizer), model.config.vocab_size)
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
-    turn_start = tokenizer.convert_tokens_to_ids("<|im_start|>") if objective == "dialogue" else None
+    turn_start = _dialogue_turn_start(tokenizer) if objective == "dialogue" else None
 
     files, episodes = [], []
     for p in data:
