@@ -394,3 +394,57 @@ def test_without_ray_train_says_to_install_it_or_pass_local_before_making_the_ru
     assert code == STARTED, said
     result = CliRunner().invoke(app, ["train", "bench-pipeline", "--work-dir", str(tmp_path / "bench")])
     assert result.exit_code == 2 and "Ray is not installed" in result.output
+
+
+def _small_checkpoint(path: Path, config) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    from vivace.model.tokenizer import reference_tokenizer
+
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    reference_tokenizer().save_pretrained(path)
+    return path
+
+
+SMALL_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=4096)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "sliding window", "vocab smaller than the tokenizer"])
+def test_a_model_the_engine_cannot_run_is_refused_before_the_run(tmp_path, kind):
+    """Each trained on until the actors started (~50 s), then failed in a Ray traceback (an architecture or
+    window the engine refuses) or ran every episode into an engine error that read as the policy failing."""
+    from transformers import GPT2Config, MistralConfig, Qwen3Config
+
+    from vivace.model.tokenizer import reference_tokenizer
+
+    vocab = len(reference_tokenizer())
+    config = {
+        "gpt2": lambda: GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=2, n_positions=4096),
+        "sliding window": lambda: MistralConfig(vocab_size=vocab, sliding_window=512, **SMALL_DIMS),
+        "vocab smaller than the tokenizer": lambda: Qwen3Config(vocab_size=vocab - 96, head_dim=8, **SMALL_DIMS),
+    }[kind]()
+    model = _small_checkpoint(tmp_path / "model", config)
+    said = _refused(tmp_path, {"train": {"model": str(model)}})
+    expected = {
+        "gpt2": "train.model: the engine runs Qwen3MoeForCausalLM, Qwen3ForCausalLM, Qwen2ForCausalLM, "
+        "Qwen2MoeForCausalLM, LlamaForCausalLM, MistralForCausalLM; GPT2LMHeadModel is not supported",
+        "sliding window": "train.model: MistralForCausalLM with sliding-window attention (a window of 512 positions",
+        "vocab smaller than the tokenizer": f"train.model: its tokenizer makes ids up to {vocab - 1} but the model's "
+        f"vocab_size (config.json) is {vocab - 96}",
+    }[kind]
+    assert expected in said, said
+
+
+def test_bench_and_serve_refuse_a_model_whose_vocab_is_smaller_than_its_tokenizer(tmp_path):
+    from transformers import Qwen3Config
+
+    from vivace.model.checkpoint import load_model
+    from vivace.model.tokenizer import reference_tokenizer
+
+    vocab = len(reference_tokenizer())
+    model = _small_checkpoint(tmp_path / "model", Qwen3Config(vocab_size=vocab - 1, head_dim=8, **SMALL_DIMS))
+    with pytest.raises(ValueError, match=f"its tokenizer makes ids up to {vocab - 1} but the model's vocab_size"):
+        load_model(str(model))  # what bench, serve, the agent and sft train load with
+    padded = _small_checkpoint(tmp_path / "padded", Qwen3Config(vocab_size=vocab + 64, head_dim=8, **SMALL_DIMS))
+    assert load_model(str(padded)).model.config.vocab_size == vocab + 64  # more rows than ids: fine

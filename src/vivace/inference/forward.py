@@ -210,18 +210,31 @@ def sliding_window(cfg) -> int | None:
     return window if getattr(cfg, "use_sliding_window", True) else None
 
 
+def engine_refusal(arch: str | None, cfg) -> str | None:
+    """Why the engine cannot run a model of class `arch` with config `cfg`, or None: read from the config
+    alone, so that `vivace train` refuses such a model before its run starts, as bench and serve do."""
+    if arch not in SUPPORTED:
+        return f"the engine runs {', '.join(SUPPORTED)}; {arch or 'this model'} is not supported"
+    window = sliding_window(cfg)
+    if window is not None and window < cfg.max_position_embeddings:
+        return (f"{arch} with sliding-window attention (a window of {window} positions in a context of "
+                f"{cfg.max_position_embeddings}) is not supported by the engine, which attends over the whole context")  # fmt: skip
+    return None
+
+
+def causal_lm_class(cfg) -> str | None:
+    """The class name AutoModelForCausalLM makes for config `cfg` (its `architectures`, else its model_type's)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    named = getattr(cfg, "architectures", None) or []
+    return named[0] if named else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(cfg, "model_type", None))
+
+
 class RaggedForward:
     def __init__(self, model: torch.nn.Module):
-        arch = type(model).__name__
         cfg = model.config
-        if arch not in SUPPORTED:
-            raise ValueError(f"the engine runs {', '.join(SUPPORTED)}; {arch} is not supported")
-        window = sliding_window(cfg)
-        if window is not None and window < cfg.max_position_embeddings:
-            raise ValueError(
-                f"{arch} with sliding-window attention (a window of {window} positions in a context of "
-                f"{cfg.max_position_embeddings}) is not supported by the engine, which attends over the whole context"
-            )
+        if refusal := engine_refusal(type(model).__name__, cfg):
+            raise ValueError(refusal)
         self.model = model
         self.base = model.model
         self.n_layers = cfg.num_hidden_layers

@@ -224,6 +224,8 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
     path = model_dir(spec)
     config = model_config(spec)  # config.json refused by name before the tokenizer and the weights read it
     tokenizer = _tokenizer_of(path, spec)
+    if problem := vocab_problem(tokenizer, config):
+        raise ValueError(f"{spec}: {problem}")
     if path.resolve() == model_spec.TINY_DIR.resolve():  # read at call time: tests point it elsewhere
         _require_shipped(path)
     _warn_stored_dtype(path, config)
@@ -241,6 +243,18 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu
     model = model.to(device).eval()
     _require_finite(model, spec)
     return LoadedModel(model, tokenizer, spec)
+
+
+def vocab_problem(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig) -> str | None:
+    """Why the model cannot take every id its tokenizer makes (its embedding has fewer rows), or None. Such a
+    pair loaded, and every episode then ended in an engine error that read as the policy failing. A padded
+    embedding (more rows than the tokenizer has ids) is fine."""
+    rows = getattr(config, "vocab_size", None)
+    top = max(tokenizer.get_vocab().values(), default=-1)
+    if isinstance(rows, int) and top >= rows:
+        return (f"its tokenizer makes ids up to {top} but the model's vocab_size (config.json) is {rows}: every "
+                "text that uses the ids beyond it fails; give the checkpoint the tokenizer it was trained with")  # fmt: skip
+    return None
 
 
 def _weights_problem(spec: str, path: Path, e: Exception) -> str:

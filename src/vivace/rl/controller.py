@@ -93,7 +93,8 @@ def check_model_and_data(cfg: VivaceConfig) -> tuple[int, int]:
     from vivace.harness.prompts import SYSTEM_PROMPT
     from vivace.harness.tools import default_tools
     from vivace.harness.tools.base import tool_schema
-    from vivace.model.checkpoint import load_tokenizer, model_config, require_weights
+    from vivace.inference.forward import causal_lm_class, engine_refusal
+    from vivace.model.checkpoint import load_tokenizer, model_config, require_weights, vocab_problem
 
     tc = cfg.train
     try:
@@ -102,6 +103,9 @@ def check_model_and_data(cfg: VivaceConfig) -> tuple[int, int]:
         require_weights(tc.model, config)
     except ValueError as e:
         raise ValueError(f"train.model: {e}") from None
+    # The samplers' engine and the trainer's rows read these only once their actors start, a minute in.
+    if problem := engine_refusal(causal_lm_class(config), config) or vocab_problem(tokenizer, config):
+        raise ValueError(f"train.model: {problem}")
     context = getattr(config, "max_position_embeddings", None) or 1 << 30
     tools = [tool_schema(t) for t in default_tools()]
     prompt = len(ChatFormat(tokenizer).prompt_ids([Message("system", SYSTEM_PROMPT), Message("user", "")], tools))
