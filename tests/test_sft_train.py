@@ -561,3 +561,24 @@ def test_dialogue_objective_needs_a_turn_start_token(tmp_path):
     result = CliRunner().invoke(app, drills)  # a drill keeps the system turn too
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "opens every chat turn" in said, said
+
+
+def test_data_rendered_with_another_tokenizer_is_refused_though_its_ids_fit(tmp_path):
+    """`vivace sft data --model` one checkpoint, then `sft train --init` another whose vocabulary the ids
+    fit: it trained on ids that spell other text."""
+    from vivace.harness.messages import Message
+
+    def rendered(tok) -> dict:
+        ids = ChatFormat(tok).prompt_ids([Message("system", "Fix it."), Message("user", "The test fails.")], None)
+        return {"task_id": "t", "ids": ids, "loss_mask": [0] * (len(ids) - 3) + [1] * 3}
+
+    drill = {"ids": [5, 6, 7], "loss_mask": [1, 1, 1]}  # synthetic: no text to check
+    llama = _write(tmp_path / "llama.jsonl", [rendered(llama3_tokenizer()), drill])  # its ids all fit tiny's vocabulary
+    own = _write(tmp_path / "own.jsonl", [rendered(reference_tokenizer()), drill])
+    train = ["sft", "train", "--steps", "1", "--init", "tiny-init"]
+    result = CliRunner().invoke(app, [*train, "--data", str(llama), "--out", str(tmp_path / "m")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "rendered with another tokenizer" in said and "llama.jsonl:1" in said, said
+    assert not (tmp_path / "m").exists()
+    result = CliRunner().invoke(app, [*train, "--data", str(own), "--out", str(tmp_path / "ok")])
+    assert result.exit_code == 0, result.output

@@ -114,7 +114,7 @@ def check_model_and_data(cfg: VivaceConfig) -> tuple[int, int]:
                          f"{prompt}: no episode can start; give a model with a longer context")  # fmt: skip
     if tc.sft_data is None or tc.sft_coef == 0:  # the trainer does not read it
         return context, prompt
-    from vivace.rl.sft_train import read_episodes
+    from vivace.rl.sft_train import check_rendered_with, read_episodes
 
     path = Path(tc.sft_data)
     if not path.is_file():
@@ -122,6 +122,7 @@ def check_model_and_data(cfg: VivaceConfig) -> tuple[int, int]:
         raise ValueError(f"{path}: train.sft_data {what}; give a JSONL file made by `vivace sft data`, or null")
     # Ids are checked against the tokenizer, as `vivace sft train` does: one beyond it is no token of this model.
     read_episodes(path, len(tokenizer))  # an SftDataError (a ValueError) naming file and line
+    check_rendered_with(path, tokenizer)
     return context, prompt
 
 

@@ -153,6 +153,34 @@ def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) ->
     return episodes
 
 
+_LINES_SCANNED = 200  # how far into a data file check_rendered_with looks for agent episodes
+
+
+def check_rendered_with(path: Path, tokenizer) -> None:
+    """An SftDataError when `path`'s agent episodes were rendered with another tokenizer than `tokenizer`,
+    though their ids all fit its vocabulary (`vivace sft data` with its default --model tiny, then `sft train
+    --init` another checkpoint): the run would train on ids that spell other text. Every agent episode
+    (a row with a task_id; synthetic copy drills are no text) opens with the chat format's system turn,
+    whose opening this model's chat format makes of its own ids."""
+    from vivace.harness.chat import ChatFormat
+    from vivace.harness.messages import Message
+
+    mark = "vivace probe: system"
+    text = ChatFormat(tokenizer).render([Message("system", mark)])
+    opening = tokenizer.encode(text[: text.index(mark)], add_special_tokens=False)[:-1]  # the last may merge on
+    for n, (where, row) in enumerate(jsonl_objects(path)):
+        if n >= _LINES_SCANNED:
+            return
+        ids = row.get("ids")
+        if "task_id" in row and isinstance(ids, list) and opening:
+            if ids[: len(opening)] != opening:
+                raise SftDataError(f"{where}: this episode does not open as this model's chat format opens a "
+                                   f"system turn ({tokenizer.decode(opening)!r}: ids {opening}; the episode's first "
+                                   f"ids are {ids[: len(opening)]}): it was rendered with another tokenizer; render "
+                                   "the data with this model's (`vivace sft data --model MODEL`)")  # fmt: skip
+            return  # one episode tells: a file is rendered with one tokenizer
+
+
 def jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """("FILE:LINE", object) for each non-blank line of a JSONL file; a missing file, a line that is
     not UTF-8, not JSON or not a JSON object is an SftDataError naming the file and line."""
@@ -500,6 +528,7 @@ def train_sft(
     files, episodes = [], []
     for p in data:
         eps = read_episodes(p, vocab, turn_start)
+        check_rendered_with(p, tokenizer)
         files.append({"path": str(p), "sha256": _sha256(p), "episodes": len(eps)})
         episodes += eps
     if objective == "paths":  # the training episodes only: the eval ones keep the assistant mask
