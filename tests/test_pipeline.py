@@ -1077,3 +1077,16 @@ async def test_bench_pipeline_leaves_no_workspaces_behind(tmp_path, monkeypatch)
                                   local=True)  # fmt: skip
     owners = os.listdir(tmp_path / "state" / "owners")
     assert not [o for o in owners if o.startswith(f"{os.getpid()}-")], owners
+
+
+def test_resume_after_the_base_checkpoint_moved_says_so(tmp_path, monkeypatch):
+    """A run of a user's own checkpoint, resumed after that directory moved: it said the path "has no
+    tokenizer", though the path did not exist at all."""
+    assert _cli_run(tmp_path, monkeypatch).exit_code == 0
+    config = tmp_path / "runs" / "t" / "config.json"
+    saved = json.loads(config.read_text())
+    saved["train"]["model"] = str(tmp_path / "moved-away")
+    config.write_text(json.dumps(saved))
+    result = _cli_run(tmp_path, monkeypatch, "--resume", str(tmp_path / "runs" / "t"), "--steps", "3")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"is gone from {tmp_path / 'moved-away'}: put it back there" in said, said

@@ -55,6 +55,7 @@ from vivace.cli import (
     write_problem,
 )
 from vivace.config import VivaceConfig, load_config
+from vivace.model.spec import TINY_NAMES
 from vivace.rl.runs import (
     RunInUse,
     checkpoint_dirs,
@@ -108,6 +109,10 @@ def train_command(
                 raise _Refused(f"{' and '.join(given)} cannot be given with --resume: the run's own "
                                f"{resume / 'config.json'} is used; only --steps and --seed may change")  # fmt: skip
             saved = load_run_config(resume)
+            base = saved.train.model
+            if base not in TINY_NAMES and not Path(base).expanduser().exists():
+                raise _Refused(f"the run's base checkpoint (train.model in {resume / 'config.json'}) is gone from "
+                               f"{base}: put it back there, or set train.model in that file to where it is now")  # fmt: skip
             run_dir = resume.resolve()
             _check_writable(run_dir)
             cfg = saved.model_copy(deep=True)
