@@ -1158,3 +1158,27 @@ def test_chat_ends_at_stop_token_ids_too(served):
     assert engine.params[-1].stop_token_ids == (7, *CHAT.stop_ids)
     whole(client, stop_token_ids=[7], ignore_eos=True, repetition_penalty=1.0, min_p=0.0)  # the neutral values pass
     assert engine.params[-1].stop_token_ids == (7,)
+
+
+def test_messages_are_read_off_the_event_loop(served, monkeypatch):
+    """Reading and checking 120,000 messages (a 4 MiB body) took ~1 s on the event loop, and every open
+    stream of the server stalled that long; a bad message is still a 400."""
+    import vivace.inference.server as server
+
+    on_loop, read = [], server.messages_from_openai
+
+    def reading(messages):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return read(messages)
+
+    monkeypatch.setattr(server, "messages_from_openai", reading)
+    engine, client = served
+    says(engine, "hello")
+    assert whole(client)["message"]["content"] == "hello" and on_loop == [False]
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'  # JSON's escape: no UTF-8 has it
+    r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]
