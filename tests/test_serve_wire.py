@@ -1182,3 +1182,33 @@ def test_messages_are_read_off_the_event_loop(served, monkeypatch):
     body = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'  # JSON's escape: no UTF-8 has it
     r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]
+
+
+def test_a_silent_stream_sends_keep_alive_comments_that_clients_skip(monkeypatch):
+    """A streamed tool call is sent once parsed, so its stream is silent while the model writes it: 2,000
+    tokens were 48 s of nothing on the tiny model, past what an idle-timeout proxy allows."""
+    import vivace.inference.server as server
+
+    class SlowEngine(ScriptedEngine):
+        async def stream(self, prompt, sp, top_logprobs: int = 0):
+            await asyncio.sleep(0.5)  # the model writing, with nothing to send yet
+            async for item in super().stream(prompt, sp, top_logprobs):
+                yield item
+
+    monkeypatch.setattr(server, "STREAM_KEEPALIVE_S", 0.1)
+    engine = SlowEngine()
+    says(engine, '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>')
+    srv = BackgroundServer(create_app(engine, CHAT, "m"))
+    srv.start()
+    try:
+        body = {"model": "m", "messages": USER, "tools": TOOLS, "stream": True}
+        with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=30) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert 1 <= lines.count(": keep-alive") <= 8, lines  # ~5: 0.5 s of silence at one per 0.1 s
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+        chunks = list(client.chat.completions.create(**body))  # the openai client skips the comments
+        calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+        assert calls and calls[0][0].function.name == "f"
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        srv.stop()

@@ -366,12 +366,18 @@ class Stopped(Exception):
     """The server is stopping: `merge` ended its streams early (their generation cancelled)."""
 
 
+IDLE = object()  # what `merge` yields after `idle_s` without an item
+
+
 async def merge(
-    streams: list[AsyncIterator], on_stop: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+    streams: list[AsyncIterator],
+    on_stop: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
+    idle_s: float | None = None,
 ) -> AsyncIterator:
     """The items of several async iterators as they come; closing this closes them all. `on_stop`
     registers a callback (returning its unregistration) that the server calls when it stops: the
-    iterators are then closed and this raises Stopped."""
+    iterators are then closed and this raises Stopped. With `idle_s`, IDLE comes after each `idle_s`
+    seconds in which no iterator gave an item."""
     queue: asyncio.Queue = asyncio.Queue()
     end, stopped = object(), object()
     forget = on_stop(lambda: queue.put_nowait(stopped)) if on_stop is not None else (lambda: None)
@@ -389,7 +395,11 @@ async def merge(
     try:
         running = len(tasks)
         while running:
-            item = await queue.get()
+            try:
+                item = await asyncio.wait_for(queue.get(), idle_s)  # None: no limit
+            except TimeoutError:
+                yield IDLE
+                continue
             if item is end:
                 running -= 1
             elif item is stopped:

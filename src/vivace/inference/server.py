@@ -106,6 +106,7 @@ from vivace.harness.messages import Message, messages_from_openai
 from vivace.harness.policy import SamplingParams, derive_seed
 from vivace.inference.engine import AsyncEngine
 from vivace.inference.replies import (
+    IDLE,
     Job,
     Output,
     Shape,
@@ -131,6 +132,9 @@ MAX_NESTING = 64  # arrays and objects within one message or tool: the chat temp
 # short; and uvicorn's own wait, a backstop (sandbox.background.ClosingServer runs the stop): well inside
 # the 10 s that `docker stop` and Kubernetes give before SIGKILL.
 SHUTDOWN_GRACE_S = 1.0
+# A streamed reply sends nothing while it holds text back (a tool call is sent once parsed): a comment line
+# after this long without a chunk keeps a proxy's idle timeout (nginx: 60 s) from cutting a long call.
+STREAM_KEEPALIVE_S = 15.0
 GRACEFUL_BACKSTOP_S = SHUTDOWN_GRACE_S + 4
 
 
@@ -546,7 +550,8 @@ def create_app(
                     raise ApiError(400, str(exc)) from exc
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             streams = [stream_choice(engine, chat, job, i, shape) for i, job in enumerate(todo)]
-            events = _stream_chat(merge(streams, stopping.on_stop), rid, model_name, len(prompt), include_usage)
+            items = merge(streams, stopping.on_stop, idle_s=STREAM_KEEPALIVE_S)
+            events = _stream_chat(items, rid, model_name, len(prompt), include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
         outs = await run(request, todo)
         choices = []
@@ -667,7 +672,9 @@ async def _stream_chat(items: AsyncIterator, rid: str, model: str, prompt_tokens
     outs: list[Output] = []
     try:
         async for item in items:
-            if isinstance(item, Output):
+            if item is IDLE:  # an SSE comment, which clients skip: the connection is alive
+                yield ": keep-alive\n\n"
+            elif isinstance(item, Output):
                 outs.append(item)
             else:
                 yield chunk([item])
