@@ -36,6 +36,16 @@ async def test_exec_argv_form_and_env(make_workspace):
     assert (r.exit_code, r.stdout) == (0, "/nowhere"), r.stderr
 
 
+async def test_commands_can_open_dev_stdout_and_dev_stderr(make_workspace):
+    """Build and test scripts write to /dev/stdout and /dev/stderr by name (`tee /dev/stderr`); in the
+    isolated sandbox the output pipes were root's, and the sandbox user could not open them (EACCES)."""
+    ws = await make_workspace()
+    r = await ws.exec("echo out > /dev/stdout; echo err > /dev/stderr; echo both | tee /dev/stderr", timeout=30)
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "out\nboth\n", "err\nboth\n"), r
+    r = await ws.exec(["python", "-c", "open('/dev/stderr', 'w').write('py')"], timeout=30)
+    assert (r.exit_code, r.stderr) == (0, "py"), r
+
+
 async def test_toolchain_python_and_pytest_available(make_workspace):
     ws = await make_workspace()
     r = await ws.exec("python -m pytest -q tests 2>&1 | tail -1", timeout=60)

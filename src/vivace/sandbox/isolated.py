@@ -398,6 +398,10 @@ class IsolatedBackend(LocalBackend):
                 # The child only: bwrap's outer monitor runs nothing of the command's and is
                 # killed directly; each migration costs kernel synchronisation.
                 procs.write_text(str(info["child-pid"]))
+            # The output pipes are root's (0600): as the sandbox's user, a command could write to its
+            # stdout but not open /dev/stdout or /dev/stderr (`tee /dev/stderr`, `echo x > /dev/stderr`).
+            for stream in (1, 2):
+                os.chown(f"/proc/{proc.pid}/fd/{stream}", *self.file_owner)
             os.write(block_w, b"go")
 
         try:
