@@ -445,3 +445,24 @@ def test_confined_recursive_remove_of_a_deep_tree_never_follows_links(tmp_path):
     ConfinedFS(root).remove("top", recursive=True)
     assert sorted(p.name for p in root.iterdir()) == ["other.txt"]
     assert (outside / "sub" / "keep.txt").read_text() == "keep\n"
+
+
+@pytest.mark.parametrize("kind", ["plain", "isolated"])
+async def test_a_directory_holding_the_state_directory_is_snapshotted_without_it(kind, tmp_path):
+    """`vivace agent --repo ~` with the default state directory (~/.cache/vivace): the snapshot copied
+    the snapshot being built into itself until a path was too long to make."""
+    from conftest import make_backend
+
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    (home / "project" / "a.py").write_text("x = 1\n")
+    backend = make_backend(kind, home / ".cache" / "vivace")
+    try:
+        snap = backend.snapshot(str(home))
+        files = sorted(p.relative_to(snap.root).as_posix() for p in snap.root.rglob("*"))
+        assert files == [".cache", "project", "project/a.py"]  # .cache's other contents would stay
+        ws = await backend.create(snap)
+        assert (await ws.exec("ls -A .cache; cat project/a.py", timeout=30)).stdout == "x = 1\n"
+        assert backend.snapshot(str(home)).key == snap.key  # the cache's own growth is no change of the source
+    finally:
+        await backend.aclose()

@@ -296,7 +296,7 @@ class LocalBackend(abc.ABC):
         if isinstance(source, str):
             source = SnapshotSource(path=source)
         # The claim lasts this backend's life: its pools may make workspaces of it at any time.
-        snap = materialize(source, self.state / "snapshots", self.file_owner, holder=self.owner_dir)
+        snap = materialize(source, self.state / "snapshots", self.file_owner, holder=self.owner_dir, exclude=self.state)
         if not snap.built:  # the cache grows only when a snapshot is built: nothing to evict
             return snap
         try:

@@ -100,12 +100,21 @@ class Snapshot:
 
 
 def materialize(
-    source: SnapshotSource, cache_dir: Path, owner: tuple[int, int] | None = None, holder: Path | None = None
+    source: SnapshotSource,
+    cache_dir: Path,
+    owner: tuple[int, int] | None = None,
+    holder: Path | None = None,
+    exclude: Path | None = None,
 ) -> Snapshot:
     """Return the cached snapshot for `source`, building it on first use. With `holder` (a
-    directory that exists as long as its user may use the snapshot), `evict` spares it."""
+    directory that exists as long as its user may use the snapshot), `evict` spares it. `exclude`
+    (the sandbox's state directory, which holds the cache) is left out of a directory that holds it:
+    `--repo ~` copied the snapshot being built into itself until a path grew too long."""
     kind = source.resolved_kind()
     path = Path(source.path).expanduser().resolve()
+    left_out = frozenset()
+    if exclude is not None and path in Path(exclude).resolve().parents:
+        left_out = frozenset({Path(exclude).resolve().relative_to(path).as_posix()})
     if not path.exists():
         raise SandboxError(f"snapshot source {source.path!r} does not exist")
     if kind == "dir" and not os.access(path, os.R_OK | os.X_OK):
@@ -113,7 +122,7 @@ def materialize(
     git_dirs = _linked_git_dirs(path) if kind == "dir" else None
     unreadable: list[str] = []
     owned = f"-u{owner[0]}" if owner else ""  # ownership is part of what the cache holds
-    key = _key(kind, path, source.commit, git_dirs, unreadable) + owned
+    key = _key(kind, path, source.commit, git_dirs, unreadable, left_out) + owned
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _cache_lock(cache_dir, exclusive=False):  # an eviction sees this use, or ran before it
         if holder:
@@ -130,7 +139,7 @@ def materialize(
         if kind == "dir":
             reuse = _previous_snapshot(cache_dir, newest)
             made.append(reuse)
-            skip = set(unreadable) | ({".git"} if git_dirs else set())
+            skip = set(unreadable) | ({".git"} if git_dirs else set()) | {f"{d}/" for d in left_out}
             try:
                 _copy_dir(path, tmp, reuse, skip, unreadable)
                 if git_dirs:
@@ -599,14 +608,16 @@ def _key(
     commit: str | None,
     git_dirs: tuple[Path, Path | None] | None = None,
     unreadable: list[str] | None = None,
+    left_out: frozenset[str] = frozenset(),
 ) -> str:
     """The cache key of a source; for a directory, from its listing (and that of the git directory
-    its `.git` file names), adding to `unreadable` the paths that cannot be read."""
+    its `.git` file names; not of the directories `left_out`), adding to `unreadable` the paths that
+    cannot be read."""
     h = hashlib.sha256(kind.encode())
     if kind == "dir":
         # fsencode: a file name need not be UTF-8 (Python holds its stray bytes as surrogates).
         h.update(os.fsencode(path))
-        _hash_listing(h, path, "", unreadable if unreadable is not None else [])
+        _hash_listing(h, path, "", unreadable if unreadable is not None else [], left_out=left_out)
         if git_dirs:
             gitdir, common = git_dirs
             if common:
@@ -621,10 +632,12 @@ def _key(
     return h.hexdigest()[:24]
 
 
-def _hash_listing(h, root: Path, label: str, unreadable: list[str], skip: str | None = None) -> None:
+def _hash_listing(
+    h, root: Path, label: str, unreadable: list[str], skip: str | None = None, left_out: frozenset[str] = frozenset()
+) -> None:
     """Feed `h` each path under `root` (as `label` + its relative path) with its size, mtime, mode,
     inode and ctime (a file rewritten with its size and mtime kept still has a new ctime), adding to
-    `unreadable` the files and directories that cannot be read (a directory's contents are then not listed). A path removed meanwhile is passed over, as is `skip` at the top."""
+    `unreadable` the files and directories that cannot be read (a directory's contents are then not listed). A path removed meanwhile is passed over, as is `skip` at the top and each relative path in `left_out`."""
     for dirpath, dirnames, filenames in os.walk(root):
         if skip and dirpath == str(root) and skip in dirnames:
             dirnames.remove(skip)
@@ -633,6 +646,9 @@ def _hash_listing(h, root: Path, label: str, unreadable: list[str], skip: str | 
         for name in sorted(filenames) + sorted(dirnames):
             p = os.path.join(dirpath, name)
             rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+            if rel in left_out:
+                blocked.add(name)
+                continue
             try:
                 st = os.lstat(p)
             except FileNotFoundError:  # removed meanwhile
