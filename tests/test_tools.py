@@ -521,6 +521,22 @@ async def test_read_lints(ctx):
     assert text == "No lint errors in tests/test_calc.py.\n(ignored README.md: read_lints checks Python files only)"
 
 
+async def test_read_lints_lints_python_only_and_names_missing_paths(ctx):
+    """A missing path came back as a lint problem (ruff's E902), and a file without a suffix (a shell
+    script, a Makefile) was linted as Python: `F821 Undefined name`."""
+    ws = ctx.workspace
+    await ws.write_text("bin/deploy", "#!/bin/sh\nset -e\necho deploying $1\n")
+    await ws.write_text("bin/tool", "#!/usr/bin/env python3\nimport os\n")
+    await ws.write_text("Makefile", "all:\n\tpython -m pytest\n")
+    text = await ok(ctx, "read_lints", paths=["nope.py", "bin/deploy", "Makefile", "bin/tool"])
+    assert text.startswith("bin/tool:2:8: F401 `os` imported but unused\n1 problem(s) in 1 file(s).")
+    for line in ("(ignored nope.py: no such file or directory)", "(ignored bin/deploy: not a Python file)",
+                 "(ignored Makefile: not a Python file)"):  # fmt: skip
+        assert line in text, text
+    assert "E902" not in text and "F821" not in text
+    assert await ok(ctx, "read_lints", paths=["bin"]) == "No lint errors in bin."  # a directory: its .py files
+
+
 async def test_read_lints_finds_changed_files_whose_names_git_quotes(ctx):
     """The changed files were read from `+++ b/` lines literally: a name git quotes (a quote, a tab, a byte
     that is not UTF-8) was never linted, and a deleted file never is."""
@@ -537,6 +553,9 @@ class _NoVenvPath:
 
     def __init__(self, inner):
         self._inner, self.id = inner, inner.id
+
+    def __getattr__(self, name):  # the file API as the workspace's own
+        return getattr(self._inner, name)
 
     async def exec(self, cmd, timeout=None, env=None):
         return await self._inner.exec(cmd, timeout=timeout, env={"PATH": "/usr/bin:/bin"})

@@ -84,7 +84,10 @@ class ReadLints:
                 if "." in rel.rsplit("/", 1)[-1].lstrip(".") and not rel.endswith(PY_SUFFIXES):
                     notes.append(f"(ignored {rel}: read_lints checks Python files only)")
                 elif rel not in targets:
-                    targets.append(rel)
+                    if why := await _not_lintable(ctx, rel):
+                        notes.append(f"(ignored {rel}: {why})")
+                    else:
+                        targets.append(rel)
             if not targets:
                 return ToolResult("No Python files to lint.\n" + "\n".join(notes))
         else:
@@ -113,6 +116,24 @@ def _changed_python_files(diff: str) -> list[str]:
         elif line.startswith("deleted file mode ") and path in out:
             out.remove(path)  # a file that becomes a link is deleted, then added: its second section adds it back
     return sorted(out)
+
+
+async def _not_lintable(ctx: ToolContext, rel: str) -> str | None:
+    """Why ruff should not get `rel`, or None: a missing path (ruff reports it as a lint problem, E902),
+    or a file without a .py suffix that is not a Python script (a Makefile, `bin/tool` in shell: ruff
+    lints any file it is given as Python). A directory is linted for its Python files."""
+    try:
+        st = await ctx.workspace.stat(rel)
+    except EXPECTED:
+        return "no such file or directory"
+    if st.kind == "dir" or rel.endswith(PY_SUFFIXES):
+        return None
+    try:
+        head = (await ctx.workspace.read_bytes(rel))[:128] if st.size <= 1 << 20 else b""
+    except EXPECTED:
+        head = b""
+    first = head.split(b"\n", 1)[0]
+    return None if first.startswith(b"#!") and b"python" in first else "not a Python file"
 
 
 async def _lint(ctx: ToolContext, targets: list[str], notes: list[str]) -> ToolResult:
