@@ -180,6 +180,10 @@ async def test_python_syntax_warning(pctx):
     with warnings.catch_warnings(record=True) as seen:  # odd but valid code: no warning on our stderr
         assert "Warning" not in await ok(pctx, "write_file", path="odd.py", content="x = 1[0]\n")
     assert not [w for w in seen if issubclass(w.category, SyntaxWarning)]
+    # A file that starts with a UTF-8 byte-order mark (valid Python) had counted as broken already.
+    await pctx.workspace.write_bytes("bom.py", b"\xef\xbb\xbfdef f():\n    return 1\n")
+    text = await ok(pctx, "edit_file", path="bom.py", old_string="return 1", new_string="return (1")
+    assert text.endswith("Warning: this edit introduced a syntax error at line 2: '(' was never closed"), text
 
 
 # -- write_file, delete_file, list_dir ---------------------------------------------------------------

@@ -127,7 +127,8 @@ def _syntax_error(text: str) -> SyntaxError | None:
             # compile() also warns about odd but valid code (`1[0]`): the file is the agent's, and the
             # warning would land in the user's terminal, not in the tool result.
             warnings.simplefilter("ignore", SyntaxWarning)
-            compile(text, "<file>", "exec", dont_inherit=True)
+            # A UTF-8 BOM, which Python reads past in a file, is an invalid character in a str to compile.
+            compile(text.removeprefix("\ufeff"), "<file>", "exec", dont_inherit=True)
     except SyntaxError as e:
         return e
     except (ValueError, RecursionError, MemoryError):  # NUL bytes, absurd nesting: not ours to judge
