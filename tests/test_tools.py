@@ -786,3 +786,12 @@ async def test_a_file_over_the_read_limit_is_said_to_be_too_large(ctx):
     said = await err(ctx, "read_file", path="app.log", offset=1, limit=5)
     assert said.startswith("Error: app.log is too large to read whole (") and "grep" in said, said
     assert "not a regular file" not in said
+
+
+async def test_a_symlink_loop_is_named_as_a_loop_not_as_outside_the_workspace(ctx):
+    await ctx.workspace.exec("ln -s loopb loopa && ln -s loopa loopb")
+    for tool, args in (("read_file", {}), ("list_dir", {}), ("write_file", {"content": "x"})):
+        text = await err(ctx, tool, path="loopa", **args)
+        assert "loopa is a symlink loop" in text and "outside" not in text, (tool, text)
+    text = (await call(ctx, "grep", pattern="x", path="loopa")).text
+    assert "outside" not in text, text

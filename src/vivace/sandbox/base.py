@@ -28,6 +28,13 @@ class PathEscapeError(SandboxError, PermissionError):
     kind = "path_escape"
 
 
+class SymlinkLoop(PathEscapeError):
+    """A path's symlinks lead to themselves (more than MAX_SYMLINKS of them): a loop, not an escape,
+    though it is refused the same way."""
+
+    kind = "symlink_loop"
+
+
 class WorkspaceFileNotFound(SandboxError, FileNotFoundError):
     kind = "not_found"
 
@@ -65,6 +72,7 @@ ERRORS_BY_KIND: dict[str, type[SandboxError]] = {
     for cls in (
         SandboxError,
         PathEscapeError,
+        SymlinkLoop,
         WorkspaceFileNotFound,
         NotAFileError,
         WorkspaceClosedError,

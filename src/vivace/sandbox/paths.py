@@ -28,7 +28,15 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from vivace.sandbox.base import DirEntry, FileKind, FileStat, NotAFileError, PathEscapeError, WorkspaceFileNotFound
+from vivace.sandbox.base import (
+    DirEntry,
+    FileKind,
+    FileStat,
+    NotAFileError,
+    PathEscapeError,
+    SymlinkLoop,
+    WorkspaceFileNotFound,
+)
 
 WORKSPACE_MOUNT = "/workspace"  # where the workspace appears inside the sandbox
 MAX_SYMLINKS = 40
@@ -208,7 +216,7 @@ class ConfinedFS:
                 if stat_mod.S_ISLNK(st.st_mode) and (follow_final or not final):
                     links += 1
                     if links > MAX_SYMLINKS:
-                        raise PathEscapeError(f"{path!r}: too many levels of symbolic links")
+                        raise SymlinkLoop(f"{path!r}: too many levels of symbolic links")
                     try:
                         target = os.readlink(comp, dir_fd=fd)
                     except OSError as e:  # replaced (EINVAL) or removed (ENOENT) since the stat above

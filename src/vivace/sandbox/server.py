@@ -96,7 +96,7 @@ READ_CHUNK_BYTES = 256 << 10
 MAX_FILE_STREAMS: int = ServerConfig.model_fields["max_file_streams"].default
 FILE_STREAM_STALL_S: float = ServerConfig.model_fields["file_stream_stall_s"].default
 HEALTH_PATH = "/v1/health"
-STATUS_BY_KIND = {"path_escape": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
+STATUS_BY_KIND = {"path_escape": 403, "symlink_loop": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
                   "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503, "busy": 503}  # fmt: skip
 RETRY_AFTER_BY_KIND = {"busy": "1"}  # seconds; a file stream of a client that reads lasts well under that
 

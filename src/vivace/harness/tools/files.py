@@ -22,7 +22,7 @@ from pydantic import Field
 from vivace.harness.tools.base import Access, ToolArgs, ToolContext, ToolResult, WorkspacePath, norm_path, truncate
 from vivace.harness.tools.indent import fit_lines
 from vivace.harness.tools.suggest import closest_lines, path_hint, workspace_files
-from vivace.sandbox.base import NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
+from vivace.sandbox.base import NotAFileError, PathEscapeError, SandboxError, SymlinkLoop, WorkspaceFileNotFound
 
 MAX_LINE_CHARS = 2_000  # per displayed line; minified files would otherwise fill the budget with one line
 BINARY_PROBE = 8_192
@@ -66,6 +66,9 @@ def path_problem(path: str, *, file: bool = False) -> ToolResult | None:
 
 def fs_error(e: Exception, path: str, *, missing: str = "") -> ToolResult:
     """The error result for an expected file-API failure; `missing` overrides the not-found text."""
+    if isinstance(e, SymlinkLoop):
+        return error(f"{display_path(path)} is a symlink loop (too many levels of symbolic links): its links lead "
+                     "back to themselves, so it names no file.")  # fmt: skip
     if isinstance(e, PathEscapeError):
         return error(f"path {path!r} is outside the workspace; use a path relative to the workspace root.")
     path = display_path(path)

@@ -48,7 +48,7 @@ from vivace.harness.tools.base import (
     truncate,
 )
 from vivace.harness.tools.files import EXPECTED, MAX_LINE_CHARS, error
-from vivace.sandbox.base import PathEscapeError, SandboxError, Workspace
+from vivace.sandbox.base import PathEscapeError, SandboxError, SymlinkLoop, Workspace
 from vivace.sandbox.paths import WORKSPACE_MOUNT
 from vivace.search.lexical import import_bm25s, tokenize
 from vivace.search.types import SearchHit, quote_query
@@ -87,6 +87,8 @@ async def _leads_outside(ws: Workspace, path: str) -> bool:
         return False
     try:
         await asyncio.to_thread(realpath, path)
+    except SymlinkLoop:  # inside, and rg names the loop itself
+        return False
     except PathEscapeError:
         return True
     except (SandboxError, OSError):  # missing or unreadable: rg reports it as before
