@@ -243,6 +243,20 @@ def test_visible_escapes_every_control_but_newline_and_tab():
     assert colour_diff("+a\x1b[2J\r\n-b\x0cc\n").plain == "+a\\x1b[2J\\r\n-b\\x0cc\n"
 
 
+def test_a_huge_diff_is_shown_cut_with_a_note():
+    """`rm -rf` of a large directory plus one edit in a minified bundle printed a 3.5 MB diff whole."""
+    from vivace.harness.display import SHOWN_LINE_CHARS
+
+    files = [f"diff --git a/f{i} b/f{i}\n--- a/f{i}\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n" for i in range(1000)]
+    bundle = "diff --git a/b.js b/b.js\n@@ -1 +1 @@\n-" + "a" * 500_000 + "\n+" + "b" * 500_000 + "\n"
+    shown = colour_diff(bundle + "".join(files), max_lines=100).plain
+    lines = shown.splitlines()
+    assert len(lines) == 101 and max(map(len, lines)) < SHOWN_LINE_CHARS + 40
+    assert lines[2] == "-" + "a" * (SHOWN_LINE_CHARS - 1) + f"… ({500_001 - SHOWN_LINE_CHARS:,} more characters)"
+    assert lines[-1] == "… 4,904 more lines of the diff not shown (980 more files); --json prints it whole"
+    assert colour_diff(bundle).plain == bundle  # not cut unless asked
+
+
 def test_printer_passes_no_control_character_to_the_terminal():
     buf = io.StringIO()
     printer = EpisodePrinter(Console(file=buf, force_terminal=True, color_system="truecolor", width=300))

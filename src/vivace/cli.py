@@ -293,7 +293,7 @@ def agent(
     from rich.prompt import Confirm
 
     from vivace.harness.agent import run_episode
-    from vivace.harness.display import EpisodePrinter, colour_diff, print_apply_report, visible
+    from vivace.harness.display import SHOWN_DIFF_LINES, EpisodePrinter, colour_diff, print_apply_report, visible
     from vivace.harness.policies import load_policy
     from vivace.harness.policy import close_policy
     from vivace.sandbox import SandboxError, SnapshotSource, open_backend
@@ -356,7 +356,7 @@ def agent(
                 traj, diff, interrupted = None, await ws.diff(), True
                 if not as_json:
                     out.rule("[bold yellow]interrupted[/bold yellow]: the changes so far", align="left", style="dim")
-                    out.print(colour_diff(diff) if diff else "[dim](no changes)[/dim]")
+                    out.print(colour_diff(diff, SHOWN_DIFF_LINES) if diff else "[dim](no changes)[/dim]")
             applied = False
             changed = bool(changed_paths(diff))  # a diff may be only a note (ignored files left out)
             if changed and ((apply and not interrupted) or (interactive and confirmed())):

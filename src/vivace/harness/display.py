@@ -81,7 +81,7 @@ class EpisodePrinter:
     def _end(self, traj: Trajectory) -> None:
         self.console.rule("[bold]result[/bold]", align="left", style="dim")  # the answer was shown in its turn
         if traj.diff:
-            self.console.print(colour_diff(traj.diff))
+            self.console.print(colour_diff(traj.diff, SHOWN_DIFF_LINES))
         elif traj.diff_failed:  # not "no changes": what the agent changed is unknown
             self.console.print("[red](the changes could not be computed: see below)[/red]")
         else:
@@ -118,11 +118,22 @@ def print_apply_report(console: Console, report: ApplyReport, repo: object, stop
         console.print("[yellow]the rest of the diff above is not applied[/yellow]")
 
 
-def colour_diff(diff: str) -> Text:
-    """A unified diff coloured by line kind, with control characters made visible."""
+# How much of an episode's whole diff the terminal shows: `rm -rf` of a large directory, or one edit in a
+# minified bundle, made a diff of megabytes, printed whole before the question whether to apply it.
+SHOWN_DIFF_LINES = 2000
+SHOWN_LINE_CHARS = 1000
+
+
+def colour_diff(diff: str, max_lines: int | None = None) -> Text:
+    """A unified diff coloured by line kind, with control characters made visible; with `max_lines`, at
+    most that many lines of at most SHOWN_LINE_CHARS characters, then a note of what was left out."""
     text = Text()
     lines = diff.split("\n")  # \n only: a \r or form feed inside a line is shown, not taken as a line break
-    for line in lines[:-1] if lines[-1] == "" else lines:
+    lines = lines[:-1] if lines[-1] == "" else lines
+    left = len(lines) - max_lines if max_lines is not None and len(lines) > max_lines else 0
+    for line in lines[: len(lines) - left]:
+        if max_lines is not None and len(line) > SHOWN_LINE_CHARS:
+            line = f"{line[:SHOWN_LINE_CHARS]}… ({len(line) - SHOWN_LINE_CHARS:,} more characters)"
         style = ""
         if line.startswith(("+++", "---", "diff --git")):
             style = "bold"
@@ -133,6 +144,10 @@ def colour_diff(diff: str) -> Text:
         elif line.startswith("@@"):
             style = "cyan"
         text.append(visible(line) + "\n", style=style)
+    if left:
+        files = sum(line.startswith("diff --git ") for line in lines[len(lines) - left :])
+        text.append(f"… {left:,} more lines of the diff not shown ({files} more files); --json prints it whole\n",
+                    style="dim")  # fmt: skip
     return text
 
 
