@@ -435,9 +435,12 @@ def tree_diff(
 ) -> str:
     ignore = list(ignore)
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
-    left_out = git_ignored(base, [p for p in paths if not _lexists(base, p)], outer)
+    # New, changed or removed alike (git status's view: a tracked file is never ignored): `npm install`
+    # changing node_modules/ had its changes to existing files applied and its new files left out.
+    left_out = git_ignored(base, paths, outer)
     base_fs, work_fs, memo = ConfinedFS(base), ConfinedFS(work), {}
-    return _left_out_note(left_out) + "".join(
+    new = {p for p in left_out if not _lexists(base, p)}
+    return _left_out_note(left_out, new) + "".join(
         file_diff(rel, base_fs, work_fs, memo) for rel in paths if rel not in left_out
     )
 
@@ -451,32 +454,32 @@ def _lexists(root: Path, rel: str) -> bool:
     return True
 
 
-def git_ignored(base: Path, new_paths: list[str], outer: tuple[Path, str] | None = None) -> set[str]:
-    """Which of `new_paths` (absent from `base`) the ignore rules of the git checkout `base`
-    ignore: its .gitignore files, .git/info/exclude and the user's global excludes, as git
+def git_ignored(base: Path, paths: list[str], outer: tuple[Path, str] | None = None) -> set[str]:
+    """Which of `paths` (untracked in `base`: a tracked path is never ignored) the ignore rules of
+    the git checkout `base` ignore: its .gitignore files, .git/info/exclude and the user's global excludes, as git
     reads them; a path inside a submodule by the submodule's own rules, as `git status` there
     would. A `base` without .git is judged by `outer` when given: (the top of the checkout it was
     copied from, its prefix there, "pkg/"). Empty when neither applies or git fails (nothing is
     left out)."""
     own = os.path.lexists(os.path.join(base, ".git"))
-    if not new_paths or not (own or outer):
+    if not paths or not (own or outer):
         return set()
     # git refuses the whole batch for a path beyond a symlink or inside a submodule: each path goes
     # to the innermost checkout holding it, and one beyond a symlink to none.
     memo: dict[str, str | None] = {}
     by_repo: dict[str, list[str]] = {}
-    for p in new_paths:
+    for p in paths:
         repo = _checkout_of(base, posixpath.dirname(p), memo)
         if repo is not None:
             by_repo.setdefault(repo, []).append(p[len(repo) + 1 :] if repo else p)
     out = set()
-    for repo, paths in by_repo.items():
+    for repo, in_repo in by_repo.items():
         if not repo and not own:  # the copy's top: the outer checkout's rules, at the copy's place in it
             top, at = outer
-            out |= {p[len(at) :] for p in _check_ignore(top, [at + p for p in paths]) if p.startswith(at)}
+            out |= {p[len(at) :] for p in _check_ignore(top, [at + p for p in in_repo]) if p.startswith(at)}
             continue
         prefix = f"{repo}/" if repo else ""
-        out |= {prefix + p for p in _check_ignore(base / repo if repo else base, paths)}
+        out |= {prefix + p for p in _check_ignore(base / repo if repo else base, in_repo)}
     return out
 
 
@@ -519,14 +522,18 @@ def _checkout_of(base: Path, rel_dir: str, memo: dict[str, str | None]) -> str |
     return outer
 
 
-def _left_out_note(left_out: set[str]) -> str:
-    """A comment line (`git apply` skips text before the first header) naming what was left out."""
+def _left_out_note(left_out: set[str], new: set[str]) -> str:
+    """A comment line (`git apply` skips text before the first header) naming what was left out, of
+    which `new` are new files."""
     if not left_out:
         return ""
     groups = sorted({quote_path(p.split("/", 1)[0] + ("/" if "/" in p else "")) for p in left_out})
     shown = ", ".join(groups[:5]) + (", ..." if len(groups) > 5 else "")
-    n = len(left_out)
-    return f"# {n} new file{'s' * (n != 1)} left out of this diff: the repository's git ignore rules ignore them ({shown})\n"
+    n, changed = len(new), len(left_out) - len(new)
+    counts = [f"{n} new file{'s' * (n != 1)}"] * bool(n) + [
+        f"{changed} changed or removed file{'s' * (changed != 1)}"
+    ] * bool(changed)
+    return f"# {' and '.join(counts)} left out of this diff: the repository's git ignore rules ignore them ({shown})\n"
 
 
 def changed_paths(diff_text: str) -> list[str]:
