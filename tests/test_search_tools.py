@@ -10,6 +10,7 @@ control character from the repository, a tool or the model to the terminal.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 import shutil
@@ -28,6 +29,7 @@ from vivace.harness.tools import search
 from vivace.harness.tools.base import ToolContext, ToolResult, parse_args
 from vivace.harness.tools.search import CodebaseSearch, GlobFileSearch, Grep
 from vivace.sandbox.base import ExecResult
+from vivace.search.types import SearchHit
 
 
 async def _run(ctx: ToolContext, tool, **args) -> ToolResult:
@@ -229,6 +231,35 @@ async def test_codebase_search_names_a_missing_target_directory(pctx):
     )
     assert calls == []
     assert (await _run(pctx, tool, query="add", target_directories=["pkg"])).text == "No results for 'add'."
+
+
+async def test_codebase_search_answers_with_term_matches_while_the_index_is_built(pctx, monkeypatch):
+    """The first search of a workspace builds its semantic index: 66-212 s on CPU for repositories of
+    342 to 20,000 files, with nothing for the agent meanwhile. Past the wait it answers by terms, and
+    the build goes on for the next search."""
+    monkeypatch.setattr(search, "SEMANTIC_WAIT_S", 0.2)
+    built = asyncio.Event()
+    runs = []
+
+    class SlowIndex:
+        async def search(self, workspace, query, target_directories, k):
+            runs.append(query)
+            if not built.is_set():
+                await asyncio.sleep(1.0)  # embedding every file
+                built.set()
+            return [
+                SearchHit(
+                    path="pkg/calc.py", start_line=1, end_line=2, score=1.0, snippet="def add(a, b):", symbol="add"
+                )
+            ]
+
+    tool = CodebaseSearch(backend=SlowIndex())
+    got = await _run(pctx, tool, query="add")
+    assert got.text.startswith("(The semantic index of this workspace is still being built (0.2 s so far)")
+    assert "pkg/calc.py" in got.text  # the term match, from the lexical search
+    await asyncio.wait_for(built.wait(), 5)  # not cancelled: it finished in the background
+    got = await _run(pctx, tool, query="add")
+    assert got.text.startswith("pkg/calc.py:1-2 (add)") and runs == ["add", "add"], got.text
 
 
 # -- the terminal display -----------------------------------------------------------------------------

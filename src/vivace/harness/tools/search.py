@@ -432,6 +432,20 @@ def _hit(chunk: _Chunk, end: int, score: float, terms: set[str]) -> SearchHit:
     return SearchHit(chunk.path, chunk.start, end, score, snippet, chunk.symbol, chunk.start + first)
 
 
+# How long codebase_search waits for the semantic index. The first search of a workspace builds it: every
+# file embedded on CPU took 66-212 s on repositories of 342 to 20,000 files, with no answer meanwhile.
+SEMANTIC_WAIT_S = 30.0
+_lexical: LexicalSearch | None = None
+
+
+def _lexical_fallback() -> LexicalSearch:
+    """The term-matching search codebase_search answers with while the semantic index is being built."""
+    global _lexical
+    if _lexical is None:
+        _lexical = LexicalSearch()
+    return _lexical
+
+
 def default_search_backend() -> SearchBackend:
     """The process-wide semantic index (shared by every episode); imported on first use, so
     episodes that never search never load the embedding model."""
@@ -478,13 +492,27 @@ class CodebaseSearch:
         backend = self.backend or ctx.search
         if backend is None:
             backend = ctx.search = default_search_backend()
+        note = ""
+        searching = asyncio.ensure_future(backend.search(ctx.workspace, args.query, args.target_directories, args.k))
         try:
-            hits = await backend.search(ctx.workspace, args.query, args.target_directories, args.k)
+            # Shielded: past the wait the index goes on building, for the next call.
+            hits = await asyncio.wait_for(asyncio.shield(searching), SEMANTIC_WAIT_S)
+        except TimeoutError:
+            searching.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is the next call's
+            note = (f"(The semantic index of this workspace is still being built ({SEMANTIC_WAIT_S:g} s so far): "
+                    "these are term matches only. Search again later for results by meaning.)\n\n")  # fmt: skip
+            try:
+                hits = await _lexical_fallback().search(ctx.workspace, args.query, args.target_directories, args.k)
+            except (*EXPECTED, ValueError) as e:
+                return error(f"codebase_search failed: {e}; try grep instead.")
         except (*EXPECTED, ValueError, zlib.error) as e:  # ValueError, zlib.error: garbled walker output
             return error(f"codebase_search failed: {e}; try grep instead.")
+        except asyncio.CancelledError:
+            searching.cancel()
+            raise
         if not hits:
-            return ToolResult(f"No results for {quote_query(args.query)}.")
-        text = "\n\n".join(_render(h) for h in hits) + "\n"
+            return ToolResult(f"{note}No results for {quote_query(args.query)}.")
+        text = note + "\n\n".join(_render(h) for h in hits) + "\n"
         text = truncate(text, ctx.max_result_chars, hint="lower k or narrow the query")
         return ToolResult(text.rstrip("\n"))
 
