@@ -99,6 +99,14 @@ async def test_read_file(pctx):
     )
     assert "is a directory; use list_dir" in await err(pctx, "read_file", path="pkg")
     assert "nope.py does not exist" in await err(pctx, "read_file", path="nope.py")
+    # UTF-16 text (grep transcodes it and finds matches there) was "a binary file".
+    await ws.write_bytes("utf16.txt", "hello\n".encode("utf-16"))
+    assert await err(pctx, "read_file", path="utf16.txt") == (
+        "Error: utf16.txt is UTF-16 text (14 bytes) and cannot be shown as text: the file tools read UTF-8 only; "
+        "convert it with run_terminal_cmd (iconv -f UTF-16 -t UTF-8)."
+    )
+    edited = await err(pctx, "edit_file", path="utf16.txt", old_string="hello", new_string="bye")
+    assert "utf16.txt is UTF-16 text (14 bytes) and cannot be edited as text" in edited
     await ws.write_text("empty.txt", "")
     assert await ok(pctx, "read_file", path="empty.txt") == "(empty file)"
     await ws.write_text("long.txt", "x" * 2500 + "\r\nshort")

@@ -90,6 +90,18 @@ def fs_error(e: Exception, path: str, *, missing: str = "") -> ToolResult:
 EXPECTED = (SandboxError, OSError, UnicodeDecodeError)
 
 
+def not_text(path: str, data: bytes, action: str) -> ToolResult:
+    """The refusal of a file the text tools cannot `action` ("shown", "edited"): UTF-16 or UTF-32 text
+    (a byte-order mark; its NUL bytes make it look binary, and grep, which transcodes it, finds matches
+    there) is named as such, with how to convert it; anything else is binary."""
+    for bom, kind in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                      (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):  # fmt: skip
+        if data.startswith(bom):
+            return error(f"{path} is {kind} text ({len(data)} bytes) and cannot be {action} as text: the file tools "
+                         f"read UTF-8 only; convert it with run_terminal_cmd (iconv -f {kind} -t UTF-8).")  # fmt: skip
+    return error(f"{path} is a binary file ({len(data)} bytes) and cannot be {action} as text.")
+
+
 def is_binary(data: bytes) -> bool:
     return b"\0" in data[:BINARY_PROBE]
 
@@ -176,7 +188,7 @@ class ReadFile:
         except EXPECTED as e:
             return await file_error(ctx, e, path)
         if is_binary(data):
-            return error(f"{path} is a binary file ({len(data)} bytes) and cannot be shown as text.")
+            return not_text(path, data, "shown")
         if not data:
             return ToolResult("(empty file)")
         lines = split_lines(data.decode("utf-8", errors="replace"))
@@ -254,7 +266,7 @@ class EditFile:
         except EXPECTED as e:
             return fs_error(e, path)
         if data is not None and is_binary(data):
-            return error(f"{path} is a binary file ({len(data)} bytes) and cannot be edited as text.")
+            return not_text(path, data, "edited")
         try:
             before = None if data is None else data.decode("utf-8")
         except UnicodeDecodeError as e:
