@@ -432,9 +432,11 @@ def _hit(chunk: _Chunk, end: int, score: float, terms: set[str]) -> SearchHit:
     return SearchHit(chunk.path, chunk.start, end, score, snippet, chunk.symbol, chunk.start + first)
 
 
-# How long codebase_search waits for the semantic index. The first search of a workspace builds it: every
-# file embedded on CPU took 66-212 s on repositories of 342 to 20,000 files, with no answer meanwhile.
-SEMANTIC_WAIT_S = 30.0
+class IndexNotReady(Exception):
+    """A search backend's index of the workspace is still being built (its first search of a large
+    workspace embeds every file); codebase_search then answers by terms (LexicalSearch)."""
+
+
 _lexical: LexicalSearch | None = None
 
 
@@ -493,23 +495,14 @@ class CodebaseSearch:
         if backend is None:
             backend = ctx.search = default_search_backend()
         note = ""
-        searching = asyncio.ensure_future(backend.search(ctx.workspace, args.query, args.target_directories, args.k))
         try:
-            # Shielded: past the wait the index goes on building, for the next call.
-            hits = await asyncio.wait_for(asyncio.shield(searching), SEMANTIC_WAIT_S)
-        except TimeoutError:
-            searching.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is the next call's
-            note = (f"(The semantic index of this workspace is still being built ({SEMANTIC_WAIT_S:g} s so far): "
-                    "these are term matches only. Search again later for results by meaning.)\n\n")  # fmt: skip
             try:
+                hits = await backend.search(ctx.workspace, args.query, args.target_directories, args.k)
+            except IndexNotReady as e:  # its build goes on, for a later search
+                note = f"({e}: these are term matches only. Search again later for results by meaning.)\n\n"
                 hits = await _lexical_fallback().search(ctx.workspace, args.query, args.target_directories, args.k)
-            except (*EXPECTED, ValueError) as e:
-                return error(f"codebase_search failed: {e}; try grep instead.")
         except (*EXPECTED, ValueError, zlib.error) as e:  # ValueError, zlib.error: garbled walker output
             return error(f"codebase_search failed: {e}; try grep instead.")
-        except asyncio.CancelledError:
-            searching.cancel()
-            raise
         if not hits:
             return ToolResult(f"{note}No results for {quote_query(args.query)}.")
         text = note + "\n\n".join(_render(h) for h in hits) + "\n"
