@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -72,23 +73,26 @@ class HybridSearch:
             indexer = Indexer(config, open_cache(config) if cache is _AUTO else cache)
         self.config, self.indexer = indexer.config, indexer
         self._indexes = _PerWorkspace()  # workspace -> TreeState
-        self._opening = _PerWorkspace()  # workspace -> the task building its index (its first scan)
+        # workspace -> (the task building its index (its first scan), when it started)
+        self._opening = _PerWorkspace()
 
     async def state(self, workspace: Workspace) -> TreeState:
         """The workspace's index, opened on first use and refreshed on every later call; IndexNotReady
-        when the opening takes over FIRST_BUILD_WAIT_S (it goes on, for the next call)."""
+        once the opening has taken FIRST_BUILD_WAIT_S (it goes on, for a later call)."""
         state = self._indexes.get_for(workspace)
         if state is None:
-            opening = self._opening.get_for(workspace)
+            opening, started = self._opening.get_for(workspace) or (None, 0.0)
             if opening is None or (opening.done() and (opening.cancelled() or opening.exception())):  # try again
-                opening = asyncio.ensure_future(self._open(workspace))
+                opening, started = asyncio.ensure_future(self._open(workspace)), time.monotonic()
                 opening.add_done_callback(lambda t: t.cancelled() or t.exception())  # raised to whoever waits
-                self._opening.set_for(workspace, opening)
-            try:
-                return await asyncio.wait_for(asyncio.shield(opening), FIRST_BUILD_WAIT_S)
+                self._opening.set_for(workspace, (opening, started))
+            try:  # from the build's start: a search after one that got term matches does not wait again
+                return await asyncio.wait_for(asyncio.shield(opening), started + FIRST_BUILD_WAIT_S - time.monotonic())
             except TimeoutError:
-                raise IndexNotReady(f"the index of this workspace is still being built ({FIRST_BUILD_WAIT_S:g} s "
-                                    "so far)") from None  # fmt: skip
+                built_for = time.monotonic() - started
+                raise IndexNotReady(
+                    f"the index of this workspace is still being built ({built_for:.0f} s so far)"
+                ) from None
         async with state.lock:  # two searches in one turn: the second reuses the first's refresh
             await self.indexer.refresh(WorkspaceSource(workspace, self.config), state)
         return state
