@@ -244,7 +244,7 @@ async def test_codebase_search_answers_with_term_matches_while_the_index_is_buil
     real_open = index.indexer.open
 
     async def slow_open(source):
-        await asyncio.sleep(1.0)  # embedding every file
+        await asyncio.sleep(2.0)  # embedding every file
         state = await real_open(source)
         opened.set()
         return state
