@@ -395,11 +395,14 @@ async def merge(
     try:
         running = len(tasks)
         while running:
-            try:
-                item = await asyncio.wait_for(queue.get(), idle_s)  # None: no limit
-            except TimeoutError:
-                yield IDLE
-                continue
+            try:  # what is queued at once: wait_for would make a task per item
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    item = await asyncio.wait_for(queue.get(), idle_s)  # None: no limit
+                except TimeoutError:
+                    yield IDLE
+                    continue
             if item is end:
                 running -= 1
             elif item is stopped:

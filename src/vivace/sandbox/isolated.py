@@ -401,7 +401,8 @@ class IsolatedBackend(LocalBackend):
             # The output pipes are root's (0600): as the sandbox's user, a command could write to its
             # stdout but not open /dev/stdout or /dev/stderr (`tee /dev/stderr`, `echo x > /dev/stderr`).
             for stream in (1, 2):
-                os.chown(f"/proc/{proc.pid}/fd/{stream}", *self.file_owner)
+                with contextlib.suppress(OSError):  # without it the command still runs; only those opens fail
+                    os.chown(f"/proc/{proc.pid}/fd/{stream}", *self.file_owner)
             os.write(block_w, b"go")
 
         try:
