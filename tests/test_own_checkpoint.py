@@ -378,11 +378,27 @@ def test_a_trained_checkpoint_keeps_the_files_that_say_how_to_use_it(eot_ckpt, t
         state = loaded.model.state_dict()
         save_streamed(loaded.model, loaded.tokenizer, ((n, state[n]) for n in sorted(state)), out)
 
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json", "LICENSE"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "LICENSE"):
         assert (out / name).read_bytes() == (source / name).read_bytes(), name
     assert not (out / "warm_start.json").exists()
     assert generation_eos_ids(out) == generation_eos_ids(source) == [loaded.tokenizer.eos_token_id, 0]
     reloaded = load_model(str(out))
-    assert ChatFormat(reloaded.tokenizer).stop_ids == ChatFormat(loaded.tokenizer).stop_ids
+    trained, again = ChatFormat(loaded.tokenizer), ChatFormat(reloaded.tokenizer)
+    assert again.stop_ids == trained.stop_ids
+    # The source's template cannot show tool calls, so the model was trained in vivace's format: the
+    # checkpoint carries that one (a vLLM user would prompt it in Llama 3's), and vivace renders alike.
+    assert not trained.own_template and reloaded.tokenizer.chat_template == trained.template != LLAMA3_TEMPLATE
+    conversation = [Message("system", "Be brief."), Message("user", "Read a.py.")]
+    assert again.prompt_ids(conversation, TOOLS) == trained.prompt_ids(conversation, TOOLS) and again.own_template
     for name, value in loaded.model.state_dict().items():
         assert torch.equal(reloaded.model.state_dict()[name], value), name
+
+
+def test_a_trained_checkpoint_keeps_a_template_vivace_renders_with_as_it_is(tmp_path):
+    """The shipped tiny's own template is the one the harness uses: saved, it is the same bytes."""
+    from vivace.model.checkpoint import TINY_DIR, save_checkpoint
+
+    loaded = load_model("tiny")
+    assert ChatFormat(loaded.tokenizer).own_template
+    save_checkpoint(loaded.model, loaded.tokenizer, tmp_path / "out")
+    assert (tmp_path / "out" / "chat_template.jinja").read_bytes() == (TINY_DIR / "chat_template.jinja").read_bytes()

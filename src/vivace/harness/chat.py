@@ -174,6 +174,9 @@ class ChatFormat:
             self.template_name = _template_name(tokenizer, template, from_tokenizer=False)
         else:
             self._choose_template(_own_template(tokenizer))
+        # Whether the tokenizer's own template is the one rendered: if not, a model trained here learns
+        # vivace's format, and a checkpoint saved from it carries that template (save_companions).
+        self.own_template = self.template == _own_template(tokenizer)
         eos = tokenizer.eos_token if isinstance(tokenizer.eos_token, str) else None
         ends = [t for t in dict.fromkeys((self.end_of_turn, END_OF_TEXT, eos)) if t and self._single_id(t) is not None]
         # A turn ends at the template's end-of-turn token, or where the model ends the text: its

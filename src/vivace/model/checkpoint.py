@@ -19,6 +19,7 @@ time) and sharded loading across devices (rl/trainer.py's load_sharded does that
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -657,7 +658,9 @@ def save_companions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     """Writes the files beside the weights into checkpoint directory `path`: those of the directory the
     tokenizer was loaded from (COMPANION_FILES, its named chat templates and license files), copied as
     they are; what that directory lacks (or all, for a tokenizer made in memory) from the tokenizer and
-    the model's generation config. Returns the names copied."""
+    the model's generation config. Where the harness renders with vivace's template, not the tokenizer's
+    own (which cannot show tool calls as the harness reads them, or is missing), chat_template.jinja is
+    that template: the format the model was trained in. Returns the names copied."""
     import shutil
 
     source = Path(tokenizer.name_or_path) if tokenizer.name_or_path else None
@@ -674,7 +677,17 @@ def save_companions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         tokenizer.save_pretrained(path)
     if "generation_config.json" not in copied and model.can_generate() and model.generation_config is not None:
         model.generation_config.save_pretrained(path)
+    chat = _chat_format(tokenizer)
+    if not chat.own_template:  # trained in vivace's format: what vLLM or transformers must prompt it with
+        (path / "chat_template.jinja").write_text(chat.template)  # read before tokenizer_config.json's
     return copied
+
+
+@functools.lru_cache(maxsize=4)  # one per tokenizer: a run saves many checkpoints, and each would warn again
+def _chat_format(tokenizer: PreTrainedTokenizerBase):
+    from vivace.harness.chat import ChatFormat
+
+    return ChatFormat(tokenizer)
 
 
 def ship_checkpoint(source: str | Path, dest: Path = TINY_DIR, dtype: torch.dtype = torch.bfloat16) -> dict:
