@@ -375,22 +375,16 @@ def sft_drills(
 ) -> None:
     """Path retrieval drills: for each path argument in the episodes, the system turn, the context
     before it and the path, with the loss on the path only (see rl/copying.py)."""
-    from vivace.harness.chat import ChatFormat
     from vivace.model.checkpoint import load_tokenizer
     from vivace.rl.copying import path_drills
-    from vivace.rl.sft_train import jsonl_objects, read_episodes, turn_start_token
+    from vivace.rl.sft_train import jsonl_objects, read_episodes, require_turn_start
 
     if not 0 < keep <= 1:
         fail(f"--keep must be in (0, 1], got {keep}")
     try:
         _fresh_file(out_file)
         tok = load_tokenizer(model)
-        chat = ChatFormat(tok)
-        turn_start = turn_start_token(chat)
-        if turn_start is None:  # else no episode has a system turn to keep, and no drill is written
-            raise ValueError(f"{model}: a drill keeps its episode's system turn, found by the token that opens every "
-                             f"chat turn, and {chat.template_name} has none in this tokenizer's vocabulary (such as "
-                             "Qwen's <|im_start|>), so drills cannot be cut from its episodes")  # fmt: skip
+        turn_start = require_turn_start(tok, f"{model}: a drill (it keeps its episode's system turn)")
         for p in data:  # checked whole before anything is written
             read_episodes(p, len(tok))
     except ValueError as e:

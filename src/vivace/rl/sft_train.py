@@ -104,19 +104,17 @@ def turn_start_token(chat) -> int | None:
     return None
 
 
-def _dialogue_turn_start(tokenizer) -> int:
-    """The turn-start id the dialogue objective cuts the system turn off at; a ValueError saying why
-    and what to train instead when the chat format has none (without it every episode would quietly
-    train the assistant tokens only)."""
+def require_turn_start(tokenizer, needs: str) -> int:
+    """The turn-start id (turn_start_token) of `tokenizer`'s chat format; a ValueError when it has none,
+    beginning with what `needs` it and why (without it the system turn cannot be told from the rest of
+    an episode, and the dialogue objective quietly trained the assistant tokens only)."""
     from vivace.harness.chat import ChatFormat
 
     chat = ChatFormat(tokenizer)
     turn_start = turn_start_token(chat)
     if turn_start is None:
-        raise ValueError(f"the dialogue objective needs a token that opens every chat turn, and {chat.template_name} "
-                         "has none in this tokenizer's vocabulary (such as Qwen's <|im_start|>), so the system turn "
-                         "cannot be told from the rest of an episode; train the assistant objective instead "
-                         "(--objective assistant)")  # fmt: skip
+        raise ValueError(f"{needs} needs a token that opens every chat turn, to find an episode's system turn, and "
+                         f"{chat.template_name} has none in this tokenizer's vocabulary (such as Qwen's <|im_start|>)")  # fmt: skip
     return turn_start
 
 
@@ -165,7 +163,7 @@ def check_rendered_with(path: Path, tokenizer) -> None:
     from vivace.harness.chat import ChatFormat
     from vivace.harness.messages import Message
 
-    mark = "vivace probe: system"
+    mark = _PROBE["system"]
     text = ChatFormat(tokenizer).render([Message("system", mark)])
     opening = tokenizer.encode(text[: text.index(mark)], add_special_tokens=False)[:-1]  # the last may merge on
     for n, (where, row) in enumerate(jsonl_objects(path)):
@@ -523,7 +521,9 @@ def train_sft(
     vocab = min(len(tokenizer), model.config.vocab_size)
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
-    turn_start = _dialogue_turn_start(tokenizer) if objective == "dialogue" else None
+    turn_start = None
+    if objective == "dialogue":
+        turn_start = require_turn_start(tokenizer, "the dialogue objective (train --objective assistant instead)")
 
     files, episodes = [], []
     for p in data:

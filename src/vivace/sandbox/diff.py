@@ -529,11 +529,9 @@ def _left_out_note(left_out: set[str], new: set[str]) -> str:
         return ""
     groups = sorted({quote_path(p.split("/", 1)[0] + ("/" if "/" in p else "")) for p in left_out})
     shown = ", ".join(groups[:5]) + (", ..." if len(groups) > 5 else "")
-    n, changed = len(new), len(left_out) - len(new)
-    counts = [f"{n} new file{'s' * (n != 1)}"] * bool(n) + [
-        f"{changed} changed or removed file{'s' * (changed != 1)}"
-    ] * bool(changed)
-    return f"# {' and '.join(counts)} left out of this diff: the repository's git ignore rules ignore them ({shown})\n"
+    kinds = (("new", len(new)), ("changed or removed", len(left_out) - len(new)))
+    counts = " and ".join(f"{n} {kind} file{'s' * (n != 1)}" for kind, n in kinds if n)
+    return f"# {counts} left out of this diff: the repository's git ignore rules ignore them ({shown})\n"
 
 
 def changed_paths(diff_text: str) -> list[str]:

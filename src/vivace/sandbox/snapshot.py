@@ -112,9 +112,8 @@ def materialize(
     `--repo ~` copied the snapshot being built into itself until a path grew too long."""
     kind = source.resolved_kind()
     path = Path(source.path).expanduser().resolve()
-    left_out = frozenset()
-    if exclude is not None and path in Path(exclude).resolve().parents:
-        left_out = frozenset({Path(exclude).resolve().relative_to(path).as_posix()})
+    exclude = Path(exclude).resolve() if exclude is not None else None
+    left_out = frozenset({exclude.relative_to(path).as_posix()} if exclude and path in exclude.parents else ())
     if not path.exists():
         raise SandboxError(f"snapshot source {source.path!r} does not exist")
     if kind == "dir" and not os.access(path, os.R_OK | os.X_OK):
@@ -483,9 +482,7 @@ def evict_replaced(cache_dir: Path, holders: Iterable[Path], prefix: str, curren
     removed = []
     with _cache_lock(cache_dir, exclusive=True, wait=False) as locked:
         if locked:
-            claimed = {
-                e.name[len(CLAIM_PREFIX) :] for h in holders for e in _listdir(h) if e.name.startswith(CLAIM_PREFIX)
-            }
+            claimed = _claimed(holders)
             for e in _listdir(cache_dir):
                 name = e.name
                 if (
@@ -532,7 +529,7 @@ def _victims(cache_dir: Path, holders: Iterable[Path], max_bytes: int, min_idle_
     total = sum(size for _, size, _ in entries)
     if total <= max_bytes:
         return []
-    claimed = {e.name[len(CLAIM_PREFIX) :] for h in holders for e in _listdir(h) if e.name.startswith(CLAIM_PREFIX)}
+    claimed = _claimed(holders)
     victims = []
     for last_use, size, key in entries:
         if total <= max_bytes:
@@ -541,6 +538,11 @@ def _victims(cache_dir: Path, holders: Iterable[Path], max_bytes: int, min_idle_
             victims.append(key)
             total -= size
     return victims
+
+
+def _claimed(holders: Iterable[Path]) -> set[str]:
+    """The cache keys the `holders` directories claim (their `uses-<key>` files)."""
+    return {e.name[len(CLAIM_PREFIX) :] for h in holders for e in _listdir(h) if e.name.startswith(CLAIM_PREFIX)}
 
 
 def _used_file(root: Path) -> Path:
@@ -621,7 +623,7 @@ def _key(
         if git_dirs:
             gitdir, common = git_dirs
             if common:
-                _hash_listing(h, common, ".git-common/", [], skip="worktrees")
+                _hash_listing(h, common, ".git-common/", [], left_out=frozenset({"worktrees"}))
             _hash_listing(h, gitdir, ".git/", [])
     elif kind == "tar":
         with open(path, "rb") as f:
@@ -632,15 +634,11 @@ def _key(
     return h.hexdigest()[:24]
 
 
-def _hash_listing(
-    h, root: Path, label: str, unreadable: list[str], skip: str | None = None, left_out: frozenset[str] = frozenset()
-) -> None:
+def _hash_listing(h, root: Path, label: str, unreadable: list[str], left_out: frozenset[str] = frozenset()) -> None:
     """Feed `h` each path under `root` (as `label` + its relative path) with its size, mtime, mode,
     inode and ctime (a file rewritten with its size and mtime kept still has a new ctime), adding to
-    `unreadable` the files and directories that cannot be read (a directory's contents are then not listed). A path removed meanwhile is passed over, as is `skip` at the top and each relative path in `left_out`."""
+    `unreadable` the files and directories that cannot be read (a directory's contents are then not listed). A path removed meanwhile is passed over, as is each relative path in `left_out`."""
     for dirpath, dirnames, filenames in os.walk(root):
-        if skip and dirpath == str(root) and skip in dirnames:
-            dirnames.remove(skip)
         rel_dir = os.path.relpath(dirpath, root)
         blocked = set()
         for name in sorted(filenames) + sorted(dirnames):

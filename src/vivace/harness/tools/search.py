@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import posixpath
 import re
@@ -437,15 +438,10 @@ class IndexNotReady(Exception):
     workspace embeds every file); codebase_search then answers by terms (LexicalSearch)."""
 
 
-_lexical: LexicalSearch | None = None
-
-
+@functools.cache
 def _lexical_fallback() -> LexicalSearch:
     """The term-matching search codebase_search answers with while the semantic index is being built."""
-    global _lexical
-    if _lexical is None:
-        _lexical = LexicalSearch()
-    return _lexical
+    return LexicalSearch()
 
 
 def default_search_backend() -> SearchBackend:
