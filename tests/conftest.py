@@ -253,3 +253,6 @@ class DirWorkspace:
 
     async def read_bytes(self, path: str) -> bytes:
         return self.fs.read_bytes(path)
+
+    async def readlink(self, path: str) -> str:
+        return self.fs.readlink(path)

@@ -28,6 +28,7 @@ from vivace.sandbox import (
     NotAFileError,
     PathEscapeError,
     SandboxError,
+    SnapshotSource,
     UnknownWorkspace,
     WorkspaceClosedError,
     WorkspaceFileNotFound,
@@ -283,6 +284,30 @@ async def test_client_hanging_up_while_queued_frees_its_place(repo, tmp_path):
             assert metrics["pools"][0]["backend"]["created"] <= 3  # the abandoned one at most made and closed
             await second.close()
             assert (await c.metrics())["pools"][0]["live"] == 0
+    finally:
+        server.stop()
+
+
+async def test_max_live_holds_for_the_whole_server_however_the_source_is_spelled(repo, tmp_path):
+    """Pools are per snapshot and source, and each had its own cap: a client asking for the same
+    repository as "repo/", "./repo" or with `kind` set got a new pool, and max_live=3 let 11 live."""
+    backend = make_backend("plain" if ISOLATION_PROBLEM else "isolated", tmp_path / "state")
+    server = BackgroundServer(create_app(backend, PoolConfig(max_live=1), "t", own_backend=True)).start()
+    try:
+        async with EnvClient(server.url, "t") as c:
+            first = await c.create(str(repo))
+            other = asyncio.ensure_future(c.create(SnapshotSource(path=f"{repo}/", kind="dir")))
+            for _ in range(100):
+                if (await c.metrics())["waiting"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+            metrics = await c.metrics()
+            assert (metrics["live"], metrics["max_live"], metrics["waiting"], other.done()) == (1, 1, 1, False)
+            await first.close()
+            second = await asyncio.wait_for(other, 20)
+            assert (await second.exec("echo ok")).stdout == "ok\n"
+            assert (await c.metrics())["live"] == 1
+            await second.close()
     finally:
         server.stop()
 

@@ -8,6 +8,7 @@ import os
 import resource
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -465,4 +466,60 @@ async def test_a_directory_holding_the_state_directory_is_snapshotted_without_it
         assert (await ws.exec("ls -A .cache; cat project/a.py", timeout=30)).stdout == "x = 1\n"
         assert backend.snapshot(str(home)).key == snap.key  # the cache's own growth is no change of the source
     finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize("call", ["write", "diff"])
+@pytest.mark.parametrize("kind", ["isolated", "plain"])
+async def test_a_call_running_as_its_workspace_closes_never_reaches_another_workspace(
+    kind, call, tmp_path, state_dir, monkeypatch
+):
+    """A call still running in its thread when the workspace closed went on reaching the tree by its
+    root's name, /proc/self/fd/N on the isolated backend: the next workspace's mount took N, a diff
+    returned that workspace's files and a write changed them. Held open for the call, the tree stays
+    the closed one's; and a call that ends after its workspace closed answers "closed", not with what
+    it read of a tree half gone (the plain backend's diff said every file was deleted)."""
+    from conftest import git, make_backend
+    from vivace.sandbox import local as local_mod
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f.txt").write_text("base\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    started, release = threading.Event(), threading.Event()
+
+    def held_back(real):
+        def call(*args, **kwargs):
+            started.set()
+            release.wait(30)
+            return real(*args, **kwargs)
+
+        return call
+
+    if call == "diff":
+        monkeypatch.setattr(local_mod, "tree_diff", held_back(local_mod.tree_diff))
+    else:
+        monkeypatch.setattr(local_mod.ConfinedFS, "write_bytes", held_back(local_mod.ConfinedFS.write_bytes))
+    backend = make_backend(kind, state_dir)
+    try:
+        snapshot = backend.snapshot(str(repo))
+        first = await backend.create(snapshot)
+        if call == "diff":
+            assert (await first.exec("echo 'written by the first' > f.txt")).exit_code == 0
+            running = asyncio.ensure_future(first.diff())
+        else:
+            running = asyncio.ensure_future(first.write_text("f.txt", "written by the first\n"))
+        assert await asyncio.to_thread(started.wait, 30)
+        await first.close()
+        second = await backend.create(snapshot)
+        assert (await second.exec("echo 'written by the second' > f.txt")).exit_code == 0
+        release.set()
+        with pytest.raises(WorkspaceClosedError, match="closed during the call"):
+            await running
+        assert await second.read_text("f.txt") == "written by the second\n"
+        assert "+written by the second" in await second.diff()
+    finally:
+        release.set()
         await backend.aclose()

@@ -96,7 +96,7 @@ async def export_changes(
             continue
         if st is not None and st.kind == "symlink":
             try:
-                links[rel] = _workspace_link(workspace, rel)
+                links[rel] = await _workspace_link(workspace, rel)
             except (OSError, SandboxError) as e:
                 report.left[rel] = f"not written: {e}"
         elif st is not None and st.kind == "other":
@@ -148,17 +148,14 @@ async def export_changes(
     return report
 
 
-def _workspace_link(workspace, rel: str) -> str:
-    """The target of the workspace's symlink `rel`, as written (never followed). Read through the
-    workspace's own tree (`fs`): the Workspace protocol has no call for it, so a workspace on another
-    machine (over HTTP) cannot tell, and its links are left."""
-    fs = getattr(workspace, "fs", None)
-    if not isinstance(fs, ConfinedFS):
+async def _workspace_link(workspace, rel: str) -> str:
+    """The target of the workspace's symlink `rel`, as written (never followed). Only this machine's
+    workspaces can tell (`readlink`; the Workspace protocol has no call for it): a workspace on
+    another machine (over HTTP) cannot, and its links are left."""
+    readlink = getattr(workspace, "readlink", None)
+    if readlink is None:
         raise SandboxError("a symlink in a workspace that cannot say where it points (not on this machine)")
-    with fs.resolve(rel, follow_final=False) as (dfd, name):
-        if name is None:
-            raise NotAFileError(f"{rel!r} is the workspace itself")
-        return os.readlink(name, dir_fd=dfd)  # str with surrogate escapes: os.symlink gives the same bytes back
+    return await readlink(rel)
 
 
 def _link_refused(rel: str, to: str, target: ConfinedFS, dest: Path) -> str | None:

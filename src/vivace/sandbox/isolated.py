@@ -55,6 +55,7 @@ from vivace.sandbox.linux import (
 from vivace.sandbox.local import (
     LocalBackend,
     LocalWorkspace,
+    Trees,
     command_env,
     owner_alive,
     remove_tree,
@@ -422,10 +423,12 @@ class IsolatedBackend(LocalBackend):
                 close(fd)
         return ExecResult(**vars(raw), oom_killed=self.cgroups.oom_kills(name) > ooms_before)
 
-    def changed_paths(self, ws: LocalWorkspace) -> list[str]:
+    def changed_paths(self, ws: LocalWorkspace, trees: Trees) -> list[str]:
         """Every path the upper layer touched, plus lower files hidden by whiteouts, opaque dirs, and
         files or links that took a lower directory's place (`rm -r d; ln -s x d`)."""
-        upper = self.upper_dir(ws)
+        upper = trees.upper
+        if upper is None:
+            raise ValueError("the isolated backend's changed paths need the upper layer held open (Trees.upper)")
         lower = ws.snapshot.root
         out: list[str] = []
         for rel_dir, dir_fd, names in walk_tree(upper):

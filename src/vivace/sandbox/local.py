@@ -26,9 +26,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vivace.config import SandboxConfig
 from vivace.sandbox.base import (
@@ -46,6 +47,8 @@ from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile, rmtree_at
 from vivace.sandbox.snapshot import Snapshot, SnapshotSource, checkout_prefix, evict, materialize
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CLOSE_GRACE_S = 5.0  # how long close() waits for execs in flight (a cancelled one ends in milliseconds)
 
@@ -167,6 +170,19 @@ def command_env(toolchain: list[Path], home: str, extra: dict[str, str]) -> dict
     return env
 
 
+@dataclass(frozen=True)
+class Trees:
+    """A workspace's directories as one call in a worker thread reaches them: held open, by descriptor."""
+
+    root: Path
+    owner: tuple[int, int] | None  # who the files written belong to
+    upper: Path | None = None  # the isolated backend's overlay upper layer, when asked for
+
+    @property
+    def fs(self) -> ConfinedFS:
+        return ConfinedFS(self.root, self.owner)
+
+
 class LocalWorkspace(TextFilesMixin):
     """A workspace whose files are a directory on this machine; commands go to its backend."""
 
@@ -177,7 +193,7 @@ class LocalWorkspace(TextFilesMixin):
         self.backend = backend
         self.snapshot = snapshot
         self.root = root  # the tree the agent sees (overlay merge or plain copy)
-        self.fs = ConfinedFS(root, owner)
+        self.owner = owner  # who the files it writes belong to
         self.closed = False
         self._destroy_lock = asyncio.Lock()
         self._running = 0  # execs in flight
@@ -208,16 +224,51 @@ class LocalWorkspace(TextFilesMixin):
         self.backend.metrics.exec.add(time.perf_counter() - t0)
         return result
 
-    async def read_bytes(self, path: str) -> bytes:
+    def _in_thread(self, fn: Callable[..., T], *args: Any, upper: bool = False) -> asyncio.Future[T]:
+        """`fn(trees, *args)` in a worker thread, over this workspace's directories held open by
+        descriptor from here until the thread ends (`Trees`; `upper`: the isolated backend's upper layer
+        too). An isolated root names a mount by number (/proc/self/fd/N): a thread re-opening it by that
+        number after close, as a long diff did, reached whichever mount took the number next, another
+        workspace's, and a write landed there. Held open, the tree stays this workspace's; a call that
+        ends after a close fails as closed (a plain backend's copy is removed under it)."""
         self._check()
-        return await asyncio.to_thread(self.fs.read_bytes, path)
+        dirs = [self.root]
+        if upper and (upper_dir := self.backend.upper_dir(self)) is not None:
+            dirs.append(upper_dir)
+        fds: list[int] = []
+        try:
+            for d in dirs:
+                fds.append(os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        held = [Path(f"/proc/self/fd/{fd}") for fd in fds]
+        trees = Trees(held[0], self.owner, held[1] if len(held) > 1 else None)
+
+        def run() -> T:
+            try:
+                result = fn(trees, *args)
+            except OSError as e:
+                if self.closed:
+                    raise WorkspaceClosedError(f"workspace {self.id} was closed during the call") from e
+                raise
+            finally:
+                for fd in fds:  # only now: the thread outlives an await that was cancelled
+                    os.close(fd)
+            if self.closed:  # what it read may be half gone (a plain copy is removed): no answer, not a wrong one
+                raise WorkspaceClosedError(f"workspace {self.id} was closed during the call")
+            return result
+
+        return asyncio.get_running_loop().run_in_executor(None, run)
+
+    async def read_bytes(self, path: str) -> bytes:
+        return await self._in_thread(lambda t: t.fs.read_bytes(path))
 
     async def open_read(self, path: str, max_bytes: int = MAX_READ_BYTES, head_bytes: int = 0) -> OpenFile:
         """The file opened to be read in pieces, checked as `read_bytes` checks it, with its first
         `head_bytes` (`ConfinedFS.open_regular`); the caller closes the descriptor."""
-        self._check()
-        loop = asyncio.get_running_loop()
-        opening = loop.run_in_executor(None, self.fs.open_regular, path, max_bytes, head_bytes)
+        opening = self._in_thread(lambda t: t.fs.open_regular(path, max_bytes, head_bytes))
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
@@ -225,32 +276,31 @@ class LocalWorkspace(TextFilesMixin):
             raise
 
     async def write_bytes(self, path: str, data: bytes) -> None:
-        self._check()
-        await asyncio.to_thread(self.fs.write_bytes, path, data)
+        await self._in_thread(lambda t: t.fs.write_bytes(path, data))
 
     async def list(self, path: str = ".") -> list[DirEntry]:
-        self._check()
-        return await asyncio.to_thread(self.fs.list, path)
+        return await self._in_thread(lambda t: t.fs.list(path))
 
     async def remove(self, path: str, recursive: bool = False) -> None:
-        self._check()
-        await asyncio.to_thread(self.fs.remove, path, recursive)
+        await self._in_thread(lambda t: t.fs.remove(path, recursive))
 
     async def stat(self, path: str) -> FileStat:
-        self._check()
-        return await asyncio.to_thread(self.fs.stat, path)
+        return await self._in_thread(lambda t: t.fs.stat(path))
+
+    async def readlink(self, path: str) -> str:
+        """Where the symlink `path` points, as written: what applying a diff of a link needs, which
+        only a workspace on this machine can say (the Workspace protocol has no call for it)."""
+        return await self._in_thread(lambda t: t.fs.readlink(path))
 
     async def diff(self) -> str:
-        self._check()
-
-        def compute() -> str:
-            candidates = self.backend.changed_paths(self)
+        def compute(trees: Trees) -> str:
+            candidates = self.backend.changed_paths(self, trees)
             source = self.snapshot.source
             wanted = source.enclosing_ignore_rules and source.resolved_kind() == "dir"
             outer = checkout_prefix(Path(source.path)) if wanted else None
-            return tree_diff(self.snapshot.root, self.root, candidates, self.backend.config.diff_ignore, outer)
+            return tree_diff(self.snapshot.root, trees.root, candidates, self.backend.config.diff_ignore, outer)
 
-        return await asyncio.to_thread(compute)
+        return await self._in_thread(compute, upper=True)
 
     async def close(self) -> None:
         async with self._destroy_lock:
@@ -358,7 +408,11 @@ class LocalBackend(abc.ABC):
     async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult: ...
 
     @abc.abstractmethod
-    def changed_paths(self, ws: LocalWorkspace) -> list[str]: ...
+    def changed_paths(self, ws: LocalWorkspace, trees: Trees) -> list[str]: ...
+
+    def upper_dir(self, ws: LocalWorkspace) -> Path | None:
+        """The directory holding exactly what `ws` changed, where the backend keeps one."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "isolated": self.isolated, "state_dir": str(self.state)}

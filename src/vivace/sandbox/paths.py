@@ -351,6 +351,14 @@ class ConfinedFS:
         finally:
             os.close(fd)
 
+    def readlink(self, path: str) -> str:
+        """Where the symlink `path` points, as written (never followed); a str with surrogate escapes,
+        which os.symlink turns back into the same bytes."""
+        with self.resolve(path, follow_final=False) as (dfd, name):
+            if name is None:
+                raise NotAFileError(f"{path!r} is the workspace itself")
+            return os.readlink(name, dir_fd=dfd)
+
     def realpath(self, path: str) -> str:
         """`path` workspace-relative with every symlink resolved ("." for the root), walked like
         every other operation (PathEscapeError for a link leading outside); components below a

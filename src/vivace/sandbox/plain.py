@@ -25,8 +25,8 @@ from pathlib import Path
 
 from vivace.config import SandboxConfig
 from vivace.sandbox.base import ExecResult
-from vivace.sandbox.diff import walk_files
-from vivace.sandbox.local import LocalBackend, LocalWorkspace, command_env, remove_tree, toolchain_dirs
+from vivace.sandbox.diff import walk_files, walk_tree
+from vivace.sandbox.local import LocalBackend, LocalWorkspace, Trees, command_env, remove_tree, toolchain_dirs
 from vivace.sandbox.process import kill_process_group, kill_processes_in, run_capped
 from vivace.sandbox.snapshot import Snapshot
 
@@ -98,14 +98,16 @@ class PlainBackend(LocalBackend):
         )
         return ExecResult(**vars(raw))
 
-    def changed_paths(self, ws: LocalWorkspace) -> list[str]:
+    def changed_paths(self, ws: LocalWorkspace, trees: Trees) -> list[str]:
         """The paths the diff compares: those in one tree only, and those in the workspace whose
         inode changed (ctime) since the copy was made, git's racy-clean test on the filesystem's own
         clock. Nothing else can differ: a write, chmod, rename or link sets the ctime, and a command
         cannot set it back (mtime it can); a change in the copy's last clock tick counts as one. Not
         reading the unchanged files is what keeps a diff of a large repository cheap (50,000 files:
         seconds before)."""
-        base, work = set(walk_files(ws.snapshot.root)), walk_files(ws.root)
+        base = set(walk_files(ws.snapshot.root))
+        # walk_tree, as walk_files takes a root that is a link (trees.root is /proc/self/fd/N) for no tree
+        work = [os.path.join(d, name) for d, _, names in walk_tree(trees.root) for name in names]
         try:
             copied = os.stat(ws.root.parent / _COPIED).st_ctime_ns
         except OSError:  # a workspace made before the stamp existed: compare everything
@@ -113,7 +115,7 @@ class PlainBackend(LocalBackend):
         touched = set()
         for rel in work:
             try:
-                if rel not in base or os.lstat(ws.root / rel).st_ctime_ns >= copied:
+                if rel not in base or os.lstat(trees.root / rel).st_ctime_ns >= copied:
                     touched.add(rel)
             except OSError:  # removed meanwhile: compare it
                 touched.add(rel)

@@ -341,6 +341,10 @@ class Registry:
         self.pool_config = pool_config
         self.pools: dict[tuple[str, SnapshotSource], WorkspacePool] = {}
         self.workspaces: dict[str, LocalWorkspace] = {}
+        # pool.max_live for the whole server: each pool caps only its own source, and a client could
+        # make a pool per spelling of one path ("repo/", "./repo", kind "dir") and pass any cap.
+        self.live = asyncio.Semaphore(pool_config.max_live)
+        self.waiting = 0  # creates waiting for a slot
         # Closed ids are remembered (bounded) so a late request says "closed", not "unknown".
         self.recently_closed: OrderedDict[str, None] = OrderedDict()
         self._inflight: dict[SnapshotSource, asyncio.Future[Snapshot]] = {}
@@ -382,12 +386,21 @@ class Registry:
 
     async def create(self, source: SnapshotSource) -> str:
         snapshot = await self.snapshot(source)
-        # By source too: a workspace's diff may read it (`enclosing_ignore_rules`), and two sources of
-        # the same content share the snapshot, not what it was asked for as.
-        pool = self.pools.get((snapshot.key, source))
-        if pool is None:
-            pool = self.pools[snapshot.key, source] = WorkspacePool(self.backend, snapshot, self.pool_config)
-        ws = await pool.acquire()  # waits while the pool is at max_live
+        self.waiting += 1
+        try:
+            await self.live.acquire()  # waits while max_live workspaces are alive; close releases it
+        finally:
+            self.waiting -= 1
+        try:
+            # By source too: a workspace's diff may read it (`enclosing_ignore_rules`), and two sources of
+            # the same content share the snapshot, not what it was asked for as.
+            pool = self.pools.get((snapshot.key, source))
+            if pool is None:
+                pool = self.pools[snapshot.key, source] = WorkspacePool(self.backend, snapshot, self.pool_config)
+            ws = await pool.acquire()
+        except BaseException:
+            self.live.release()
+            raise
         # Backend ids restart with every process; the random suffix keeps a stale client
         # from reaching a newer server's workspace of the same number.
         ws_id = f"{ws.id}-{secrets.token_hex(4)}"
@@ -409,7 +422,10 @@ class Registry:
         self.recently_closed[ws_id] = None
         while len(self.recently_closed) > 10_000:
             self.recently_closed.popitem(last=False)
-        await ws.close()
+        try:
+            await ws.close()
+        finally:
+            self.live.release()
 
     async def aclose(self) -> None:
         await asyncio.gather(*(self.close(i) for i in list(self.workspaces)), return_exceptions=True)
@@ -420,6 +436,8 @@ class Registry:
         return {
             "backend": self.backend.describe(),
             "live": len(self.workspaces),
+            "max_live": self.pool_config.max_live,
+            "waiting": self.waiting,
             "file_streams": self.file_streams,
             "pools": [pool.metrics() for pool in self.pools.values()],
         }
