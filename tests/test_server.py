@@ -29,6 +29,7 @@ from vivace.sandbox import (
     PathEscapeError,
     SandboxError,
     SnapshotSource,
+    TooLarge,
     UnknownWorkspace,
     WorkspaceClosedError,
     WorkspaceFileNotFound,
@@ -284,6 +285,29 @@ async def test_client_hanging_up_while_queued_frees_its_place(repo, tmp_path):
             assert metrics["pools"][0]["backend"]["created"] <= 3  # the abandoned one at most made and closed
             await second.close()
             assert (await c.metrics())["pools"][0]["live"] == 0
+    finally:
+        server.stop()
+
+
+async def test_a_diff_over_the_servers_limit_is_refused_as_too_large(repo, tmp_path):
+    """A diff is built, escaped and sent whole: 232 MB of changes took the server's memory from 0.2 to
+    1.1 GB per request and held /health up for seconds. Over `max_diff_chars` it is refused (413)."""
+    backend = make_backend("plain" if ISOLATION_PROBLEM else "isolated", tmp_path / "state")
+    app = create_app(backend, PoolConfig(), "t", own_backend=True, max_diff_chars=5000)
+    server = BackgroundServer(app).start()
+    try:
+        async with EnvClient(server.url, "t") as c:
+            ws = await c.create(str(repo))
+            await ws.write_text("small.txt", "x\n" * 100)
+            assert "+x" in await ws.diff()
+            await ws.write_text("big.txt", "y\n" * 5000)
+            with pytest.raises(TooLarge, match="over the limit of 5,000 characters") as refused:
+                await ws.diff()
+            assert "big.txt" in str(refused.value)
+            response = httpx.get(f"{server.url}/v1/workspaces/{ws.id}/diff", headers={"Authorization": "Bearer t"})
+            assert (response.status_code, response.json()["error"]["kind"]) == (413, "too_large")
+            await ws.remove("big.txt")
+            assert "+x" in await ws.diff()  # the workspace is as it was: nothing was done
     finally:
         server.stop()
 

@@ -124,6 +124,12 @@ class ServerConfig(_Strict):
         description="How long a streamed file read waits for its client to take the next piece, s; then it is "
         "abandoned (its file closed, the client sees an incomplete response), as nginx's send_timeout.",
     )
+    max_diff_chars: int = Field(
+        64 << 20,
+        ge=1,
+        description='The largest workspace diff sent, in characters; a larger one is refused (413 "too_large"): '
+        "it is built and sent whole, and the server holds several times its size meanwhile.",
+    )
 
 
 class AgentConfig(_Strict):

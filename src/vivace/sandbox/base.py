@@ -67,6 +67,12 @@ class BackendUnavailable(SandboxError):
     kind = "backend_unavailable"
 
 
+class TooLarge(SandboxError):
+    """What a call would send or return is over a limit (an upload, a diff): refused, nothing done."""
+
+    kind = "too_large"
+
+
 ERRORS_BY_KIND: dict[str, type[SandboxError]] = {
     cls.kind: cls
     for cls in (
@@ -79,6 +85,7 @@ ERRORS_BY_KIND: dict[str, type[SandboxError]] = {
         UnknownWorkspace,
         Unauthorized,
         BackendUnavailable,
+        TooLarge,
     )
 }
 

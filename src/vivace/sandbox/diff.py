@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from vivace.sandbox.base import SandboxError
+from vivace.sandbox.base import SandboxError, TooLarge
 from vivace.sandbox.paths import ConfinedFS
 
 log = logging.getLogger(__name__)
@@ -431,8 +431,15 @@ def _literal(data: bytes) -> str:
 
 
 def tree_diff(
-    base: Path, work: Path, candidates: Iterable[str], ignore: Iterable[str] = (), outer: tuple[Path, str] | None = None
+    base: Path,
+    work: Path,
+    candidates: Iterable[str],
+    ignore: Iterable[str] = (),
+    outer: tuple[Path, str] | None = None,
+    max_chars: int | None = None,
 ) -> str:
+    """The diff of `work` against `base` over the `candidates` paths (see file_diff); TooLarge as soon
+    as it is over `max_chars`, before the rest is read."""
     ignore = list(ignore)
     paths = sorted({c for c in candidates if c and not ignored(c, ignore)})
     # New, changed or removed alike (git status's view: a tracked file is never ignored): `npm install`
@@ -440,9 +447,18 @@ def tree_diff(
     left_out = git_ignored(base, paths, outer)
     base_fs, work_fs, memo = ConfinedFS(base), ConfinedFS(work), {}
     new = {p for p in left_out if not _lexists(base, p)}
-    return _left_out_note(left_out, new) + "".join(
-        file_diff(rel, base_fs, work_fs, memo) for rel in paths if rel not in left_out
-    )
+    sections, size = [_left_out_note(left_out, new)], 0
+    for rel in paths:
+        if rel not in left_out:
+            sections.append(file_diff(rel, base_fs, work_fs, memo))
+            size += len(sections[-1])
+            if max_chars is not None and size > max_chars:
+                raise TooLarge(
+                    f"the workspace's diff is over the limit of {max_chars:,} characters (reached at {_shown(rel)}, "
+                    f"one of {len(paths):,} changed paths): read the files needed instead, or list what changed "
+                    "with a command in the workspace (`git status`)"
+                )
+    return "".join(sections)
 
 
 def _lexists(root: Path, rel: str) -> bool:

@@ -292,13 +292,16 @@ class LocalWorkspace(TextFilesMixin):
         only a workspace on this machine can say (the Workspace protocol has no call for it)."""
         return await self._in_thread(lambda t: t.fs.readlink(path))
 
-    async def diff(self) -> str:
+    async def diff(self, max_chars: int | None = None) -> str:
+        """The diff against the base snapshot (TooLarge past `max_chars`)."""
+
         def compute(trees: Trees) -> str:
             candidates = self.backend.changed_paths(self, trees)
             source = self.snapshot.source
             wanted = source.enclosing_ignore_rules and source.resolved_kind() == "dir"
             outer = checkout_prefix(Path(source.path)) if wanted else None
-            return tree_diff(self.snapshot.root, trees.root, candidates, self.backend.config.diff_ignore, outer)
+            ignore = self.backend.config.diff_ignore
+            return tree_diff(self.snapshot.root, trees.root, candidates, ignore, outer, max_chars)
 
         return await self._in_thread(compute, upper=True)
 

@@ -95,9 +95,12 @@ READ_CHUNK_BYTES = 256 << 10
 # that readers opened faster than the stall frees them cannot run the server out of descriptors.
 MAX_FILE_STREAMS: int = ServerConfig.model_fields["max_file_streams"].default
 FILE_STREAM_STALL_S: float = ServerConfig.model_fields["file_stream_stall_s"].default
+# A diff is built, escaped and sent whole: past this it is refused (413), as one over a few hundred MB
+# took the server's memory to gigabytes and held every other request up while it was escaped.
+MAX_DIFF_CHARS: int = ServerConfig.model_fields["max_diff_chars"].default
 HEALTH_PATH = "/v1/health"
 STATUS_BY_KIND = {"path_escape": 403, "symlink_loop": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
-                  "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503, "busy": 503}  # fmt: skip
+                  "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503, "busy": 503, "too_large": 413}  # fmt: skip
 RETRY_AFTER_BY_KIND = {"busy": "1"}  # seconds; a file stream of a client that reads lasts well under that
 
 
@@ -141,7 +144,12 @@ class AsciiJSON(JSONResponse):
     \\udcXX escape is valid JSON, and Python's json reads it back to the same str."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+        return ascii_json(content)
+
+
+def ascii_json(content: Any) -> bytes:
+    """AsciiJSON's body for `content`."""
+    return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def error_response(
@@ -455,6 +463,7 @@ def create_app(
     max_exec_timeout_s: float = MAX_EXEC_TIMEOUT_S,
     max_file_streams: int = MAX_FILE_STREAMS,
     file_stream_stall_s: float = FILE_STREAM_STALL_S,
+    max_diff_chars: int = MAX_DIFF_CHARS,
 ) -> FastAPI:
     """The HTTP app over `backend`; with `own_backend` its shutdown also closes the backend.
     `ClosingServer` calls `app.state.drain()` when told to stop (see `Registry.drain`). An exec
@@ -595,8 +604,11 @@ def create_app(
         return (await reg.get(ws_id).stat(path)).to_dict()
 
     @app.get("/v1/workspaces/{ws_id}/diff")
-    async def diff(ws_id: str) -> dict[str, str]:
-        return {"diff": await reg.get(ws_id).diff()}
+    async def diff(ws_id: str) -> Response:
+        text = await reg.get(ws_id).diff(max_chars=max_diff_chars)
+        # Rendered in a thread: escaping a diff of tens of MB held every other request up for seconds.
+        body = await asyncio.to_thread(ascii_json, {"diff": text})
+        return Response(body, media_type="application/json")
 
     @app.delete("/v1/workspaces/{ws_id}", status_code=204)
     async def close(ws_id: str) -> Response:
@@ -620,6 +632,7 @@ def configured_limits(server: ServerConfig) -> dict[str, Any]:
         "max_exec_timeout_s": server.max_exec_timeout_s,
         "max_file_streams": server.max_file_streams,
         "file_stream_stall_s": server.file_stream_stall_s,
+        "max_diff_chars": server.max_diff_chars,
     }
 
 
