@@ -42,10 +42,9 @@ def serve(
         fail("give --model (tiny or a checkpoint directory)")
     _check_model(model)
     sock = bound_or_exit(host, port)  # before the model loads, which can take minutes; --port 0: the port taken
-    import uvicorn
 
     from vivace.inference.server import GRACEFUL_BACKSTOP_S, create_app
-    from vivace.sandbox.background import ClosingServer, http_url
+    from vivace.sandbox.background import ClosingServer, http_url, serving_config
 
     with sock:
         engine, chat = _engine(model, _engine_config(max_batch=max_batch, device=device, dtype=dtype))
@@ -54,7 +53,7 @@ def serve(
                   markup=False, highlight=False)  # fmt: skip
         # SIGTERM or Ctrl-C: running requests get a second, then streams end with an error event and
         # whole replies with 503, their generation cancelled; a client that takes nothing is dropped.
-        config = uvicorn.Config(
+        config = serving_config(
             create_app(engine, chat, name), log_level="warning", timeout_graceful_shutdown=GRACEFUL_BACKSTOP_S
         )
         try:

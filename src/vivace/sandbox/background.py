@@ -11,19 +11,89 @@ it dies with the process), or signal handling (uvicorn installs none outside the
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import resource
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
+import h11
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
 # After the drain, what a connection still has unsent is for a client that takes nothing: given
 # this long, then the connection is dropped instead of holding the stop until uvicorn's graceful timeout.
 STALLED_CLIENT_GRACE_S = 0.5
+
+
+# Connections at once, and how long one may take to send a request's head (nginx's client_header_timeout
+# is 60 s): uvicorn sets neither, so clients that connect and send nothing, or half a head, were kept
+# for good. 20,000 of them ran a server out of descriptors (every new client timed out) and, as asyncio
+# logs each failed accept, wrote 122 MB of log a minute.
+MAX_CONNECTIONS = 4096
+HEAD_TIMEOUT_S = 20.0
+
+
+def serving_config(app: FastAPI, **options: Any) -> uvicorn.Config:
+    """uvicorn's config for vivace's servers: the h11 protocol with GuardedH11's limits."""
+    return uvicorn.Config(app, http=GuardedH11, **options)
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol, bounded against clients that hold connections without using them:
+    past `max_connections` at once (never more than half the descriptors the process may open) a new
+    connection is answered 503 "busy" at once and closed; a connection that has not sent a whole
+    request head `head_timeout_s` after it opened, or after its last response, is closed."""
+
+    max_connections: ClassVar[int] = MAX_CONNECTIONS
+    head_timeout_s: ClassVar[float] = HEAD_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > min(self.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2):
+            transport.write(_BUSY)
+            transport.close()
+            return
+        self._wait_for_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._wait_for_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _wait_for_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        waiting = self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+        if waiting and not self.transport.is_closing():  # else a request is in progress: not a head's wait
+            self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
+
+
+_BUSY_BODY = json.dumps({"error": {
+    "kind": "busy", "type": "server_busy", "code": 503,
+    "message": "the server has as many connections open as it takes; retry in a moment"}}).encode()  # fmt: skip
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
 
 
 def http_url(host: str, port: int) -> str:
@@ -52,7 +122,7 @@ class BackgroundServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", backlog=2048, timeout_graceful_shutdown=graceful_s)
+        config = serving_config(app, log_level="warning", backlog=2048, timeout_graceful_shutdown=graceful_s)
         self.server = server_class(config)
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._sock]}, name="vivace-env-server", daemon=True

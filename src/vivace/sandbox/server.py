@@ -54,7 +54,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 from urllib.parse import parse_qsl
 
-import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -63,7 +62,7 @@ from starlette.exceptions import HTTPException
 
 from vivace.body_limit import BodyLimit, BodyTooLarge
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
-from vivace.sandbox.background import ClosingServer, http_url
+from vivace.sandbox.background import ClosingServer, http_url, serving_config
 from vivace.sandbox.base import SandboxError, Unauthorized, UnknownWorkspace, WorkspaceClosedError
 from vivace.sandbox.local import LocalBackend, LocalWorkspace
 from vivace.sandbox.paths import OpenFile
@@ -659,7 +658,7 @@ def serve(config: VivaceConfig, sock: socket.socket | None = None) -> None:
         **configured_limits(config.server),
     )
     server = ClosingServer(
-        uvicorn.Config(
+        serving_config(
             app,
             host=config.server.host,
             port=config.server.port,
