@@ -198,5 +198,7 @@ class ClosingServer(uvicorn.Server):
         await asyncio.sleep(STALLED_CLIENT_GRACE_S)
         for connection in list(self.server_state.connections):
             transport = getattr(connection, "transport", None)
-            if transport is not None and transport.get_write_buffer_size():
+            # A client still sending a request's body (slowly, or not at all) held the stop to uvicorn's backstop.
+            sending = getattr(getattr(connection, "conn", None), "their_state", None) is h11.SEND_BODY
+            if transport is not None and (transport.get_write_buffer_size() or sending):
                 transport.abort()

@@ -59,6 +59,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from vivace.body_limit import BodyLimit, BodyTooLarge
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
@@ -523,6 +524,10 @@ def create_app(
             return error_response(413, "too_large", e.detail)
         message = f"{request.method} {request.url.path}: {e.detail}"
         return error_response(e.status_code, "unknown_route" if e.status_code in (404, 405) else "http_error", message)
+
+    @app.exception_handler(ClientDisconnect)  # the client hung up (or the stop dropped it) mid-body: nothing done
+    async def _hung_up(_: Request, e: ClientDisconnect) -> Response:
+        return hung_up_response()
 
     @app.exception_handler(ValueError)  # what the backend raises for a bad argument (env name, empty argv)
     async def _value_error(_: Request, e: ValueError) -> JSONResponse:
