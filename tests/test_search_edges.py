@@ -110,14 +110,19 @@ def damage(cache, what: str) -> None:
         (base / "vectors.npy").write_bytes(b"")
     elif what == "vectors_junk":
         (base / "vectors.npy").write_bytes(b"\x93NUMPY junk" * 10)
+    elif what == "vectors_narrow":  # vectors of another width: every dense search failed on a matmul
+        np.save(base / "vectors.npy", np.load(base / "vectors.npy")[:, :10])
     elif what.startswith("vectors_"):  # a well-formed file whose numbers are not: dense search found nothing
         vectors = np.load(base / "vectors.npy")
         vectors[:: 1 if what == "vectors_nan" else 3] = np.nan if what == "vectors_nan" else np.inf
         np.save(base / "vectors.npy", vectors)
-    elif what == "shard_nan":  # a well-formed shard whose vectors are not: they would be used as they are
+    elif what in ("shard_nan", "shard_narrow"):  # a well-formed shard whose vectors are not: used as they were
         with np.load(shard) as data:
             keys, vectors = data["keys"], data["vectors"].copy()
-        vectors[::2] = np.nan
+        if what == "shard_nan":
+            vectors[::2] = np.nan
+        else:
+            vectors = vectors[:, :10]
         with open(shard, "wb") as f:
             np.savez(f, keys=keys, vectors=vectors)
         shutil.rmtree(base)
@@ -130,8 +135,8 @@ def damage(cache, what: str) -> None:
 
 @pytest.mark.parametrize(
     "what",
-    ["vectors_empty", "vectors_junk", "vectors_nan", "vectors_some_inf", "shard_truncated", "shard_empty",
-     "shard_junk", "shard_nan", "pointer_binary"],
+    ["vectors_empty", "vectors_junk", "vectors_nan", "vectors_some_inf", "vectors_narrow", "shard_truncated",
+     "shard_empty", "shard_junk", "shard_nan", "shard_narrow", "pointer_binary"],
 )  # fmt: skip
 def test_damaged_cache_files_are_rebuilt_with_a_warning(tmp_path, what, caplog):
     repo, cache = tmp_path / "repo", tmp_path / "cache"
@@ -208,26 +213,36 @@ def test_git_failing_in_a_repository_is_logged(tmp_path, monkeypatch, caplog):
 
 
 class SlowEmbedder(FakeEmbedder):
-    """8 texts per batch (the cache asks for batch_size * 8), 0.05 s per text; interrupts the
-    process (Ctrl-C) during its second batch."""
+    """8 texts per batch (the cache asks for batch_size * 8), 0.05 s per text; sends the process
+    `signum` (Ctrl-C's SIGINT, or a job limit's SIGTERM) during its second batch."""
 
     batch_size = 1
+    signum = signal.SIGINT
 
     def encode(self, texts):
         if self.calls == 1:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.signum)
         time.sleep(0.05 * len(texts))
         return super().encode(texts)
 
 
-def test_ctrl_c_stops_a_build_between_batches(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_a_build_between_batches(tmp_path, signum, capsys):
+    """SIGTERM (`timeout`, `docker stop`, a CI job's limit) killed the build with nothing saved, so the
+    next one embedded everything again; it now stops as Ctrl-C does, keeping what was embedded."""
+    import typer
+
     from vivace.cli_index import _open
 
     repo = tmp_path / "repo"
     write(repo, {f"m{i}.py": f"def func_{i}(x):\n    return x + {i}\n" for i in range(120)})
-    ix = indexer(tmp_path / "cache", SlowEmbedder())
-    with pytest.raises(KeyboardInterrupt):
+    embedder = SlowEmbedder()
+    embedder.signum = signum
+    ix = indexer(tmp_path / "cache", embedder)
+    with pytest.raises(typer.Exit) as stopped:
         _open(ix, repo, quiet=True, share=False)
+    assert stopped.value.exit_code == 128 + signum
+    assert f"stopped by {signal.Signals(signum).name}" in capsys.readouterr().err
     assert 0 < ix.cache.embedder.encoded < 120  # stopped between batches, not after all 15
     resumed = EmbeddingCache(FakeEmbedder(), tmp_path / "cache" / "embeddings")
     resumed.embed(["x"])
@@ -330,7 +345,7 @@ def test_a_base_replaced_while_it_was_read_is_not_removed(tmp_path, monkeypatch,
     base.save(directory)
     read = BaseIndex._read
 
-    def replaced_meanwhile(cls, d, model):
+    def replaced_meanwhile(cls, d, model, dim):
         monkeypatch.setattr(BaseIndex, "_read", classmethod(read.__func__))
         shutil.rmtree(d)
         base.save(d)
@@ -413,3 +428,91 @@ def test_bm25s_keeps_jax_off_the_gpu_unless_told(tmp_path, preset, seen):
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "seen").read_text() == seen
+
+
+# -- what the cache keeps ------------------------------------------------------------------------------
+
+
+def test_a_long_embedding_run_saves_as_it_goes(tmp_path, monkeypatch):
+    """Vectors were saved only when a build ended, so a build killed (SIGKILL, the OOM killer) kept none."""
+    from vivace.search import embed
+
+    monkeypatch.setattr(embed, "SAVE_EVERY_S", 0.0)
+    cache = EmbeddingCache(SlowEmbedder.__base__(), tmp_path / "emb")  # FakeEmbedder: 256 texts a step
+    cache.embed([f"text number {i}" for i in range(600)])
+    shards = list((tmp_path / "emb" / "fake").glob("shard-*.npz"))
+    assert len(shards) == 3  # one per step of 256, with no flush called
+    again = EmbeddingCache(FakeEmbedder(), tmp_path / "emb")
+    again.embed(["text number 599"])
+    assert (len(again), again.embedder.encoded) == (600, 0)
+
+
+def test_many_shards_are_merged_into_one_when_loaded(tmp_path):
+    """Each flush adds a shard (each search that embeds an edit); thousands made every first search slow."""
+    from vivace.search import embed
+    from vivace.search.embed import MAX_SHARDS
+
+    for i in range(MAX_SHARDS + 4):  # as flushes of as many processes leave them
+        embed._save_shard(
+            tmp_path / "emb" / "fake", [embed.text_key(f"edit {i}")], FakeEmbedder()._vectors([f"edit {i}"])
+        )
+    assert len(list((tmp_path / "emb" / "fake").glob("shard-*.npz"))) == MAX_SHARDS + 4
+    merged = EmbeddingCache(FakeEmbedder(), tmp_path / "emb")
+    merged.embed(["edit 0"])
+    assert len(list((tmp_path / "emb" / "fake").glob("shard-*.npz"))) == 1
+    again = EmbeddingCache(FakeEmbedder(), tmp_path / "emb")
+    again.embed([f"edit {i}" for i in range(MAX_SHARDS + 4)])
+    assert again.embedder.encoded == 0  # every vector is in the merged shard
+
+
+def test_indexing_a_changed_tree_again_removes_the_base_it_replaces(tmp_path):
+    """Every `vivace index build` of a changed tree saved a whole new base and none was ever removed;
+    the one a repository's record replaces goes, unless another directory's record names it."""
+    repo, twin, cache = tmp_path / "repo", tmp_path / "twin", tmp_path / "cache"
+    write(repo, FILES)
+    write(twin, FILES)
+    ix = indexer(cache)
+    first = asyncio.run(ix.open(DirectorySource(repo, ix.config), share=False)).view.root
+    ix.store.set_last_root(repo, first)
+    ix.store.set_last_root(twin, first)  # the same tree elsewhere: the base is shared
+    write(repo, {"httpx/auth.py": ZEBRA})
+    second = asyncio.run(ix.open(DirectorySource(repo, ix.config), share=False)).view.root
+    ix.store.set_last_root(repo, second)
+    assert sorted(p.name for p in (cache / "bases").iterdir()) == sorted([first, second])  # the twin's stays
+    write(repo, {"httpx/client.py": ZEBRA})
+    third = asyncio.run(ix.open(DirectorySource(repo, ix.config), share=False)).view.root
+    ix.store.set_last_root(repo, third)
+    assert sorted(p.name for p in (cache / "bases").iterdir()) == sorted([first, third])
+    assert ix.store.last_root(repo) == third
+
+
+def test_a_repository_whose_path_is_not_utf8_is_indexed_and_found(tmp_path):
+    """A directory name that is not UTF-8 failed `index build` after the whole embedding, and every search."""
+    repo = tmp_path / os.fsdecode(b"bad\xffdir")
+    write(repo, FILES)
+    ix = indexer(tmp_path / "cache")
+    root = asyncio.run(ix.open(DirectorySource(repo, ix.config))).view.root
+    ix.store.set_last_root(repo, root)
+    assert indexer(tmp_path / "cache").store.last_root(repo) == root
+
+
+def test_words_in_any_script_are_search_terms():
+    """Only ASCII letters made terms: `grüße_sentinel` came out as "gr" and "e_sentinel", and Cyrillic or
+    Chinese text as nothing, so a phrase in a comment was never found by terms."""
+    from vivace.search.lexical import tokenize
+
+    assert tokenize("def grüße_sentinel(): pass") == ["def", "grüße_sentinel", "grüße", "sentinel", "pass"]
+    assert tokenize("функция_поиска") == ["функция_поиска", "функция", "поиска"]
+    assert tokenize("computeTotalPrice x9 123abc") == [
+        "computetotalprice",
+        "compute",
+        "total",
+        "price",
+        "x9",
+        "123",
+        "abc",
+    ]
+    files = {"a.py": "# 这个说法模棱两可的\ndef f():\n    pass\n", "b.py": "# 用户登录\ndef g():\n    pass\n"}
+    view = IndexView(BaseIndex.build(files, EmbeddingCache(FakeEmbedder())), EmbeddingCache(FakeEmbedder()))
+    assert view.search("模棱两可", 1, "bm25")[0].path == "a.py"
+    assert view.search("функция", 1, "bm25") == []

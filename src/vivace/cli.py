@@ -38,6 +38,13 @@ err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable)
 out = Console()
 
 
+def print_json(obj: Any) -> None:
+    """`--json` output: plain JSON on stdout, whatever the terminal or FORCE_COLOR (rich's print_json
+    colours it then, and CI systems set FORCE_COLOR), ASCII-escaped so a file name that is not UTF-8
+    (a lone surrogate here) comes out as a \\udcXX escape rather than a raw, invalid byte."""
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Exit `code` with one line on stderr, `error: MESSAGE`. The message is plain text, shown exactly as
     given: rich reads no markup in it (a path like runs/x[3], a glob [abc], a repr like ['a'] or a stray
@@ -102,6 +109,28 @@ def sigterm_interrupts(received: list[int]):
         raise KeyboardInterrupt
 
     return signal_handler(handler, (signal.SIGTERM,))
+
+
+def run_cancelling_on_sigterm(received: list[int], coro):
+    """asyncio.run(coro), where SIGTERM cancels it as asyncio's own Ctrl-C handling does (the episodes in
+    flight are cancelled and their sandboxes closed; raising KeyboardInterrupt from a plain handler
+    instead tears the loop down under its subprocesses). A SIGTERM appends to `received` and ends in
+    CancelledError; a signal the process started with ignored (nohup) stays ignored."""
+
+    async def main():
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        before = signal.getsignal(signal.SIGTERM)
+        if before == signal.SIG_IGN:
+            return await coro
+        loop.add_signal_handler(signal.SIGTERM, lambda: (received.append(signal.SIGTERM), task.cancel()))
+        try:
+            return await coro
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            if before is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(signal.SIGTERM, before)
+
+    return asyncio.run(main())
 
 
 BACKENDS = ("auto", "isolated", "plain")
@@ -254,7 +283,7 @@ def config_show(
     ] = None,
 ) -> None:
     """Print a preset's full configuration as JSON (with --config, the file merged over it)."""
-    out.print_json(_config(preset, config_file=config_file).model_dump_json())
+    print_json(_config(preset, config_file=config_file).model_dump(mode="json"))
 
 
 AgentModelOpt = Annotated[
@@ -359,7 +388,7 @@ def agent(
                     out.print(colour_diff(diff, SHOWN_DIFF_LINES) if diff else "[dim](no changes)[/dim]")
             applied = False
             changed = bool(changed_paths(diff))  # a diff may be only a note (ignored files left out)
-            if changed and ((apply and not interrupted) or (interactive and confirmed())):
+            if changed and ((apply and not interrupted) or (interactive and not received and confirmed())):
                 await export_changes(ws, diff, repo, base=ws.snapshot.root, report=report)
                 applied = True
             return traj, diff, applied, changed
@@ -367,8 +396,9 @@ def agent(
             await b.aclose()
             await close_policy(policy)
 
+    received: list[int] = []  # SIGTERM (`timeout`, a job's limit) stops the episode as a first Ctrl-C does
     try:
-        traj, diff, applied, changed = asyncio.run(go())
+        traj, diff, applied, changed = run_cancelling_on_sigterm(received, go())
     except SandboxError as e:
         fail(visible(str(e)))
     except KeyboardInterrupt:  # a second Ctrl-C, or one while applying
@@ -391,7 +421,7 @@ def agent(
     # 1 also when paths were left unapplied: a script's `--apply && git commit` must not take a
     # partly applied diff for the whole.
     failed = traj is not None and traj.stop_reason == "error" or bool(applied and report.left)
-    raise typer.Exit(130 if traj is None else 1 if failed else 0)
+    raise typer.Exit((128 + received[-1] if received else 130) if traj is None else 1 if failed else 0)
 
 
 @app.command()
@@ -464,10 +494,13 @@ def sandbox_run(
         finally:
             await b.aclose()
 
+    received: list[int] = []  # SIGTERM kills the command and closes the workspace, as Ctrl-C does
     try:
-        code = asyncio.run(go())
+        code = run_cancelling_on_sigterm(received, go())
     except SandboxError as e:
         fail(str(e))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise stopped_by_signal(received, "the command was killed and its workspace removed") from None
     raise typer.Exit(code)
 
 
@@ -511,7 +544,7 @@ def sandbox_bench(
     with progress:
         results = asyncio.run(run_bench(cfg.sandbox, n, concurrency, files, repo_dir, backends, factory, baseline_n))
     if as_json:
-        out.print_json(json.dumps(results))
+        print_json(results)
         return
     table = Table(title=f"concurrency {concurrency}, {files}-file repo")
     table.add_column("backend")
@@ -562,7 +595,7 @@ def _bench_scaling(steps_text: str, files: int, as_json: bool, cfg: VivaceConfig
     with err.status("measuring exec latency against live workspaces..."):
         results = asyncio.run(go())
     if as_json:
-        out.print_json(json.dumps(results))
+        print_json(results)
         return
     table = Table(title="exec latency (one at a time) with N live workspaces")
     for col in ("live", "p50", "p90"):

@@ -28,6 +28,7 @@ from vivace.cli import (
     err,
     fail,
     out,
+    print_json,
     sigterm_interrupts,
     stopped_by_signal,
     tasks_app,
@@ -237,7 +238,7 @@ def tasks_swebench(
         by_repo[t.metadata["repo"]] = by_repo.get(t.metadata["repo"], 0) + 1
     if as_json:
         report = {"tasks": len(tasks), "repos": dict(sorted(by_repo.items())), "out": str(out_file)}
-        out.print_json(json.dumps({**report, **({"left_out": unsound} if check else {})}))
+        print_json({**report, **({"left_out": unsound} if check else {})})
         return
     if check:
         out.print(f"checked: the reference fix passes and no change fails in {len(tasks)} of {len(tasks) + len(unsound)} "
@@ -342,7 +343,7 @@ def tasks_select(
         out_file.parent.mkdir(parents=True, exist_ok=True)
         save_jsonl(chosen, out_file)
     if as_json:
-        out.print_json(json.dumps(report))
+        print_json(report)
         return
     for family, c in report["families"].items():
         out.print(f"{family:>24}: kept {c['kept']:>3} of {c['measured']:>3} measured ({c['tasks']} in the suite)")
@@ -403,7 +404,7 @@ def bench(
 
     cfg = _config(preset, backend, state_dir, config_file)
     if temperature is not None:
-        if not temperature >= 0:  # NaN too
+        if not 0 <= temperature < float("inf"):  # NaN too
             fail(f"--temperature {temperature:g}: give 0 (greedy) or more")
         cfg.engine.temperature = temperature
     if resume and out_dir is None:  # a fresh run in a new runs/bench-TIME is not what was asked for

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +18,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vivace.cli import LoggedProgress, app, check_out, err, fail, out
+from vivace.cli import (
+    LoggedProgress,
+    app,
+    check_out,
+    err,
+    fail,
+    out,
+    print_json,
+    sigterm_interrupts,
+    stopped_by_signal,
+)
 
 index_app = typer.Typer(help="Semantic codebase index: build, search, benchmark, fine-tune the embedder.")
 app.add_typer(index_app, name="index")
@@ -67,12 +75,6 @@ def _indexer(config):
         fail(str(e))
 
 
-def _print_json(obj: Any) -> None:
-    """JSON on stdout, ASCII-escaped: a file name that is not UTF-8 (a lone surrogate here) comes out
-    as a \\udcXX escape, where rich's print_json would write its raw byte (invalid UTF-8)."""
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
-
-
 def _repo(repo: Path) -> Path:
     if not repo.is_dir():
         fail(f"{repo} is not a directory; pass the repository with --repo DIR")
@@ -111,8 +113,14 @@ def _open(indexer, repo: Path, quiet: bool, share: bool = True):
             stop.set()
             raise
 
-    with progress, _model_errors():
-        state = asyncio.run(run())
+    received: list[int] = []
+    try:
+        with progress, _model_errors(), sigterm_interrupts(received):
+            state = asyncio.run(run())
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (`timeout`, a job's limit): what was embedded is saved
+        raise stopped_by_signal(
+            received, "the embeddings computed so far are saved; the next build resumes there"
+        ) from None
     indexer.store.set_last_root(repo, state.view.base.root)
     return state
 
@@ -132,7 +140,7 @@ def index_build(repo: RepoOpt, model: ModelOpt = None, cache_dir: CacheOpt = Non
         "saved": indexer.store.saved(state.view.base.root),
     }  # fmt: skip
     if as_json:
-        _print_json(report)
+        print_json(report)
         return
     skipped = f"; {report['files_skipped']} skipped (binary, too large or unreadable)" if state.skipped else ""
     if state.over_max_files:
@@ -167,7 +175,7 @@ def index_search(
     with _model_errors():
         hits = state.view.search(query, k, mode)  # type: ignore[arg-type]
     if as_json:
-        _print_json([asdict(h) for h in hits])
+        print_json([asdict(h) for h in hits])
         return
     if not hits:
         out.print(f"No results for {quote_query(query)}.", markup=False, highlight=False, soft_wrap=True)
@@ -200,7 +208,7 @@ def index_bench(
     cfg = _config(model, None).model_copy(update={"cache_dir": cache_dir})
     result = asyncio.run(run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{escape(s)}[/]")))
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     _print_bench(result)
 
@@ -260,7 +268,7 @@ def index_train_embedder(
 
     if not traces.exists():
         fail(f"{traces} does not exist; pass a `vivace bench --out` directory with --traces")
-    if not lr > 0:
+    if not 0 < lr < float("inf"):  # NaN too; inf trained NaN weights and saved them
         fail(f"--lr {lr:g}: give a learning rate above 0, e.g. 3e-5")
     check_out(out_dir, directory=True)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, holdout=holdout, seed=seed)
@@ -269,7 +277,7 @@ def index_train_embedder(
     except ValueError as e:
         fail(str(e))
     if as_json:
-        _print_json(report)
+        print_json(report)
         return
     b, a = report["before"], report["after"]
     out.print(f"pairs: {report['train_pairs']} train, {report['heldout_pairs']} held out "

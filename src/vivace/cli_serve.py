@@ -16,7 +16,7 @@ serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serv
 app.add_typer(serve_app, name="serve")
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="tiny, or a local checkpoint directory.")]
-MaxBatchOpt = Annotated[int, typer.Option(help="Sequences generating at once.")]
+MaxBatchOpt = Annotated[int, typer.Option(min=1, help="Sequences generating at once.")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16.")]
 

@@ -17,7 +17,6 @@ import json
 import math
 import random
 import shutil
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from vivace.cli import (
     fail,
     out,
     path_problem,
+    run_cancelling_on_sigterm,
     sigterm_interrupts,
     stopped_by_signal,
 )
@@ -141,7 +141,7 @@ def sft_data(
             episodes = expert_data(cfg, tasks, out_file, model=model, styles=wanted, minimal=minimal,
                                    max_tokens=max_tokens, styles_per_task=styles_per_task, concurrency=concurrency,
                                    progress=show)  # fmt: skip
-            result = _run_cancelling_on_sigterm(received, episodes)
+            result = run_cancelling_on_sigterm(received, episodes)
     except ValueError as e:
         fail(str(e))
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -163,28 +163,6 @@ def sft_data(
 def _lines_in(path: Path) -> int:
     """Lines in a JSONL file (one episode each); 0 when there is none."""
     return path.read_bytes().count(b"\n") if path.is_file() else 0
-
-
-def _run_cancelling_on_sigterm(received: list[int], coro):
-    """asyncio.run(coro), where SIGTERM cancels it as asyncio's own Ctrl-C handling does (the episodes in
-    flight are cancelled and their sandboxes closed; raising KeyboardInterrupt from a plain handler
-    instead tears the loop down under its subprocesses). A SIGTERM appends to `received` and ends in
-    CancelledError; a signal the process started with ignored (nohup) stays ignored."""
-
-    async def main():
-        loop, task = asyncio.get_running_loop(), asyncio.current_task()
-        before = signal.getsignal(signal.SIGTERM)
-        if before == signal.SIG_IGN:
-            return await coro
-        loop.add_signal_handler(signal.SIGTERM, lambda: (received.append(signal.SIGTERM), task.cancel()))
-        try:
-            return await coro
-        finally:
-            loop.remove_signal_handler(signal.SIGTERM)
-            if before is not None:  # None: a handler not set from Python, which cannot be put back
-                signal.signal(signal.SIGTERM, before)
-
-    return asyncio.run(main())
 
 
 def _context_of(model: str) -> int:
@@ -491,7 +469,10 @@ def sft_ship(
 
     if not (checkpoint / "config.json").is_file():
         fail(f"{checkpoint} is not a checkpoint (no config.json); train one with `vivace sft train`")
-    record = ship_checkpoint(checkpoint)
+    try:
+        record = ship_checkpoint(checkpoint)
+    except ValueError as e:  # weights that cannot be loaded: the shipped assets are left as they were
+        fail(str(e))
     record.pop("sft_summary", None)
     record["dest"] = str(TINY_DIR)
     print(json.dumps(record)) if as_json else out.print_json(json.dumps(record))

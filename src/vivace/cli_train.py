@@ -46,6 +46,7 @@ from vivace.cli import (
     StateOpt,
     _config,
     app,
+    check_out,
     err,
     fail,
     out,
@@ -575,6 +576,10 @@ def report_command(
     try:
         with sigterm_interrupts(received):  # SIGTERM as Ctrl-C: the earlier report is put back, not left moved away
             report, path = _evaluate(cfg, run_dir.resolve(), chosen)
+    except ValueError as e:  # a checkpoint that cannot be loaded (damaged, of a model the engine cannot run)
+        with contextlib.suppress(OSError):
+            (run_dir / "eval").rmdir()  # made for this report, and empty: not left as if something were in it
+        fail(f"the report could not be made: {e}", 1)
     except KeyboardInterrupt:  # evaluate_run has put the earlier report back
         previous = run_dir / "report.md"
         where = (
@@ -625,7 +630,7 @@ def bench_pipeline_command(
         if not chosen or (unknown := [m for m in chosen if m not in MODES]):
             said = f"unknown {', '.join(map(repr, unknown))}" if chosen else "no mode"
             raise ValueError(f"--modes {modes!r}: {said}; choose from {', '.join(MODES)} (comma-separated)")
-        if not median_s > 0:
+        if not 0 < median_s < float("inf"):  # inf: an environment whose calls never end
             raise ValueError(f"--median-s {median_s:g}: give a latency above 0 seconds")
         lo, _, hi = turns.partition("-")
         try:
@@ -645,6 +650,7 @@ def bench_pipeline_command(
         fail(str(e))
     except ClusterUnavailable as e:
         fail(str(e))
+    check_out(work_dir, directory=True, option="--work-dir")
     with err.status("measuring the rollout pipeline...") as status:
         say = status_say(status)
         result = asyncio.run(bench_pipeline(cfg, work_dir.resolve(), modes=chosen,

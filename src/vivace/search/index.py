@@ -121,14 +121,14 @@ class BaseIndex:
             shutil.rmtree(tmp, ignore_errors=True)
 
     @classmethod
-    def load(cls, directory: Path, model: str | None) -> BaseIndex | None:
+    def load(cls, directory: Path, model: str | None, dim: int | None = None) -> BaseIndex | None:
         """The base saved in `directory`, or None when it is missing, damaged, of another format
         or made with another embedding model. A damaged base is removed (and then rebuilt)."""
         directory = Path(directory)
         for _ in range(2):  # read again when another process replaced the base while it was read
             seen = _identity(directory)
             try:
-                return cls._read(directory, model)
+                return cls._read(directory, model, dim)
             except (*DAMAGED, AttributeError) as e:
                 damage = e
             if _discard_if_unchanged(directory, seen):
@@ -140,7 +140,7 @@ class BaseIndex:
         return None
 
     @classmethod
-    def _read(cls, directory: Path, model: str | None) -> BaseIndex | None:
+    def _read(cls, directory: Path, model: str | None, dim: int | None) -> BaseIndex | None:
         if not (directory / "meta.json").is_file():
             return None
         meta = json.loads((directory / "meta.json").read_text())
@@ -150,8 +150,8 @@ class BaseIndex:
         vectors = None
         if model is not None:
             vectors = np.load(directory / "vectors.npy").astype(np.float32)
-            if vectors.shape != (len(chunks), vectors.shape[-1]):
-                raise ValueError(f"{vectors.shape[0]} vectors for {len(chunks)} chunks")
+            if vectors.ndim != 2 or vectors.shape != (len(chunks), dim or vectors.shape[-1]):
+                raise ValueError(f"vectors of shape {vectors.shape} for {len(chunks)} chunks of {dim} dimensions")
             # Saved vectors are unit length: a NaN or inf is damage (flipped bytes), and would score
             # every chunk NaN, so that dense search returns nothing for as long as the base is reused.
             if not np.isfinite(vectors).all():
@@ -269,6 +269,17 @@ def _discard_if_unchanged(directory: Path, seen: tuple[int, int, int] | None) ->
     except OSError:  # gone, or a read-only cache: it is rebuilt in memory all the same
         pass
     return True
+
+
+def discard_base(directory: Path) -> None:
+    """Remove the saved base at `directory`, if any, under the bases' lock (a reader holding it open
+    keeps reading it; a later load rebuilds it)."""
+    try:
+        with _locked(directory.parent):
+            if os.path.lexists(directory):
+                _discard(directory)
+    except OSError as e:  # a read-only cache, or removed meanwhile: it only stays on disk
+        log.debug("search cache: could not remove %s: %s", directory, e)
 
 
 def _discard(path: Path) -> None:

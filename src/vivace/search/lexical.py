@@ -19,8 +19,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
-_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+# Words in any script (Python's \w: letters, digits, underscore), not ASCII only: an identifier such as
+# `grüße_sentinel` came out as "gr" and "e_sentinel", and Cyrillic or CJK text as nothing at all.
+_IDENT = re.compile(r"[^\W\d]\w*|\d+")
+_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")  # camelCase, split in ASCII words
+# Scripts written without spaces (kana, CJK ideographs, hangul): a run of them is one \w word, so each
+# also counts as its overlapping character pairs, which a query's words then match.
+_UNSPACED = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]{2,}")
 K1, B = 1.5, 0.75  # bm25s' defaults (method "lucene")
 
 
@@ -30,10 +35,22 @@ def tokenize(text: str) -> list[str]:
     for word in _IDENT.findall(text):
         if len(word) > 1:
             out.append(word.lower())
-        parts = _PARTS.findall(word)
+        parts = _PARTS.findall(word) if word.isascii() else _parts(word)
         if len(parts) > 1:
             out += [p.lower() for p in parts if len(p) > 1]
     return out
+
+
+def _parts(word: str) -> list[str]:
+    """The parts of a word that is not ASCII: its snake_case pieces (each ASCII piece split as camelCase),
+    and the character pairs of any run of an unspaced script."""
+    parts: list[str] = []
+    pieces = word.split("_")
+    for piece in pieces:
+        parts += _PARTS.findall(piece) if piece.isascii() else [piece] if len(pieces) > 1 else []
+        for run in _UNSPACED.findall(piece):
+            parts += [run[i : i + 2] for i in range(len(run) - 1)]
+    return parts
 
 
 def import_bm25s():

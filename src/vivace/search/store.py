@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vivace.search.embed import EmbeddingCache
-from vivace.search.index import BaseIndex
+from vivace.search.index import BaseIndex, discard_base
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class BaseStore:
                 return base
         if self.dir is None:
             return None
-        base = BaseIndex.load(self.dir / "bases" / root, self.model)
+        dim = self.cache.embedder.dim if self.cache is not None else None
+        base = BaseIndex.load(self.dir / "bases" / root, self.model, dim)
         if base is not None and base.root == root:
             self._remember(base)
             return base
@@ -89,7 +91,8 @@ class BaseStore:
     def _pointer(self, repo: Path) -> Path | None:
         if self.dir is None:
             return None
-        key = hashlib.blake2b(str(Path(repo).resolve()).encode(), digest_size=12).hexdigest()
+        # fsencode: a directory's name need not be UTF-8 (its stray bytes are surrogates here).
+        key = hashlib.blake2b(os.fsencode(Path(repo).resolve()), digest_size=12).hexdigest()
         return self.dir / "repos" / key
 
     def last_root(self, repo: Path) -> str | None:
@@ -106,10 +109,31 @@ class BaseStore:
         return root
 
     def set_last_root(self, repo: Path, root: str) -> None:
+        """Record `root` as `repo`'s index. The base it replaces is removed unless another directory's
+        record names it: every `index build` of a changed tree saved a whole new base, and nothing
+        removed the old ones (a daily build grew the cache by an index a day). Rebuilding a removed
+        base costs chunking and BM25 only: its vectors stay in the embedding cache."""
         pointer = self._pointer(repo)
-        if pointer is not None:
+        if pointer is None:
+            return
+        previous = self.last_root(repo)
+        try:
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
+            tmp.write_text(root + "\n")
+            tmp.replace(pointer)  # whole or not at all: a reader never finds half a root
+        except OSError as e:  # costs the next search a closest-base lookup, never a failure
+            log.warning("search cache: could not record the index of %s: %s", repo, e)
+            return
+        if previous is not None and previous != root and not self._recorded(previous):
+            discard_base(self.dir / "bases" / previous)
+
+    def _recorded(self, root: str) -> bool:
+        """Whether some directory's record names `root`."""
+        for pointer in (self.dir / "repos").iterdir() if self.dir is not None else ():
             try:
-                pointer.parent.mkdir(parents=True, exist_ok=True)
-                pointer.write_text(root + "\n")
-            except OSError as e:  # costs the next search a closest-base lookup, never a failure
-                log.warning("search cache: could not record the index of %s: %s", repo, e)
+                if pointer.read_bytes().decode("ascii", "replace").strip() == root:
+                    return True
+            except OSError:
+                continue
+        return False
