@@ -163,6 +163,9 @@ class _FsWorkspace:
     def __init__(self, root: Path):
         self.fs = ConfinedFS(root)
 
+    async def realpath(self, path: str) -> str:
+        return self.fs.realpath(path)
+
 
 class _StatOnlyWorkspace:
     """A workspace that only says what kind each path is (as a remote one does)."""

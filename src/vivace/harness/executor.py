@@ -138,9 +138,9 @@ def _resolver(workspace: Any) -> Resolver | None:
     own confined file API (`ConfinedFS.realpath`: never a host path, never outside the root);
     any other workspace only tells, through `stat`, whether a symlink is on the way, and a
     path it cannot resolve stands for everything."""
-    realpath = getattr(getattr(workspace, "fs", None), "realpath", None)
+    realpath = getattr(workspace, "realpath", None)  # LocalWorkspace.realpath
     if callable(realpath):
-        return lambda path: asyncio.to_thread(realpath, path)
+        return realpath
     if callable(getattr(workspace, "stat", None)):
         return lambda path: _without_symlinks(workspace, path)
     return None

@@ -287,6 +287,10 @@ class LocalWorkspace(TextFilesMixin):
     async def stat(self, path: str) -> FileStat:
         return await self._in_thread(lambda t: t.fs.stat(path))
 
+    async def realpath(self, path: str) -> str:
+        """`path` with every symlink resolved, confined (PathEscapeError for one leading outside)."""
+        return await self._in_thread(lambda t: t.fs.realpath(path))
+
     async def readlink(self, path: str) -> str:
         """Where the symlink `path` points, as written: what applying a diff of a link needs, which
         only a workspace on this machine can say (the Workspace protocol has no call for it)."""

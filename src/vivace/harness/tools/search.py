@@ -83,11 +83,11 @@ async def _leads_outside(ws: Workspace, path: str) -> bool:
     named explicitly, so it is checked here, through the workspace's confined file API. A remote
     workspace has no such call, and there rg still follows it (inside the isolated sandbox that
     reaches only the sandbox's own files)."""
-    realpath = getattr(getattr(ws, "fs", None), "realpath", None)
+    realpath = getattr(ws, "realpath", None)
     if path == "." or not callable(realpath):
         return False
     try:
-        await asyncio.to_thread(realpath, path)
+        await realpath(path)
     except SymlinkLoop:  # inside, and rg names the loop itself
         return False
     except PathEscapeError:
