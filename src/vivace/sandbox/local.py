@@ -224,8 +224,8 @@ class LocalWorkspace(TextFilesMixin):
         self.backend.metrics.exec.add(time.perf_counter() - t0)
         return result
 
-    def _in_thread(self, fn: Callable[..., T], *args: Any, upper: bool = False) -> asyncio.Future[T]:
-        """`fn(trees, *args)` in a worker thread, over this workspace's directories held open by
+    def _in_thread(self, fn: Callable[[Trees], T], upper: bool = False) -> asyncio.Future[T]:
+        """`fn(trees)` in a worker thread, over this workspace's directories held open by
         descriptor from here until the thread ends (`Trees`; `upper`: the isolated backend's upper layer
         too). An isolated root names a mount by number (/proc/self/fd/N): a thread re-opening it by that
         number after close, as a long diff did, reached whichever mount took the number next, another
@@ -248,7 +248,7 @@ class LocalWorkspace(TextFilesMixin):
 
         def run() -> T:
             try:
-                result = fn(trees, *args)
+                result = fn(trees)
             except OSError as e:
                 if self.closed:
                     raise WorkspaceClosedError(f"workspace {self.id} was closed during the call") from e

@@ -47,7 +47,10 @@ def _parts(word: str) -> list[str]:
     parts: list[str] = []
     pieces = word.split("_")
     for piece in pieces:
-        parts += _PARTS.findall(piece) if piece.isascii() else [piece] if len(pieces) > 1 else []
+        if piece.isascii():
+            parts += _PARTS.findall(piece)
+        elif len(pieces) > 1:  # a piece of a longer name; the word itself is already a token
+            parts.append(piece)
         for run in _UNSPACED.findall(piece):
             parts += [run[i : i + 2] for i in range(len(run) - 1)]
     return parts
