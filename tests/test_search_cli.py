@@ -84,6 +84,20 @@ def test_markup_in_paths_and_queries_is_printed_as_is(tmp_path):
         assert code == 2 and "the query is empty" in out
 
 
+def test_terminal_escapes_in_a_repository_are_shown_not_obeyed(tmp_path):
+    """A file (or a file name) holding ESC sequences: a search prints them as `\\x1b`, so the file
+    cannot clear, retitle or recolour the terminal of whoever searches the repository."""
+    repo, cache = tmp_path / "repo", str(tmp_path / "cache")
+    repo.mkdir()
+    (repo / "evil\x1b[2Jname.py").write_text(
+        "def payload_marker():\n    return '\x1b]0;pwned\x07\x1b[2J\x9b31m'\n"
+    )
+    code, out = invoke("index", "search", "payload_marker", "--repo", str(repo), "--cache-dir", cache, "--mode", "bm25")
+    assert code == 0, out
+    assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, repr(out)
+    assert "evil\\x1b[2Jname.py:1-2 (payload_marker)" in out and "\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m" in out, out
+
+
 def test_index_errors(tmp_path):
     code, out = invoke("index", "search", "x", "--repo", str(tmp_path / "missing"))
     assert code == 2 and "is not a directory" in out

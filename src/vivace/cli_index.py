@@ -164,6 +164,7 @@ def index_search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search DIR's index (built or brought up to date first)."""
+    from vivace.harness.display import visible
     from vivace.search.types import MODES, quote_query
 
     if mode not in MODES:
@@ -180,11 +181,14 @@ def index_search(
     if not hits:
         out.print(f"No results for {quote_query(query)}.", markup=False, highlight=False, soft_wrap=True)
     for h in hits:
-        out.print(f"[bold]{escape(h.path)}:{h.start_line}-{h.end_line}[/]" + (f" ({escape(h.symbol)})" if h.symbol else "")
-                  + f"  [dim]{h.score:.4f}[/]", highlight=False)  # fmt: skip
+        # A repository's text is shown with its control characters as escapes (`visible`): a file holding
+        # ESC sequences must not drive the terminal of whoever searches it.
+        symbol = f" ({escape(visible(h.symbol))})" if h.symbol else ""
+        out.print(f"[bold]{escape(visible(h.path))}:{h.start_line}-{h.end_line}[/]{symbol}  [dim]{h.score:.4f}[/]",
+                  highlight=False)  # fmt: skip
         first = h.snippet_line or h.start_line
         for i, line in enumerate(h.snippet.split("\n")):
-            out.print(f"{first + i:>6}  {line}", markup=False, highlight=False)
+            out.print(f"{first + i:>6}  {visible(line)}", markup=False, highlight=False)
 
 
 @index_app.command("bench")
