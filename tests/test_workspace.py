@@ -523,3 +523,33 @@ async def test_a_call_running_as_its_workspace_closes_never_reaches_another_work
     finally:
         release.set()
         await backend.aclose()
+
+
+@pytest.mark.parametrize("kind", ["isolated", "plain"])
+async def test_a_command_killed_by_its_workspace_closing_answers_closed(kind, tmp_path, state_dir, monkeypatch):
+    """A command still running when close's grace ends is killed by the teardown: its caller is told
+    the workspace closed, not handed exit status 137, which reads as the command's own crash."""
+    from conftest import make_backend
+    from vivace.sandbox import local as local_mod
+
+    monkeypatch.setattr(local_mod, "CLOSE_GRACE_S", 0.3)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f.txt").write_text("base\n")
+    backend = make_backend(kind, state_dir)
+    try:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        running = asyncio.ensure_future(ws.exec("sleep 60", timeout=90))
+        await asyncio.sleep(0.5)  # started
+        t0 = time.monotonic()
+        await ws.close()
+        with pytest.raises(WorkspaceClosedError, match="closed during the call; the command was killed"):
+            await running
+        assert time.monotonic() - t0 < 20
+        quick = await backend.create(backend.snapshot(str(repo)))
+        done = asyncio.ensure_future(quick.exec("exit 3"))
+        await asyncio.sleep(0.5)
+        await quick.close()  # the command ended in the grace: its own status stands
+        assert (await done).exit_code == 3
+    finally:
+        await backend.aclose()

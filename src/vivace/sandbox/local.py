@@ -199,6 +199,7 @@ class LocalWorkspace(TextFilesMixin):
         self._running = 0  # execs in flight
         self._idle = asyncio.Event()
         self._idle.set()
+        self._destroying = False  # close's grace ended: what still runs is killed
 
     def _check(self) -> None:
         if self.closed:
@@ -220,6 +221,10 @@ class LocalWorkspace(TextFilesMixin):
             self._running -= 1
             if not self._running:
                 self._idle.set()
+        if self._destroying and result.exit_code >= 128 and not result.timed_out:
+            # Killed by the close's teardown after its grace, not by anything the command did: an
+            # exit status 137 would read as the command's own crash (or an OOM kill).
+            raise WorkspaceClosedError(f"workspace {self.id} was closed during the call; the command was killed")
         self.backend.metrics.execs += 1
         self.backend.metrics.exec.add(time.perf_counter() - t0)
         return result
@@ -320,6 +325,7 @@ class LocalWorkspace(TextFilesMixin):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), CLOSE_GRACE_S)
             t0 = time.perf_counter()
+            self._destroying = True
             await self.backend.destroy(self)
             self.backend.metrics.destroyed += 1
             self.backend.metrics.destroy.add(time.perf_counter() - t0)
