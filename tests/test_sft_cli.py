@@ -412,3 +412,15 @@ def test_sft_train_default_rate_follows_the_starting_weights(tmp_path, monkeypat
     args = ["train", "--data", str(_data(tmp_path / "d.jsonl")), "--init", init, "--out", str(tmp_path / "o")]
     _run(*args, *(["--lr", given] if given else []))
     assert seen["lr"] == used
+
+
+def test_sft_data_that_keeps_no_episode_fails_and_says_why(tmp_path):
+    """Every episode dropped (here: longer than --max-tokens) is no training set: exit 1 naming the
+    cause, where it exited 0 and `sft train` then tripped on an empty file."""
+    out = tmp_path / "expert.jsonl"
+    result = _run("data", "--backend", "plain", "--state-dir", str(tmp_path / "s"), "--out", str(out), "--n", "1",
+                  "--styles", "efficient", "--max-tokens", "10")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    said = _said(result)
+    assert "none of the 1 episodes was kept" in said and "longer than --max-tokens 10: raise it" in said, said
+    assert out.exists() and out.read_text() == ""

@@ -158,6 +158,12 @@ def sft_data(
         print(json.dumps(result))
     else:
         out.print_json(json.dumps(result))
+    if not result["kept"]:  # an empty set is no training data: say so, not exit 0 for `sft train` to trip on
+        why = "; ".join(f"{k}: {v}" for k, v in list(result.get("not_kept", {}).items())[:3])
+        too_long = sum(v for k, v in result.items() if k.startswith("too_long:"))
+        hint = (f"{too_long} were longer than --max-tokens {max_tokens}: raise it" if too_long else
+                "see `not_kept` above for why each was not (the first: " + (why or "none recorded") + ")")  # fmt: skip
+        fail(f"none of the {result['episodes']} episodes was kept, so {out_file} holds no training data; {hint}", 1)
 
 
 def _lines_in(path: Path) -> int:
