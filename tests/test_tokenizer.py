@@ -193,6 +193,9 @@ def test_cli_train_json(tmp_path):
     again = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(tmp_path), "--vocab-size", "300"])
     assert again.exit_code == 2 and "already holds files" in again.output  # refused before any training
     assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == files
+    a_file = tmp_path / "tokenizer.json"
+    onto_file = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(a_file), "--vocab-size", "300"])
+    assert onto_file.exit_code == 2 and f"{a_file} is a file; give a directory" in onto_file.output, onto_file.output
 
 
 def test_cli_train_never_replaces_the_shipped_tokenizer_by_default(tmp_path, monkeypatch):

@@ -46,11 +46,11 @@ def tokenizer_train(
     """Train the byte-level BPE on vivace's code and harness conversations and save it."""
     from vivace.model import tokenizer as T
 
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    check_writable(out_dir, directory=True)  # a file there is named as one (not as a directory holding files)
+    if out_dir.is_dir() and any(out_dir.iterdir()):
         # Retraining on today's source gives another vocabulary: replacing the shipped reference (which
         # tiny-init and the benchmark's token counts use) must be a deliberate act, and so must any other.
         fail(f"--out {out_dir} already holds files; give a new directory, or empty it first")
-    check_writable(out_dir, directory=True)
     if vocab_size < (least := 256 + len(T.SPECIAL_TOKENS)):  # before the corpus is read
         fail(f"--vocab-size {vocab_size}: give {least} or more (256 bytes + the control tokens)")
     progress = LoggedProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
