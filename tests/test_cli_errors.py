@@ -6,6 +6,7 @@ path that is not theirs."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import typer
@@ -166,3 +167,69 @@ def test_a_task_file_write_that_fails_after_the_work_is_one_line_and_exit_1(here
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot write {args[-1]}: No space left on device; "), lines
+
+
+@pytest.fixture
+def sigterm_survivable():
+    """SIGTERM with a no-op handler for the test: were a command's own handler missing, pytest lives on
+    (and the test fails on the exit code) instead of being killed."""
+    import signal
+
+    before = signal.signal(signal.SIGTERM, lambda s, f: None)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_sft_eval_stopped_by_sigterm_keeps_the_numbers_it_has(tmp_path, monkeypatch, sigterm_survivable):
+    """The second of two evaluations is stopped: exit 143, a line saying how many finished, and the
+    first's row printed (it died silently and printed nothing)."""
+    import signal
+
+    import vivace.rl.sft_train as sft_train
+
+    data = tmp_path / "held.jsonl"
+    data.write_text('{"ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n')
+    calls = []
+
+    def evaluate(model, path, seq_len, threads):
+        calls.append(model)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return {"episodes": 1, "eval_loss": 1.25, "eval_token_acc": 0.5}
+
+    monkeypatch.setattr(sft_train, "evaluate_checkpoint", evaluate)
+    args = ["sft", "eval", "--data", str(data), "--model", "tiny", "--model", "tiny"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 143, result.output
+    assert "stopped by SIGTERM: 1 of 2 evaluations finished (printed above)" in result.stderr
+    assert [json.loads(line)["eval_loss"] for line in result.stdout.splitlines()] == [1.25]
+    calls.clear()
+    result = CliRunner().invoke(app, args)  # the table, with the one row it has
+    assert result.exit_code == 143 and "│ tiny" in result.stdout and result.stdout.count("│ tiny") == 1, result.output
+
+
+def test_serve_bench_and_bench_pipeline_stopped_by_sigterm_say_so(tmp_path, monkeypatch, sigterm_survivable):
+    import asyncio
+    import signal
+
+    import vivace.inference.bench as engine_bench
+    import vivace.rl.bench as rl_bench
+
+    def bench_run(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(engine_bench, "run", bench_run)
+    result = CliRunner().invoke(app, ["serve", "bench", "--n", "2", "--device", "cpu"])
+    assert result.exit_code == 143, result.output
+    assert "stopped by SIGTERM: no numbers: the benchmark was cut short" in " ".join(result.stderr.split())
+
+    async def pipeline(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(30)  # cancelled here
+
+    monkeypatch.setattr(rl_bench, "bench_pipeline", pipeline)
+    work = tmp_path / "bench"
+    result = CliRunner().invoke(app, ["train", "bench-pipeline", "--local", "--work-dir", str(work), "--steps", "1"])
+    assert result.exit_code == 143, result.output
+    assert f"no numbers: the benchmark was cut short (its runs are under {work})" in " ".join(result.stderr.split())

@@ -89,9 +89,7 @@ def test_terminal_escapes_in_a_repository_are_shown_not_obeyed(tmp_path):
     cannot clear, retitle or recolour the terminal of whoever searches the repository."""
     repo, cache = tmp_path / "repo", str(tmp_path / "cache")
     repo.mkdir()
-    (repo / "evil\x1b[2Jname.py").write_text(
-        "def payload_marker():\n    return '\x1b]0;pwned\x07\x1b[2J\x9b31m'\n"
-    )
+    (repo / "evil\x1b[2Jname.py").write_text("def payload_marker():\n    return '\x1b]0;pwned\x07\x1b[2J\x9b31m'\n")
     code, out = invoke("index", "search", "payload_marker", "--repo", str(repo), "--cache-dir", cache, "--mode", "bm25")
     assert code == 0, out
     assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, repr(out)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import app, bound_or_exit, err, fail, out, status_say
+from vivace.cli import app, bound_or_exit, err, fail, out, sigterm_interrupts, status_say, stopped_by_signal
 from vivace.config import EngineConfig
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
@@ -113,10 +113,15 @@ def serve_bench(
     except ValueError as exc:
         fail(str(exc))
     pad = loaded.tokenizer.pad_token_id or 0
-    with err.status("benchmarking") as status:
-        say = status_say(status)
-        result = bench.run(loaded.model, n=n, max_batch=max_batch, seed=seed, pad_id=pad,
-                           progress=lambda s: say(f"benchmarking: {s}"))  # fmt: skip
+    received: list[int] = []
+    try:
+        with err.status("benchmarking") as status, sigterm_interrupts(received):
+            say = status_say(status)
+            result = bench.run(loaded.model, n=n, max_batch=max_batch, seed=seed, pad_id=pad,
+                               progress=lambda s: say(f"benchmarking: {s}"))  # fmt: skip
+    except KeyboardInterrupt:
+        raise stopped_by_signal(received, "no numbers: the benchmark was cut short; run it again, with a smaller "
+                                "--n for a shorter one") from None  # fmt: skip
     result["model"] = model
     if as_json:
         print(json.dumps(result))

@@ -426,22 +426,31 @@ def sft_eval(
         title="first token right / whole value right (teacher-forced, greedy)",
     )
     pairs = [(m, d) for m in model for d in data]
-    for i, (m, d) in enumerate(pairs, 1):
-        t0 = time.monotonic()
-        err.print(f"[{i}/{len(pairs)}] evaluating {m} on {d}...", markup=False, highlight=False)
-        try:
-            r = evaluate_checkpoint(m, d, seq_len, threads)
-        except (ValueError, FileNotFoundError) as e:
-            fail(str(e))
-        err.print(f"[{i}/{len(pairs)}] done in {time.monotonic() - t0:.0f} s", markup=False, highlight=False)
-        if as_json:
-            print(json.dumps(r), flush=True)
-            continue
-        probes = [f"{r[f'eval_first_{a}']:.2f} / {r[f'eval_exact_{a}']:.2f}" if f"eval_first_{a}" in r else "-"
-                  for a in ("path", "old_string", "new_string")]  # fmt: skip
-        table.add_row(
-            Path(m).name, d.name, str(r["episodes"]), f"{r['eval_loss']:.3f}", f"{r['eval_token_acc']:.3f}", *probes
-        )
+    received: list[int] = []
+    finished = 0
+    try:
+        with sigterm_interrupts(received):
+            for i, (m, d) in enumerate(pairs, 1):
+                t0 = time.monotonic()
+                err.print(f"[{i}/{len(pairs)}] evaluating {m} on {d}...", markup=False, highlight=False)
+                try:
+                    r = evaluate_checkpoint(m, d, seq_len, threads)
+                except (ValueError, FileNotFoundError) as e:
+                    fail(str(e))
+                err.print(f"[{i}/{len(pairs)}] done in {time.monotonic() - t0:.0f} s", markup=False, highlight=False)
+                finished = i
+                if as_json:
+                    print(json.dumps(r), flush=True)
+                    continue
+                probes = [f"{r[f'eval_first_{a}']:.2f} / {r[f'eval_exact_{a}']:.2f}" if f"eval_first_{a}" in r
+                          else "-" for a in ("path", "old_string", "new_string")]  # fmt: skip
+                table.add_row(Path(m).name, d.name, str(r["episodes"]), f"{r['eval_loss']:.3f}",
+                              f"{r['eval_token_acc']:.3f}", *probes)  # fmt: skip
+    except KeyboardInterrupt:
+        if finished and not as_json:  # the numbers already measured are not thrown away
+            out.print(table)
+        shown = "printed above" if finished else "none"
+        raise stopped_by_signal(received, f"{finished} of {len(pairs)} evaluations finished ({shown})") from None
     if not as_json:
         out.print(table)
 

@@ -50,8 +50,10 @@ from vivace.cli import (
     err,
     fail,
     out,
+    run_cancelling_on_sigterm,
     sigterm_interrupts,
     status_say,
+    stopped_by_signal,
     with_sandbox_options,
     write_problem,
 )
@@ -651,11 +653,16 @@ def bench_pipeline_command(
     except ClusterUnavailable as e:
         fail(str(e))
     check_out(work_dir, directory=True, option="--work-dir")
-    with err.status("measuring the rollout pipeline...") as status:
-        say = status_say(status)
-        result = asyncio.run(bench_pipeline(cfg, work_dir.resolve(), modes=chosen,
-                                            median_s=median_s, sigma=sigma, turns=turn_range, local=local,
-                                            say=say))  # fmt: skip
+    received: list[int] = []
+    try:
+        with err.status("measuring the rollout pipeline...") as status:
+            say = status_say(status)
+            result = run_cancelling_on_sigterm(received, bench_pipeline(cfg, work_dir.resolve(), modes=chosen,
+                                               median_s=median_s, sigma=sigma, turns=turn_range, local=local,
+                                               say=say))  # fmt: skip
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise stopped_by_signal(received, f"no numbers: the benchmark was cut short (its runs are under {work_dir}); "
+                                "run it again, with fewer --steps for a shorter one") from None  # fmt: skip
     if as_json:
         print(json.dumps(result, indent=2))
         return
