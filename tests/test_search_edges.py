@@ -516,3 +516,22 @@ def test_words_in_any_script_are_search_terms():
     view = IndexView(BaseIndex.build(files, EmbeddingCache(FakeEmbedder())), EmbeddingCache(FakeEmbedder()))
     assert view.search("模棱两可", 1, "bm25")[0].path == "a.py"
     assert view.search("функция", 1, "bm25") == []
+
+
+def test_files_in_legacy_encodings_are_indexed_as_their_words(tmp_path):
+    """A Latin-1 file was read with U+FFFD for each accented letter, so its words were cut ("caf?");
+    a UTF-16 file (byte-order mark, NUL bytes) was skipped as binary. Both are text, searched by
+    their words, and a file that really is binary is still skipped."""
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    repo.mkdir()
+    (repo / "menu.py").write_bytes("def prix_du_café():\n    return 'crème brûlée'\n".encode("latin-1"))
+    (repo / "win.ps1").write_bytes("function Get-Résumé {\n  'zèbre'\n}\n".encode("utf-16"))
+    (repo / "blob.bin").write_bytes(b"\x00\x01\x02binary " + "zèbre".encode())
+    (repo / "plain.py").write_text("def ordinary():\n    return 'déjà vu'\n")
+    idx = indexer(cache)
+    state = asyncio.run(idx.open(DirectorySource(repo, idx.config)))
+    assert state.skipped == 1
+    assert [h.path for h in state.view.search("crème brûlée", 3, "bm25")][:1] == ["menu.py"]
+    hit = state.view.search("zèbre", 3, "bm25")[0]
+    assert hit.path == "win.ps1" and "function Get-Résumé {" in hit.snippet
+    assert [h.path for h in state.view.search("déjà", 3, "bm25")][:1] == ["plain.py"]

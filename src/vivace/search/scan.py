@@ -11,7 +11,8 @@ in a git repository, the files git lists (tracked, and untracked but not ignored
 `build/` or `vendor/` is indexed; a submodule's or nested repository's files as its own git
 lists them), else every file outside vendored dependency and build folders (SKIP_DIRS);
 binary (a NUL byte in the first 8 KiB), oversized and unreadable files are counted but not
-indexed, and so are files past `max_files`. git runs with `safe.directory=*` (the listing
+indexed, and so are files past `max_files`. Text is UTF-8, UTF-16 with a byte-order mark, or else
+Latin-1 (a legacy 8-bit file's words stay words; read as UTF-8 they were cut by U+FFFD). git runs with `safe.directory=*` (the listing
 only reads), so a repository owned by another user still honours its .gitignore; where git
 fails in a repository all the same, a warning is logged and the walk's rules apply. Not
 guaranteed: a file that changes during a scan may be reported with its old stat and new text
@@ -107,9 +108,16 @@ def read_text(full, max_bytes):
             data = f.read(max_bytes + 1)
     except OSError:
         return None
-    if len(data) > max_bytes or b"\0" in data[:8192]:
+    if len(data) > max_bytes:
         return None
-    return data.decode("utf-8", "replace")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16 with its byte-order mark (Windows tools write it)
+        return data.decode("utf-16", "replace")
+    if b"\0" in data[:8192]:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:  # legacy 8-bit text: as Latin-1, each byte one character, so "café" stays a word
+        return data.decode("latin-1")
 
 
 def scan(
