@@ -282,3 +282,26 @@ def test_minified_line_keeps_a_bounded_list_of_names():
     chunks = chunk_file("min.js", text)
     check_cover(chunks, text)
     assert len(chunks) == 1 and chunks[0].symbols == tuple(f"f{i}" for i in range(MAX_SYMBOLS))
+
+
+def test_hybrid_puts_the_chunk_holding_an_identifier_asked_for_above_its_near_duplicates():
+    """An identifier query ("load_settings_v2") found its one definition first by BM25, but the
+    embedding ranked short near-duplicates (load_settings_v3, ...) higher, and reciprocal-rank fusion,
+    flat at the top, put a near-duplicate first. A chunk holding the identifier (in any spelling:
+    loadSettingsV2) now ranks above the chunks that only resemble it; a plain-words query is fused as
+    before."""
+    filler = "\n".join(f"    step_{i} = helper_{i}(path, retries, timeout)" for i in range(12))
+    texts = {"conf/v2.py": f"def load_settings_v2(path):\n{filler}\n    return path\n"}
+    texts |= {f"conf/v{n}.py": f"def load_settings_v{n}(path):\n    return load(path, settings)\n" for n in range(3, 9)}
+    cache = EmbeddingCache(FakeEmbedder())
+    view = IndexView(BaseIndex.build(texts, cache), cache)
+    assert view.search("load_settings_v2", 1, "bm25")[0].path == "conf/v2.py"
+    assert view.search("load_settings_v2", 1, "dense")[0].path != "conf/v2.py"  # the case fusion lost
+    for query in ("load_settings_v2", "where is loadSettingsV2 defined", "LOAD_SETTINGS_V2"):
+        assert view.search(query, 3, "hybrid")[0].path == "conf/v2.py", query
+    rrf: dict[str, float] = {}
+    for mode in ("bm25", "dense"):
+        for rank, hit in enumerate(view.search("load settings", 100, mode)):
+            rrf[hit.path] = rrf.get(hit.path, 0.0) + 1 / (61 + rank)
+    plain = [h.path for h in view.search("load settings", 7, "hybrid")]  # no identifier asked for: RRF's order
+    assert plain == sorted(rrf, key=lambda p: -rrf[p])[:7] and plain[0] != "conf/v2.py"
