@@ -7,7 +7,8 @@ leaves the overlay. The base is never modified, so thousands of views can share 
 
 `search` ranks base and overlay chunks together: BM25 (overlay documents scored with the
 base's statistics), dense cosine similarity, or both fused by reciprocal rank (RRF), where chunks
-holding a code-shaped name the query gives (snake_case, camelCase, a name with digits) come first. Dense
+defining a code-shaped name the query gives (snake_case, camelCase, a name with digits), then chunks
+holding one, come first. Dense
 candidates below MIN_SIMILARITY are dropped, so a query unrelated to the code finds nothing
 instead of the least unrelated chunks.
 """
@@ -157,7 +158,7 @@ class IndexView:
             if names := _identifiers(query):
                 # Fusion is flat at the top (1/61 vs 1/62): near-duplicates the embedding ranks first
                 # (load_settings_v3) outranked the one chunk BM25 found holding the identifier asked for.
-                best.sort(key=lambda kv: -_names_held(self._chunk(kv[0], overlay).text, names))
+                best.sort(key=lambda kv: _named_first(self._chunk(kv[0], overlay), names))
             best = best[:k]
         return [_hit(self._chunk(i, overlay), s, set(terms)) for i, s in best]
 
@@ -174,6 +175,12 @@ def _identifiers(text: str) -> set[str]:
     """The code-shaped names in `text` (not plain words), spelling-blind: load_settings_v2,
     loadSettingsV2 and LOAD_SETTINGS_V2 are one name."""
     return {m.replace("_", "").lower() for m in _CODE_NAME.findall(text)}
+
+
+def _named_first(chunk: Chunk, names: set[str]) -> tuple[int, int]:
+    """Sort key: chunks defining a name asked for, then those holding one, then the rest."""
+    defined = {s.rsplit(".", 1)[-1].replace("_", "").lower() for s in chunk.symbols}
+    return -len(names & defined), -_names_held(chunk.text, names)
 
 
 def _names_held(text: str, names: set[str]) -> int:
