@@ -553,3 +553,48 @@ async def test_a_command_killed_by_its_workspace_closing_answers_closed(kind, tm
         assert (await done).exit_code == 3
     finally:
         await backend.aclose()
+
+
+def test_a_large_files_digest_reads_only_its_data_and_ignores_how_zeros_are_stored(tmp_path):
+    """Files over the read limit are compared by digest. It hashed every byte, holes too, so one
+    `truncate -s 1P` made a diff run for days; now holes are skipped, and a sparse file and a dense
+    one of the same bytes still compare equal (only the contents count)."""
+    from vivace.sandbox.paths import _content_digest
+
+    huge = tmp_path / "huge.img"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 43)  # 8 TiB (ext4 takes up to 16), no disk used
+        f.seek(3 << 40)
+        f.write(b"data in the middle")
+    t0 = time.monotonic()
+    with open(huge, "rb") as f:
+        first = _content_digest(f.fileno())
+    assert time.monotonic() - t0 < 5
+    sparse, dense = tmp_path / "sparse", tmp_path / "dense"
+    with open(sparse, "wb") as f:
+        f.truncate(5 << 20)
+        f.seek((2 << 20) + 7)
+        f.write(b"x")
+    dense.write_bytes(bytes((2 << 20) + 7) + b"x" + bytes((5 << 20) - (2 << 20) - 8))
+    digest = {}
+    for p in (sparse, dense):
+        with open(p, "rb") as f:
+            digest[p] = _content_digest(f.fileno())
+    assert digest[sparse] == digest[dense] != first
+    dense.write_bytes(bytes((2 << 20) + 7) + b"y" + bytes((5 << 20) - (2 << 20) - 8))
+    longer = tmp_path / "longer"
+    longer.write_bytes(bytes((2 << 20) + 7) + b"x" + bytes((5 << 20) - (2 << 20) - 7))  # one more zero
+    for p in (dense, longer):
+        with open(p, "rb") as f:
+            assert _content_digest(f.fileno()) != digest[sparse]
+
+
+async def test_a_sparse_petabyte_file_diffs_in_seconds(isolated_backend, repo):
+    """One command's `truncate -s 1P`: the diff names it as binary, at once."""
+    backend = isolated_backend
+    ws = await backend.create(backend.snapshot(str(repo)))
+    assert (await ws.exec("truncate -s 1P big.img")).exit_code == 0
+    t0 = time.monotonic()
+    diff = await ws.diff()
+    assert time.monotonic() - t0 < 10
+    assert "Binary files /dev/null and b/big.img differ" in diff
