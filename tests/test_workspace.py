@@ -598,3 +598,13 @@ async def test_a_sparse_petabyte_file_diffs_in_seconds(isolated_backend, repo):
     diff = await ws.diff()
     assert time.monotonic() - t0 < 10
     assert "Binary files /dev/null and b/big.img differ" in diff
+
+
+async def test_reading_a_socket_is_refused_as_not_a_regular_file(make_workspace):
+    """A UNIX socket a command made: NotAFileError, as for a FIFO (it was a bare OSError, ENXIO)."""
+    ws = await make_workspace()
+    made = await ws.exec("python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\" && mkfifo fifo")
+    assert made.exit_code == 0, made.stderr
+    for name in ("sock", "fifo"):
+        with pytest.raises(NotAFileError, match="not a regular file"):
+            await ws.read_bytes(name)

@@ -290,6 +290,10 @@ class ConfinedFS:
                 fd = _open_final(dfd, name, os.O_RDONLY | os.O_NONBLOCK, path)
             except FileNotFoundError:
                 raise WorkspaceFileNotFound(f"{path!r}: no such file") from None
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # a UNIX socket (open(2) refuses them so)
+                    raise NotAFileError(f"{path!r} is not a regular file (a socket)") from None
+                raise
         try:
             st = os.fstat(fd)
             if stat_mod.S_ISDIR(st.st_mode):
