@@ -608,3 +608,31 @@ async def test_reading_a_socket_is_refused_as_not_a_regular_file(make_workspace)
     for name in ("sock", "fifo"):
         with pytest.raises(NotAFileError, match="not a regular file"):
             await ws.read_bytes(name)
+
+
+def test_a_repository_too_deep_or_too_long_to_snapshot_is_a_sandbox_error(tmp_path, state_dir):
+    """A tree 1,100 directories deep (which a command and --apply can make) and a path over PATH_MAX
+    ended snapshots in RecursionError / a bare ENAMETOOLONG, and `vivace agent` in a traceback."""
+    from conftest import make_backend
+    from vivace.sandbox import SandboxError
+
+    def nest(top, names):  # each level made relative to the one above: no path is ever spelled whole
+        top.mkdir()
+        fd = os.open(top, os.O_RDONLY)
+        try:
+            for name in names:
+                os.mkdir(name, dir_fd=fd)
+                fd, above = os.open(name, os.O_RDONLY, dir_fd=fd), fd
+                os.close(above)
+        finally:
+            os.close(fd)
+        return top
+
+    backend = make_backend("plain", state_dir)
+    try:
+        with pytest.raises(SandboxError, match="nested too deep to copy"):
+            backend.snapshot(str(nest(tmp_path / "deep", ["d"] * 1100)))
+        with pytest.raises(SandboxError, match="holds a path too long"):  # 20 names of 250 bytes: 5,000
+            backend.snapshot(str(nest(tmp_path / "long", [f"{i:02d}" + "d" * 248 for i in range(20)])))
+    finally:  # rm copes with any depth (pytest's own clean-up recurses per level)
+        subprocess.run(["rm", "-rf", str(tmp_path / "deep"), str(tmp_path / "long")], check=False)

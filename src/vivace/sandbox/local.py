@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -37,6 +38,7 @@ from vivace.sandbox.base import (
     ExecResult,
     FileStat,
     LatencyStats,
+    SandboxError,
     TextFilesMixin,
     WorkspaceClosedError,
     check_env,
@@ -359,7 +361,18 @@ class LocalBackend(abc.ABC):
         if isinstance(source, str):
             source = SnapshotSource(path=source)
         # The claim lasts this backend's life: its pools may make workspaces of it at any time.
-        snap = materialize(source, self.state / "snapshots", self.file_owner, holder=self.owner_dir, exclude=self.state)
+        try:
+            snap = materialize(source, self.state / "snapshots", self.file_owner, holder=self.owner_dir,
+                               exclude=self.state)  # fmt: skip
+        except RecursionError:  # os.walk and shutil recurse once per directory level (Python < 3.12)
+            raise SandboxError(f"snapshot source {source.path!r} holds directories nested too deep to copy (about "
+                               f"{sys.getrecursionlimit()} levels or more); remove that tree from the directory, "
+                               "or snapshot a git commit or a tarball without it") from None  # fmt: skip
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            raise SandboxError(f"snapshot source {source.path!r} holds a path too long for this system ({e.filename!r:.120}"
+                               "...); shorten or remove it, or snapshot a git commit or a tarball without it") from None  # fmt: skip
         if not snap.built:  # the cache grows only when a snapshot is built: nothing to evict
             return snap
         try:
