@@ -636,3 +636,23 @@ def test_a_repository_too_deep_or_too_long_to_snapshot_is_a_sandbox_error(tmp_pa
             backend.snapshot(str(nest(tmp_path / "long", [f"{i:02d}" + "d" * 248 for i in range(20)])))
     finally:  # rm copes with any depth (pytest's own clean-up recurses per level)
         subprocess.run(["rm", "-rf", str(tmp_path / "deep"), str(tmp_path / "long")], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a command can mount only as root")
+async def test_closing_a_plain_workspace_never_deletes_through_a_mount_its_commands_made(plain_backend, repo, tmp_path):
+    """The plain backend runs commands as its caller; as root one can bind a host directory into
+    its workspace. Close removed the workspace through that mount and emptied the host directory
+    (one_file_system cannot see a bind mount of the same filesystem), then left the mount for good."""
+    from vivace.sandbox.linux import mounts_under
+
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep me\n")
+    ws = await plain_backend.create(plain_backend.snapshot(str(repo)))
+    made = await ws.exec(f"mkdir bound && mount --bind {outside} bound && ls bound")
+    if made.exit_code != 0:
+        pytest.skip(f"cannot bind-mount here: {made.stderr.strip()}")
+    assert made.stdout.split() == ["keep.txt"]
+    await ws.close()
+    assert (outside / "keep.txt").read_text() == "keep me\n"
+    assert mounts_under(plain_backend.state) == [] and not ws.root.exists()

@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -81,13 +82,16 @@ def attach_clone(mount_fd: int, target: str | Path) -> None:
         os.close(clone)
 
 
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
 def mounts_under(prefix: Path) -> list[str]:
     """Mount points at or below `prefix`, deepest first (the order to unmount them)."""
     prefix_s = str(prefix).rstrip("/")
     found = []
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
-            point = line.split()[4].replace("\\040", " ")
+            point = _OCTAL.sub(lambda m: chr(int(m[1], 8)), line.split()[4])  # \040 is a space, \012 a newline
             if point == prefix_s or point.startswith(prefix_s + "/"):
                 found.append(point)
     return sorted(found, key=lambda p: p.count("/"), reverse=True)

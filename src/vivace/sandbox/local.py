@@ -44,7 +44,7 @@ from vivace.sandbox.base import (
     check_env,
 )
 from vivace.sandbox.diff import tree_diff
-from vivace.sandbox.linux import process_start_time
+from vivace.sandbox.linux import mounts_under, process_start_time, umount
 from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile, rmtree_at
 from vivace.sandbox.snapshot import Snapshot, SnapshotSource, checkout_prefix, evict, materialize
 
@@ -98,7 +98,9 @@ def remove_tree(path: Path) -> bool:
     raises: what it cannot remove is logged with its path and left, for a sweep to try again, rather
     than stop a backend from starting or a workspace from closing. An immutable or append-only file
     (`chattr +i`, which a command run as root can set) is made removable with `chattr -R -ia` and the
-    removal tried once more."""
+    removal tried once more. Mounts under `path` are detached first (see `_unmount_under`)."""
+    if not _unmount_under(path):
+        return False
     for attempt in (1, 2):
         try:
             parent = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -118,6 +120,23 @@ def remove_tree(path: Path) -> bool:
             break
     log.warning("could not remove %s: %s: %s", path, type(error).__name__, error)
     return False
+
+
+def _unmount_under(path: Path) -> bool:
+    """Detach every mount at or under `path`; whether none is left. A command run as root by the plain
+    backend can bind a directory of the host there, and removing through a bind mount of a directory on
+    the same filesystem deleted that directory's files (one_file_system cannot tell such a mount apart)."""
+    try:
+        points = mounts_under(Path(os.path.realpath(path)))
+    except OSError:  # no /proc/self/mountinfo: no mounts to mind
+        return True
+    for point in points:
+        try:
+            umount(point)
+        except OSError as e:
+            log.warning("could not remove %s: %s is mounted there and cannot be detached (%s)", path, point, e)
+            return False
+    return True
 
 
 def _clear_immutable(path: Path) -> bool:
