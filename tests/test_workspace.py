@@ -656,3 +656,33 @@ async def test_closing_a_plain_workspace_never_deletes_through_a_mount_its_comma
     await ws.close()
     assert (outside / "keep.txt").read_text() == "keep me\n"
     assert mounts_under(plain_backend.state) == [] and not ws.root.exists()
+
+
+@pytest.mark.parametrize("kind", ["isolated", "plain"])
+async def test_sparse_files_stay_sparse_through_snapshot_and_apply(kind, tmp_path, state_dir):
+    """A repository's 1 GiB disk image of holes was snapshotted as 1 GiB of zeros, and a file a command
+    made with `truncate -s 512M` (no disk used in the workspace) was applied as 512 MiB of zeros: with
+    `truncate -s 100G`, 100 GB onto the developer's disk. Holes are now copied as holes, data as data."""
+    from conftest import make_backend
+    from vivace.sandbox.apply import export_changes
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    with open(repo / "disk.img", "wb") as f:
+        f.truncate(1 << 30)
+    backend = make_backend(kind, state_dir)
+    try:
+        snapshot = backend.snapshot(str(repo))
+        assert os.stat(Path(snapshot.root) / "disk.img").st_blocks * 512 < 1 << 20
+        ws = await backend.create(snapshot)
+        made = await ws.exec("truncate -s 512M big.bin && printf 'middle' | dd of=big.bin bs=1 seek=300000000 "
+                             "conv=notrunc status=none")  # fmt: skip
+        assert made.exit_code == 0, made.stderr
+        report = await export_changes(ws, await ws.diff(), repo, base=snapshot.root)
+        assert report.applied == ["big.bin"], report
+        st = os.stat(repo / "big.bin")
+        assert st.st_size == 512 << 20 and st.st_blocks * 512 < 4 << 20
+        with open(repo / "big.bin", "rb") as f:
+            assert os.pread(f.fileno(), 8, 300_000_000 - 1) == b"\0middle\0"
+    finally:
+        await backend.aclose()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from vivace.sandbox.base import FileStat, NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
 from vivace.sandbox.diff import changed_paths, header_path
-from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile
+from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile, copy_sparse
 from vivace.signals import signal_handler
 
 
@@ -467,11 +467,13 @@ def _write_all(fd: int, data: bytes | OpenFile) -> int:
     if isinstance(data, bytes):
         _write_at(fd, data, 0)
         return len(data)
-    offset = 0
-    while chunk := os.pread(data.fd, 1 << 20, offset):
-        _write_at(fd, chunk, offset)
-        offset += len(chunk)
-    return offset
+    # Only the blocks that hold data: a file made sparse in the workspace (`truncate -s 100G`, no disk
+    # used there) was written into the repository as 100 GB of zeros. Emptied first, so that the holes
+    # are holes and not the old content (which the caller has copied aside).
+    size = os.fstat(data.fd).st_size
+    os.ftruncate(fd, 0)
+    copy_sparse(data.fd, fd, size)
+    return size
 
 
 def _write_at(fd: int, data: bytes, offset: int) -> None:

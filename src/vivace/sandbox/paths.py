@@ -123,25 +123,45 @@ def _content_digest(fd: int) -> str:
     """sha256 of a file's size and of its blocks that are not all zeros, each with its offset: equal
     for equal contents however they are stored, and read only where the file has data. A sparse file
     (`truncate -s 1P`, no disk used) was hashed byte by byte: days of one diff, and six such files held
-    every worker thread of the process. Holes are skipped with SEEK_DATA/SEEK_HOLE; where the
-    filesystem cannot say, the whole file is read."""
+    every worker thread of the process."""
     size = os.fstat(fd).st_size
     h = hashlib.sha256(b"%d\0" % size)
-    at = 0  # a block boundary: what is before it is hashed
+    for offset, block in data_blocks(fd, size):
+        h.update(b"%d\0" % offset + block)
+    return h.hexdigest()
+
+
+def data_blocks(fd: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of each aligned MiB block of the file's first `size` bytes that is not all zeros,
+    in order, reading only where the file has data: holes are skipped with SEEK_DATA/SEEK_HOLE (where
+    the filesystem cannot say, every block is read). What a copy must write to keep a sparse file sparse,
+    and all a digest of its content needs."""
+    at = 0  # a block boundary: the blocks before it are done
     while at < size:
         try:
             data = os.lseek(fd, at, os.SEEK_DATA)
-            end = os.lseek(fd, data, os.SEEK_HOLE)
+            end = min(os.lseek(fd, data, os.SEEK_HOLE), size)
         except OSError as e:
             if e.errno == errno.ENXIO:  # no data past `at`: the rest is a hole
-                break
+                return
             data, end = at, size  # the filesystem cannot say: read it all
         for offset in range(data // _BLOCK * _BLOCK, end, _BLOCK):  # whole aligned blocks: storage-blind
-            block = os.pread(fd, _BLOCK, offset)
+            block = os.pread(fd, min(_BLOCK, size - offset), offset)
             if block and block != _ZEROS[: len(block)]:
-                h.update(b"%d\0" % offset + block)
+                yield offset, block
         at = -(-end // _BLOCK) * _BLOCK
-    return h.hexdigest()
+
+
+def copy_sparse(src_fd: int, dest_fd: int, size: int) -> None:
+    """Make the empty file `dest_fd` hold the first `size` bytes of `src_fd`, writing only the blocks
+    that are not zeros (the rest stays holes): a 1 TiB `truncate`d file copies as no data, where a plain
+    copy wrote a terabyte of zeros."""
+    for offset, block in data_blocks(src_fd, size):
+        view = memoryview(block)
+        while view:
+            n = os.pwrite(dest_fd, view, offset)
+            view, offset = view[n:], offset + n
+    os.ftruncate(dest_fd, size)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Literal
 
 from vivace.sandbox.base import SandboxError
+from vivace.sandbox.paths import copy_sparse
 
 SourceKind = Literal["dir", "tar", "git"]
 
@@ -301,7 +302,12 @@ def _copy_file(src: str, dest: str, rel: str, st: os.stat_result, reuse: _Reuse)
                 return
         except OSError:
             pass
-    shutil.copy2(src, dest, follow_symlinks=False)
+    if st.st_blocks * 512 < st.st_size:  # holes (a disk image made with truncate): copied as holes
+        with open(os.open(src, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fin, open(dest, "xb") as fout:
+            copy_sparse(fin.fileno(), fout.fileno(), st.st_size)
+        shutil.copystat(src, dest, follow_symlinks=False)
+    else:
+        shutil.copy2(src, dest, follow_symlinks=False)  # (sendfile: a sparse file came out dense)
     reuse.now[rel] = (*source, os.lstat(dest).st_ino)
 
 
