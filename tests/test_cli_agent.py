@@ -407,3 +407,59 @@ def test_agent_on_a_subdirectory_of_a_repository_says_what_it_lacks(setup, tmp_p
     args[args.index("--model") + 1] = "scripted:null"
     result = CliRunner().invoke(app, ["agent", "nothing", *args])
     assert result.exit_code == 0 and "warning" not in result.output
+
+
+def test_an_episode_the_endpoint_cut_short_is_not_applied_and_fails(setup, monkeypatch):
+    """Turn 2 edited files, then the endpoint failed for good: --apply wrote the half-done diff and
+    the run looked applied. An episode cut short is left unapplied (as an interrupted one is), exit 1."""
+    from vivace.harness.policies import ReplayPolicy
+    from vivace.harness.policy import PolicyError
+
+    work, args = setup
+    before = snapshot(work)
+    replay = ReplayPolicy.act
+
+    async def failing(self, conversation):
+        if sum(m.role == "assistant" for m in conversation.messages) == 2:
+            raise PolicyError("fake: the endpoint failed: HTTP 500 (InternalServerError) after 3 attempts")
+        return await replay(self, conversation)
+
+    monkeypatch.setattr(ReplayPolicy, "act", failing)
+    result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply"], env={"COLUMNS": "300"})
+    assert result.exit_code == 1, result.output
+    assert "the episode was cut short, so --apply left its changes" in result.output
+    assert snapshot(work) == before
+    result = CliRunner().invoke(app, ["agent", "fix sub", *args, "--apply", "--json"])
+    report = json.loads(result.stdout.splitlines()[0])
+    assert result.exit_code == 1 and report["trajectory"]["stop_reason"] == "error" and not report["applied"]
+    assert snapshot(work) == before
+
+
+def test_a_wall_clock_stop_waiting_for_the_endpoint_is_a_failure():
+    """A server that accepts and never answers ran the episode to its wall clock and exit 0."""
+    from vivace.cli import cut_short
+    from vivace.harness.agent import WAITING_FOR_POLICY
+    from vivace.harness.trajectory import Trajectory
+
+    def traj(stop, error=None):
+        return Trajectory(
+            request="r", policy="p", system_prompt="s", system_prompt_version="1", stop_reason=stop, error=error
+        )
+
+    assert cut_short(traj("timeout", f"the episode's wall-clock limit ran out while {WAITING_FOR_POLICY}"))
+    assert not cut_short(traj("timeout", "the episode's wall-clock limit ran out while running tools"))
+    assert cut_short(traj("error", "x")) and not cut_short(traj("done")) and not cut_short(traj("max_turns"))
+
+
+def test_model_text_is_shown_as_written_not_as_emoji(setup, tmp_path):
+    """rich read `a[0:x:2]` as an emoji code (`a[0❌2]`), in the model's text and in tool summaries."""
+    work, args = setup
+    script = tmp_path / "emoji.json"
+    script.write_text(json.dumps([{"content": "Use a[0:x:2] and s[i:up:2].",
+                                   "tool_calls": [{"name": "run_terminal_cmd", "arguments": {"command": "echo 1:ok:2"}}]},
+                                  {"content": "ratio 1:ok:2"}]))  # fmt: skip
+    args[args.index("--model") + 1] = f"scripted:replay:{script}"
+    result = CliRunner().invoke(app, ["agent", "x", *args], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "a[0:x:2] and s[i:up:2]" in result.output and "1:ok:2" in result.output
+    assert "❌" not in result.output and "🆗" not in result.output

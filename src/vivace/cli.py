@@ -34,8 +34,10 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(config_app, name="config")
 app.add_typer(tasks_app, name="tasks")
 
-err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable)
-out = Console()
+# emoji=False: rich reads ":x:" and ":up:" as emoji codes even in escaped text, so a model's `a[0:x:2]` was
+# shown as `a[0❌2]`; nothing here is written with emoji codes.
+err = Console(stderr=True, soft_wrap=True, emoji=False)  # error lines stay whole (greppable)
+out = Console(emoji=False)
 
 
 def print_json(obj: Any) -> None:
@@ -388,7 +390,10 @@ def agent(
                     out.print(colour_diff(diff, SHOWN_DIFF_LINES) if diff else "[dim](no changes)[/dim]")
             applied = False
             changed = bool(changed_paths(diff))  # a diff may be only a note (ignored files left out)
-            if changed and ((apply and not interrupted) or (interactive and not received and confirmed())):
+            # An episode the endpoint (or anything else) cut short by an error is as unfinished as an
+            # interrupted one: --apply does not write its changes; at a terminal they are applied after a yes.
+            unfinished = interrupted or cut_short(traj)
+            if changed and ((apply and not unfinished) or (interactive and not received and confirmed())):
                 await export_changes(ws, diff, repo, base=ws.snapshot.root, report=report)
                 applied = True
             return traj, diff, applied, changed
@@ -416,12 +421,24 @@ def agent(
     if traj is not None and traj.diff_failed:  # what the agent changed is unknown: never "no changes", never 0
         fail(f"{visible(traj.error or 'the workspace diff failed')}; {visible(str(repo))} is unchanged", code=1)
     if not as_json and not applied and changed:
-        hint = "an interrupted run is applied only after a yes" if traj is None else "use --apply to write the changes"
-        out.print(f"[dim]{repo} is unchanged ({hint})[/dim]")
+        hint = ("an interrupted run is applied only after a yes" if traj is None else
+                "the episode was cut short, so --apply left its changes" if apply and cut_short(traj)
+                else "use --apply to write the changes")  # fmt: skip
+        out.print(f"[dim]{repo} is unchanged ({escape(hint)})[/dim]")
     # 1 also when paths were left unapplied: a script's `--apply && git commit` must not take a
     # partly applied diff for the whole.
-    failed = traj is not None and traj.stop_reason == "error" or bool(applied and report.left)
+    failed = traj is not None and cut_short(traj) or bool(applied and report.left)
     raise typer.Exit((128 + received[-1] if received else 130) if traj is None else 1 if failed else 0)
+
+
+def cut_short(traj) -> bool:
+    """Whether an episode ended unfinished by a failure, not by the agent: an error (the endpoint's
+    included), or the wall clock running out with the endpoint still to answer (a dead server, which
+    exited 0 after 30 silent minutes)."""
+    from vivace.harness.agent import WAITING_FOR_POLICY
+
+    waited = traj.stop_reason == "timeout" and (traj.error or "").endswith(WAITING_FOR_POLICY)
+    return traj.stop_reason == "error" or waited
 
 
 @app.command()

@@ -35,6 +35,10 @@ from vivace.sandbox.base import Workspace
 # endpoint, which the benchmark counts apart), not running tools.
 WAITING_FOR_POLICY = "waiting for the policy"
 
+# Finish reasons of a reply the server cut short for its own reasons (vLLM and SGLang say "abort" when
+# the engine drops a request): partial text, never taken for the model's answer or calls.
+DROPPED = frozenset({"abort", "error", "cancelled", "canceled"})
+
 # Observer events, in order: ("assistant", AssistantTurn), ("tool", ToolOutcome) per call
 # in call order, and finally ("end", Trajectory). Observers must not raise.
 Observer = Callable[[str, Any], None]
@@ -100,6 +104,10 @@ async def run_episode(
             turn = _turn(reply, time.monotonic() - turn_start)
             turns.append(turn)
             final = message.content or final
+            if reply.finish_reason in DROPPED:  # the server gave up on the request: what came is no answer
+                stop = _Stop("error", f"the endpoint ended the reply with finish_reason {reply.finish_reason!r} (it "
+                                      "dropped the request), so its text is not an answer")  # fmt: skip
+                break
             if not message.tool_calls:
                 if reply.finish_reason == "content_filter":  # withheld, not answered: never scored as an answer
                     stop = _Stop("error", "the endpoint's content filter withheld the reply")
@@ -191,6 +199,7 @@ def _turn(reply: AssistantTurn, model_s: float) -> Turn:
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
         policy_version=reply.policy_version,
+        reasoning=reply.meta.get("reasoning"),
     )
 
 

@@ -33,7 +33,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call
+from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call, without_lone_surrogates
 from vivace.harness.policy import CONTEXT_TOO_LONG, Conversation, Policy, PolicyError, http_failure
 
 if TYPE_CHECKING:
@@ -273,8 +273,9 @@ class OpenAIPolicy:
             ) from None
         response = raw.http_response
         try:
-            body = json.loads(response.content)
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            # Leniently: a character cut in two (invalid UTF-8) is U+FFFD, not a body that is "not JSON".
+            body = without_lone_surrogates(json.loads(response.content.decode("utf-8", "replace")))
+        except (ValueError, RecursionError):
             kind = response.headers.get("content-type", "no content type")
             raise PolicyError(
                 f"{self.name}: the endpoint's answer is not JSON (HTTP {response.status_code}, {kind}): "
@@ -341,6 +342,9 @@ def _completion_turn(body: Any, name: str, tools_offered: bool) -> AssistantTurn
     finish = choice.get("finish_reason")
     finish = finish if isinstance(finish, str) and finish else "stop"
     content = _content_text(message.get("content"))
+    refusal = message.get("refusal")
+    if not content and isinstance(refusal, str) and refusal:  # OpenAI's refusal: the model's answer, not nothing
+        content = refusal
     raw_calls = message.get("tool_calls") or []
     raw_calls = raw_calls if isinstance(raw_calls, list) else [raw_calls]
     calls = tuple(_call(c, call_id, finish) for c, call_id in zip(raw_calls, _call_ids(raw_calls), strict=True))
@@ -380,14 +384,16 @@ def _call_ids(raw_calls: list[Any]) -> list[str]:
     (each result must answer exactly one call, and strict servers refuse repeated ids)."""
     given = {c["id"] for c in raw_calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
     ids: list[str] = []
+    taken: set[str] = set()  # ids as a set: 40,000 calls took 10 s against the list
     for i, c in enumerate(raw_calls):
         call_id = c.get("id") if isinstance(c, dict) else None
-        if not isinstance(call_id, str) or not call_id or call_id in ids:
+        if not isinstance(call_id, str) or not call_id or call_id in taken:
             call_id, n = f"call_{i}", 0
-            while call_id in given or call_id in ids:
+            while call_id in given or call_id in taken:
                 n += 1
                 call_id = f"call_{i}_{n}"
         ids.append(call_id)
+        taken.add(call_id)
     return ids
 
 

@@ -43,6 +43,7 @@ class Turn(BaseModel):
     prompt_tokens: int = 0  # tokens the policy read for this turn (0 when the policy does not say)
     completion_tokens: int = 0  # tokens it generated
     policy_version: int | None = None
+    reasoning: str | None = None  # the reasoning an endpoint sent beside the reply (reasoning_content)
 
 
 class Tokens(BaseModel):
