@@ -380,6 +380,8 @@ def agent(
                 traj = await run_episode(policy, ws, request, cfg.agent, observer=observer)
                 diff, interrupted = traj.diff or "", False
             except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, killing the command in flight
+                if observer is not None:
+                    observer.stop_waiting()
                 if asyncio.current_task().uncancel():  # cancelled for another reason as well
                     raise
                 # Nothing the agent did is lost: its changes so far are shown, and applied only after a yes

@@ -39,8 +39,9 @@ WAITING_FOR_POLICY = "waiting for the policy"
 # the engine drops a request): partial text, never taken for the model's answer or calls.
 DROPPED = frozenset({"abort", "error", "cancelled", "canceled"})
 
-# Observer events, in order: ("assistant", AssistantTurn), ("tool", ToolOutcome) per call
-# in call order, and finally ("end", Trajectory). Observers must not raise.
+# Observer events, in order: per turn ("waiting", turn number) as the policy is asked, ("assistant",
+# AssistantTurn), ("tool", ToolOutcome) per call in call order; finally ("end", Trajectory).
+# Observers must not raise.
 Observer = Callable[[str, Any], None]
 
 
@@ -97,6 +98,7 @@ async def run_episode(
     try:
         for _ in range(limits.max_turns):
             turn_start = time.monotonic()
+            notify("waiting", len(turns) + 1)
             reply = await _within(deadline, policy.act(conv), WAITING_FOR_POLICY)
             notify("assistant", reply)
             message = reply.message

@@ -43,14 +43,27 @@ class EpisodePrinter:
     def __init__(self, console: Console):
         self.console = console
         self.turn = 0
+        self._waiting: Any = None  # the spinner shown while the model is asked (a terminal only)
 
     def __call__(self, kind: str, payload: Any) -> None:
+        if kind == "waiting":
+            # An endpoint may think for minutes (or never answer): say what the wait is for.
+            self._waiting = self.console.status(f"turn {payload}: waiting for the model...", spinner="dots")
+            self._waiting.start()
+            return
+        self.stop_waiting()
         if kind == "assistant":
             self._assistant(payload)
         elif kind == "tool":
             self._tool(payload)
         elif kind == "end":
             self._end(payload)
+
+    def stop_waiting(self) -> None:
+        """Take the spinner down (an episode cancelled while the model was asked sends no event after)."""
+        if self._waiting is not None:
+            self._waiting.stop()
+            self._waiting = None
 
     def _assistant(self, reply: AssistantTurn) -> None:
         self.turn += 1
