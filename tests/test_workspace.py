@@ -426,6 +426,22 @@ async def test_plain_setsid_daemon_holds_exec_only_briefly_and_dies_with_the_wor
     assert _procs_with(f"sleep {nonce}") == []
 
 
+async def test_plain_setsid_daemon_deeper_than_path_max_dies_with_the_workspace(plain_ws):
+    """Close finds a plain workspace's daemons by their working directory's path, which a directory
+    deeper than PATH_MAX does not have to read (ENAMETOOLONG): such a daemon outlived the workspace."""
+    nonce = f"4{os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
+    daemon = ("import os, time\nfor i in range(30):\n    os.mkdir('d' * 200); os.chdir('d' * 200)\n"
+              f"os.execvp('sleep', ['sleep', '{nonce}'])")  # fmt: skip
+    r = await plain_ws.exec(f'setsid python3 -c "{daemon}" >/dev/null 2>&1 </dev/null & sleep 1; echo started')
+    assert r.stdout == "started\n", r
+    assert _procs_with(f"sleep {nonce}"), "the daemon should be running"
+    await plain_ws.close()
+    deadline = time.monotonic() + 3
+    while _procs_with(f"sleep {nonce}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _procs_with(f"sleep {nonce}") == []
+
+
 def test_confined_recursive_remove_of_a_deep_tree_never_follows_links(tmp_path):
     """ConfinedFS.remove(recursive=True) removes 1,100 levels (shutil.rmtree raised RecursionError) and
     the links in them, never what they point to."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import os
 import shutil
@@ -277,17 +278,48 @@ def kill_process_group(proc: asyncio.subprocess.Process) -> None:
 def kill_processes_in(directory: Path) -> int:
     """SIGKILL every process of this machine (that this user may see) whose working directory is
     `directory` or under it; how many. Catches most of what a command started with setsid in the
-    plain backend's workspace (a daemon that changed directory elsewhere is not found)."""
+    plain backend's workspace, at any depth (a daemon that changed directory elsewhere is not found)."""
     inside = os.fspath(directory).rstrip("/")
+    try:
+        top = os.stat(directory)
+    except OSError:
+        return 0
     killed = 0
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-            if cwd == inside or cwd.startswith(inside + "/"):
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                found = cwd == inside or cwd.startswith(inside + "/")
+            except OSError as e:
+                if e.errno != errno.ENAMETOOLONG:
+                    raise
+                # A directory deeper than PATH_MAX has no path to read (a daemon escaped close so):
+                # climb from the directory itself instead.
+                found = _below(f"/proc/{entry}/cwd", (top.st_dev, top.st_ino))
+            if found:
                 os.kill(int(entry), signal.SIGKILL)
                 killed += 1
         except OSError:  # gone, or another user's
             continue
     return killed
+
+
+def _below(path: str, top: tuple[int, int]) -> bool:
+    """Whether the directory `path` is the directory `top` (dev, inode) or under it, found by opening
+    `..` from it up to the root: no path is spelled, so any depth works."""
+    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        while True:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == top:
+                return True
+            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            above = os.fstat(parent)
+            os.close(fd)
+            fd = parent
+            if (above.st_dev, above.st_ino) == (st.st_dev, st.st_ino):  # the root: `..` is itself
+                return False
+    finally:
+        os.close(fd)
