@@ -435,8 +435,9 @@ def test_an_episode_the_endpoint_cut_short_is_not_applied_and_fails(setup, monke
     assert snapshot(work) == before
 
 
-def test_a_wall_clock_stop_waiting_for_the_endpoint_is_a_failure():
-    """A server that accepts and never answers ran the episode to its wall clock and exit 0."""
+def test_a_wall_clock_stop_waiting_for_the_endpoint_or_a_first_request_refused_is_a_failure():
+    """A server that accepts and never answers ran the episode to its wall clock, and one that refused the
+    first request as over the context ended it at once: both exited 0."""
     from vivace.cli import cut_short
     from vivace.harness.agent import WAITING_FOR_POLICY
     from vivace.harness.trajectory import Trajectory
@@ -449,6 +450,7 @@ def test_a_wall_clock_stop_waiting_for_the_endpoint_is_a_failure():
     assert cut_short(traj("timeout", f"the episode's wall-clock limit ran out while {WAITING_FOR_POLICY}"))
     assert not cut_short(traj("timeout", "the episode's wall-clock limit ran out while running tools"))
     assert cut_short(traj("error", "x")) and not cut_short(traj("done")) and not cut_short(traj("max_turns"))
+    assert cut_short(traj("max_tokens", "the first request does not fit the context"))  # no turn ran
 
 
 def test_model_text_is_shown_as_written_not_as_emoji(setup, tmp_path):

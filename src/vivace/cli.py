@@ -435,12 +435,14 @@ def agent(
 
 def cut_short(traj) -> bool:
     """Whether an episode ended unfinished by a failure, not by the agent: an error (the endpoint's
-    included), or the wall clock running out with the endpoint still to answer (a dead server, which
-    exited 0 after 30 silent minutes)."""
+    included), the wall clock running out with the endpoint still to answer (a dead server, which
+    exited 0 after 30 silent minutes), or a context limit met before any turn (a reply budget the
+    model's context cannot hold: nothing ran)."""
     from vivace.harness.agent import WAITING_FOR_POLICY
 
     waited = traj.stop_reason == "timeout" and (traj.error or "").endswith(WAITING_FOR_POLICY)
-    return traj.stop_reason == "error" or waited
+    never_fit = traj.stop_reason == "max_tokens" and not traj.turns
+    return traj.stop_reason == "error" or waited or never_fit
 
 
 @app.command()

@@ -30,6 +30,7 @@ import importlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -310,9 +311,9 @@ def _describe(e: Exception) -> str:
             f"max_turn_tokens for the reply); the server said: {said}"
         )
     text = f"HTTP {status} ({type(e).__name__}) {attempts}"
-    wait = (getattr(response, "headers", None) or {}).get("retry-after", "")
-    if wait.replace(".", "", 1).isdigit() and float(wait) > _LONGEST_RETRY_AFTER_S:
-        text += f" (it asked to retry after {wait} s, longer than the client waits, so it was not retried)"
+    wait = _retry_after_s(getattr(response, "headers", None) or {})
+    if wait is not None and wait > _LONGEST_RETRY_AFTER_S:
+        text += f" (it asked to retry after {wait:.0f} s, longer than the client waits, so it was not retried)"
     history = getattr(response, "history", None) or []
     if history:
         text += (
@@ -320,6 +321,24 @@ def _describe(e: Exception) -> str:
             "POST into a GET): use the URL it redirects to"
         )
     return f"{text}: {said}" if said else text
+
+
+def _retry_after_s(headers: Any) -> float | None:
+    """The wait a refusal asked for, in any of the forms the openai client honours: retry-after-ms,
+    retry-after in seconds, or retry-after as an HTTP date."""
+    import email.utils
+
+    ms, after = headers.get("retry-after-ms", ""), headers.get("retry-after", "")
+    try:
+        if ms:
+            return float(ms) / 1000
+        if after.replace(".", "", 1).isdigit():
+            return float(after)
+        if after:
+            return email.utils.parsedate_to_datetime(after).timestamp() - time.time()
+    except (ValueError, TypeError, OverflowError):
+        pass
+    return None
 
 
 def _completion_turn(body: Any, name: str, tools_offered: bool) -> AssistantTurn:
