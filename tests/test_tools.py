@@ -176,6 +176,20 @@ async def test_edit_whitespace_fallback_reindents(pctx):
     assert "matches 2 places" in await err(pctx, "edit_file", path="twice.txt", old_string="   k = 1", new_string="k=2")
 
 
+async def test_edit_whitespace_fallback_moves_a_line_in_or_out_a_level(pctx):
+    """An unchanged line that new_string re-indents (finish() into the loop, log(x) out of an `if`)
+    kept its old indentation, and the edit still said it was made."""
+    ws = pctx.workspace
+    await ws.write_text("loop.py", "def f(items):\n\tfor i in items:\n\t\tprocess(i)\n\tfinish()\n")
+    await ok(pctx, "edit_file", path="loop.py", old_string="    for i in items:\n        process(i)\n    finish()",
+             new_string="    for i in items:\n        process(i)\n        finish()")  # fmt: skip
+    assert await ws.read_text("loop.py") == "def f(items):\n\tfor i in items:\n\t\tprocess(i)\n\t\tfinish()\n"
+    await ws.write_text("u.py", "def g(x):\n\tif debug:\n\t\tlog(x)\n\treturn x\n")
+    await ok(pctx, "edit_file", path="u.py", old_string="    if debug:\n        log(x)\n    return x",
+             new_string="    log(x)\n    return x")  # fmt: skip
+    assert await ws.read_text("u.py") == "def g(x):\n\tlog(x)\n\treturn x\n"
+
+
 async def test_python_syntax_warning(pctx):
     text = await ok(pctx, "edit_file", path="pkg/calc.py", old_string="def sub(a, b):", new_string="def sub(a, b:")
     assert text.endswith("Warning: this edit introduced a syntax error at line 5: '(' was never closed")

@@ -14,16 +14,18 @@ from functools import cached_property
 def fit_lines(want: list[str], matched: list[str], new_lines: list[str], lines: list[str], eol: str) -> list[str] | str:
     """new_string's lines as they go into the file (each ending in `eol`), or why they cannot.
 
-    A new line equal (stripped) to the old line it stands for keeps the matched file line's
-    exact text; one that rewrites an old line and is indented like it gets that file line's
-    indentation. Any other line's indentation is mapped level by level, as the matched lines
-    map old_string's indentation to the file's (2 spaces to 4, 4 spaces to a tab)."""
+    A new line equal to the old line it stands for, indentation included, keeps the matched file
+    line's exact text; one that rewrites an old line and is indented like it gets that file line's
+    indentation. Any other line's indentation (a line moved in or out a level among them: kept as
+    it was, that change was lost while the edit said it was made) is mapped level by level, as the
+    matched lines map old_string's indentation to the file's (2 spaces to 4, 4 spaces to a tab)."""
     same = difflib.SequenceMatcher(None, [w.strip() for w in want], [n.strip() for n in new_lines], autojunk=False)
     kept: dict[int, str] = {}  # new line -> the file line it leaves as it was
     stands_for: dict[int, int] = {}  # new line -> the old line it rewrites (line for line)
     for tag, i1, i2, j1, j2 in same.get_opcodes():
         if tag == "equal":
-            kept.update((j1 + k, matched[i1 + k]) for k in range(i2 - i1))
+            kept.update((j1 + k, matched[i1 + k]) for k in range(i2 - i1)
+                        if _indent(new_lines[j1 + k]) == _indent(want[i1 + k]))  # fmt: skip
         elif tag == "replace" and i2 - i1 == j2 - j1:
             stands_for.update((j1 + k, i1 + k) for k in range(i2 - i1))
     indents = _IndentMap(want, matched, new_lines, lines)
