@@ -817,3 +817,14 @@ async def test_a_symlink_loop_is_named_as_a_loop_not_as_outside_the_workspace(ct
         assert "loopa is a symlink loop" in text and "outside" not in text, (tool, text)
     text = (await call(ctx, "grep", pattern="x", path="loopa")).text
     assert "outside" not in text, text
+
+
+async def test_results_count_lines_as_read_file_and_grep_do(pctx):
+    """Form feeds and U+2028 are inside a line: truncation counted them as line breaks, so a 300-line
+    file was cut at 250 lines (one line in the middle) with a note of "600 lines"."""
+    ws = pctx.workspace
+    await ws.write_text("ff.py", "".join(f"s{i} = 'a\u2028b'  # \x0c page {i}\n" for i in range(300)))
+    shown = await ok(pctx, "read_file", path="ff.py")
+    assert "omitted" not in shown and shown.count("\n") == 299 and "s299 = " in shown
+    found = await ok(pctx, "grep", pattern="page", path="ff.py")
+    assert "omitted" not in found and found.count("page") == 300

@@ -157,7 +157,10 @@ def parse_args(tool: Tool, raw: Any) -> ToolArgs | ToolResult:
 def truncate(text: str, max_chars: int = MAX_RESULT_CHARS, max_lines: int = MAX_RESULT_LINES, hint: str = "") -> str:
     """The one truncation rule: keep the first 2/3 and the last 1/3 of the budget (in lines
     and in characters) and say how much was cut; `hint` says how to see the rest."""
-    lines = text.splitlines(keepends=True)
+    # Lines end at \n only, as read_file and grep count them (splitlines also breaks at form feeds and
+    # U+2028: a 300-line file holding them was cut at 250 lines, one line cut in the middle).
+    lines = text.split("\n")
+    lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
     if len(text) <= max_chars and len(lines) <= max_lines:
         return text
     if len(lines) > max_lines:
