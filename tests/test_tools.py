@@ -828,3 +828,15 @@ async def test_results_count_lines_as_read_file_and_grep_do(pctx):
     assert "omitted" not in shown and shown.count("\n") == 299 and "s299 = " in shown
     found = await ok(pctx, "grep", pattern="page", path="ff.py")
     assert "omitted" not in found and found.count("page") == 300
+
+
+async def test_glob_counts_every_match_however_many(pctx):
+    """Past about 256 KiB of paths the walker's output was cut in the middle, and the tool counted
+    what was left (6,000 matches reported as 200 + 1,335)."""
+    made = await pctx.workspace.exec(
+        "mkdir many && cd many && seq -f 'a_rather_long_file_name_%g.txt' 6000 | xargs touch"
+    )
+    assert made.exit_code == 0, made.stderr
+    text = await ok(pctx, "glob_file_search", glob_pattern="many/*.txt")
+    lines = text.split("\n")
+    assert len(lines) == 201 and lines[-1] == "[... and 5800 more files; use a narrower pattern or path]", lines[-1]

@@ -274,7 +274,8 @@ class GlobFileSearch:
         if path is None:
             return _outside(args.path)
         try:
-            res = await _walker(ctx.workspace, {"mode": "glob", "glob": args.glob_pattern, "path": path})
+            res = await _walker(ctx.workspace, {"mode": "glob", "glob": args.glob_pattern, "path": path,
+                                                "limit": MAX_GLOB_RESULTS})  # fmt: skip
         except EXPECTED as e:
             return error(f"glob_file_search could not run in the workspace: {e}")
         msg = res.stderr.strip()
@@ -287,13 +288,16 @@ class GlobFileSearch:
                 return _outside(args.path)
             return error(f"glob_file_search failed (exit code {res.exit_code}): {msg[-2000:]}")
         found = [p for p in res.stdout.split("\n") if p]
+        # The walker prints the first MAX_GLOB_RESULTS paths and then "\0COUNT": a full list overflowed
+        # the output cap past about 256 KiB, and its cut-off head was counted (50,000 files as 13,800).
+        total = int(found.pop()[1:]) if found and found[-1][:1] == "\0" else len(found)
         if not found and msg.endswith("is a file"):
             return error(f"{path} is a file, not a directory, and does not match {args.glob_pattern!r}.")
         if not found:
             return ToolResult(f"No files match {args.glob_pattern!r} in {path}.")
         shown = found[:MAX_GLOB_RESULTS]
-        if len(found) > MAX_GLOB_RESULTS:
-            shown.append(f"[... and {len(found) - MAX_GLOB_RESULTS} more files; use a narrower pattern or path]")
+        if total > len(shown):
+            shown.append(f"[... and {total - len(shown)} more files; use a narrower pattern or path]")
         text = truncate("\n".join(shown) + "\n", ctx.max_result_chars, hint="use a narrower pattern or path")
         return ToolResult(text.rstrip("\n"))
 

@@ -266,14 +266,16 @@ def name_shown(p):
 
 
 def glob():
-    keep, root, any_out = matcher(a["glob"]), a["path"], False
+    keep, root, matched = matcher(a["glob"]), a["path"], 0
     # Hidden files only when the pattern names one (".env*", ".github/**/*.yml"): asked for, never noise.
     hidden = any(c.startswith(".") and c not in (".", "..") for c in a["glob"].split("/"))
     for p in files(root, hidden):
         if keep(p if root == "." or os.path.isfile(root) else os.path.relpath(p, root)):
-            print(name_shown(p))
-            any_out = True
-    if not any_out and os.path.isfile(root):
+            if matched < a.get("limit", float("inf")):  # the rest only counted: 50,000 paths overflowed the output
+                print(name_shown(p))
+            matched += 1
+    print(f"\0{matched}")  # the count, on a line no path can be (a name holds no NUL)
+    if not matched and os.path.isfile(root):
         print(root + ": is a file", file=sys.stderr)  # search.py says so rather than "no files match"
 
 
