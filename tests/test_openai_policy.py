@@ -464,7 +464,7 @@ async def test_retry_with_backoff_recovers(ws, endpoint):
     [
         ({"Retry-After": "3600"}, "3600"),
         ({"retry-after-ms": "500000"}, "500"),
-        ({"Retry-After": email.utils.formatdate(time.time() + 86400, usegmt=True)}, "86[34]\\d\\d"),  # an HTTP date
+        ({"Retry-After": email.utils.formatdate(time.time() + 86400, usegmt=True)}, r"86[34]\d\d"),  # an HTTP date
     ],
 )
 async def test_retry_after_beyond_what_the_client_waits_is_not_waited_for(endpoint, headers, said):

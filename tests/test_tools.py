@@ -834,7 +834,7 @@ async def test_glob_counts_every_match_however_many(pctx):
     """Past about 256 KiB of paths the walker's output was cut in the middle, and the tool counted
     what was left (6,000 matches reported as 200 + 1,335)."""
     made = await pctx.workspace.exec(
-        "mkdir many && cd many && seq -f 'a_rather_long_file_name_%g.txt' 6000 | xargs touch"
+        "mkdir many && cd many && seq -f 'a_rather_long_file_name_that_fills_the_output_faster_than_most_do_%g.txt' 6000 | xargs touch"
     )
     assert made.exit_code == 0, made.stderr
     text = await ok(pctx, "glob_file_search", glob_pattern="many/*.txt")

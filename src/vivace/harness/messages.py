@@ -10,7 +10,6 @@ through the loop as data and comes back to the model as an error result.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -147,8 +146,6 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
             return ToolCall(call_id, name, text, f"the arguments are not valid JSON ({e})")
         except RecursionError:
             return ToolCall(call_id, name, text, _too_deep())
-    if text is not None:  # "\\ud83d" alone in the JSON decodes to a str no file or request can hold
-        arguments = without_lone_surrogates(arguments)
     # Depth first, whatever the type: a list nested past the cap kept decoded would be rendered again,
     # recursing over it (from Python 3.12 json decodes 5,000 deep; 3.11 stops near 1,000).
     if nesting(arguments) > MAX_ARGUMENT_NESTING:
@@ -160,26 +157,6 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
     if text is not None and text[:1] == "{" and text[-1:] == "}":  # the object as written: keep its spelling
         return ToolCall(call_id, name, SpelledArguments(arguments, text))
     return ToolCall(call_id, name, arguments)
-
-
-def without_lone_surrogates(body: Any) -> Any:
-    """`body` with each lone UTF-16 surrogate in its strings as U+FFFD. JSON may escape half of a pair
-    ("\\ud83d", a gateway cutting a string mid-emoji), which Python keeps as a str no UTF-8 can encode:
-    the terminal's printing of it raised, and so did the next request that sent it back."""
-    stack = [body]
-    while stack:
-        node = stack.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, value in items:
-            if isinstance(value, str):
-                if _SURROGATE.search(value):
-                    node[key] = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            elif isinstance(value, dict | list):
-                stack.append(value)
-    return body
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def nesting(value: Any) -> int:

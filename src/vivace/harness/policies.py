@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call, without_lone_surrogates
+from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call
 from vivace.harness.policy import CONTEXT_TOO_LONG, Conversation, Policy, PolicyError, http_failure
 
 if TYPE_CHECKING:
@@ -387,12 +387,34 @@ def _completion_turn(body: Any, name: str, tools_offered: bool) -> AssistantTurn
     )
 
 
+def without_lone_surrogates(body: Any) -> Any:
+    """`body` with each lone UTF-16 surrogate in its strings as U+FFFD. JSON may escape half of a pair
+    ("\\ud83d", a gateway cutting a string mid-emoji), which Python keeps as a str no UTF-8 can encode:
+    the terminal's printing of it raised, and so did the next request that sent it back."""
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if isinstance(value, str):
+                if _SURROGATE.search(value):
+                    node[key] = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            elif isinstance(value, dict | list):
+                stack.append(value)
+    return body
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _call(raw: Any, call_id: str, finish: str) -> ToolCall:
     fn = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(fn, dict):
         return ToolCall(call_id, "", raw, "the tool call has no function (a name and arguments)")
     arguments = fn.get("arguments")
     call = decode_call(call_id, fn.get("name"), {} if arguments is None else arguments)
+    if call.error is None:  # "\\ud83d" alone in the arguments' JSON decodes to a str no file can hold
+        without_lone_surrogates(call.arguments)  # (in place: a SpelledArguments keeps its text)
     if call.error is not None and finish == "length":
         return ToolCall(call.id, call.name, call.arguments, f"{call.error}; the reply was cut off by the token limit")
     return call
