@@ -840,3 +840,37 @@ async def test_glob_counts_every_match_however_many(pctx):
     text = await ok(pctx, "glob_file_search", glob_pattern="many/*.txt")
     lines = text.split("\n")
     assert len(lines) == 201 and lines[-1] == "[... and 5800 more files; use a narrower pattern or path]", lines[-1]
+
+
+async def test_a_latin1_file_is_said_to_be_one_and_not_destroyed_by_writing_it_back(pctx):
+    """read_file showed its accented letters as U+FFFD without a word, and write_file of the text read
+    replaced the original bytes with EF BF BD for good."""
+    ws = pctx.workspace
+    await ws.write_bytes("fr.py", "NOM = 'François'\nPRIX = 2\n".encode("latin-1"))
+    shown = await ok(pctx, "read_file", path="fr.py")
+    assert "Fran\ufffdois" in shown and "fr.py is not UTF-8 text (from byte 11)" in shown
+    said = await err(pctx, "write_file", path="fr.py", content="NOM = 'Fran\ufffdois'\nPRIX = 3\n")
+    assert "is not UTF-8 text" in said and "iconv" in said
+    assert await ws.read_bytes("fr.py") == "NOM = 'François'\nPRIX = 2\n".encode("latin-1")
+    await ok(pctx, "write_file", path="fr.py", content="NOM = 'François'\nPRIX = 3\n")  # UTF-8 now: allowed
+
+
+async def test_write_file_keeps_a_crlf_files_line_endings(pctx):
+    """read_file shows lines without their \\r, so content written from it turned a CRLF file LF (and
+    --apply then changed every line)."""
+    ws = pctx.workspace
+    await ws.write_bytes("a.cs", b"class A\r\n{\r\n}\r\n")
+    text = await ok(pctx, "write_file", path="a.cs", content="class A\n{\n  int x;\n}\n")
+    assert "kept its CRLF line endings" in text
+    assert await ws.read_bytes("a.cs") == b"class A\r\n{\r\n  int x;\r\n}\r\n"
+    await ws.write_bytes("mixed.txt", b"a\r\nb\n")
+    await ok(pctx, "write_file", path="mixed.txt", content="x\ny\n")  # not all CRLF: written as given
+    assert await ws.read_bytes("mixed.txt") == b"x\ny\n"
+
+
+async def test_an_edit_that_only_changes_crlf_to_lf_says_it_changes_nothing(pctx):
+    await pctx.workspace.write_bytes("run.bat", b"@echo off\r\necho hi\r\n")
+    said = await err(
+        pctx, "edit_file", path="run.bat", old_string="@echo off\r\necho hi", new_string="@echo off\necho hi"
+    )
+    assert "changes nothing" in said and "line endings" in said

@@ -191,7 +191,13 @@ class ReadFile:
             return not_text(path, data, "shown")
         if not data:
             return ToolResult("(empty file)")
-        lines = split_lines(data.decode("utf-8", errors="replace"))
+        try:
+            decoded, note = data.decode("utf-8"), ""
+        except UnicodeDecodeError as e:  # said, not only shown as U+FFFD: the model cannot tell them apart
+            decoded = data.decode("utf-8", errors="replace")
+            note = (f"[{path} is not UTF-8 text (from byte {e.start}): bytes shown as \ufffd are not that character; "
+                    "edit_file cannot edit it, and writing it back with them would destroy them]")  # fmt: skip
+        lines = split_lines(decoded)
         total = len(lines)
         if args.offset > total:
             return error(f"offset {args.offset} is past the end of {path}, which has {total} lines.")
@@ -199,6 +205,8 @@ class ReadFile:
         out = [numbered(n, lines[n - 1]) for n in range(args.offset, end + 1)]
         if args.offset > 1 or end < total:
             out.append(f"[showing lines {args.offset}-{end} of {total}; use offset and limit to see more]")
+        if note:
+            out.append(note)
         text = truncate("\n".join(out) + "\n", ctx.max_result_chars, hint="use offset and limit to read a range")
         return ToolResult(text.rstrip("\n"))
 
@@ -283,6 +291,10 @@ class EditFile:
         if isinstance(edit, ToolResult):
             return edit
         after, spans, fuzzy = edit
+        if after == before:  # a CRLF file: new_string took its line endings back, as old_string did
+            return error(f"this edit changes nothing: old_string and new_string differ only in line endings, and "
+                         f"edit_file keeps {path}'s (CRLF); to change them, use run_terminal_cmd "
+                         f"(e.g. sed -i 's/\\r$//' {path})")  # fmt: skip
         try:
             await ctx.workspace.write_bytes(path, after.encode("utf-8"))
         except EXPECTED as e:
@@ -462,14 +474,29 @@ class WriteFile:
             return fs_error(e, path)
         except EXPECTED as e:
             return fs_error(e, path)
+        content, kept = args.content, ""
+        if old is not None and not is_binary(old):
+            try:
+                old.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if "\ufffd" in content:  # read_file's stand-in for the bytes it could not decode
+                    return error(
+                        f"{path} is not UTF-8 text (byte {e.start} is not), and this content holds U+FFFD where "
+                        "read_file showed its undecodable bytes: writing it would replace them for good. Convert "
+                        f"the file to UTF-8 first (run_terminal_cmd: iconv -f latin1 -t utf-8 {path} > {path}.tmp "
+                        f"&& mv {path}.tmp {path}), or write content without U+FFFD."
+                    )
+            if old.count(b"\r\n") == old.count(b"\n") > 0 and "\n" in content and "\r\n" not in content:
+                # read_file shows lines without their \r: content written from it kept CRLF files LF
+                content, kept = content.replace("\n", "\r\n"), "; kept its CRLF line endings"
         try:
-            await ctx.workspace.write_bytes(path, args.content.encode("utf-8"))
+            await ctx.workspace.write_bytes(path, content.encode("utf-8"))
         except EXPECTED as e:
             return fs_error(e, path)
         how = "new file" if old is None else "overwrote the previous content"
         before = None if old is None else old.decode("utf-8", errors="replace")
-        text = f"Wrote {path} ({count_lines(args.content)} lines, {how})"
-        return ToolResult(text + syntax_warning(path, before, args.content), meta={"created": old is None})
+        text = f"Wrote {path} ({count_lines(content)} lines, {how}{kept})"
+        return ToolResult(text + syntax_warning(path, before, content), meta={"created": old is None})
 
 
 # -- delete_file ------------------------------------------------------------------------------------
