@@ -524,6 +524,15 @@ async def test_codebase_search_ranks_and_sees_edits(pctx):
     assert "shop/" not in text
 
 
+async def test_codebase_search_shows_crlf_lines_without_their_cr(pctx):
+    """As read_file and grep show them: a \r left at each line's end reads as part of the code."""
+    await pctx.workspace.write_bytes("win/tax.py", b"def compute_tax(x):\r\n    return x * 0.2\r\n")
+    text = await ok(pctx, "codebase_search", query="compute tax")
+    assert "\r" not in text and text.startswith(
+        "win/tax.py:1-2 (compute_tax)\n     1\tdef compute_tax(x):\n     2\t    return x * 0.2\n"
+    )
+
+
 async def test_lexical_search_reads_many_files_in_batches(pctx, monkeypatch):
     from vivace.harness.tools import search
 

@@ -532,4 +532,5 @@ async def _missing_dirs(ws: Workspace, dirs: list[str]) -> str | None:
 def _render(hit: SearchHit) -> str:
     head = f"{hit.path}:{hit.start_line}-{hit.end_line}" + (f" ({hit.symbol})" if hit.symbol else "")
     first = hit.snippet_line or hit.start_line
-    return "\n".join([head] + [f"{first + i:>6}\t{line}" for i, line in enumerate(hit.snippet.split("\n"))])
+    lines = [line.removesuffix("\r") for line in hit.snippet.split("\n")]  # CRLF files: as read_file shows them
+    return "\n".join([head] + [f"{first + i:>6}\t{line}" for i, line in enumerate(lines)])
