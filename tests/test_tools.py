@@ -864,6 +864,19 @@ async def test_a_latin1_file_is_said_to_be_one_and_not_destroyed_by_writing_it_b
     await ok(pctx, "write_file", path="fr.py", content="NOM = 'François'\nPRIX = 3\n")  # UTF-8 now: allowed
 
 
+async def test_edit_file_sees_line_one_of_a_file_with_a_byte_order_mark(pctx):
+    """The BOM is not whitespace to str.strip(): the whitespace fallback never matched line 1 of such a file."""
+    ws = pctx.workspace
+    await ws.write_bytes("c.py", "\ufeffdef f():\r\n        return 1\r\n".encode())
+    text = await ok(
+        pctx, "edit_file", path="c.py", old_string="def f():\n    return 1", new_string="def f():\n    return 2"
+    )
+    assert "ignoring whitespace" in text and "     2\t        return 2" in text
+    assert await ws.read_bytes("c.py") == "\ufeffdef f():\r\n        return 2\r\n".encode()
+    await ok(pctx, "edit_file", path="c.py", old_string="\ufeffdef f():", new_string="def g():")  # copied with it
+    assert await ws.read_bytes("c.py") == "\ufeffdef g():\r\n        return 2\r\n".encode()
+
+
 async def test_write_file_keeps_a_crlf_files_line_endings(pctx):
     """read_file shows lines without their \\r, so content written from it turned a CRLF file LF (and
     --apply then changed every line)."""

@@ -314,6 +314,7 @@ class EditFile:
         return ToolResult(f"{how} {path} ({count_lines(new)} lines)" + syntax_warning(path, None, new))
 
 
+BOM = "\ufeff"
 Span = tuple[int, int]  # character offsets [start, end) of replaced text in the new file
 _BARE_LF = re.compile(r"(?<!\r)\n")
 
@@ -322,6 +323,12 @@ def replace_text(
     text: str, old: str, new: str, replace_all: bool, path: str
 ) -> tuple[str, list[Span], bool] | ToolResult:
     """The edited text, where the replacements landed, and whether the whitespace fallback matched."""
+    if text.startswith(BOM):  # an editor's byte-order mark is no part of line 1: the fallback missed that line
+        edit = replace_text(text[1:], old.removeprefix(BOM), new.removeprefix(BOM), replace_all, path)
+        if isinstance(edit, ToolResult):
+            return edit
+        after, spans, fuzzy = edit
+        return BOM + after, [(start + 1, end + 1) for start, end in spans], fuzzy
     if "\r\n" in text:  # a CRLF file edited with \n text: keep its line endings
         crlf_old = _BARE_LF.sub("\r\n", old)
         if "\n" in old:  # (not when old_string matches \n lines of a mixed file)
