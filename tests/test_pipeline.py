@@ -22,7 +22,7 @@ from conftest import wait_for_idle_ray
 from vivace.bench.score import Score
 from vivace.config import load_preset
 from vivace.harness.trajectory import Tokens, Trajectory
-from vivace.rl.controller import train
+from vivace.rl.controller import EVAL_FIXED_S, evaluation_s, train
 from vivace.rl.rollout import EpisodeResult, Rollout
 from vivace.rl.runs import new_run_dir
 from vivace.rl.workers import WorkerLost
@@ -306,6 +306,27 @@ async def test_time_budget_stops_after_a_step_with_a_checkpoint(tmp_path):
     assert (tmp_path / "runs" / "budget" / "checkpoints" / "step_1" / "state.json").is_file()
     summary, rows = await run(tmp_path, ScriptedWorkers(seed=8), "no-budget", steps=2)
     assert summary["stopped_by"] == "steps" and len(rows) == 2
+
+
+async def test_total_budget_leaves_room_for_the_evaluation(tmp_path):
+    """`total_minutes` covers the evaluation after RL: a run whose projected evaluation would not fit stops
+    after its first step, checkpointed, and says which budget stopped it; without an evaluation it runs on."""
+    summary, rows = await run(tmp_path, ScriptedWorkers(seed=8), "total", steps=3, total_minutes=0.5, eval_tasks=56)
+    assert len(rows) == 1 and summary["stopped_by"] == "total_minutes"  # 60 s of evaluation alone exceed 30 s
+    assert (tmp_path / "runs" / "total" / "checkpoints" / "step_1" / "state.json").is_file()
+    summary, rows = await run(tmp_path, ScriptedWorkers(seed=8), "no-eval", steps=3, total_minutes=0.5)
+    assert summary["stopped_by"] == "steps" and len(rows) == 3
+
+
+def test_evaluation_projection_scales_a_steps_rollouts_to_the_held_out_episodes():
+    tc = load_preset("tiny").train  # 4 x 4 rollouts a step, 16 at once; 56 tasks x 2 samples, 16 at once
+    assert tc.eval_tasks == 56 and tc.tasks_per_step * tc.group_size == 16 == tc.eval_concurrency
+    # 224 episodes of the two policies at 40 s per 16 (the 2-core machine: 541-571 s measured) + the fixed part
+    assert evaluation_s(tc, [35.0, 45.0]) == 224 * 2.5 + EVAL_FIXED_S
+    tc.eval_concurrency = 4  # a quarter as many at once: each batch's worth takes four times as long
+    assert evaluation_s(tc, [40.0]) == 224 * 10 + EVAL_FIXED_S
+    tc.eval_tasks = 0
+    assert evaluation_s(tc, [40.0]) == 0
 
 
 async def test_stop_request_ends_the_run_after_the_step_in_flight_resumably(tmp_path):

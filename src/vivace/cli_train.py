@@ -191,8 +191,11 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
                       f"{r.get('kl_sampler_trainer_k3', 0):.1e}", f"{r['sampling_tokens_per_s']:.0f}", f"{r['step_s']:.1f}")  # fmt: skip
         return t
 
-    err.print(f"run directory: {run_dir}  ({cfg.train.steps} steps, {cfg.train.tasks_per_step} tasks x "
-              f"{cfg.train.group_size} rollouts per step, model {cfg.train.model})")  # fmt: skip
+    tc = cfg.train
+    budget = "".join([f", at most {tc.max_minutes:g} min of RL" if tc.max_minutes else "",
+                      f", {tc.total_minutes:g} min in all" if tc.total_minutes else ""])  # fmt: skip
+    err.print(f"run directory: {run_dir}  ({tc.steps} steps{budget}, {tc.tasks_per_step} tasks x "
+              f"{tc.group_size} rollouts per step, model {tc.model})")  # fmt: skip
 
     # A live table on a terminal; a JSON line per step with --json; a plain line per step in a log file or a
     # pipe, where rich's live table would only show at the end.
@@ -246,6 +249,8 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
         loss.say_stopped()
         raise typer.Exit(1)
     loss.cancel()
+    if summary.get("stopped_by") in _BUDGETS:
+        err.print(f"RL stopped after step {summary.get('steps')} of {tc.steps}: {_BUDGETS[summary['stopped_by']]}.")
     if trained and not any(trained):
         err.print(f"[yellow]warning:[/] {escape(_nothing_trained(run_dir, len(trained)))}", highlight=False)
     stopped = summary.get("stopped_by") == "interrupted"  # before the configured steps
@@ -472,6 +477,10 @@ def _absolute_paths(cfg: VivaceConfig) -> VivaceConfig:
     return cfg
 
 
+_BUDGETS = {
+    "max_minutes": "its time budget (train.max_minutes) left no room for another step",
+    "total_minutes": "the run's time budget (train.total_minutes) leaves room for the evaluation only",
+}
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 

@@ -40,7 +40,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from vivace.bench.results import result_rows
-from vivace.config import VivaceConfig
+from vivace.config import TrainConfig, VivaceConfig
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
@@ -187,6 +187,23 @@ class TaskOrder:
         return self.tasks[perm[i]]
 
 
+# Beside the policies' episodes, the evaluation loads both models, runs the scripted baselines, measures the
+# policy shift and writes the report: 40-60 s on 2 cores (docs/benchmarks.md, the phases of `make train`).
+EVAL_FIXED_S = 60.0
+
+
+def evaluation_s(tc: TrainConfig, batch_s: list[float]) -> float:
+    """The held-out evaluation's projected seconds: its episodes of the starting and the trained policy, each
+    costing what a rollout did in this run's steps (a step's batch over its episodes, scaled when the
+    evaluation runs fewer at once), plus EVAL_FIXED_S. 0 without an evaluation."""
+    if not tc.eval_tasks or not batch_s:
+        return 0.0
+    per_step = tc.tasks_per_step * tc.group_size
+    at_once = min(per_step, tc.rollout_concurrency)
+    episode_s = sum(batch_s) / len(batch_s) / per_step * max(1.0, at_once / tc.eval_concurrency)
+    return 2 * tc.eval_tasks * tc.eval_samples * episode_s + EVAL_FIXED_S
+
+
 class NoExpertData(ValueError):
     """train.sft_expert: the expert solved none of the tasks it was recorded on, so the supervised term has
     no data (the run stops before its first step)."""
@@ -218,6 +235,7 @@ async def train(
     turns true (the CLI's first Ctrl-C), the run ends after the step in flight, with a checkpoint.
     `on_note` hears about work before the first step (recording the supervised term's data)."""
     tc = cfg.train
+    t_run = time.monotonic()  # total_minutes counts from here: the expert's recording and Ray's start too
     torch.manual_seed(tc.seed)
     tasks = tasks if tasks is not None else training_tasks(cfg)
     if tc.sft_data is not None:
@@ -249,8 +267,10 @@ async def train(
                             timeline=run_dir / "timeline.jsonl")  # fmt: skip
         pipeline.start()
         t_start, stopped_by = time.monotonic(), "steps"
+        batch_s: list[float] = []  # what each step's rollouts took: the evaluation's time is projected from them
         for step in range(start, tc.steps):
             row = await _step(step, pipeline, workers, cfg, run_dir, order)
+            batch_s.append(row["rollout_s"] if tc.pipeline == "sync" else row["step_s"])
             with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             for key, value in row.items():
@@ -261,16 +281,23 @@ async def train(
                 on_step(row)
             done = step + 1 - start
             # A time budget ends the run after the step that leaves no room for another one.
-            out_of_time = (
-                tc.max_minutes is not None and (time.monotonic() - t_start) * (done + 1) / done > tc.max_minutes * 60
+            now = time.monotonic()
+            out_of_time = tc.max_minutes is not None and (now - t_start) * (done + 1) / done > tc.max_minutes * 60
+            # A budget for the whole command: another step and then the held-out evaluation must fit in it.
+            over_total = tc.total_minutes is not None and (
+                (now - t_run) + (now - t_start) / done + evaluation_s(tc, batch_s) > tc.total_minutes * 60
             )
             # A cluster that stopped answering ends the run like a Ctrl-C, while its actors still can.
             lost = workers.cluster_lost
             interrupted = lost or (stop is not None and stop())
-            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or out_of_time or interrupted:
+            ending = out_of_time or over_total or interrupted
+            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps or ending:
                 await _checkpoint(run_dir, workers, step + 1, pipeline, order, tc.keep_checkpoints)
-            if (out_of_time or interrupted) and step + 1 < tc.steps:
-                stopped_by = "cluster_lost" if lost else "interrupted" if interrupted else "max_minutes"
+            if ending and step + 1 < tc.steps:
+                stopped_by = (
+                    "cluster_lost" if lost else "interrupted" if interrupted else
+                    "max_minutes" if out_of_time else "total_minutes"
+                )  # fmt: skip
                 break
     except TrainerFailed as e:
         last = latest_checkpoint(run_dir)
@@ -432,7 +459,8 @@ def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped
     keys = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn", "loss", "entropy")
     summary = {
         "steps": len(rows),
-        "stopped_by": stopped_by,  # steps, max_minutes (the time budget), interrupted (Ctrl-C), cluster_lost
+        # steps, max_minutes (RL's time budget), total_minutes (the command's), interrupted (Ctrl-C), cluster_lost
+        "stopped_by": stopped_by,
         "first": {k: first.get(k) for k in keys},
         "last": {k: last.get(k) for k in keys},
         "rollouts": sum(r["rollouts"] for r in rows),
