@@ -702,3 +702,38 @@ async def test_sparse_files_stay_sparse_through_snapshot_and_apply(kind, tmp_pat
             assert os.pread(f.fileno(), 8, 300_000_000 - 1) == b"\0middle\0"
     finally:
         await backend.aclose()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("kind", ["isolated", "plain"])
+async def test_file_calls_cancelled_while_queued_leave_no_descriptor_open(kind, repo, state_dir):
+    """A file call holds the workspace's tree open from the event loop until its thread job ends. Cancelled
+    while every pool thread was busy (an episode's timeout, an aborted rollout), the job never ran and the
+    descriptors stayed open for good: 4 per cancelled read, stat and diff, and on the isolated backend
+    each kept the closed workspace's tmpfs in memory."""
+    from conftest import make_backend
+
+    backend = make_backend(kind, state_dir)
+    ws = await backend.create(backend.snapshot(str(repo)))
+    await ws.read_bytes("README.md")  # the pool's threads exist before counting
+    before = _open_fds()
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    busy = [loop.run_in_executor(None, release.wait, 30) for _ in range(64)]  # more than the pool's threads
+    calls = [asyncio.ensure_future(c) for c in (ws.read_bytes("README.md"), ws.stat("README.md"), ws.diff())]
+    await asyncio.sleep(0.1)
+    for call in calls:
+        call.cancel()
+    await asyncio.sleep(0.1)  # the cancellations reach the pool's queue before a thread is free
+    release.set()
+    await asyncio.gather(*busy)
+    for call in calls:
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    await asyncio.sleep(0.1)  # the jobs queued behind the busy ones have run (and found themselves cancelled)
+    assert _open_fds() == before
+    assert await ws.read_bytes("README.md") == b"# demo\n"  # later calls are unaffected
+    await backend.aclose()

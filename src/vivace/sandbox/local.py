@@ -26,6 +26,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -152,6 +153,20 @@ def _clear_immutable(path: Path) -> bool:
     return True
 
 
+class _Claim:
+    """Who closes a thread job's descriptors: the job, once it starts, or the event loop, when the job was
+    cancelled before it started; the first to take it, across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: str | None = None
+
+    def take(self, who: str) -> bool:
+        with self._lock:
+            self._by = self._by or who
+            return self._by == who
+
+
 def _close_opened(fut: asyncio.Future[OpenFile]) -> None:
     if not fut.cancelled() and fut.exception() is None:
         os.close(fut.result().fd)
@@ -271,8 +286,11 @@ class LocalWorkspace(TextFilesMixin):
             raise
         held = [Path(f"/proc/self/fd/{fd}") for fd in fds]
         trees = Trees(held[0], self.owner, held[1] if len(held) > 1 else None)
+        claim = _Claim()
 
         def run() -> T:
+            if not claim.take("thread"):  # cancelled before a thread got to it: the descriptors are closed
+                raise asyncio.CancelledError
             try:
                 result = fn(trees)
             except OSError as e:
@@ -286,7 +304,16 @@ class LocalWorkspace(TextFilesMixin):
                 raise WorkspaceClosedError(f"workspace {self.id} was closed during the call")
             return result
 
-        return asyncio.get_running_loop().run_in_executor(None, run)
+        def unstarted(fut: asyncio.Future) -> None:
+            # Cancelled while queued (every pool thread busy), run() never runs and would never close them:
+            # each leaked descriptor of an isolated root kept its closed workspace's tmpfs in memory.
+            if fut.cancelled() and claim.take("loop"):
+                for fd in fds:
+                    os.close(fd)
+
+        job = asyncio.get_running_loop().run_in_executor(None, run)
+        job.add_done_callback(unstarted)
+        return job
 
     async def read_bytes(self, path: str) -> bytes:
         return await self._in_thread(lambda t: t.fs.read_bytes(path))
