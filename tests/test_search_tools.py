@@ -259,6 +259,35 @@ async def test_codebase_search_answers_with_term_matches_while_the_index_is_buil
     assert "pkg/calc.py:1-6 (add)" in got.text and "still being built" not in got.text, got.text
 
 
+async def test_a_failed_first_index_build_does_not_keep_its_workspace(plain_backend, repo, monkeypatch):
+    """An episode's timeout cut the first search short and closed the workspace; the build went on and
+    failed. Kept for a retry, its traceback held the workspace: 200 such episodes kept 200 workspaces."""
+    import gc
+    import weakref
+
+    from vivace.sandbox import WorkspaceClosedError
+    from vivace.search import backend as semantic
+
+    index = semantic.HybridSearch(cache=None)
+
+    async def closed_under_it(source):
+        await asyncio.sleep(0.05)
+        raise WorkspaceClosedError("the workspace was closed during the call")
+
+    monkeypatch.setattr(index.indexer, "open", closed_under_it)
+    ws = await plain_backend.create(plain_backend.snapshot(str(repo)))
+    search = asyncio.ensure_future(index.search(ws, "add", None, 5))
+    await asyncio.sleep(0.01)
+    search.cancel()  # the tool call, cut short; the shielded build goes on
+    await asyncio.gather(search, return_exceptions=True)
+    await ws.close()
+    await asyncio.sleep(0.1)  # the build fails
+    alive = weakref.ref(ws)
+    del ws, search
+    gc.collect()
+    assert alive() is None and not index._opening.weak
+
+
 # -- the terminal display -----------------------------------------------------------------------------
 
 HOSTILE = 'y = "\x1b]0;PWNED\x07\x1b[2J\x9b31m"'

@@ -10,6 +10,7 @@ still works, as BM25 over the same chunks, and says so once in the log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -59,6 +60,12 @@ class _PerWorkspace:
         except TypeError:
             self.strong[id(ws)] = value
 
+    def pop_for(self, ws: Any) -> None:
+        try:
+            self.weak.pop(ws, None)
+        except TypeError:
+            self.strong.pop(id(ws), None)
+
 
 class HybridSearch:
     """SearchBackend (harness.tools.search) over the semantic index."""
@@ -84,7 +91,7 @@ class HybridSearch:
             opening, started = self._opening.get_for(workspace) or (None, 0.0)
             if opening is None or (opening.done() and (opening.cancelled() or opening.exception())):  # try again
                 opening, started = asyncio.ensure_future(self._open(workspace)), time.monotonic()
-                opening.add_done_callback(lambda t: t.cancelled() or t.exception())  # raised to whoever waits
+                opening.add_done_callback(functools.partial(self._settled, workspace))
                 self._opening.set_for(workspace, (opening, started))
             try:  # from the build's start: a search after one that got term matches does not wait again
                 return await asyncio.wait_for(asyncio.shield(opening), started + FIRST_BUILD_WAIT_S - time.monotonic())
@@ -96,6 +103,13 @@ class HybridSearch:
         async with state.lock:  # two searches in one turn: the second reuses the first's refresh
             await self.indexer.refresh(WorkspaceSource(workspace, self.config), state)
         return state
+
+    def _settled(self, workspace: Workspace, opening: asyncio.Task) -> None:
+        """A failed or cancelled opening is dropped (the next search tries again; its error was raised to
+        whoever waited): kept, its traceback's frames held the workspace, which never left the weak map,
+        and with it every closed workspace whose search an episode's timeout cut short."""
+        if opening.cancelled() or opening.exception() is not None:
+            self._opening.pop_for(workspace)
 
     async def _open(self, workspace: Workspace) -> TreeState:
         state = await self.indexer.open(WorkspaceSource(workspace, self.config))
