@@ -307,3 +307,21 @@ def test_hybrid_puts_the_chunk_holding_an_identifier_asked_for_above_its_near_du
             rrf[hit.path] = rrf.get(hit.path, 0.0) + 1 / (61 + rank)
     plain = [h.path for h in view.search("load settings", 7, "hybrid")]  # no identifier asked for: RRF's order
     assert plain == sorted(rrf, key=lambda p: -rrf[p])[:7] and plain[0] != "conf/v2.py"
+
+
+async def test_a_trees_lock_lives_only_while_it_is_used():
+    """Each episode's edits make a new Merkle root, and one lock per root was kept for the process's life."""
+    import asyncio
+    import gc
+
+    from vivace.search.config import SearchConfig
+    from vivace.search.tree import Indexer
+
+    indexer = Indexer(SearchConfig(), None)
+    lock = indexer._root_lock("root-1")
+    assert indexer._root_lock("root-1") is lock  # shared while it is held: one build per root at a time
+    async with lock:
+        pass
+    del lock
+    gc.collect()
+    assert not indexer._locks[asyncio.get_running_loop()]

@@ -162,7 +162,8 @@ class Indexer:
         self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> {root: Lock}
 
     def _root_lock(self, root: str) -> asyncio.Lock:
-        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
+        # Held weakly: a lock lives while someone holds or awaits it (every episode's edits make a new root).
+        locks = self._locks.setdefault(asyncio.get_running_loop(), weakref.WeakValueDictionary())
         return locks.setdefault(root, asyncio.Lock())
 
     async def open(self, source: Source, progress: Progress | None = None, share: bool = True) -> TreeState:
