@@ -58,6 +58,7 @@ from vivace.cli import (
     write_problem,
 )
 from vivace.config import VivaceConfig, load_config
+from vivace.files import write_atomic
 from vivace.model.spec import TINY_NAMES
 from vivace.rl.runs import (
     RunInUse,
@@ -67,7 +68,6 @@ from vivace.rl.runs import (
     load_run_config,
     lock_run,
     run_path,
-    write_atomic,
 )
 
 train_app = typer.Typer(help="Train the policy with RL; `train bench-pipeline` measures the rollout pipeline.")

@@ -37,6 +37,7 @@ from vivace.aio import gather_all
 from vivace.bench.results import result_rows
 from vivace.bench.score import score
 from vivace.config import VivaceConfig
+from vivace.files import write_atomic
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policies import load_policy
@@ -151,7 +152,7 @@ def start_run(out_dir: Path, settings: dict[str, Any], resume: bool = False) -> 
                 f"--resume: {out_dir} was run with other {', '.join(differ)} (see {saved}); resume it with the "
                 "same options, or give another --out"
             )
-    saved.write_text(json.dumps(settings, indent=1) + "\n")
+    write_atomic(saved, json.dumps(settings, indent=1) + "\n")  # rewritten on each --resume: never half of it
     wanted = {(m, t, k) for m in settings["models"] for t in settings["tasks"] for k in range(settings["samples"])}
     kept: dict[tuple[str, str, int], dict[str, Any]] = {}
     for r in rows:

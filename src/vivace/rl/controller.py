@@ -41,10 +41,11 @@ from torch.utils.tensorboard import SummaryWriter
 
 from vivace.bench.results import result_rows
 from vivace.config import TrainConfig, VivaceConfig
+from vivace.files import write_atomic
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
-from vivace.rl.runs import latest_checkpoint, prune_checkpoints, write_atomic
+from vivace.rl.runs import latest_checkpoint, prune_checkpoints
 from vivace.rl.trainer import failed_writes_as_oserror
 from vivace.rl.workers import RayWorkers
 from vivace.tasks.format import Task

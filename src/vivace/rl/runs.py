@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import IO
 from pydantic import ValidationError
 
 from vivace.config import VivaceConfig, validation_message
+from vivace.files import write_atomic
 from vivace.locks import Locked, lock_exclusively
 
 
@@ -139,19 +139,3 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
     for step, p in dirs:
         if step < complete[-keep]:
             shutil.rmtree(p)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """`path` holds `text` whole or keeps what it held: written beside it, then renamed over it, so a
-    kill mid-write leaves no truncated file (a state.json that `latest_checkpoint` would take, half a
-    metrics.jsonl)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

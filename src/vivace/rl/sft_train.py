@@ -49,6 +49,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from vivace.files import write_atomic
 from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, pack_episodes, row_tokens
 
 __all__ = [
@@ -591,7 +592,7 @@ def train_sft(
             "tok_s": round(state["tokens"] / busy, 1) if busy else None, "parameters": count_parameters(model),
             "aux_loss_coef": aux_coef, **last_eval,
         }  # fmt: skip
-        (out / "sft_summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(out / "sft_summary.json", json.dumps(result, indent=2) + "\n")  # `sft ship` reads it
         return result
 
     try:

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from vivace.files import write_atomic
 from vivace.sandbox.base import SandboxError
 from vivace.sandbox.paths import copy_sparse
 
@@ -162,7 +163,7 @@ def materialize(
     root = build_once(cache_dir / key, build)
     _record_use(root)  # a new snapshot's size
     if made:  # not when another process built it meanwhile: its own record is the one that holds
-        _write_atomically(newest, _pointer(key, made[0].now))
+        write_atomic(newest, _pointer(key, made[0].now))
     return Snapshot(key=key, root=root, source=source, built=True, unreadable=tuple(sorted(set(unreadable))))
 
 
@@ -218,15 +219,6 @@ def _pointer(key: str, copied: dict[str, tuple[int, int, int]]) -> bytes:
     but NUL may be in a name)."""
     records = (b"%d %d %d " % ids + os.fsencode(rel) + b"\0" for rel, ids in copied.items())
     return key.encode() + b"\n" + b"".join(records)
-
-
-def _write_atomically(path: Path, data: str | bytes) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
-    os.replace(tmp, path)
 
 
 def _copy_dir(src: Path, dest: Path, reuse: _Reuse, skip: set[str], unreadable: list[str]) -> None:
@@ -392,7 +384,7 @@ def _relink_submodules(src: Path, dest: Path, git_dirs: list[Path]) -> None:
             continue  # through a symlink: out of the snapshot
         relinked = f"gitdir: {os.path.relpath(copy, dest / rel)}\n"
         if relinked != text:
-            _write_atomically(dot_git, relinked)  # a new file: the old one may be linked from an older snapshot
+            write_atomic(dot_git, relinked)  # a new file: the old one may be linked from an older snapshot
         if _git_config(str(copy / "config"), "--get", "core.worktree"):
             _git_config(str(copy / "config"), "core.worktree", os.path.relpath(dest / rel, copy))
 

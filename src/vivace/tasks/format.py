@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vivace.files import write_atomic
 from vivace.sandbox.base import check_env
 from vivace.sandbox.snapshot import SnapshotSource
 
@@ -292,7 +293,7 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 def save_jsonl(tasks: list[Task], path: str | Path) -> None:
     """Writes tasks one per line (repository paths stay as given: keep them absolute or bundled)."""
-    Path(path).write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+    write_atomic(Path(path), "".join(t.model_dump_json() + "\n" for t in tasks))  # a kill leaves no half a file
 
 
 _NOT_REGULAR = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket",

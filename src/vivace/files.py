@@ -1,0 +1,24 @@
+"""Files that a crash cannot leave half-written. No heavy imports: every command may use it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """`path` holds `data` whole or keeps what it held: written and flushed to disk beside it, then renamed
+    over it, so a kill or power loss mid-write leaves no truncated file (a state.json that
+    `latest_checkpoint` would take, half a run.json that `--resume` cannot read). The name beside it is
+    unique, so writers in several processes never share one."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
