@@ -277,6 +277,21 @@ def test_the_shipped_tiny_is_checked_against_its_recorded_sha256(ckpt, monkeypat
     load_model(str(other))  # another directory is not checked against the (absent) shipped record
 
 
+def test_a_ship_cut_short_is_refused_not_taken_for_the_untrained_model(ckpt, monkeypatch):
+    """`sft ship` removed the shipped checkpoint, then renamed the new one in: killed between the two,
+    `--model tiny` silently became the seeded untrained model. Now the old one goes aside first, and a
+    missing tiny with a whole one beside it is refused with what to do."""
+    import vivace.model.spec as spec
+
+    shipped = ckpt.parent / "tiny"
+    monkeypatch.setattr(spec, "TINY_DIR", shipped)
+    ckpt.rename(shipped.with_name("tiny.old"))  # killed after the old one went aside, before the new one came in
+    with pytest.raises(ValueError, match=r"tiny checkpoint is missing and .*tiny.old holds one: `vivace sft ship` "):
+        load_model("tiny")
+    shipped.with_name("tiny.old").rename(shipped)
+    load_model("tiny")
+
+
 def test_weights_stored_in_another_dtype_than_config_json_says_warn(ckpt):
     def f16(h):
         for name, t in h.items():

@@ -710,8 +710,15 @@ def ship_checkpoint(source: str | Path, dest: Path = TINY_DIR, dtype: torch.dtyp
         "sft_summary": json.loads(summary.read_text()) if summary.is_file() else None,
     }
     (tmp / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
+    # The old one aside, the new one in, then the old one removed: a kill at any point leaves a whole
+    # checkpoint at dest or beside it (spec.initialised refuses a missing one with one beside it), where
+    # removing dest first and then renaming left `--model tiny` the untrained model, silently.
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
     tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
     return record
 
 

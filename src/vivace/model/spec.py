@@ -14,8 +14,16 @@ TINY_NAMES = ("tiny", TINY_INIT)  # the specs with the tiny preset's architectur
 
 def initialised(spec: str) -> bool:
     """Whether `spec` names a freshly initialised model rather than a checkpoint: `tiny-init`, or `tiny`
-    where no trained checkpoint is shipped."""
-    return spec == TINY_INIT or (spec == "tiny" and not (TINY_DIR / "config.json").is_file())
+    where no trained checkpoint is shipped. ValueError where `vivace sft ship` was cut short."""
+    if spec == TINY_INIT:
+        return True
+    if spec != "tiny" or (TINY_DIR / "config.json").is_file():
+        return False
+    for left in (TINY_DIR.with_name("tiny.old"), TINY_DIR.with_name("tiny.new")):
+        if (left / "config.json").is_file():  # the untrained model in its place would pass for it
+            raise ValueError(f"the shipped tiny checkpoint is missing and {left} holds one: `vivace sft ship` was "
+                             f"cut short; move {left} to {TINY_DIR}, or ship again")  # fmt: skip
+    return True
 
 
 def model_dir(spec: str) -> Path:
