@@ -674,11 +674,41 @@ async def test_a_failed_write_puts_the_old_content_back(tmp_path, monkeypatch, r
     report = await export_changes(ws, diff, repo, base=snapshot)
     assert report.applied == ["b.txt"] and list(report.left) == ["a.txt"]
     assert (repo / "b.txt").read_bytes() == b"new " * 2000
+    aside = [p for p in os.listdir(repo) if ".vivace-old-" in p]
     if restore_fails:
         assert report.left["a.txt"].startswith("LEFT HALF-WRITTEN") and "No space" in report.left["a.txt"]
+        assert aside == [f".a.txt.vivace-old-{os.getpid()}"] and aside[0] in report.left["a.txt"]
+        assert (repo / aside[0]).read_bytes() == b"old " * 1000  # kept for the user: named in the report
     else:
         assert report.left["a.txt"] == "not written: [Errno 28] No space left on device"
         assert (repo / "a.txt").read_bytes() == b"old " * 1000
+        assert not aside
+
+
+def test_a_kill_mid_write_leaves_the_old_content_beside_the_file(tmp_path, monkeypatch):
+    """SIGKILL (or power loss) in the middle of writing a file over its old content: the old content
+    was only in a temporary file gone with the process, so a killed --apply cut a 160 MB file to its
+    first MiB for good. It is on disk beside the file until the write is done."""
+    repo, snapshot, ws, diff = _agent_ran(
+        tmp_path, {"a.txt": b"old " * 5000}, lambda work: (work / "a.txt").write_bytes(b"new " * 9000)
+    )
+    real = apply_mod._write_at
+
+    def killed(fd: int, data: bytes, offset: int) -> None:
+        real(fd, data[:100], offset)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    pid = os.fork()
+    if pid == 0:  # the apply, in a child that dies mid-write
+        monkeypatch.setattr(apply_mod, "_write_at", killed)
+        try:
+            asyncio.run(export_changes(ws, diff, repo, base=snapshot))
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert (repo / "a.txt").read_bytes() != b"old " * 5000  # half-written: what a crash does in place
+    assert (repo / f".a.txt.vivace-old-{pid}").read_bytes() == b"old " * 5000
 
 
 def test_a_ctrl_c_during_a_write_lands_after_it(tmp_path, monkeypatch):

@@ -12,8 +12,9 @@ Symlinks the agent made are written as links (git's mode 120000), but only those
 place inside the repository (`_link_refused`): an absolute one (`/workspace/x` is the sandbox's
 mount point, meaningless here) or one leading out is left, and so are special files.
 
-Not covered: atomicity against a crash or power loss in the middle of a file (see `_overwrite`),
-and a developer's save landing between the check against the snapshot and the write (a window
+Not covered: atomicity against a crash or power loss in the middle of a file (see `_overwrite`;
+the old content of the file being written is then on disk beside it, `.NAME.vivace-old-PID`, and
+the files before it are written, those after it not), and a developer's save landing between the check against the snapshot and the write (a window
 of microseconds per file). A link the developer already had whose target holds `..` after a name
 (`u -> m/..`) may lead elsewhere once the apply makes `m` a link; links it writes never do.
 """
@@ -34,6 +35,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import IO
 
 from vivace.sandbox.base import FileStat, NotAFileError, PathEscapeError, SandboxError, WorkspaceFileNotFound
 from vivace.sandbox.diff import changed_paths, header_path
@@ -353,18 +355,18 @@ def _write_file(target: ConfinedFS, rel: str, data: bytes | OpenFile, executable
         except FileNotFoundError:
             _create(dfd, name, data, 0o777 if executable else 0o666)
             return
-    try:
-        st = os.fstat(pfd)
-        if stat_mod.S_ISLNK(st.st_mode):  # swapped in after `_make_room`
-            raise PathEscapeError(f"{rel!r} changed while resolving")
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise NotAFileError(f"{rel!r} is not a regular file")
-        mode = stat_mod.S_IMODE(st.st_mode)
-        if mode_changed:  # as git sets them: x where r, or none
-            mode = (mode | (mode & 0o444) >> 2 | 0o100) if executable else mode & ~0o111
-        _overwrite(pfd, data, mode)
-    finally:
-        os.close(pfd)
+        try:
+            st = os.fstat(pfd)
+            if stat_mod.S_ISLNK(st.st_mode):  # swapped in after `_make_room`
+                raise PathEscapeError(f"{rel!r} changed while resolving")
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise NotAFileError(f"{rel!r} is not a regular file")
+            mode = stat_mod.S_IMODE(st.st_mode)
+            if mode_changed:  # as git sets them: x where r, or none
+                mode = (mode | (mode & 0o444) >> 2 | 0o100) if executable else mode & ~0o111
+            _overwrite(pfd, data, mode, dfd, name)
+        finally:
+            os.close(pfd)
 
 
 def _write_link(target: ConfinedFS, rel: str, to: bytes) -> None:
@@ -400,19 +402,19 @@ def _create(dfd: int, name: str, data: bytes | OpenFile, mode: int) -> None:
         raise
 
 
-def _overwrite(pfd: int, data: bytes | OpenFile, mode: int) -> None:
-    """Make the regular file `pfd` (an O_PATH descriptor) hold `data` and have permission bits `mode`.
+def _overwrite(pfd: int, data: bytes | OpenFile, mode: int, dfd: int, name: str) -> None:
+    """Make the regular file `pfd` (an O_PATH descriptor; `name` in directory `dfd`) hold `data` and have
+    permission bits `mode`.
 
     In place, not by renaming a new file over it: a rename gives the path a new inode, so another
     hard link keeps the old content, and the new file has the writer's owner, the directory's
     default ACL and SELinux label and none of the old one's extended attributes; in the user's own
     repository those are theirs to keep. The price is atomicity: a reader during the write may see
     old and new bytes mixed, and so may everyone after a crash (power loss, SIGKILL) in the middle.
-    Every failure short of that leaves the old content: it is copied aside first (memory, or a
-    temporary file past MAX_READ_BYTES) and put back if a write fails (disk full, quota, I/O error),
-    and the caller holds Ctrl-C meanwhile. (A copy of the *new* content written first would not
-    help: it is whole in memory, or a file in the workspace, already; what a failed in-place write
-    destroys is the old one.)"""
+    So the old content is copied aside first (`_kept_aside`: beside the file, on disk, where a crash
+    leaves it for the user), put back if a write fails (disk full, quota, I/O error), and the caller
+    holds Ctrl-C meanwhile. (A copy of the *new* content written first would not help: it is whole in
+    memory, or a file in the workspace, already; what a failed in-place write destroys is the old one.)"""
     proc = f"/proc/self/fd/{pfd}"  # this very inode: no path is walked again
     was = stat_mod.S_IMODE(os.fstat(pfd).st_mode)
     try:
@@ -430,9 +432,7 @@ def _overwrite(pfd: int, data: bytes | OpenFile, mode: int) -> None:
                 raise PermissionError(errno.EPERM, "its mode is not yours to change (another user's file)") from None
         if fd is None:
             fd = os.open(proc, os.O_RDWR | os.O_CLOEXEC)
-        with tempfile.SpooledTemporaryFile(max_size=MAX_READ_BYTES) as old:
-            while chunk := os.read(fd, 1 << 20):
-                old.write(chunk)
+        with _kept_aside(fd, dfd, name) as old:
             try:
                 os.ftruncate(fd, _write_all(fd, data))
             except BaseException as e:
@@ -445,6 +445,47 @@ def _overwrite(pfd: int, data: bytes | OpenFile, mode: int) -> None:
                 os.chmod(proc, after)
         if fd is not None:
             os.close(fd)
+
+
+@contextmanager
+def _kept_aside(fd: int, dfd: int, name: str) -> Iterator[IO[bytes]]:
+    """The old content of `fd`, copied before it is written over. Beside it as `.NAME.vivace-old-PID`,
+    flushed to disk, and removed once the block ends, unless it ends with the file half-written
+    (`_HalfWritten` then names it): a SIGKILL or power loss mid-write leaves it there, where the
+    160 MB file a killed `--apply` cut to 1 MiB had its old content only in a temporary file gone with
+    the process. Where the directory cannot hold it (not writable, full), a temporary file as before."""
+    aside = f".{name[:200]}.vivace-old-{os.getpid()}"
+    old: IO[bytes]
+    try:
+        afd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    except OSError:
+        old, aside = tempfile.SpooledTemporaryFile(max_size=MAX_READ_BYTES), ""
+    else:
+        old = os.fdopen(afd, "w+b")
+        try:
+            copy_sparse(fd, afd, os.fstat(fd).st_size)
+            os.fsync(afd)
+        except OSError:
+            old.close()
+            os.unlink(aside, dir_fd=dfd)
+            old, aside = tempfile.SpooledTemporaryFile(max_size=MAX_READ_BYTES), ""
+    keep = False
+    try:
+        if not aside:
+            os.lseek(fd, 0, os.SEEK_SET)
+            while chunk := os.read(fd, 1 << 20):
+                old.write(chunk)
+        yield old
+    except _HalfWritten as e:
+        keep = bool(aside)
+        if keep:
+            raise _HalfWritten(f"{e}; its old content is in {aside} beside it") from e.__cause__
+        raise
+    finally:
+        old.close()
+        if aside and not keep:
+            with suppress(OSError):
+                os.unlink(aside, dir_fd=dfd)
 
 
 def _put_back(fd: int, old, error: BaseException) -> None:
