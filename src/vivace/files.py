@@ -22,3 +22,20 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def sync_tree(root: Path) -> None:
+    """Flush every file under `root`, and the directories holding them, to disk: what a marker written after
+    it (a checkpoint's state.json) vouches for must survive a power loss too, not only a kill."""
+    for here, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(here, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(here, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

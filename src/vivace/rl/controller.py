@@ -28,6 +28,7 @@ ranks), or in this process (`LocalWorkers`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 import random
@@ -41,7 +42,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from vivace.bench.results import result_rows
 from vivace.config import TrainConfig, VivaceConfig
-from vivace.files import write_atomic
+from vivace.files import sync_tree, write_atomic
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
@@ -423,6 +424,7 @@ async def _checkpoint(
         torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
     state = {"step": step, "data_position": pipeline.position, "pending": pipeline.pending_positions(),
              "order": order.state()}  # fmt: skip
+    await asyncio.to_thread(sync_tree, path)  # on disk before state.json says it is complete (a power loss)
     write_atomic(path / "state.json", json.dumps(state))  # written last, whole or not at all: complete
     if keep is not None:
         prune_checkpoints(run_dir, keep)

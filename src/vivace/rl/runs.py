@@ -138,4 +138,5 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         return
     for step, p in dirs:
         if step < complete[-keep]:
+            (p / "state.json").unlink(missing_ok=True)  # first: a kill mid-delete leaves no "complete" husk
             shutil.rmtree(p)
