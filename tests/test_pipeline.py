@@ -298,6 +298,27 @@ async def test_resume_reopens_groups_opened_but_not_trained(tmp_path):
     assert set(trained) | set(final["pending"]) == set(range(final["data_position"]))
 
 
+async def test_a_resume_replaces_the_recomputed_steps_in_tensorboard(tmp_path):
+    """Killed after step 3 with its last checkpoint at step 2, the run recomputes step 3: metrics.jsonl was
+    cut back, but TensorBoard showed both the killed run's step 3 and the new one."""
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_preset("smoke", train={"steps": 3, "tasks_per_step": 2, "group_size": 2, "checkpoint_every": 2,
+                                      "runs_dir": str(tmp_path / "runs")})  # fmt: skip
+    run_dir = new_run_dir(cfg, "killed")
+    await train_run(cfg, run_dir, ScriptedWorkers(seed=6), [])
+    shutil.rmtree(run_dir / "checkpoints" / "step_3")  # the kill came before step 3's checkpoint
+    await train(cfg, run_dir, resume=True, tasks=tasks(), workers=ScriptedWorkers(seed=7))
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    steps = [e.step for e in board.Scalars("reward_mean")]
+    assert steps == [1, 2, 3]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert board.Scalars("reward_mean")[-1].value == pytest.approx(metrics[-1]["reward_mean"])
+
+
 async def test_time_budget_stops_after_a_step_with_a_checkpoint(tmp_path):
     """`max_minutes` ends the run after the step that leaves no room for another: fewer steps than
     asked, the last one checkpointed (resumable), and the summary says why it stopped."""

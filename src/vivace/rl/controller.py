@@ -258,7 +258,9 @@ async def train(
     # A checkpoint from before replay existed has no order state: its fresh tasks end at its position.
     order = TaskOrder(tasks, tc.seed, tc.replay, tc.replay_limit, state.get("order") or {"fresh": position})
     workers = workers or RayWorkers(cfg, episode)
-    board = SummaryWriter(str(run_dir / "tensorboard"))
+    # A resumed run recomputes the steps after its checkpoint: TensorBoard drops the killed run's events
+    # of those steps (from step purge_step on), as _truncate_metrics drops their metrics rows.
+    board = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start + 1 if resume else None)
     pipeline = None
     try:
         try:
