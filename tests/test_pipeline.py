@@ -1073,6 +1073,7 @@ def test_resume_refuses_a_directory_it_cannot_write(tmp_path, monkeypatch):
 def test_state_json_and_metrics_are_whole_or_untouched_when_a_write_is_cut(tmp_path, monkeypatch):
     """A kill between writing and renaming leaves no truncated state.json (latest_checkpoint would take
     it) and the old metrics.jsonl, not part of it."""
+    import vivace.files as files
     import vivace.rl.controller as controller
     import vivace.rl.runs as runs
 
@@ -1090,7 +1091,7 @@ def test_state_json_and_metrics_are_whole_or_untouched_when_a_write_is_cut(tmp_p
         raise KeyboardInterrupt
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3)))
-    monkeypatch.setattr(runs.os, "replace", killed)
+    monkeypatch.setattr(files.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(controller._checkpoint(tmp_path, ScriptedWorkers(), 1, Pipe(), Order()))
     assert runs.latest_checkpoint(tmp_path) is None
