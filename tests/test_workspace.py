@@ -419,11 +419,7 @@ async def test_plain_setsid_daemon_holds_exec_only_briefly_and_dies_with_the_wor
     assert (r.exit_code, r.timed_out, r.stdout) == (0, False, "started\n"), r
     assert r.duration_s < 0.3 + process.DRAIN_S + 1.5, r
     assert _procs_with(f"sleep {nonce}"), "the daemon should still run: nothing kills it before close"
-    await plain_ws.close()
-    deadline = time.monotonic() + 3
-    while _procs_with(f"sleep {nonce}") and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert _procs_with(f"sleep {nonce}") == []
+    await _close_and_see_gone(plain_ws, f"sleep {nonce}")
 
 
 async def test_plain_setsid_daemon_deeper_than_path_max_dies_with_the_workspace(plain_ws):
@@ -435,11 +431,16 @@ async def test_plain_setsid_daemon_deeper_than_path_max_dies_with_the_workspace(
     r = await plain_ws.exec(f'setsid python3 -c "{daemon}" >/dev/null 2>&1 </dev/null & sleep 1; echo started')
     assert r.stdout == "started\n", r
     assert _procs_with(f"sleep {nonce}"), "the daemon should be running"
-    await plain_ws.close()
+    await _close_and_see_gone(plain_ws, f"sleep {nonce}")
+
+
+async def _close_and_see_gone(ws, command: str) -> None:
+    """Close `ws`, then expect no process running `command` within 3 s (killed, reaped by init)."""
+    await ws.close()
     deadline = time.monotonic() + 3
-    while _procs_with(f"sleep {nonce}") and time.monotonic() < deadline:
+    while _procs_with(command) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert _procs_with(f"sleep {nonce}") == []
+    assert _procs_with(command) == []
 
 
 def test_confined_recursive_remove_of_a_deep_tree_never_follows_links(tmp_path):
