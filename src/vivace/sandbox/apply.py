@@ -14,8 +14,8 @@ mount point, meaningless here) or one leading out is left, and so are special fi
 
 Not covered: atomicity against a crash or power loss in the middle of a file (see `_overwrite`;
 the old content of the file being written is then on disk beside it, `.NAME.vivace-old-PID`, and
-the files before it are written, those after it not), and a developer's save landing between the check against the snapshot and the write (a window
-of microseconds per file). A link the developer already had whose target holds `..` after a name
+the files before it are written, those after it not), and a developer's save landing between the
+check against the snapshot and the write (a window of microseconds per file). A link the developer already had whose target holds `..` after a name
 (`u -> m/..`) may lead elsewhere once the apply makes `m` a link; links it writes never do.
 """
 
@@ -455,37 +455,42 @@ def _kept_aside(fd: int, dfd: int, name: str) -> Iterator[IO[bytes]]:
     160 MB file a killed `--apply` cut to 1 MiB had its old content only in a temporary file gone with
     the process. Where the directory cannot hold it (not writable, full), a temporary file as before."""
     aside = f".{name[:200]}.vivace-old-{os.getpid()}"
-    old: IO[bytes]
-    try:
-        afd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-    except OSError:
-        old, aside = tempfile.SpooledTemporaryFile(max_size=MAX_READ_BYTES), ""
-    else:
-        old = os.fdopen(afd, "w+b")
-        try:
-            copy_sparse(fd, afd, os.fstat(fd).st_size)
-            os.fsync(afd)
-        except OSError:
-            old.close()
-            os.unlink(aside, dir_fd=dfd)
-            old, aside = tempfile.SpooledTemporaryFile(max_size=MAX_READ_BYTES), ""
+    old = _copied_beside(fd, dfd, aside)
+    if old is None:
+        aside, old = "", tempfile.SpooledTemporaryFile(max_size=MAX_READ_BYTES)
+        os.lseek(fd, 0, os.SEEK_SET)
+        while chunk := os.read(fd, 1 << 20):
+            old.write(chunk)
     keep = False
     try:
-        if not aside:
-            os.lseek(fd, 0, os.SEEK_SET)
-            while chunk := os.read(fd, 1 << 20):
-                old.write(chunk)
         yield old
     except _HalfWritten as e:
-        keep = bool(aside)
-        if keep:
-            raise _HalfWritten(f"{e}; its old content is in {aside} beside it") from e.__cause__
-        raise
+        if not aside:
+            raise
+        keep = True
+        raise _HalfWritten(f"{e}; its old content is in {aside} beside it") from e.__cause__
     finally:
         old.close()
         if aside and not keep:
             with suppress(OSError):
                 os.unlink(aside, dir_fd=dfd)
+
+
+def _copied_beside(fd: int, dfd: int, aside: str) -> IO[bytes] | None:
+    """`fd`'s content in a new file `aside` of directory `dfd`, on disk (holes kept); None where it cannot be."""
+    try:
+        afd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    except OSError:
+        return None
+    copy = os.fdopen(afd, "w+b")
+    try:
+        copy_sparse(fd, afd, os.fstat(fd).st_size)
+        os.fsync(afd)
+    except OSError:
+        copy.close()
+        os.unlink(aside, dir_fd=dfd)
+        return None
+    return copy
 
 
 def _put_back(fd: int, old, error: BaseException) -> None:
