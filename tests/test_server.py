@@ -336,6 +336,47 @@ async def test_max_live_holds_for_the_whole_server_however_the_source_is_spelled
         server.stop()
 
 
+async def test_a_server_fed_many_repositories_keeps_only_the_snapshots_in_use(tmp_path, monkeypatch):
+    """Every source a server ever saw kept a pool (with its warm workspaces) and a claim on its snapshot
+    for the server's life, so the cache could evict none of them: a server for RL over many
+    repositories filled the disk. Idle pools past the few kept now go, and their claims with them."""
+    from vivace.sandbox import server as server_mod
+
+    monkeypatch.setattr(server_mod, "IDLE_POOLS_KEPT", 1)
+    repos = []
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f.txt").write_text(name)
+        repos.append(str(tmp_path / name))
+    backend = make_backend("plain" if ISOLATION_PROBLEM else "isolated", tmp_path / "state")
+    server = BackgroundServer(create_app(backend, PoolConfig(warm=1), "t", own_backend=True)).start()
+
+    def claimed() -> int:  # snapshots claimed (the isolated backend's claim on its /etc aside)
+        return sum(not p.name.startswith("uses-etc-") for p in backend.owner_dir.glob("uses-*"))
+
+    try:
+        async with EnvClient(server.url, "t") as c:
+            for repo in repos:
+                burst = [asyncio.ensure_future(c.create(repo)) for _ in range(4)]
+                await asyncio.sleep(0.01)
+                burst[0].cancel()  # a client hanging up while its snapshot is being made
+                made = [
+                    w for w in await asyncio.gather(*burst, return_exceptions=True) if not isinstance(w, BaseException)
+                ]
+                assert [await w.read_text("f.txt") for w in made] == [Path(repo).name] * len(made)
+                for w in made:
+                    await w.close()
+            deadline = time.monotonic() + 10
+            while (len((await c.metrics())["pools"]), claimed()) != (1, 1) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # a cancelled create's workspace is closed by the server when made
+            metrics = await c.metrics()
+            assert (len(metrics["pools"]), metrics["live"], claimed()) == (1, 0, 1)  # the last pool, kept warm
+            assert metrics["pools"][0]["warm"] <= 1
+    finally:
+        server.stop()
+    assert not backend.owner_dir.exists()
+
+
 async def test_client_rejects_a_success_that_is_not_the_servers(tmp_path):
     """Another service on the port, or a proxy's login page, answers 200: a SandboxError, not a KeyError."""
     bodies = {"html": (b"<html>login</html>", "text/html"), "json": (b'{"hello": 1}', "application/json")}

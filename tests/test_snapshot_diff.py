@@ -433,6 +433,65 @@ async def test_backend_never_evicts_a_snapshot_in_use(tmp_path, monkeypatch):
         await other.aclose()
 
 
+def _claims(backend) -> set[str]:
+    return {p.name.removeprefix("uses-") for p in backend.owner_dir.glob("uses-*")}
+
+
+async def test_a_released_snapshot_is_evicted_once_its_last_workspace_is_closed(tmp_path, monkeypatch):
+    """A backend claimed every snapshot it made until it ended, so an RL run or environment server over
+    many repositories kept them all from the cache's eviction. A snapshot is claimed until released
+    and while a workspace of it lives; then the next build's eviction may take it."""
+    monkeypatch.setattr(local_mod, "evict", functools.partial(evict, max_bytes=0, min_idle_s=0))
+    backend = make_backend("plain", tmp_path / "state")
+    try:
+        first = backend.snapshot(_source(tmp_path, "first"))
+        twice = backend.snapshot(SnapshotSource(str(tmp_path / "first")))  # a second claim on it
+        ws = await backend.create(first)
+        backend.release(first)
+        backend.release(twice)  # the caller is done with it; its workspace is not
+        assert _claims(backend) == {first.key}
+        backend.snapshot(_source(tmp_path, "second"))  # a build: evicts what nothing uses
+        assert first.root.is_dir() and await ws.read_text("f.txt") == "first" * 1000
+        await ws.close()
+        assert first.key not in _claims(backend)
+        backend.snapshot(_source(tmp_path, "third"))
+        assert not first.root.exists()
+        with pytest.raises(RuntimeError, match="released more often"):
+            backend.release(first)
+    finally:
+        await backend.aclose()
+
+
+async def test_episodes_leave_no_snapshot_claimed(tmp_path):
+    """Every episode (bench and RL rollouts: run_task) gives its snapshot back when its workspace closes."""
+    from vivace.harness.policies import NullPolicy
+    from vivace.tasks.format import Task
+
+    tasks = []
+    for name in ("one", "two"):
+        repo = tmp_path / name
+        (repo / "pkg").mkdir(parents=True)
+        (repo / "pkg" / "calc.py").write_text(f"NAME = {name!r}\n")
+        hidden = "def test_name():\n    assert False\n"
+        tasks.append(Task.model_validate({"id": name, "request": "fix it", "repo": {"path": str(repo)},
+                                          "tests": {"fail_to_pass": ["tests/test_n.py::test_name"],
+                                                    "files": {"tests/test_n.py": hidden}}}))  # fmt: skip
+    from vivace.bench.runner import run_task
+    from vivace.config import load_preset
+    from vivace.sandbox import open_backend
+
+    cfg = load_preset("default", sandbox={"backend": "plain", "state_dir": str(tmp_path / "state")})
+    backend = open_backend(cfg.sandbox)
+    seen = []
+    try:
+        for task in tasks:
+            await run_task(NullPolicy(), task, cfg, backend)
+            seen.append(_claims(backend))  # the backend lives on, as an RL run's does
+    finally:
+        await backend.aclose()
+    assert seen == [set(), set()]
+
+
 def test_a_changed_directory_is_snapshotted_again_sharing_its_unchanged_files(tmp_path):
     """A new snapshot of a directory hard-links what did not change since the last one (no second copy of
     a virtualenv), copies what did, and never links the source's own files (the developer's edits must

@@ -8,9 +8,12 @@ tests fail on the base and pass once the fix is written.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shlex
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -751,3 +754,31 @@ def test_cli_swebench_repo_config(swe, tmp_path):
         message = " ".join(result.output.split())
         assert result.exit_code == 2 and str(config) in message and said in message, message
         assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_patched_trees_are_a_cache_the_least_recently_used_leave(tmp_path, monkeypatch):
+    """A task with a patch has its starting tree built once under the state directory; those trees were
+    kept forever (a copy of the repository per generated task). Past the cache's size the least
+    recently used go at the next build, and one that went is built again, the same, when next used."""
+    from vivace.sandbox import snapshot as snapshot_mod
+    from vivace.tasks.generate import unified_diff
+
+    monkeypatch.setattr(snapshot_mod, "evict", functools.partial(snapshot_mod.evict, max_bytes=0, min_idle_s=60))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("X = 0\n")
+    tasks = [fmt.RepoSpec(path=str(repo), patch=unified_diff("calc.py", "X = 0\n", f"X = {n}\n")) for n in (1, 2)]
+    state = tmp_path / "state"
+
+    def tree(task: fmt.RepoSpec) -> Path:
+        path = Path(task.source(cache_dir=state).path)
+        past = time.time() - 120  # then idle for two minutes
+        os.utime(path.parent / f"{path.name}.used", (past, past))
+        return path
+
+    first = tree(tasks[0])
+    assert (first / "calc.py").read_text() == "X = 1\n"
+    second = tree(tasks[1])
+    assert (second / "calc.py").read_text() == "X = 2\n" and not first.exists()  # the older one went
+    assert tree(tasks[0]) == first and (first / "calc.py").read_text() == "X = 1\n"
+    assert not second.exists() and [p.name for p in (state / "task-trees").iterdir() if p.is_dir()] == [first.name]

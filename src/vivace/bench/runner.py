@@ -275,7 +275,10 @@ async def run_task(
         snapshot = await asyncio.to_thread(lambda: backend.snapshot(task.source(cache_dir=cfg.sandbox.state_dir)))
     except (SandboxError, OSError, ValueError) as e:  # and TaskFormatError: a missing path or commit, a bad patch
         raise TaskError(f"the task's repository cannot be had: {e}") from e
-    ws = await backend.create(snapshot)
+    try:
+        ws = await backend.create(snapshot)
+    finally:
+        backend.release(snapshot)  # the workspace holds its own claim: the cache may evict it once closed
     if task.env:
         ws = WithEnv(ws, task.env)
     try:

@@ -4,7 +4,8 @@ State directory layout (one per machine, shared by every process):
 
     snapshots/<key>/            materialised base snapshots (see snapshot.py)
     owners/<pid>-<start>-<nonce>/<ws>/  live workspaces of one backend instance
-    owners/<pid>-<start>-<nonce>/uses-<key>  a snapshot it handed out: never evicted meanwhile
+    owners/<pid>-<start>-<nonce>/uses-<key>  a snapshot it handed out and not yet released, or with
+                                             a live workspace: never evicted meanwhile
     etc/                        the sandbox's synthetic /etc files (isolated backend)
 
 A process that dies without cleaning up (SIGKILL, OOM, power loss of a container) leaves
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +49,7 @@ from vivace.sandbox.base import (
 from vivace.sandbox.diff import tree_diff
 from vivace.sandbox.linux import mounts_under, process_start_time, umount
 from vivace.sandbox.paths import MAX_READ_BYTES, ConfinedFS, OpenFile, rmtree_at
-from vivace.sandbox.snapshot import Snapshot, SnapshotSource, checkout_prefix, evict, materialize
+from vivace.sandbox.snapshot import CLAIM_PREFIX, Snapshot, SnapshotSource, checkout_prefix, claim, evict, materialize
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +397,10 @@ class LocalBackend(abc.ABC):
         self.metrics = SandboxMetrics()
         self.live: dict[str, LocalWorkspace] = {}
         self._ids = itertools.count()
+        # Uses of each snapshot: claims handed out by `snapshot`/`hold` and not yet released, and live
+        # workspaces. Its `uses-<key>` file exists while the count is above zero.
+        self._claims: Counter[str] = Counter()
+        self._claims_lock = threading.Lock()
         for d in (self.state, self.state / "owners", self.state / "snapshots"):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state / "owners", 0o700)
@@ -404,9 +410,12 @@ class LocalBackend(abc.ABC):
 
     # -- snapshots and workspaces ----------------------------------------------------------
     def snapshot(self, source: SnapshotSource | str) -> Snapshot:
+        """The cached snapshot of `source`, claimed: the cache does not evict it until `release` (or
+        the backend's end), nor while a workspace of it is alive. A long-lived caller making snapshots
+        of many sources (RL over many repositories, the environment server) releases each when done,
+        or the cache can never evict any of them."""
         if isinstance(source, str):
             source = SnapshotSource(path=source)
-        # The claim lasts this backend's life: its pools may make workspaces of it at any time.
         try:
             snap = materialize(source, self.state / "snapshots", self.file_owner, holder=self.owner_dir,
                                exclude=self.state)  # fmt: skip
@@ -419,6 +428,7 @@ class LocalBackend(abc.ABC):
                 raise
             raise SandboxError(f"snapshot source {source.path!r} holds a path too long for this system ({e.filename!r:.120}"
                                "...); shorten or remove it, or snapshot a git commit or a tarball without it") from None  # fmt: skip
+        self._hold(snap.key)
         if not snap.built:  # the cache grows only when a snapshot is built: nothing to evict
             return snap
         try:
@@ -430,10 +440,38 @@ class LocalBackend(abc.ABC):
                 log.info("evicted %d least recently used snapshots from the cache", len(evicted))
         return snap
 
+    def hold(self, snapshot: Snapshot) -> None:
+        """One more claim on `snapshot` (one that `snapshot` handed out, still held), for `release`."""
+        self._hold(snapshot.key)
+
+    def release(self, snapshot: Snapshot) -> None:
+        """Give back one claim that `snapshot` or `hold` took. The last one gone (and no workspace of
+        it alive), the cache may evict it once it has been idle long enough."""
+        with self._claims_lock:
+            left = self._claims[snapshot.key] - 1
+            if left < 0:
+                raise RuntimeError(f"snapshot {snapshot.key} released more often than it was claimed")
+            if left:
+                self._claims[snapshot.key] = left
+                return
+            del self._claims[snapshot.key]
+            (self.owner_dir / f"{CLAIM_PREFIX}{snapshot.key}").unlink(missing_ok=True)
+
+    def _hold(self, key: str) -> None:
+        with self._claims_lock:
+            self._claims[key] += 1
+            if self._claims[key] == 1:  # a last release may have removed the file `materialize` made
+                claim(self.state / "snapshots", self.owner_dir, key)
+
     async def create(self, snapshot: Snapshot) -> LocalWorkspace:
         ws_id = f"w{next(self._ids)}"
         t0 = time.perf_counter()
-        root = await self._create(ws_id, snapshot, self.owner_dir / ws_id)
+        self._hold(snapshot.key)  # the workspace's own: its tree reads the snapshot until it is destroyed
+        try:
+            root = await self._create(ws_id, snapshot, self.owner_dir / ws_id)
+        except BaseException:
+            self.release(snapshot)
+            raise
         ws = LocalWorkspace(self, ws_id, snapshot, root, self.file_owner)
         self.live[ws_id] = ws
         self.metrics.created += 1
@@ -443,6 +481,7 @@ class LocalBackend(abc.ABC):
     async def destroy(self, ws: LocalWorkspace) -> None:
         self.live.pop(ws.id, None)
         await asyncio.to_thread(self._destroy, ws.id, self.owner_dir / ws.id)
+        self.release(ws.snapshot)  # not when it failed: what is left of the tree may still read the snapshot
 
     async def aclose(self) -> None:
         """Destroy every workspace this backend still holds, all at once: each close may wait up to

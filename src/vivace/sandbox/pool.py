@@ -45,7 +45,9 @@ class WorkspacePool:
         self, backend: LocalBackend, snapshot: Snapshot | SnapshotSource | str, config: PoolConfig | None = None
     ):
         self.backend = backend
-        self.snapshot = snapshot if isinstance(snapshot, Snapshot) else backend.snapshot(snapshot)
+        # Given a source, the pool claims its snapshot itself and releases it when closed.
+        self._claimed = not isinstance(snapshot, Snapshot)
+        self.snapshot = backend.snapshot(snapshot) if self._claimed else snapshot
         self.config = config or PoolConfig()
         self._live = asyncio.Semaphore(self.config.max_live)
         self._creating = asyncio.Semaphore(self.config.create_concurrency)
@@ -128,9 +130,15 @@ class WorkspacePool:
 
     async def close(self) -> None:
         """Destroy the warm workspaces; workspaces handed out are closed by their holders."""
+        if self._closed:
+            return
         self._closed = True
-        for task in list(self._refills):
-            task.cancel()
-        await asyncio.gather(*self._refills, return_exceptions=True)
-        while not self._warm.empty():
-            await self._warm.get_nowait().close()
+        try:
+            for task in list(self._refills):
+                task.cancel()
+            await asyncio.gather(*self._refills, return_exceptions=True)
+            while not self._warm.empty():
+                await self._warm.get_nowait().close()
+        finally:
+            if self._claimed:
+                self.backend.release(self.snapshot)

@@ -51,6 +51,7 @@ import socket
 import sys
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qsl
 
@@ -341,21 +342,39 @@ class TokenGate:
         return False
 
 
+IDLE_POOLS_KEPT = 8  # pools with no workspace out kept ready (warm workspaces and all) for their source
+
+
+@dataclass
+class _Flight:
+    """One snapshot being made for the creates that asked for it at once."""
+
+    fut: asyncio.Future[Snapshot]
+    waiters: int = 0
+    released: bool = False  # its claim given back
+
+
 class Registry:
     """Pools and live workspaces of one app; only touched from the server's event loop."""
 
     def __init__(self, backend: LocalBackend, pool_config: PoolConfig) -> None:
         self.backend = backend
         self.pool_config = pool_config
-        self.pools: dict[tuple[str, SnapshotSource], WorkspacePool] = {}
+        # Pools by (snapshot, source), least recently used first. A pool with no workspace out and no
+        # create under way is idle; past IDLE_POOLS_KEPT idle ones the oldest goes, with its warm
+        # workspaces and its claim on the snapshot, so that a server fed many repositories does not keep
+        # every snapshot it ever made from the cache's eviction.
+        self.pools: OrderedDict[tuple[str, SnapshotSource], WorkspacePool] = OrderedDict()
+        self._users: dict[tuple[str, SnapshotSource], int] = {}  # per pool: workspaces out and creates under way
         self.workspaces: dict[str, LocalWorkspace] = {}
+        self._pool_of: dict[str, tuple[str, SnapshotSource]] = {}
         # pool.max_live for the whole server: each pool caps only its own source, and a client could
         # make a pool per spelling of one path ("repo/", "./repo", kind "dir") and pass any cap.
         self.live = asyncio.Semaphore(pool_config.max_live)
         self.waiting = 0  # creates waiting for a slot
         # Closed ids are remembered (bounded) so a late request says "closed", not "unknown".
         self.recently_closed: OrderedDict[str, None] = OrderedDict()
-        self._inflight: dict[SnapshotSource, asyncio.Future[Snapshot]] = {}
+        self._inflight: dict[SnapshotSource, _Flight] = {}
         self.stopping = False  # set by `drain`: new creates and execs are refused
         self.stop_now = asyncio.Event()  # set once the grace is over: running ones are cancelled
         self.running: set[asyncio.Future[Any]] = set()  # creates and execs in progress
@@ -376,44 +395,85 @@ class Registry:
         self.stop_now.set()
 
     async def snapshot(self, source: SnapshotSource) -> Snapshot:
-        # Single flight: a burst of creates for one source hashes and copies the tree once.
-        fut = self._inflight.get(source)
-        if fut is None:
-            fut = asyncio.ensure_future(self._materialize(source))
-            self._inflight[source] = fut
-            fut.add_done_callback(lambda f: self._settled(source, f))
-        return await asyncio.shield(fut)  # a client hanging up must not cancel the others' wait
+        """The snapshot of `source`, claimed for the caller, who releases it (`backend.release`)."""
+        # Single flight: a burst of creates for one source hashes and copies the tree once. The flight's
+        # one claim is shared: each waiter takes its own, and the last to leave gives the flight's back.
+        flight = self._inflight.get(source)
+        if flight is None:
+            flight = self._inflight[source] = _Flight(asyncio.ensure_future(self._materialize(source)))
+            flight.fut.add_done_callback(lambda f: self._settled(source, flight))
+        flight.waiters += 1
+        try:
+            snapshot = await asyncio.shield(flight.fut)  # a client hanging up must not cancel the others' wait
+            self.backend.hold(snapshot)
+            return snapshot
+        finally:
+            flight.waiters -= 1
+            self._give_back(flight)
 
-    def _settled(self, source: SnapshotSource, fut: asyncio.Future[Snapshot]) -> None:
-        self._inflight.pop(source, None)
-        if not fut.cancelled():
-            fut.exception()  # retrieved: no "never retrieved" noise when every waiter left
+    def _settled(self, source: SnapshotSource, flight: _Flight) -> None:
+        if self._inflight.get(source) is flight:
+            del self._inflight[source]
+        if not flight.fut.cancelled():
+            flight.fut.exception()  # retrieved: no "never retrieved" noise when every waiter left
+        self._give_back(flight)  # every waiter may have left (hung up) before it was done
+
+    def _give_back(self, flight: _Flight) -> None:
+        """Release the flight's own claim once it is done and its last waiter has taken its own."""
+        fut = flight.fut
+        if flight.waiters or flight.released or not fut.done() or fut.cancelled() or fut.exception():
+            return
+        flight.released = True
+        self.backend.release(fut.result())
 
     async def _materialize(self, source: SnapshotSource) -> Snapshot:
         return await asyncio.to_thread(self.backend.snapshot, source)  # hashing a tree blocks
 
     async def create(self, source: SnapshotSource) -> str:
         snapshot = await self.snapshot(source)
-        self.waiting += 1
         try:
-            await self.live.acquire()  # waits while max_live workspaces are alive; close releases it
-        finally:
-            self.waiting -= 1
-        try:
+            self.waiting += 1
+            try:
+                await self.live.acquire()  # waits while max_live workspaces are alive; close releases it
+            finally:
+                self.waiting -= 1
             # By source too: a workspace's diff may read it (`enclosing_ignore_rules`), and two sources of
             # the same content share the snapshot, not what it was asked for as.
-            pool = self.pools.get((snapshot.key, source))
+            key = (snapshot.key, source)
+            pool = self.pools.get(key)
             if pool is None:
-                pool = self.pools[snapshot.key, source] = WorkspacePool(self.backend, snapshot, self.pool_config)
-            ws = await pool.acquire()
-        except BaseException:
-            self.live.release()
-            raise
+                pool = self.pools[key] = WorkspacePool(self.backend, snapshot, self.pool_config)
+                self.backend.hold(snapshot)  # the pool's, for its warm workspaces; released when it goes
+            self.pools.move_to_end(key)
+            self._users[key] = self._users.get(key, 0) + 1
+            try:
+                ws = await pool.acquire()
+            except BaseException:
+                self.live.release()
+                await self._left(key)
+                raise
+        finally:
+            self.backend.release(snapshot)  # the workspace, if made, holds its own
         # Backend ids restart with every process; the random suffix keeps a stale client
         # from reaching a newer server's workspace of the same number.
         ws_id = f"{ws.id}-{secrets.token_hex(4)}"
         self.workspaces[ws_id] = ws
+        self._pool_of[ws_id] = key
         return ws_id
+
+    async def _left(self, key: tuple[str, SnapshotSource]) -> None:
+        """One user of pool `key` is gone: close the least recently used idle pools past the few kept."""
+        self._users[key] -= 1
+        if self._users[key]:
+            return
+        del self._users[key]
+        idle = [k for k in self.pools if k not in self._users]
+        for k in idle[: max(0, len(idle) - IDLE_POOLS_KEPT)]:
+            pool = self.pools.pop(k)
+            try:
+                await pool.close()
+            finally:
+                self.backend.release(pool.snapshot)
 
     def get(self, ws_id: str) -> LocalWorkspace:
         ws = self.workspaces.get(ws_id)
@@ -434,11 +494,16 @@ class Registry:
             await ws.close()
         finally:
             self.live.release()
+            await self._left(self._pool_of.pop(ws_id))
 
     async def aclose(self) -> None:
         await asyncio.gather(*(self.close(i) for i in list(self.workspaces)), return_exceptions=True)
-        for pool in self.pools.values():
-            await pool.close()
+        while self.pools:
+            _, pool = self.pools.popitem()
+            try:
+                await pool.close()
+            finally:
+                self.backend.release(pool.snapshot)
 
     def metrics(self) -> dict[str, Any]:
         return {

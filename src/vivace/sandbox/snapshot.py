@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import posixpath
 import re
@@ -59,6 +60,8 @@ from vivace.sandbox.base import SandboxError
 from vivace.sandbox.paths import copy_sparse
 
 SourceKind = Literal["dir", "tar", "git"]
+
+log = logging.getLogger(__name__)
 
 # Enough for a training run's working set (hundreds of small task repos, or a few dozen
 # ~100 MB SWE-bench checkouts) to stay cached, while `vivace agent` on a repo that changes
@@ -439,6 +442,23 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def cached_tree(cache_dir: Path, key: str, build: Callable[[Path], None]) -> Path:
+    """Directory `cache_dir/key`, made with `build(tmp)` on first use (as `build_once`) and kept as a
+    cache: each use is recorded, and a build evicts the least recently used trees past the cache's
+    size (`evict`, without claims: a tree is read only while it is being snapshotted, well within
+    the idle time that spares it). What task-trees use: one per patched task was kept forever."""
+    target = cache_dir / key
+    built = not target.is_dir()
+    build_once(target, build)
+    _record_use(target)
+    if built:
+        try:
+            evict(cache_dir, ())
+        except OSError as e:  # a full cache must not stop the work it caches
+            log.warning("could not evict old trees from %s: %s", cache_dir, e)
     return target
 
 

@@ -187,7 +187,7 @@ class Task(_Strict):
 def _patched_tree(base: SnapshotSource, patch: str, cache_dir: Path) -> Path:
     """The base tree with `patch` applied, built once per content (the base snapshot's key is
     content-derived, so a changed source or a moved branch gives a new tree)."""
-    from vivace.sandbox.snapshot import build_once, materialize
+    from vivace.sandbox.snapshot import cached_tree, materialize
 
     snap = materialize(base, cache_dir / "snapshots")
     key = hashlib.sha256(f"{snap.key}\0{patch}".encode()).hexdigest()[:24]
@@ -199,7 +199,7 @@ def _patched_tree(base: SnapshotSource, patch: str, cache_dir: Path) -> Path:
         if done.returncode != 0:
             raise TaskFormatError(f"repo.patch does not apply to {base.path}: {done.stderr.decode().strip()}")
 
-    return build_once(cache_dir / "task-trees" / key, build)
+    return cached_tree(cache_dir / "task-trees", key, build)
 
 
 def _plain_name(name: str) -> bool:
