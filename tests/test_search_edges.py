@@ -535,3 +535,27 @@ def test_files_in_legacy_encodings_are_indexed_as_their_words(tmp_path):
     hit = state.view.search("zèbre", 3, "bm25")[0]
     assert hit.path == "win.ps1" and "function Get-Résumé {" in hit.snippet
     assert [h.path for h in state.view.search("déjà", 3, "bm25")][:1] == ["plain.py"]
+
+
+def test_saved_bases_past_the_cache_size_go_least_recently_used_first(tmp_path, monkeypatch):
+    """Every snapshot an agent searched saved a base (~30 MB for a large repository) and none was ever
+    removed: an RL run over many repositories grew the cache without bound. Past the size, the least
+    recently used go, except one used within the idle time or named by a directory's record."""
+    from vivace.search import store as store_mod
+    from vivace.search.store import BaseStore
+
+    monkeypatch.setattr(store_mod, "MIN_IDLE_S", 60.0)
+    monkeypatch.setattr(store_mod, "MAX_BASES_BYTES", 0)
+    store = BaseStore(None, tmp_path / "cache", capacity=1)
+    bases = tmp_path / "cache" / "bases"
+    recorded, old, used_again = (BaseIndex.build({f"{n}.py": f"def {n}():\n    return 1\n"}, None) for n in "abc")
+    for base in (used_again, recorded, old):  # `old` last: the one in memory
+        store.put(base)
+        hour_ago = time.time() - 3700
+        os.utime(bases / base.root, (hour_ago, hour_ago))
+    store.set_last_root(tmp_path, recorded.root)  # `vivace index build` of a directory
+    assert store.get(used_again.root) is not None  # from disk (capacity 1: not in memory): used now
+    newest = BaseIndex.build({"d.py": "def d():\n    return 1\n"}, None)
+    store.put(newest)
+    assert sorted(p.name for p in bases.iterdir()) == sorted([recorded.root, used_again.root, newest.root])
+    assert store.get(old.root) is None  # gone: it is rebuilt when next searched

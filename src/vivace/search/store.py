@@ -10,11 +10,13 @@ for that directory (`vivace index build`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +25,14 @@ from vivace.search.embed import EmbeddingCache
 from vivace.search.index import BaseIndex, discard_base
 
 log = logging.getLogger(__name__)
+
+# Saved bases past this size go, least recently used first (a base of a 3,400-file repository holds
+# ~30 MB): an RL run or a developer's agent over many repositories saved one per snapshot searched,
+# and none was ever removed. One used within MIN_IDLE_S stays whatever the size, as does one a
+# directory's record names (`vivace index build`).
+MAX_BASES_BYTES = 4 << 30
+MIN_IDLE_S = 3600.0
+_ROOT = re.compile(r"[0-9a-f]{8,64}")
 
 
 class BaseStore:
@@ -49,6 +59,7 @@ class BaseStore:
         dim = self.cache.embedder.dim if self.cache is not None else None
         base = BaseIndex.load(self.dir / "bases" / root, self.model, dim)
         if base is not None and base.root == root:
+            _mark_used(self.dir / "bases" / root)
             self._remember(base)
             return base
         return None
@@ -59,8 +70,34 @@ class BaseStore:
         if self.dir is not None:
             try:
                 base.save(self.dir / "bases" / base.root)
+                _mark_used(self.dir / "bases" / base.root)
+                self.prune()
             except OSError as e:  # a read-only or full cache disk costs a rebuild later, never a failed search
                 log.warning("search cache: could not save the index under %s: %s", self.dir / "bases", e)
+
+    def prune(self) -> list[str]:
+        """Remove saved bases, least recently used first, until they hold at most MAX_BASES_BYTES; spares
+        those used within MIN_IDLE_S and those a directory's record names. Returns the roots removed."""
+        bases = self.dir / "bases" if self.dir is not None else None
+        if bases is None or not bases.is_dir():
+            return []
+        entries = []
+        for entry in os.scandir(bases):
+            if _ROOT.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):  # removed meanwhile
+                    entries.append((*_usage(Path(entry.path)), entry.name))
+        total = sum(size for _, size, _ in entries)
+        removed = []
+        now = time.time()
+        for last_use, size, root in sorted(entries):
+            if total <= MAX_BASES_BYTES or now - last_use < MIN_IDLE_S:
+                break
+            if self._recorded(root):
+                continue
+            discard_base(bases / root)
+            removed.append(root)
+            total -= size
+        return removed
 
     def saved(self, root: str) -> bool:
         """Whether the base of `root` is on disk, for other processes to reuse."""
@@ -137,3 +174,15 @@ class BaseStore:
             except OSError:
                 continue
         return False
+
+
+def _mark_used(directory: Path) -> None:
+    """Note that the saved base was used now (its directory's mtime), for `prune`'s order."""
+    with contextlib.suppress(OSError):  # removed meanwhile, or a read-only cache
+        os.utime(directory)
+
+
+def _usage(directory: Path) -> tuple[float, int]:
+    """(last use, bytes) of a saved base: a base is its directory's few files."""
+    size = sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(directory))
+    return directory.stat().st_mtime, size
