@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 
@@ -119,3 +120,45 @@ async def test_close_waits_for_an_exec_ending_its_cancellation(kind, repo, state
     assert done_at_destroy == [True]
     assert task.cancelled()
     assert not backend.owner_dir.exists()
+
+
+@pytest.mark.parametrize("kind", ["plain", "isolated"])
+def test_killing_a_command_never_reaps_it_from_under_the_child_watcher(kind, repo, state_dir, monkeypatch, caplog):
+    """`proc.kill()` polls first (Popen.send_signal: waitpid WNOHANG). The isolated backend kills the
+    sandbox's init, so bwrap has just exited when it is killed in turn: that poll reaped it before
+    asyncio's child watcher, which logged "Unknown child process pid N, will report returncode 255"
+    (a rare `make test` failure; a message on the console of a Ctrl-C'd run). Here the watcher is
+    held back until the cancelled exec has killed everything, so the poll always wins the race."""
+    backend = make_backend(kind, state_dir)
+    gate = threading.Event()
+    real_waitpid = os.waitpid
+
+    def held_waitpid(pid, options):  # asyncio's watcher threads wait here; other callers do not
+        if threading.current_thread() is not threading.main_thread() and options == 0:
+            gate.wait(10)
+        return real_waitpid(pid, options)
+
+    async def main() -> None:
+        ws = await backend.create(backend.snapshot(str(repo)))
+        monkeypatch.setattr(os, "waitpid", held_waitpid)
+        mark = f"32.{time.time_ns()}"
+        task = asyncio.create_task(ws.exec(f"sleep {mark}"))
+        deadline = time.monotonic() + 20
+        while not marked_pids(mark):
+            assert time.monotonic() < deadline and not task.done(), "the command did not start"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.sleep(0.5)  # the kill has run; the launcher is a zombie the watcher has not reaped
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        monkeypatch.setattr(os, "waitpid", real_waitpid)
+        await ws.close()
+
+    caplog.set_level(logging.WARNING, "asyncio")
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+        asyncio.run(backend.aclose())
+    assert not [m for m in caplog.messages if "Unknown child process" in m], caplog.messages

@@ -62,7 +62,7 @@ from vivace.sandbox.local import (
     toolchain_dirs,
 )
 from vivace.sandbox.paths import WORKSPACE_MOUNT
-from vivace.sandbox.process import run_capped
+from vivace.sandbox.process import kill_process, run_capped
 from vivace.sandbox.seccomp import keyring_filter
 from vivace.sandbox.snapshot import Snapshot, build_once, claim, evict_replaced
 
@@ -343,10 +343,7 @@ class IsolatedBackend(LocalBackend):
                 with contextlib.suppress(OSError):
                     namespaces.add(os.readlink(f"/proc/{child}/ns/pid"))
                     os.kill(int(child), signal.SIGKILL)
-            try:
-                proc.kill()
-            except ProcessLookupError:
-                pass
+            kill_process(proc)  # bwrap, which has likely just exited: not proc.kill() (see there)
             if children is None:
                 self.cgroups.kill_all(name)
             for namespace in namespaces:  # returns once the namespace's processes are gone

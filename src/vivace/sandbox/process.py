@@ -224,8 +224,7 @@ async def _kill_and_reap(
         while proc.returncode is None:
             if time.monotonic() > deadline:  # `kill` failed to end it: end the process itself
                 deadline = float("inf")
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                kill_process(proc)
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0.01)
         # Closes the pipes, which a process that escaped the kill may hold: wait() waits for them.
@@ -264,6 +263,16 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
+
+
+def kill_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process unless it is known to have ended. Not `proc.kill()`: Python's
+    Popen.send_signal first polls (waitpid WNOHANG), which reaps a process that has just exited from
+    under asyncio's child watcher; the watcher then logs "Unknown child process pid N, will report
+    returncode 255". Until the watcher reaps it, the pid stays this process's, zombie or not."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
 
 
 def kill_process_group(proc: asyncio.subprocess.Process) -> None:
