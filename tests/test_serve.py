@@ -499,7 +499,7 @@ def test_serve_stops_promptly_with_streams_open(signals):
                 got += reading.recv(65536)
         took = time.monotonic() - start
         assert proc.poll() is not None, "still running 15 s after the signal"
-        assert took < 8, f"took {took:.1f} s to exit"
+        assert took < 5, f"took {took:.1f} s to exit"  # 5.7-7.7 s after a Ctrl-C before gc.freeze (the teardown)
         errors = proc.stderr.read()
         assert "Traceback" not in errors and "CancelledError" not in errors, errors
         if len(signals) == 1:  # stopped gracefully: the reader was told why its reply ended
