@@ -673,23 +673,53 @@ def test_completion_logprobs_name_parts_of_characters_by_their_bytes(served):
     and the tokens of one character share its text_offset, as OpenAI's do; every choice of n."""
     engine, client = served
     says(engine, TEXT)
-    r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": 2, "n": 2, "max_tokens": 99})
-    assert r.status_code == 200, r.text
-    for choice in r.json()["choices"]:
-        assert choice["text"] == TEXT + "<|im_end|>"
-        assert_legacy_logprobs(choice, engine.ids)
-        tokens, offsets = choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
-        assert sum(t.startswith("bytes:") for t in tokens) >= 6
-        assert b"".join(map(spelled, tokens)).decode() == choice["text"]
-        world = [t for t, at in zip(tokens, offsets, strict=True) if at == TEXT.index("世")]
-        assert world == ["bytes:\\xe4", "bytes:\\xb8", "bytes:\\x96"]  # 世 is e4 b8 96
-        for t, at in zip(tokens, offsets, strict=True):  # a whole token's text is where its offset says
-            assert t.startswith("bytes:") or choice["text"][at : at + len(t)] == t
-        for top, t in zip(choice["logprobs"]["top_logprobs"], engine.ids, strict=True):
-            assert [spelled(k) for k in top] == [TokenBytes(CHAT.tokenizer)(x) for x, _ in alternatives(t, 2)]
-            assert "\ufffd" not in "".join(top)
+    for skip in (False, True):  # the end token is never text (as vLLM's), whether special tokens are skipped or not
+        r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": 2, "n": 2,
+                                                 "max_tokens": 99, "skip_special_tokens": skip})  # fmt: skip
+        assert r.status_code == 200, r.text
+        for choice in r.json()["choices"]:
+            assert choice["text"] == TEXT
+            assert_legacy_logprobs(choice, engine.ids)
+            tokens, offsets = choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+            assert sum(t.startswith("bytes:") for t in tokens) >= 6
+            assert b"".join(map(spelled, tokens)).decode() == TEXT + "<|im_end|>"  # tokens name every id
+            world = [t for t, at in zip(tokens, offsets, strict=True) if at == TEXT.index("世")]
+            assert world == ["bytes:\\xe4", "bytes:\\xb8", "bytes:\\x96"]  # 世 is e4 b8 96
+            for t, at in zip(tokens, offsets, strict=True):  # a whole token's text is where its offset says
+                shown = t != "<|im_end|>"  # the end token takes no text: its offset is the text's end
+                assert t.startswith("bytes:") or choice["text"][at : at + len(t)] == (t if shown else "")
+            for top, t in zip(choice["logprobs"]["top_logprobs"], engine.ids, strict=True):
+                assert [spelled(k) for k in top] == [TokenBytes(CHAT.tokenizer)(x) for x, _ in alternatives(t, 2)]
+                assert "\ufffd" not in "".join(top)
     official = openai_client(client).completions.create(model="m", prompt=[1, 2], logprobs=2, max_tokens=99)
     assert official.choices[0].logprobs.model_dump() == r.json()["choices"][0]["logprobs"]
+
+
+def test_special_tokens_are_left_out_of_the_text_unless_asked_for(served):
+    """A sampled <|im_start|> or <|endoftext|> came back in the content and the /v1/completions text, which
+    vLLM leaves out (`skip_special_tokens`, true by default); and with `ignore_eos` a stream held the
+    <|endoftext|> its whole reply dropped. Now the special tokens but the tool markup are left out of every
+    reply the same way, whole, streamed and completed, unless `skip_special_tokens` is false."""
+    engine, client = served
+    for text, extra in (("one<|im_start|>two <tool_response>three", {}),  # an end token would end it here
+                        ("one<|im_start|>two<|endoftext|>three", {"ignore_eos": True})):  # fmt: skip
+        says(engine, text)
+        extra |= {"max_tokens": len(engine.ids)}
+        for skip in (True, False):
+            shown = text if not skip else text.replace("<|im_start|>", "").replace("<|endoftext|>", "")
+            shown += "<|im_end|>" if "ignore_eos" in extra and not skip else ""  # an ignored end token is text
+            body = {"skip_special_tokens": skip, **extra}
+            one = whole(client, **body)
+            assert one["message"]["content"] == shown, (skip, extra)
+            assert_same_reply(one, streamed_choice(client, **body))
+            r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], **body})
+            assert r.json()["choices"][0]["text"] == shown
+    raw = {"skip_special_tokens": False, "include_stop_str_in_output": True}  # what HttpSampler asks for
+    r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], **raw})
+    assert r.json()["choices"][0]["text"] == "one<|im_start|>two<|endoftext|>three<|im_end|>"  # every token
+    for option in ({"min_tokens": 5}, {"include_stop_str_in_output": True, "stop": "x"}):  # were ignored
+        r = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, **option})
+        assert r.status_code == 400 and "not supported" in r.json()["error"]["message"], r.text
 
 
 # -- incremental detokenization ---------------------------------------------------------------------------
@@ -733,7 +763,7 @@ def test_stop_strings_across_split_characters(served, stop):
     assert_same_reply(one, choice)
     assert not any("\ufffd" in d for d in choice["deltas"])
     r = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "stop": stop, "max_tokens": 100})
-    assert r.json()["choices"][0]["text"] == (expected if stop in TEXT else TEXT + "<|im_end|>")  # raw tokens
+    assert r.json()["choices"][0]["text"] == (expected if stop in TEXT else TEXT)  # the end token skipped
     sampled = r.json()["choices"][0]["token_ids"]  # up to the token that completed the stop string
     assert_legacy_logprobs(r.json()["choices"][0], sampled)
 

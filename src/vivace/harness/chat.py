@@ -189,6 +189,12 @@ class ChatFormat:
         self._end_tags = tuple(dict.fromkeys((self.end_of_turn, END_OF_TEXT, *stops.values())))
         self._tag_of_id = {vocab[t]: t for t in SPECIAL_TOKENS if t in vocab}
         self._tag_of_id.update(stops)
+        # What a served reply's text leaves out (vLLM's skip_special_tokens): the end tokens and the
+        # tokenizer's special tokens, but not the tool markup replies are parsed from (special in
+        # vivace's tokenizer, plain added tokens in Qwen's).
+        markup = {vocab.get(t) for t in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)}
+        special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        self.special_ids = frozenset((special - markup) | set(self.stop_ids))
         # Tags this tokenizer has no token for can only be generated as text, so parse finds them there.
         text_tags = [t for t in SPECIAL_TOKENS if t not in vocab]
         self._text_tag_re = re.compile("(" + "|".join(map(re.escape, text_tags)) + ")") if text_tags else None

@@ -44,6 +44,7 @@ class Job:
     params: SamplingParams
     stops: list[str] = field(default_factory=list)  # stop strings: the reply ends before the first
     top_logprobs: int = 0  # alternatives to report per sampled token
+    hidden: frozenset[int] = frozenset()  # ids the reply's text leaves out (special tokens, end tokens)
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,17 @@ class Output:
     # Ended by a stop string: how many sampled ids spell the text before it (Reading.covering); the
     # rest spell some of the stop string, which the reply leaves out. None: all of them.
     kept: int | None = None
+    hidden: frozenset[int] = frozenset()  # the job's: ids the text leaves out
 
     @property
     def ids(self) -> list[int]:
         return self.forced + self.completion.token_ids
+
+    def text(self, chat: ChatFormat) -> str:
+        """The reply's text: before the stop string, else the decode of its ids but the hidden ones."""
+        if self.cut is not None:
+            return self.cut
+        return chat.decode([t for t in self.ids if t not in self.hidden])
 
     @property
     def reply_output(self) -> list[int] | str:
@@ -74,7 +82,7 @@ class Reading:
 
     def __init__(self, chat: ChatFormat, job: Job):
         self.job = job
-        self.detok = Detokenizer(chat.decode, set(job.params.stop_token_ids))
+        self.detok = Detokenizer(chat.decode, job.hidden)
         self.pieces = [self.detok.add(t) for t in job.forced]
         self.floor = sum(map(len, self.pieces))  # stop strings are searched for after the forced text
         self.length = self.floor  # the text's length so far
@@ -108,10 +116,10 @@ class Reading:
     def output(self, done: Completion | None, version: int) -> Output:
         """The engine's completion when it ended the choice, else the choice cut at a stop string."""
         if done is not None:
-            return Output(done, self.job.forced, None, self.top)
+            return Output(done, self.job.forced, None, self.top, hidden=self.job.hidden)
         completion = Completion(list(self.ids), list(self.logprobs), "stop", version)
         text = "".join(self.pieces)[: self.cut]
-        return Output(completion, self.job.forced, text, self.top, self.covering(self.cut))
+        return Output(completion, self.job.forced, text, self.top, self.covering(self.cut), self.job.hidden)
 
     def covering(self, upto: int | None) -> int:
         """How many of the sampled ids spell text wholly before `upto` (a stop string's start; None:
@@ -129,7 +137,7 @@ async def generate(engine: AsyncEngine, chat: ChatFormat, job: Job) -> Output:
     """Runs one choice to its end: a stop token, the token limit or (read as it streams) a stop string."""
     if not job.stops:
         done = await engine.generate(job.prompt, job.params, top_logprobs=job.top_logprobs)
-        return Output(done, job.forced, None, getattr(done, "top", ()))
+        return Output(done, job.forced, None, getattr(done, "top", ()), hidden=job.hidden)
     reading = Reading(chat, job)
     tokens = engine.stream(job.prompt, job.params, top_logprobs=job.top_logprobs)
     try:
@@ -166,7 +174,7 @@ class Shape:
 def reply(chat: ChatFormat, out: Output, shape: Shape) -> tuple[dict[str, Any], str]:
     """The assistant message and finish reason of a generated choice; the streamed reply ends the same."""
     output, finish_reason = out.reply_output, out.completion.finish_reason
-    text = output if isinstance(output, str) else chat.decode([t for t in output if t not in chat.stop_ids])
+    text = out.text(chat)
     if not shape.tools:
         return {"role": "assistant", "content": text.strip() or None}, "length" if finish_reason == "length" else "stop"
     message, _ = chat.parse(output, finish_reason=finish_reason)
@@ -228,7 +236,7 @@ def completion_logprobs(chat: ChatFormat, out: Output, text: str, alternatives: 
     logprobs: dict[str, Any] = {
         "tokens": [completion_token(chat, t) for t in ids],
         "token_logprobs": out.completion.logprobs,
-        "text_offset": text_offsets(chat, ids, text),
+        "text_offset": text_offsets(chat, ids, text, out.hidden),
     }
     if alternatives:
         logprobs["top_logprobs"] = [top_by_token(chat, alts) for alts in out.top]
@@ -254,15 +262,16 @@ def top_by_token(chat: ChatFormat, alternatives: TopLogprobs) -> dict[str, float
     return entry
 
 
-def text_offsets(chat: ChatFormat, ids: Sequence[int], text: str) -> list[int]:
-    """Where each token begins in `text`, the decode of `ids` or the part of it before a stop
-    string: the character its first byte is part of, so the tokens of one character share its
-    offset (as OpenAI's do), and a token past the end of `text` gets len(text)."""
-    pieces = [token_bytes(chat.tokenizer)(t) for t in ids]
-    if b"".join(pieces).decode(errors="replace") == chat.decode(ids):  # byte-level BPE: always
+def text_offsets(chat: ChatFormat, ids: Sequence[int], text: str, hidden: frozenset[int] = frozenset()) -> list[int]:
+    """Where each token begins in `text`, the decode of `ids` (but the `hidden` ones, which take no
+    text) or the part of it before a stop string: the character its first byte is part of, so the
+    tokens of one character share its offset (as OpenAI's do), and a token past the end of `text`
+    gets len(text)."""
+    pieces = [b"" if t in hidden else token_bytes(chat.tokenizer)(t) for t in ids]
+    if b"".join(pieces).decode(errors="replace") == chat.decode([t for t in ids if t not in hidden]):  # byte-level BPE
         offsets = _byte_offsets(pieces)
     else:  # a tokenizer whose single-token decode loses text (SentencePiece's leading space)
-        offsets = _delta_offsets(chat, ids)
+        offsets = _delta_offsets(chat, ids, hidden)
     return [min(at, len(text)) for at in offsets]
 
 
@@ -287,11 +296,11 @@ def _byte_offsets(pieces: Sequence[bytes]) -> list[int]:
     return offsets
 
 
-def _delta_offsets(chat: ChatFormat, ids: Sequence[int]) -> list[int]:
+def _delta_offsets(chat: ChatFormat, ids: Sequence[int], hidden: frozenset[int]) -> list[int]:
     """Each token's offset as the length of the text before the delta it completes: exact, but for
     a token after a U+FFFD (invalid UTF-8), which the detokenizer holds back with that token, so
     the token is placed at the U+FFFD."""
-    detok = Detokenizer(chat.decode)
+    detok = Detokenizer(chat.decode, hidden)
     offsets, length = [], 0
     for t in ids:
         offsets.append(length)

@@ -19,7 +19,10 @@ Endpoints:
   config names), as vLLM's does, and at any `stop_token_ids`; `ignore_eos: true` (vLLM's option)
   ends it only at `stop_token_ids`, `stop` or `max_tokens`. Without `max_tokens` (or chat's
   `max_completion_tokens`) a chat reply has at most 1,024 tokens and a completion 16, OpenAI's legacy
-  default; vLLM's `top_k` is honoured, its `repetition_penalty` and `min_p` refused.
+  default; vLLM's `top_k` is honoured, its `repetition_penalty`, `min_p` and `min_tokens` refused.
+- The text (content, completion text) leaves out special tokens (`skip_special_tokens`, vLLM's option,
+  true by default), but not the tool-call markup, and the end token that ended it unless
+  `include_stop_str_in_output` (for stop tokens; refused with `stop` strings); streamed and whole alike.
 - GET /v1/models, GET /v1/models/{model} (404 for another name; the card has vLLM's max_model_len),
   GET /health, GET /metrics (tokens/s, batch occupancy, queue).
 
@@ -184,6 +187,16 @@ class _Body(BaseModel):
     ignore_eos: bool = False  # generate past the model's end tokens
     repetition_penalty: float = 1.0
     min_p: float = 0.0
+    skip_special_tokens: bool = True  # the reply's text leaves out special tokens (not the tool markup)
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+
+    def hidden_ids(self, chat: ChatFormat) -> frozenset[int]:
+        """The ids a choice's text leaves out: special tokens unless `skip_special_tokens` is false, and
+        then the end token that ends it unless `include_stop_str_in_output` (HttpSampler's raw text)."""
+        if self.skip_special_tokens:
+            return chat.special_ids
+        return frozenset() if self.ignore_eos or self.include_stop_str_in_output else frozenset(chat.stop_ids)
 
     def stop_ids(self, chat: ChatFormat) -> list[int]:
         """The ids that end a choice: `stop_token_ids`, and the model's end tokens unless `ignore_eos`."""
@@ -206,6 +219,10 @@ class _Body(BaseModel):
             raise ApiError(400, "logit_bias is not supported here; leave it out")
         if self.repetition_penalty != 1.0 or self.min_p:
             raise ApiError(400, "repetition_penalty and min_p are not supported here; leave them at 1 and 0")
+        if self.min_tokens:
+            raise ApiError(400, "min_tokens is not supported here; leave it at 0")
+        if self.include_stop_str_in_output and self.stop:
+            raise ApiError(400, "include_stop_str_in_output is not supported with `stop` strings, only for stop tokens")
 
 
 class ChatBody(_Body):
@@ -416,7 +433,8 @@ def create_app(
             )
 
         stops = body.stops()
-        return [Job(prompt + forced, forced, params(i), stops, top) for i in range(body.n)]
+        hidden = body.hidden_ids(chat)
+        return [Job(prompt + forced, forced, params(i), stops, top, hidden) for i in range(body.n)]
 
     async def run(request: Request, todo: list[Job]) -> list[Output]:
         """Generates every choice while the client waits; a client that leaves cancels them."""
@@ -477,7 +495,7 @@ def create_app(
         choices = []
         for i, out in enumerate(outs):
             done = out.completion
-            text = chat.decode(done.token_ids) if out.cut is None else out.cut
+            text = out.text(chat)
             choices.append({
                 "index": i,
                 "text": text,
