@@ -1242,3 +1242,12 @@ def test_a_silent_stream_sends_keep_alive_comments_that_clients_skip(monkeypatch
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("prompt", [["one", "two"], [[1, 2], [3]]], ids=["strings", "id-lists"])
+def test_a_batch_of_prompts_is_refused_as_one(served, prompt):
+    """OpenAI's /v1/completions takes a list of prompts; refused here with pydantic's raw "prompt.list[int].0:
+    Input should be a valid integer", which did not say a batch was the problem."""
+    _, client = served
+    r = client.post("/v1/completions", json={"model": "m", "prompt": prompt})
+    assert r.status_code == 400 and "one prompt per request" in r.json()["error"]["message"], r.text

@@ -99,7 +99,7 @@ import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vivace.aio import cancel_and_wait
@@ -281,6 +281,18 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: list[int] | str
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        """A batch (a list of strings or of id lists, which OpenAI takes) is named as such, not as a
+        list whose first item is not an int."""
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+            raise ValueError(
+                "one prompt per request here (a string or a list of token ids): send a batch as separate requests, or use `n` for samples of one prompt"
+            )
+        return prompt
+
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
