@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -296,6 +297,14 @@ async def test_resume_reopens_groups_opened_but_not_trained(tmp_path):
     final = json.loads((run_dir / "checkpoints" / "step_6" / "state.json").read_text())
     assert set(trained).isdisjoint(final["pending"])  # nothing opened is lost: trained or still pending
     assert set(trained) | set(final["pending"]) == set(range(final["data_position"]))
+    # The resumed run appends its attempts to the timeline: each line says which run it is of (the first
+    # run's attempts of steps 1-3 came twice, told apart by nothing, after a kill and a resume).
+    timeline = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
+    sessions = list(dict.fromkeys(t["session"] for t in timeline))
+    assert len(sessions) == 2 and sessions[0] < sessions[1]
+    for session in sessions:
+        outcomes = Counter(t["outcome"] for t in timeline if t["session"] == session)
+        assert outcomes["finished"] >= 3 * 2 * 2  # at least the groups each trained
 
 
 async def test_a_resume_replaces_the_recomputed_steps_in_tensorboard(tmp_path):
@@ -570,6 +579,7 @@ def test_sigterm_checkpoints_and_exits_143_without_the_evaluation(times, tmp_pat
         assert summary["stopped_by"] == "interrupted" and summary["steps"] == 1
     else:
         assert "stopped:" in result.output and "no checkpoint was written" in result.output and not checkpoints
+        assert "--resume" in result.output  # what to run next, as after any other stop
 
 
 def test_handlers_a_block_installs_are_undone():

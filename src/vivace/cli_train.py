@@ -236,7 +236,7 @@ def _train_locked(cfg: VivaceConfig, run_dir: Path, resume: bool, tasks: list, e
     except KeyboardInterrupt:
         last = latest_checkpoint(run_dir)
         where = f"its last checkpoint is {last}; continue with `vivace train --resume {run_dir}`" if last else (
-            "no checkpoint was written")  # fmt: skip
+            f"no checkpoint was written; `vivace train --resume {run_dir}` starts it again from step 0")  # fmt: skip
         err.print(f"[yellow]stopped:[/] {escape(where)}.", highlight=False)
         raise typer.Exit(128 + (received[-1] if received else signal.SIGINT)) from None
     except OSError as e:  # disk full, a read-only directory: the run cannot go on here, and says where it stands

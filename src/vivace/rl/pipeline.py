@@ -25,7 +25,8 @@ re-queued up to `max_attempts`, then kept as a failed rollout. Every attempt end
 outcome, so the counts balance: started = finished + requeued + unfinished at the end, and
 finished = trained + left in the buffer at the end. Each attempt's line in `timeline.jsonl`
 (start, end, worker, sampler replica, versions, per-turn model and tool time, outcome) is what
-the dashboard draws.
+the dashboard draws. A resumed run appends to it: `session` (when the pipeline started, Unix time)
+tells the runs apart, their times are from their own start, and the counts balance per session.
 """
 
 from __future__ import annotations
@@ -300,7 +301,8 @@ class Pipeline:
         traj = result.rollout.trajectory if result is not None and result.rollout is not None else None
         versions = [v for v in (traj.tokens.versions if traj and traj.tokens else []) if v >= 0]
         line = {
-            "uid": att.uid, "episode": f"{att.group.seq}.{att.member}", "task_id": att.group.task.id,
+            "session": round(self.t0, 3), "uid": att.uid, "episode": f"{att.group.seq}.{att.member}",
+            "task_id": att.group.task.id,
             "attempt": att.attempt, "worker": att.worker, "sampler": result.sampler if result else None,
             "start_s": round(att.started - self.t0, 3), "end_s": round(time.time() - self.t0, 3),
             "version_start": att.version, "version_min": min(versions, default=None),
