@@ -551,7 +551,8 @@ def test_saved_bases_past_the_cache_size_go_least_recently_used_first(tmp_path, 
     recorded, old, used_again = (BaseIndex.build({f"{n}.py": f"def {n}():\n    return 1\n"}, None) for n in "abc")
     for base in (used_again, recorded, old):  # `old` last: the one in memory
         store.put(base)
-        hour_ago = time.time() - 3700
+    hour_ago = time.time() - 3700
+    for base in (used_again, recorded, old):  # aged once all are saved: each save prunes what is idle
         os.utime(bases / base.root, (hour_ago, hour_ago))
     store.set_last_root(tmp_path, recorded.root)  # `vivace index build` of a directory
     assert store.get(used_again.root) is not None  # from disk (capacity 1: not in memory): used now
@@ -559,3 +560,20 @@ def test_saved_bases_past_the_cache_size_go_least_recently_used_first(tmp_path, 
     store.put(newest)
     assert sorted(p.name for p in bases.iterdir()) == sorted([recorded.root, used_again.root, newest.root])
     assert store.get(old.root) is None  # gone: it is rebuilt when next searched
+
+
+def test_pruning_without_any_directory_record_removes_idle_bases(tmp_path, monkeypatch, caplog):
+    """No `index build` record yet (no repos/ directory): reading the records failed, the save was logged
+    as failed, and nothing was pruned."""
+    from vivace.search import store as store_mod
+    from vivace.search.store import BaseStore
+
+    monkeypatch.setattr(store_mod, "MAX_BASES_BYTES", 0)
+    store = BaseStore(None, tmp_path / "cache")
+    idle = BaseIndex.build({"a.py": "def a():\n    return 1\n"}, None)
+    store.put(idle)
+    hour_ago = time.time() - 3700
+    os.utime(tmp_path / "cache" / "bases" / idle.root, (hour_ago, hour_ago))
+    store.put(BaseIndex.build({"b.py": "def b():\n    return 1\n"}, None))
+    assert not (tmp_path / "cache" / "bases" / idle.root).exists()
+    assert "could not save" not in caplog.text

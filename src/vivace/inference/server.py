@@ -281,6 +281,10 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: list[int] | str
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int = Field(1, ge=1, le=1)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -289,14 +293,10 @@ class CompletionBody(_Body):
         list whose first item is not an int."""
         if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
             raise ValueError(
-                "one prompt per request here (a string or a list of token ids): send a batch as separate requests, or use `n` for samples of one prompt"
+                "one prompt per request here (a string or a list of token ids): send a batch as "
+                "separate requests, or use `n` for samples of one prompt"
             )
         return prompt
-
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int = Field(1, ge=1, le=1)
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()

@@ -428,7 +428,7 @@ class LocalBackend(abc.ABC):
                 raise
             raise SandboxError(f"snapshot source {source.path!r} holds a path too long for this system ({e.filename!r:.120}"
                                "...); shorten or remove it, or snapshot a git commit or a tarball without it") from None  # fmt: skip
-        self._hold(snap.key)
+        self.hold(snap)
         if not snap.built:  # the cache grows only when a snapshot is built: nothing to evict
             return snap
         try:
@@ -441,8 +441,11 @@ class LocalBackend(abc.ABC):
         return snap
 
     def hold(self, snapshot: Snapshot) -> None:
-        """One more claim on `snapshot` (one that `snapshot` handed out, still held), for `release`."""
-        self._hold(snapshot.key)
+        """One more claim on `snapshot`, for `release`."""
+        with self._claims_lock:
+            self._claims[snapshot.key] += 1
+            if self._claims[snapshot.key] == 1:  # a last release may have removed the file `materialize` made
+                claim(self.state / "snapshots", self.owner_dir, snapshot.key)
 
     def release(self, snapshot: Snapshot) -> None:
         """Give back one claim that `snapshot` or `hold` took. The last one gone (and no workspace of
@@ -457,16 +460,10 @@ class LocalBackend(abc.ABC):
             del self._claims[snapshot.key]
             (self.owner_dir / f"{CLAIM_PREFIX}{snapshot.key}").unlink(missing_ok=True)
 
-    def _hold(self, key: str) -> None:
-        with self._claims_lock:
-            self._claims[key] += 1
-            if self._claims[key] == 1:  # a last release may have removed the file `materialize` made
-                claim(self.state / "snapshots", self.owner_dir, key)
-
     async def create(self, snapshot: Snapshot) -> LocalWorkspace:
         ws_id = f"w{next(self._ids)}"
         t0 = time.perf_counter()
-        self._hold(snapshot.key)  # the workspace's own: its tree reads the snapshot until it is destroyed
+        self.hold(snapshot)  # the workspace's own: its tree reads the snapshot until it is destroyed
         try:
             root = await self._create(ws_id, snapshot, self.owner_dir / ws_id)
         except BaseException:

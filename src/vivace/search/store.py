@@ -87,12 +87,13 @@ class BaseStore:
                 with contextlib.suppress(OSError):  # removed meanwhile
                     entries.append((*_usage(Path(entry.path)), entry.name))
         total = sum(size for _, size, _ in entries)
-        removed = []
-        now = time.time()
+        if total <= MAX_BASES_BYTES:
+            return []
+        removed, recorded, now = [], self._recorded_roots(), time.time()
         for last_use, size, root in sorted(entries):
             if total <= MAX_BASES_BYTES or now - last_use < MIN_IDLE_S:
                 break
-            if self._recorded(root):
+            if root in recorded:
                 continue
             discard_base(bases / root)
             removed.append(root)
@@ -162,18 +163,17 @@ class BaseStore:
         except OSError as e:  # costs the next search a closest-base lookup, never a failure
             log.warning("search cache: could not record the index of %s: %s", repo, e)
             return
-        if previous is not None and previous != root and not self._recorded(previous):
+        if previous is not None and previous != root and previous not in self._recorded_roots():
             discard_base(self.dir / "bases" / previous)
 
-    def _recorded(self, root: str) -> bool:
-        """Whether some directory's record names `root`."""
-        for pointer in (self.dir / "repos").iterdir() if self.dir is not None else ():
-            try:
-                if pointer.read_bytes().decode("ascii", "replace").strip() == root:
-                    return True
-            except OSError:
-                continue
-        return False
+    def _recorded_roots(self) -> set[str]:
+        """The roots some directory's record names."""
+        repos = self.dir / "repos" if self.dir is not None else None
+        roots = set()
+        for pointer in repos.iterdir() if repos is not None and repos.is_dir() else ():  # none: nothing recorded
+            with contextlib.suppress(OSError):
+                roots.add(pointer.read_bytes().decode("ascii", "replace").strip())
+        return roots
 
 
 def _mark_used(directory: Path) -> None:
