@@ -19,7 +19,7 @@ import pytest
 from conftest import ISOLATION_PROBLEM, make_backend
 from test_server import _running
 from vivace.config import PoolConfig
-from vivace.sandbox import NotAFileError, SandboxError
+from vivace.sandbox import NotAFileError, SandboxError, WorkspaceClosedError
 from vivace.sandbox.background import BackgroundServer
 from vivace.sandbox.client import EnvClient
 from vivace.sandbox.paths import MAX_READ_BYTES
@@ -433,5 +433,69 @@ def test_a_connection_past_the_servers_limit_is_answered_busy_at_once(monkeypatc
             time.sleep(0.1)
         else:
             raise AssertionError("requests were not served again once the held connections closed")
+    finally:
+        server.stop()
+
+
+async def test_workspaces_nobody_touches_are_closed_after_the_idle_limit(tmp_path, repo):
+    """A client killed with workspaces out, or one that gave up on a create the server completed as it
+    hung up, left them (and their pool slots) live until the server stopped: with max_live reached,
+    every later create waited for ever. Now one untouched for `server.workspace_idle_s` is closed."""
+    backend = make_backend("plain", tmp_path / "state")
+    app = create_app(backend, PoolConfig(max_live=3), "t", own_backend=True, workspace_idle_s=0.5)
+    async with _in_process_client(app) as client:
+        # Abandoned: made, and its id never used again (a client that hung up just as it was answered).
+        r = await client._http.post("/v1/workspaces", json={"source": {"path": str(repo)}})
+        abandoned = r.json()["id"]
+        kept, working = await client.create(str(repo)), await client.create(str(repo))
+        # A command running past the limit keeps its workspace; so do requests closer together than it.
+        running = asyncio.create_task(working.exec("sleep 1.2 && echo done"))
+        for _ in range(6):
+            await asyncio.sleep(0.2)
+            await kept.stat(".")
+        assert (await running).stdout == "done\n"
+        assert (await kept.exec("echo alive")).stdout == "alive\n"
+        # The abandoned one is gone, and says why.
+        r = await client._http.get(f"/v1/workspaces/{abandoned}/stat", params={"path": "."})
+        assert (r.status_code, r.json()["error"]["kind"]) == (410, "closed")
+        assert "without a request (server.workspace_idle_s)" in r.json()["error"]["message"]
+        # Both others idle past the limit (and the reaper's interval): closed, their slots free again.
+        await asyncio.sleep(0.8)
+        with pytest.raises(WorkspaceClosedError, match="make a new one"):
+            await kept.exec("true")
+        assert (await client._http.get("/v1/metrics")).json()["live"] == 0
+        fresh = [await asyncio.wait_for(client.create(str(repo)), 10) for _ in range(3)]  # max_live of them
+        assert [(await ws.exec("echo new")).stdout for ws in fresh] == ["new\n"] * 3
+    await app.state.close_all()
+
+
+async def test_an_idle_limit_of_zero_never_closes_a_workspace(tmp_path, repo):
+    backend = make_backend("plain", tmp_path / "state")
+    app = create_app(backend, PoolConfig(), "t", own_backend=True, workspace_idle_s=0)
+    async with _in_process_client(app) as client:
+        ws = await client.create(str(repo))
+        await asyncio.sleep(0.3)
+        assert (await ws.exec("echo still")).stdout == "still\n"
+    await app.state.close_all()
+
+
+async def test_a_file_streaming_keeps_its_workspace_from_being_closed_as_idle(tmp_path, repo):
+    app = create_app(make_backend("plain", tmp_path / "state"), PoolConfig(), "t", own_backend=True,
+                     workspace_idle_s=0.3)  # fmt: skip
+    server = BackgroundServer(app).start()
+    try:
+        async with EnvClient(server.url, "t") as client:
+            ws = await client.create(str(repo))
+            await ws.exec(f"truncate -s {MAX_READ_BYTES} big")
+            async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "Bearer t"}) as http:
+                async with http.stream("GET", f"/v1/workspaces/{ws.id}/file", params={"path": "big"}) as r:
+                    received, t0 = 0, time.monotonic()
+                    async for chunk in r.aiter_raw(256 << 10):  # a slow reader: 1.2 s for a few MB
+                        received += len(chunk)
+                        if time.monotonic() - t0 > 1.2:
+                            break
+                        await asyncio.sleep(0.05)
+            assert 0 < received < MAX_READ_BYTES
+            assert (await ws.exec("echo alive")).stdout == "alive\n"
     finally:
         server.stop()

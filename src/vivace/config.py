@@ -124,6 +124,13 @@ class ServerConfig(_Strict):
         description="How long a streamed file read waits for its client to take the next piece, s; then it is "
         "abandoned (its file closed, the client sees an incomplete response), as nginx's send_timeout.",
     )
+    workspace_idle_s: float = Field(
+        1800.0,
+        ge=0,
+        description="A workspace handed out and untouched by any request for this long is closed, s (0: never): "
+        "a client that crashed, or gave up on a create the server completed, would otherwise hold it and its "
+        "pool slot until the server stops. A running command or streamed read counts as a request.",
+    )
     max_diff_chars: int = Field(
         64 << 20,
         ge=1,

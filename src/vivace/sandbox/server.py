@@ -33,8 +33,10 @@ isolation between token holders (a token holder may snapshot any path the server
 use every workspace), under plain uvicorn: closing the connection of a stream cut short for
 stalling (uvicorn closes it only once its buffered bytes are sent: the socket stays, as any slow
 client's does; ClosingServer drops it) and a prompt stop (uvicorn waits for running commands;
-`serve` and the Ray actor's servers run ClosingServer), and reaping of workspaces whose client
-vanished without closing them (they hold a pool slot until closed or until the server stops).
+`serve` and the Ray actor's servers run ClosingServer), and a prompt end of workspaces whose client
+vanished without closing them: they hold a pool slot until no request has touched them for
+`server.workspace_idle_s` (30 minutes by default; a running command or a streaming read counts as one),
+when they are closed and a late request for one is told so (410 "closed").
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import secrets
 import socket
 import sys
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qsl
@@ -62,6 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from vivace.aio import cancel_and_wait
 from vivace.body_limit import BodyLimit, BodyTooLarge
 from vivace.config import PoolConfig, ServerConfig, VivaceConfig
 from vivace.sandbox.background import ClosingServer, http_url, serving_config
@@ -99,6 +102,9 @@ FILE_STREAM_STALL_S: float = ServerConfig.model_fields["file_stream_stall_s"].de
 # A diff is built, escaped and sent whole: past this it is refused (413), as one over a few hundred MB
 # took the server's memory to gigabytes and held every other request up while it was escaped.
 MAX_DIFF_CHARS: int = ServerConfig.model_fields["max_diff_chars"].default
+# A workspace handed out and untouched this long is closed (`server.workspace_idle_s`): a client that was
+# killed holds its workspaces, and their pool slots, until then rather than until the server stops.
+WORKSPACE_IDLE_S: float = ServerConfig.model_fields["workspace_idle_s"].default
 HEALTH_PATH = "/v1/health"
 STATUS_BY_KIND = {"path_escape": 403, "symlink_loop": 403, "not_found": 404, "unknown_workspace": 404, "wrong_type": 409, "closed": 410,
                   "unauthorized": 401, "backend_unavailable": 503, "shutting_down": 503, "busy": 503, "too_large": 413}  # fmt: skip
@@ -238,8 +244,10 @@ class FileStream(Response):
 
     media_type = "application/octet-stream"
 
-    def __init__(self, ws: LocalWorkspace, opened: OpenFile, reg: Registry, stall_s: float, what: str) -> None:
-        self.ws, self.opened, self.reg, self.stall_s, self.what = ws, opened, reg, stall_s, what
+    def __init__(
+        self, ws_id: str, ws: LocalWorkspace, opened: OpenFile, reg: Registry, stall_s: float, what: str
+    ) -> None:
+        self.ws_id, self.ws, self.opened, self.reg, self.stall_s, self.what = ws_id, ws, opened, reg, stall_s, what
         self.status_code = 200
         self.background = None
         self.init_headers({"x-file-size": str(opened.size)})  # no Content-Length: sent chunked
@@ -251,30 +259,31 @@ class FileStream(Response):
         stopping = asyncio.ensure_future(self.reg.stop_now.wait())
         reading: asyncio.Future[bytes] | None = None
         start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        try:
-            ended = await self._send(send, start, hangup, stopping)  # None, or why it ends before the file's end
-            chunk, offset = self.opened.head, 0
-            while chunk and not ended:
-                offset += len(chunk)
-                body = {"type": "http.response.body", "body": chunk, "more_body": True}
-                ended = await self._send(send, body, hangup, stopping)
-                if ended or offset >= size:
-                    break
-                ended = "hung_up" if hangup.done() else "closed" if self.ws.closed else None
+        with self.reg.using(self.ws_id):  # a file streaming keeps its workspace from being closed as idle
+            try:
+                ended = await self._send(send, start, hangup, stopping)  # None, or why it ends before the file's end
+                chunk, offset = self.opened.head, 0
+                while chunk and not ended:
+                    offset += len(chunk)
+                    body = {"type": "http.response.body", "body": chunk, "more_body": True}
+                    ended = await self._send(send, body, hangup, stopping)
+                    if ended or offset >= size:
+                        break
+                    ended = "hung_up" if hangup.done() else "closed" if self.ws.closed else None
+                    if not ended:
+                        n = min(READ_CHUNK_BYTES, size - offset)
+                        reading = asyncio.get_running_loop().run_in_executor(None, os.pread, fd, n, offset)
+                        chunk = await asyncio.shield(reading)  # b"": truncated since it was opened
                 if not ended:
-                    n = min(READ_CHUNK_BYTES, size - offset)
-                    reading = asyncio.get_running_loop().run_in_executor(None, os.pread, fd, n, offset)
-                    chunk = await asyncio.shield(reading)  # b"": truncated since it was opened
-            if not ended:
-                ended = await self._send(send, {"type": "http.response.body", "body": b""}, hangup, stopping)
-        finally:
-            hangup.cancel()
-            stopping.cancel()
-            self.reg.file_streams -= 1
-            if reading is None or reading.done():
-                os.close(fd)
-            else:  # cancelled (the server stopping) during a read: close once the thread is done with it
-                reading.add_done_callback(lambda _: os.close(fd))
+                    ended = await self._send(send, {"type": "http.response.body", "body": b""}, hangup, stopping)
+            finally:
+                hangup.cancel()
+                stopping.cancel()
+                self.reg.file_streams -= 1
+                if reading is None or reading.done():
+                    os.close(fd)
+                else:  # cancelled (the server stopping) during a read: close once the thread is done with it
+                    reading.add_done_callback(lambda _: os.close(fd))
         if ended == "stalled":  # uvicorn would hold the connection until its client takes what is buffered
             self.reg.drop_connection(scope)
         self._say_why(ended)
@@ -357,9 +366,14 @@ class _Flight:
 class Registry:
     """Pools and live workspaces of one app; only touched from the server's event loop."""
 
-    def __init__(self, backend: LocalBackend, pool_config: PoolConfig) -> None:
+    def __init__(self, backend: LocalBackend, pool_config: PoolConfig, idle_s: float = 0.0) -> None:
         self.backend = backend
         self.pool_config = pool_config
+        # Workspaces handed out and untouched for idle_s are closed (0: never), see `reap_idle`.
+        self.idle_s = idle_s
+        self.last_used: dict[str, float] = {}  # by workspace id: the loop's time its last request started or ended
+        self.in_use: dict[str, int] = {}  # by workspace id: commands running and files streaming
+        self._reaper: asyncio.Task[None] | None = None
         # Pools by (snapshot, source), least recently used first. A pool with no workspace out and no
         # create under way is idle; past IDLE_POOLS_KEPT idle ones the oldest goes, with its warm
         # workspaces and its claim on the snapshot, so that a server fed many repositories does not keep
@@ -372,8 +386,8 @@ class Registry:
         # make a pool per spelling of one path ("repo/", "./repo", kind "dir") and pass any cap.
         self.live = asyncio.Semaphore(pool_config.max_live)
         self.waiting = 0  # creates waiting for a slot
-        # Closed ids are remembered (bounded) so a late request says "closed", not "unknown".
-        self.recently_closed: OrderedDict[str, None] = OrderedDict()
+        # Closed ids are remembered (bounded) with why, so a late request says "closed", not "unknown".
+        self.recently_closed: OrderedDict[str, str] = OrderedDict()
         self._inflight: dict[SnapshotSource, _Flight] = {}
         self.stopping = False  # set by `drain`: new creates and execs are refused
         self.stop_now = asyncio.Event()  # set once the grace is over: running ones are cancelled
@@ -459,7 +473,43 @@ class Registry:
         ws_id = f"{ws.id}-{secrets.token_hex(4)}"
         self.workspaces[ws_id] = ws
         self._pool_of[ws_id] = key
+        self.last_used[ws_id] = asyncio.get_running_loop().time()
+        if self.idle_s and self._reaper is None:
+            self._reaper = asyncio.create_task(self.reap_idle())
         return ws_id
+
+    async def reap_idle(self) -> None:
+        """Close, every little while, the workspaces no request has touched for `idle_s` and none is
+        using (a command running, a file streaming): their client crashed without closing them, or
+        gave up on a create the server completed anyway, and nobody else knows their ids."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(max(self.idle_s / 10, 0.05), 30.0))  # closed within idle_s + this
+            for ws_id in list(self.last_used):
+                # Checked at each: a request may have come for it while an earlier one was being closed.
+                last = self.last_used.get(ws_id)
+                if last is None or self.in_use.get(ws_id) or loop.time() - last < self.idle_s:
+                    continue
+                log.info("closing workspace %s: no request for %g s (server.workspace_idle_s)", ws_id, self.idle_s)
+                why = (f"workspace {ws_id} was closed by the environment server after {self.idle_s:g} s without "
+                       "a request (server.workspace_idle_s): make a new one")  # fmt: skip
+                try:
+                    await self.close(ws_id, why)
+                except Exception:  # a close that failed must not end the reaping of the rest
+                    log.exception("closing idle workspace %s failed", ws_id)
+
+    @contextlib.contextmanager
+    def using(self, ws_id: str) -> Iterator[None]:
+        """Marks workspace `ws_id` in use for the block (a command, a streamed read): not idle."""
+        self.in_use[ws_id] = self.in_use.get(ws_id, 0) + 1
+        try:
+            yield
+        finally:
+            self.in_use[ws_id] -= 1
+            if not self.in_use[ws_id]:
+                del self.in_use[ws_id]
+            if ws_id in self.last_used:
+                self.last_used[ws_id] = asyncio.get_running_loop().time()
 
     async def _left(self, key: tuple[str, SnapshotSource]) -> None:
         """One user of pool `key` is gone: close the least recently used idle pools past the few kept."""
@@ -476,18 +526,22 @@ class Registry:
                 self.backend.release(pool.snapshot)
 
     def get(self, ws_id: str) -> LocalWorkspace:
+        """Workspace `ws_id`, touched: a request for it has started."""
         ws = self.workspaces.get(ws_id)
         if ws is not None:
+            self.last_used[ws_id] = asyncio.get_running_loop().time()
             return ws
         if ws_id in self.recently_closed:
-            raise WorkspaceClosedError(f"workspace {ws_id} is closed")
+            raise WorkspaceClosedError(self.recently_closed[ws_id])
         raise UnknownWorkspace(f"no workspace {ws_id!r} on this server")
 
-    async def close(self, ws_id: str) -> None:
+    async def close(self, ws_id: str, why: str | None = None) -> None:
+        """Close workspace `ws_id`; a later request for it is told `why` (default: it is closed)."""
         ws = self.workspaces.pop(ws_id, None)
         if ws is None:
             return  # idempotent: already closed (or never existed)
-        self.recently_closed[ws_id] = None
+        self.last_used.pop(ws_id, None)
+        self.recently_closed[ws_id] = why or f"workspace {ws_id} is closed"
         while len(self.recently_closed) > 10_000:
             self.recently_closed.popitem(last=False)
         try:
@@ -497,6 +551,9 @@ class Registry:
             await self._left(self._pool_of.pop(ws_id))
 
     async def aclose(self) -> None:
+        if self._reaper is not None:
+            await cancel_and_wait([self._reaper])
+            self._reaper = None
         await asyncio.gather(*(self.close(i) for i in list(self.workspaces)), return_exceptions=True)
         while self.pools:
             _, pool = self.pools.popitem()
@@ -529,6 +586,7 @@ def create_app(
     max_file_streams: int = MAX_FILE_STREAMS,
     file_stream_stall_s: float = FILE_STREAM_STALL_S,
     max_diff_chars: int = MAX_DIFF_CHARS,
+    workspace_idle_s: float = WORKSPACE_IDLE_S,
 ) -> FastAPI:
     """The HTTP app over `backend`; with `own_backend` its shutdown also closes the backend.
     `ClosingServer` calls `app.state.drain()` when told to stop (see `Registry.drain`). An exec
@@ -538,7 +596,7 @@ def create_app(
     if not token:
         raise ValueError("the environment server needs a non-empty token")
     max_timeout_s = max(max_exec_timeout_s, backend.config.timeout_s)
-    reg = Registry(backend, pool_config)
+    reg = Registry(backend, pool_config, workspace_idle_s)
     logging.getLogger("uvicorn.error").addFilter(QUIET_CUT_SHORT)  # once: the same filter is not added twice
 
     async def close_all() -> None:  # idempotent: ClosingServer calls it again after the lifespan's shutdown
@@ -631,9 +689,10 @@ def create_app(
             raise ValueError(
                 f"timeout {body.timeout:g} s is over this environment server's limit of {max_timeout_s:g} s per command"
             )
-        task, cut_short = await unless_cut_short(
-            request, reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env), reg
-        )
+        with reg.using(ws_id):
+            task, cut_short = await unless_cut_short(
+                request, reg.get(ws_id).exec(body.cmd, timeout=body.timeout, env=body.env), reg
+            )
         if cut_short == "shutting_down":
             raise ShuttingDown("the environment server is shutting down: the command was killed")
         return hung_up_response() if cut_short else task.result().to_dict()
@@ -644,7 +703,7 @@ def create_app(
         opened = await ws.open_read(path, head_bytes=READ_CHUNK_BYTES)
         streamed = len(opened.head) < opened.size
         if streamed and reg.file_streams < max_file_streams:
-            return FileStream(ws, opened, reg, file_stream_stall_s, f"a read of {path!r} from workspace {ws_id}")
+            return FileStream(ws_id, ws, opened, reg, file_stream_stall_s, f"a read of {path!r} from workspace {ws_id}")
         os.close(opened.fd)  # read whole with the open (one trip to a thread for most files), or refused
         if streamed:
             raise Busy(
@@ -655,8 +714,9 @@ def create_app(
 
     @app.put("/v1/workspaces/{ws_id}/file", status_code=204)
     async def write(ws_id: str, request: Request, path: str = Depends(required_query_path)) -> Response:
-        ws = reg.get(ws_id)
-        await ws.write_bytes(path, await request.body())  # within max_upload_bytes: BodyLimit
+        with reg.using(ws_id):
+            ws = reg.get(ws_id)
+            await ws.write_bytes(path, await request.body())  # within max_upload_bytes: BodyLimit
         return Response(status_code=204)
 
     @app.delete("/v1/workspaces/{ws_id}/file", status_code=204)
@@ -674,7 +734,8 @@ def create_app(
 
     @app.get("/v1/workspaces/{ws_id}/diff")
     async def diff(ws_id: str) -> Response:
-        text = await reg.get(ws_id).diff(max_chars=max_diff_chars)
+        with reg.using(ws_id):
+            text = await reg.get(ws_id).diff(max_chars=max_diff_chars)
         # Rendered in a thread: escaping a diff of tens of MB held every other request up for seconds.
         body = await asyncio.to_thread(ascii_json, {"diff": text})
         return Response(body, media_type="application/json")
@@ -702,6 +763,7 @@ def configured_limits(server: ServerConfig) -> dict[str, Any]:
         "max_file_streams": server.max_file_streams,
         "file_stream_stall_s": server.file_stream_stall_s,
         "max_diff_chars": server.max_diff_chars,
+        "workspace_idle_s": server.workspace_idle_s,
     }
 
 
