@@ -485,18 +485,22 @@ class Registry:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(max(self.idle_s / 10, 0.05), 30.0))  # closed within idle_s + this
+            closed = []
             for ws_id in list(self.last_used):
                 # Checked at each: a request may have come for it while an earlier one was being closed.
                 last = self.last_used.get(ws_id)
                 if last is None or self.in_use.get(ws_id) or loop.time() - last < self.idle_s:
                     continue
-                log.info("closing workspace %s: no request for %g s (server.workspace_idle_s)", ws_id, self.idle_s)
                 why = (f"workspace {ws_id} was closed by the environment server after {self.idle_s:g} s without "
                        "a request (server.workspace_idle_s): make a new one")  # fmt: skip
                 try:
                     await self.close(ws_id, why)
+                    closed.append(ws_id)
                 except Exception:  # a close that failed must not end the reaping of the rest
                     log.exception("closing idle workspace %s failed", ws_id)
+            if closed:  # a client that vanished without closing them: worth the operator's notice, once
+                log.warning("closed %d workspace(s) untouched for %g s (server.workspace_idle_s): %s",
+                            len(closed), self.idle_s, ", ".join(closed))  # fmt: skip
 
     @contextlib.contextmanager
     def using(self, ws_id: str) -> Iterator[None]:
