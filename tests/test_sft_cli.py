@@ -110,6 +110,14 @@ async def test_expert_data_stopped_leaves_only_a_partial_file(tmp_path, monkeypa
     assert not out.exists() and calls[-1] == "closed"
     assert [json.loads(line)["task_id"] for line in sft.partial_path(out).read_text().splitlines()][0] == "t0"
     calls.clear()
+    # Run again, it kept the stopped run's partial set (the stop message points at it): a second run with the
+    # same --out truncated it, and two at once wrote over each other.
+    kept = sft.partial_path(out).read_bytes()
+    with pytest.raises(ValueError, match="expert.jsonl.partial exists: another run is writing it, or one was stopped"):
+        await sft.expert_data(cfg, tasks[:1], out, styles=("efficient",), concurrency=1)
+    assert sft.partial_path(out).read_bytes() == kept
+    sft.partial_path(out).rename(tmp_path / "aside.jsonl")
+    calls.clear()
     await sft.expert_data(cfg, tasks[:1], out, styles=("efficient",), concurrency=1)
     assert out.is_file() and not sft.partial_path(out).exists()
 
@@ -332,6 +340,46 @@ def test_sft_train_into_an_out_a_kill_left_during_its_first_save(tmp_path):
     assert sorted(other.iterdir()) == [other / "notes.txt"]
 
 
+def test_sft_train_again_after_a_run_that_failed_before_its_first_save(tmp_path):
+    """A first step that diverged said "nothing was saved; train again with a lower --lr", and the same command
+    with a lower --lr was refused: its log (train_log.jsonl) made --out "hold files but no model"."""
+    data = _data(tmp_path / "a.jsonl")
+    out = tmp_path / "m"
+    base = ["train", "--data", str(data), "--init", "tiny-init", "--seq-len", "128", "--threads", "1",
+            "--warmup-steps", "0", "--out", str(out)]  # fmt: skip
+    result = _run(*base, "--lr", "1e30", "--steps", "3")
+    assert result.exit_code == 1 and "nothing was saved" in _said(result), result.output
+    assert [p.name for p in out.iterdir()] == ["train_log.jsonl"]
+    result = _run(*base, "--lr", "1e-4", "--steps", "1", "--json")
+    assert result.exit_code == 0, result.output
+    assert "removed what a run stopped before its first save left" in _said(result) and (out / "config.json").is_file()
+
+
+def test_an_rl_run_or_checkpoint_as_init_names_the_policy_inside(tmp_path):
+    data = _data(tmp_path / "a.jsonl")
+    run = tmp_path / "run"
+    save_checkpoint(load_model("tiny-init").model, load_tokenizer("tiny"), run / "checkpoints" / "step_3" / "model")
+    (run / "config.json").write_text(json.dumps({"train": {}, "sandbox": {}}))  # the run's, not a model's
+    for init, says in ((run, "is a `vivace train` run: its latest policy is"),
+                       (run / "checkpoints" / "step_3", "is a `vivace train` checkpoint: its policy is")):  # fmt: skip
+        result = _run("train", "--data", str(data), "--init", str(init), "--out", str(tmp_path / "m"))
+        assert result.exit_code == 2 and says in _said(result), result.output
+        assert str(run / "checkpoints" / "step_3" / "model") in _said(result)
+
+
+def test_sft_ship_into_a_place_it_cannot_write_is_one_line_and_leaves_nothing(tmp_path):
+    ckpt = tmp_path / "trained"
+    save_checkpoint(load_model("tiny-init").model, load_tokenizer("tiny"), ckpt)
+    (tmp_path / "file").write_text("not a directory")
+    result = _run("ship", str(ckpt), "--dest", str(tmp_path / "file" / "tiny"))
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "cannot write" in _said(result) and "is left as it was" in _said(result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "trained"]
+    result = _run("ship", str(ckpt), "--dest", str(tmp_path / "tiny"), "--recipe", "a test", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["recipe"] == "a test" and (tmp_path / "tiny" / "model.safetensors").is_file()
+
+
 def test_a_save_cut_short_removes_its_half_written_files(tmp_path, monkeypatch):
     """Ctrl-C (or SIGTERM) during a save: its files in OUT/.saving are removed, the last whole save stays."""
     from vivace.rl.sft_train import _save
@@ -424,3 +472,12 @@ def test_sft_data_that_keeps_no_episode_fails_and_says_why(tmp_path):
     said = _said(result)
     assert "none of the 1 episodes was kept" in said and "longer than --max-tokens 10: raise it" in said, said
     assert out.exists() and out.read_text() == ""
+
+
+def test_sft_data_again_refuses_to_start_over_the_partial_set_a_stop_left(tmp_path):
+    """The stop message says "the 7 kept are in OUT.partial"; the next run with the same --out truncated it."""
+    out = tmp_path / "expert.jsonl"
+    sft.partial_path(out).write_text('{"ids": [1]}\n{"ids": [2]}\n')
+    result = _run("data", "--out", str(out), "--n", "1")
+    assert result.exit_code == 2 and "expert.jsonl.partial holds 2 episodes" in _said(result), result.output
+    assert "move it aside" in _said(result) and sft.partial_path(out).read_text().count("\n") == 2

@@ -5,9 +5,12 @@ bad data fails with the file and line."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import signal
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -366,12 +369,14 @@ def test_ship_rounds_to_bf16_and_loads_as_a_checkpoint(tmp_path):
 
     model = _small_model()
     save_checkpoint(model, load_tokenizer("tiny"), tmp_path / "trained")
-    (tmp_path / "trained" / "sft_summary.json").write_text(json.dumps({"step": 7}))
+    (tmp_path / "trained" / "sft_summary.json").write_text(json.dumps({"step": 7, "finished": True}))
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "stale.bin").write_text("old")  # what the destination held is replaced
     record = ship_checkpoint(tmp_path / "trained", tmp_path / "tiny")
-    assert record["dtype"] == "bfloat16" and record["sft_summary"] == {"step": 7}
+    assert record["dtype"] == "bfloat16" and record["sft_summary"] == {"step": 7, "finished": True}
     assert not (tmp_path / "tiny" / "stale.bin").exists()
+    # safetensors writes its file 0600: a package's files must be readable by every user of the install
+    assert {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "tiny").iterdir()}["model.safetensors"] == 0o644
     assert json.loads((tmp_path / "tiny" / "warm_start.json").read_text())["sha256"] == record["sha256"]
     shipped = load_model(str(tmp_path / "tiny")).model  # computes in fp32 again
     assert next(shipped.parameters()).dtype == torch.float32
@@ -379,6 +384,32 @@ def test_ship_rounds_to_bf16_and_loads_as_a_checkpoint(tmp_path):
     with torch.no_grad():
         a, b = model(ids).logits, shipped(ids).logits
     assert torch.allclose(a, b, atol=0.05) and not torch.equal(a, b)  # rounded, not retrained
+
+
+def test_ship_refuses_a_stopped_run_and_a_damaged_summary_and_keeps_the_lineage(tmp_path):
+    """A run stopped by Ctrl-C was recorded as finished and shipped without a word; a damaged summary
+    failed after the new checkpoint was written beside the assets (left there); a re-ship dropped how
+    the one it replaced was made."""
+    from vivace.model.checkpoint import save_checkpoint, ship_checkpoint
+
+    trained, dest = tmp_path / "trained", tmp_path / "tiny"
+    save_checkpoint(_small_model(), load_tokenizer("tiny"), trained)
+    summary = {"finished": False, "stopped_by": "interrupted", "step": 4, "planned_steps": 30}
+    (trained / "sft_summary.json").write_text(json.dumps(summary))
+    ship_checkpoint(trained, dest, allow_unfinished=True, recipe="first")
+    first = (dest / "warm_start.json").read_text()
+    with pytest.raises(ValueError, match=r"did not finish \(stopped by interrupted, at step 4 of 30\).*--allow-unf"):
+        ship_checkpoint(trained, dest)
+    (trained / "sft_summary.json").write_text('{"step": 4,\n')
+    with pytest.raises(ValueError, match=r"trained/sft_summary.json: cannot read it"):
+        ship_checkpoint(trained, dest)
+    assert (dest / "warm_start.json").read_text() == first and sorted(p.name for p in tmp_path.iterdir()) == [
+        "tiny", "trained"]  # fmt: skip
+    (trained / "sft_summary.json").write_text(json.dumps({**summary, "finished": True, "stopped_by": "max_steps"}))
+    record = ship_checkpoint(trained, dest, recipe="second")
+    assert record["recipe"] == "second" and record["sft_summary"]["stopped_by"] == "max_steps"
+    assert record["previous"]["recipe"] == "first" and "sft_summary" not in record["previous"]
+    assert json.loads((dest / "warm_start.json").read_text())["previous"]["sha256"] == json.loads(first)["sha256"]
 
 
 def test_tiny_init_is_the_seeded_untrained_model_whatever_is_shipped():
@@ -582,3 +613,85 @@ def test_data_rendered_with_another_tokenizer_is_refused_though_its_ids_fit(tmp_
     assert not (tmp_path / "m").exists()
     result = CliRunner().invoke(app, [*train, "--data", str(own), "--out", str(tmp_path / "ok")])
     assert result.exit_code == 0, result.output
+
+
+def _turns(n: int, seed: int = 0) -> list[dict]:
+    """Chat-like episodes for the dialogue objective: three turns, each opened by <|im_start|>."""
+    start = load_tokenizer("tiny").convert_tokens_to_ids("<|im_start|>")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        turns = [[start, *(rng.randrange(20, 200) for _ in range(k))] for k in (6, 8, 10)]
+        ids = [t for turn in turns for t in turn]
+        rows.append({"ids": ids, "loss_mask": [0] * (len(ids) - 10) + [1] * 10})
+    return rows
+
+
+def test_dialogue_runs_eval_the_assistant_tokens_as_sft_eval_does(tmp_path):
+    """A dialogue run's eval lines scored its eval episodes on the dialogue mask (821 tokens where `sft eval`,
+    which the help says gives the same numbers, scored 199): runs of the two objectives could not be compared."""
+    from vivace.rl.sft_train import evaluate_checkpoint
+
+    data, evals = _write(tmp_path / "d.jsonl", _turns(4)), _write(tmp_path / "e.jsonl", _turns(2, seed=1))
+    kw = dict(seq_len=128, batch_tokens=256, warmup_steps=1, max_steps=1, init="tiny-init", config_overrides=SMALL)
+    summary = train_sft([data], tmp_path / "m", eval_data=evals, objective="dialogue", **kw)
+    probe = evaluate_checkpoint(str(tmp_path / "m"), evals, seq_len=128)
+    assert summary["eval_tokens"] == probe["eval_tokens"] == 2 * 10
+    assert summary["eval_loss"] == pytest.approx(probe["eval_loss"], rel=1e-4)
+
+
+def test_an_eval_file_with_no_usable_episode_is_refused_not_skipped(tmp_path):
+    data = _write(tmp_path / "d.jsonl", _episodes(2))
+    long = _write(tmp_path / "long.jsonl", _episodes(2, lo=300, hi=400))
+    kw = dict(seq_len=128, batch_tokens=256, max_steps=1, init="tiny-init", config_overrides=SMALL)
+    with pytest.raises(SftDataError, match=r"--eval .*long.jsonl: none of its 2 episode\(s\) .* fits 128 tokens"):
+        train_sft([data], tmp_path / "m", eval_data=long, **kw)
+
+
+def test_a_time_budget_alone_warms_up_over_a_quarter_of_its_steps_at_most(tmp_path):
+    """With --minutes and no step budget the warmup stayed --warmup-steps (20): a 4-step run never got past
+    a fifth of the peak rate, and never decayed."""
+    data = _write(tmp_path / "d.jsonl", _episodes(8))
+    kw = dict(seq_len=128, batch_tokens=128, lr=1e-3, warmup_steps=1000, init="tiny-init", config_overrides=SMALL)
+    summary = train_sft([data], tmp_path / "m", time_budget_s=4.0, **kw)
+    lrs = [json.loads(x)["lr"] for x in (tmp_path / "m" / "train_log.jsonl").read_text().splitlines()]
+    assert summary["stopped_by"] == "time_budget" and len(lrs) >= 4, lrs
+    # Near the peak once warm (the cosine runs on elapsed time, which a slow first step has used some of).
+    assert summary["warmup_steps"] <= len(lrs) // 2 and max(lrs) > 0.5e-3 and lrs[-1] < max(lrs)
+
+
+def test_ctrl_c_during_the_optimizer_step_saves_the_step_whole_and_counted(tmp_path, monkeypatch):
+    """Ctrl-C inside optimizer.step() stopped the run with that step applied (or half applied) to the weights
+    but not counted, logged or checked for NaN: the saved checkpoint was a step its summary did not name."""
+    data = _write(tmp_path / "d.jsonl", _episodes(4))
+    real_step, calls = torch.optim.AdamW.step, []
+
+    def step_then_ctrl_c(self, *args, **kwargs):
+        result = real_step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives before step() has returned
+            time.sleep(0.05)
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_then_ctrl_c)
+    kw = dict(seq_len=128, batch_tokens=128, warmup_steps=1, max_steps=6, init="tiny-init", config_overrides=SMALL)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        summary = train_sft([data], tmp_path / "m", **kw)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    log = [json.loads(x) for x in (tmp_path / "m" / "train_log.jsonl").read_text().splitlines()]
+    assert summary["stopped_by"] == "interrupted" and summary["finished"] is False
+    assert summary["step"] == 2 == log[-1]["step"] and len(calls) == 2
+
+
+def test_a_save_moves_config_json_in_last(tmp_path, monkeypatch):
+    """A directory with config.json is taken for a checkpoint: a kill between the moves must not leave one
+    beside no weights (`--init` then failed with "no weights", the weights stranded in OUT/.saving)."""
+    from vivace.rl import sft_train
+
+    moved, real_replace = [], os.replace
+    monkeypatch.setattr(sft_train.os, "replace", lambda a, b: (moved.append(Path(b).name), real_replace(a, b)))
+    sft_train._save(_small_model(), load_tokenizer("tiny"), tmp_path)
+    assert moved[-1] == "config.json" and "model.safetensors" in moved

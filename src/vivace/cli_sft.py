@@ -57,6 +57,16 @@ def _fresh_file(path: Path) -> None:
     check_writable(path, directory=False)
 
 
+def _no_partial_set(partial: Path) -> None:
+    """Refuses to start over a stopped run's partial set (its stop message pointed at it), or a run writing
+    it now: an empty one, which holds nothing, is removed."""
+    if partial.is_file() and not partial.stat().st_size:
+        partial.unlink()
+    elif partial.exists():
+        raise ValueError(f"{partial} holds {_lines_in(partial)} episodes of a run that was stopped, or is running "
+                         "now; move it aside (it is a usable partial set) or delete it, then run this again")  # fmt: skip
+
+
 @contextlib.contextmanager
 def _written(path: Path) -> Iterator[TextIO]:
     """The file to write `path` through: PATH.partial until the block ends, then renamed over it; a block
@@ -119,6 +129,7 @@ def sft_data(
     done = [0, 0]  # episodes run, episodes planned
     try:
         _fresh_file(out_file)
+        _no_partial_set(partial_path(out_file))
         cfg = _config(preset, backend, state_dir)
         # A tasks file is a suite like any other: a task whose metadata names no split is its repository's
         # (a user's repository: train), as `train.suite` and `tasks select` take it.
@@ -476,20 +487,34 @@ def sft_ship(
     checkpoint: Annotated[
         Path, typer.Argument(help="The trained checkpoint directory (e.g. the warm start's last stage).")
     ],
+    recipe: Annotated[
+        str | None, typer.Option(help="How it was made, in words (a script and its arguments), for warm_start.json.")
+    ] = None,
+    allow_unfinished: Annotated[
+        bool, typer.Option(help="Ship a checkpoint whose `sft train` run was stopped before its budget.")
+    ] = False,
+    dest: Annotated[
+        Path | None, typer.Option(help="Where to write it (default: the package's tiny, what --model tiny loads).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
 ) -> None:
     """Make a checkpoint the shipped `tiny` policy: weights rounded to bf16 into
-    vivace/model/assets/tiny (what `--model tiny` loads), with warm_start.json recording its source."""
+    vivace/model/assets/tiny (what `--model tiny` loads), with warm_start.json recording its source,
+    its training summary and the record of the checkpoint it replaces."""
     from vivace.model.checkpoint import TINY_DIR, ship_checkpoint
 
+    dest = dest or TINY_DIR
     if not (checkpoint / "config.json").is_file():
         fail(f"{checkpoint} is not a checkpoint (no config.json); train one with `vivace sft train`")
     try:
-        record = ship_checkpoint(checkpoint)
-    except ValueError as e:  # weights that cannot be loaded: the shipped assets are left as they were
+        record = ship_checkpoint(checkpoint, dest, allow_unfinished=allow_unfinished, recipe=recipe)
+    except ValueError as e:  # weights that cannot be loaded, a run stopped short: the shipped assets are as they were
         fail(str(e))
+    except OSError as e:  # a read-only install, a full disk
+        fail(f"cannot write {e.filename or dest}: {e.strerror or e}; {dest} is left as it was. Ship into a checkout "
+             "you can write (an editable install), or give --dest", 1)  # fmt: skip
     record.pop("sft_summary", None)
-    record["dest"] = str(TINY_DIR)
+    record["dest"] = str(dest)
     print(json.dumps(record)) if as_json else out.print_json(json.dumps(record))
 
 
@@ -568,8 +593,9 @@ def sft_train(
 ) -> None:
     """Train the policy on expert episodes: cross-entropy on the assistant tokens (loss_mask 1),
     packed rows, AdamW with warmup and cosine decay; writes a standard checkpoint to --out (a new or
-    empty directory). Ctrl-C or SIGTERM stops after the step in flight and saves (exit 130/143); a run
-    does not resume, but the next one can start from its checkpoint (--init OUT)."""
+    empty directory). Ctrl-C or SIGTERM stops at once, drops the step in flight and saves the weights of
+    the last whole step (exit 130/143); a run does not resume, but the next one can start from its
+    checkpoint (--init OUT)."""
     files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
     if lr is None:  # the from-scratch rate on the shipped warm start sent its loss from 1.43 to 8.28 in two steps
         lr = FRESH_LR if init == "tiny-init" else CONTINUE_LR
@@ -637,11 +663,23 @@ def sft_train(
                                 "a new --out (the optimizer state is not saved)")  # fmt: skip
 
 
+# What `sft train` writes in --out before its first save: a run that failed or was killed before it (a
+# diverged first step, a kill) leaves only these, and no model to keep or train on.
+_BEFORE_FIRST_SAVE = {".saving", "train_log.jsonl", "sft_summary.json"}
+
+
 def _check_fresh_run_dir(out_dir: Path) -> None:
-    """Exit 2 unless `sft train --out` is new or empty. A first save cut short (a kill) leaves only OUT/.saving,
-    with no model to keep or train on: that is removed. A directory with a model is pointed at --init."""
-    if not (out_dir / "config.json").is_file():
-        shutil.rmtree(out_dir / ".saving", ignore_errors=True)
+    """Exit 2 unless `sft train --out` is new or empty. What a run stopped before its first save left (its
+    log, a first save cut short in OUT/.saving) is removed, with a note: the rerun its own message advises
+    must not be refused. A directory with a model is pointed at --init."""
+    if out_dir.is_dir() and not (out_dir / "config.json").is_file():
+        left = {p.name for p in out_dir.iterdir()}
+        if left and left <= _BEFORE_FIRST_SAVE:
+            shutil.rmtree(out_dir / ".saving", ignore_errors=True)
+            for name in left - {".saving"}:
+                (out_dir / name).unlink(missing_ok=True)
+            err.print(f"[yellow]note:[/] removed what a run stopped before its first save left in "
+                      f"{escape(str(out_dir))} ({', '.join(sorted(left))})")  # fmt: skip
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     if (out_dir / "config.json").is_file():

@@ -28,6 +28,20 @@ def signal_handler(handler, signums: tuple[int, ...] = (signal.SIGINT,)):
 
 
 @contextlib.contextmanager
+def deferred_signals(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+    """These signals wait until the block ends, then reach the handlers they would have reached (each
+    once): for work that must not stop halfway, such as an optimizer step. Recorded, not blocked with
+    the signal mask, which other threads (torch's) would not share. Off the main thread nothing changes."""
+    caught: list[int] = []
+    try:
+        with signal_handler(lambda signum, frame: caught.append(signum), signums):
+            yield
+    finally:
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
+
+
+@contextlib.contextmanager
 def blocked_in_children(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
     """Processes started in the block (from this thread, or from threads it starts) begin with these
     signals blocked, which survives exec, so a terminal's Ctrl-C to the foreground process group or a

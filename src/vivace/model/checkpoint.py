@@ -690,35 +690,77 @@ def _chat_format(tokenizer: PreTrainedTokenizerBase):
     return ChatFormat(tokenizer)
 
 
-def ship_checkpoint(source: str | Path, dest: Path = TINY_DIR, dtype: torch.dtype = torch.bfloat16) -> dict:
+def ship_checkpoint(
+    source: str | Path,
+    dest: Path = TINY_DIR,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    allow_unfinished: bool = False,
+    recipe: str | None = None,
+) -> dict:
     """Copies a trained checkpoint into the package as `tiny` (weights rounded to `dtype`: half the
     bytes of fp32, and `load_model` computes in fp32 again), with `warm_start.json` saying where it
-    came from. Returns that record. Replaces what `dest` held."""
+    came from (its `sft train` summary, `recipe` in words, and the record of what it replaces, as
+    "previous"). Returns that record. Replaces what `dest` held; on any error `dest` is left as it was.
+    ValueError for a run that stopped short of its budget (unless `allow_unfinished`) or an unreadable
+    summary, before anything is written."""
     import shutil
 
+    source = Path(source)
+    sft_summary = _read_record(source / "sft_summary.json")
+    if sft_summary is not None and sft_summary.get("finished") is not True and not allow_unfinished:
+        at = f"step {sft_summary.get('step')}" + (f" of {p}" if (p := sft_summary.get("planned_steps")) else "")
+        raise ValueError(f"{source} is from an `sft train` run that did not finish (stopped by "
+                         f"{sft_summary.get('stopped_by') or 'a kill'}, at {at}); train it to the end, or ship it as "
+                         "it is with --allow-unfinished")  # fmt: skip
+    previous = _read_record(dest / "warm_start.json")
     loaded = load_model(str(source))
     model = loaded.model.to(dtype)
     tmp = dest.with_name(dest.name + ".new")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(model, loaded.tokenizer, tmp)
-    summary = Path(source) / "sft_summary.json"
-    record = {
-        "source": str(source),
-        "dtype": str(dtype).removeprefix("torch."),
-        "parameters": count_parameters(model),
-        "sha256": hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest(),
-        "sft_summary": json.loads(summary.read_text()) if summary.is_file() else None,
-    }
-    (tmp / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
-    # The old one aside, the new one in, then the old one removed: a kill at any point leaves a whole
-    # checkpoint at dest or beside it (spec.initialised refuses a missing one with one beside it), where
-    # removing dest first and then renaming left `--model tiny` the untrained model, silently.
-    old = dest.with_name(dest.name + ".old")
+    try:
+        save_checkpoint(model, loaded.tokenizer, tmp)
+        for f in tmp.iterdir():  # safetensors writes its file 0600: the package's files are everyone's to read
+            if f.is_file():
+                f.chmod(0o644)
+        record = {
+            "source": str(source),
+            **({"recipe": recipe} if recipe else {}),
+            "dtype": str(dtype).removeprefix("torch."),
+            "parameters": count_parameters(model),
+            "sha256": hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest(),
+            "sft_summary": sft_summary,
+            # what it replaces, without that one's own summary and history: the lineage a step at a time
+            "previous": {k: v for k, v in previous.items() if k not in ("sft_summary", "previous")}
+            if previous
+            else None,
+        }
+        (tmp / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
+        # The old one aside, the new one in, then the old one removed: a kill at any point leaves a whole
+        # checkpoint at dest or beside it (spec.initialised refuses a missing one with one beside it), where
+        # removing dest first and then renaming left `--model tiny` the untrained model, silently.
+        old = dest.with_name(dest.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if dest.exists():
+            dest.rename(old)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
+    return record
+
+
+def _read_record(path: Path) -> dict | None:
+    """A JSON object from `path` (None if there is none); ValueError naming the file if it cannot be read."""
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read it ({e}); fix it, or move it aside to ship without it") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: expected a JSON object; fix it, or move it aside to ship without it")
     return record
 
 

@@ -4,6 +4,7 @@ imports (checkpoint.py, which loads the model, re-exports these)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 ASSETS = Path(__file__).parent / "assets"
@@ -29,12 +30,35 @@ def initialised(spec: str) -> bool:
 def model_dir(spec: str) -> Path:
     """The checkpoint directory `spec` names (`tiny`: the shipped one); ValueError if it holds no model."""
     path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() or _train_run_policy(path):
         raise ValueError(
             f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "
-            "(as written by save_checkpoint or any Hugging Face model)"
+            "(as written by save_checkpoint or any Hugging Face model)" + _policy_hint(path)
         )
     return path
+
+
+def _policy_hint(path: Path) -> str:
+    """Where the policy is, when `path` is a `vivace train` run or one of its checkpoints ("" otherwise)."""
+    if (path / "model" / "config.json").is_file():
+        return f"; {path} is a `vivace train` checkpoint: its policy is {path / 'model'}"
+    if policy := _train_run_policy(path):
+        return f"; {path} is a `vivace train` run: its latest policy is {policy}"
+    return ""
+
+
+def _train_run_policy(path: Path) -> Path | None:
+    """The newest checkpoint's policy of `vivace train` run directory `path` (whose config.json is the run's
+    configuration, not a model's); None if `path` is not such a run or has no checkpoint with a policy."""
+    steps = [p for p in path.glob("checkpoints/step_*/model") if p.parent.name[5:].isdecimal()]
+    if not steps or not (path / "config.json").is_file():
+        return None
+    try:
+        if "model_type" in json.loads((path / "config.json").read_text()):
+            return None  # a model after all, that happens to keep checkpoints beside it
+    except (OSError, ValueError):
+        pass
+    return max(steps, key=lambda p: int(p.parent.name[5:]))
 
 
 def require_model(spec: str) -> None:

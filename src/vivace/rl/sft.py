@@ -99,7 +99,12 @@ async def expert_data(
 
     partial = partial_path(out)  # renamed to `out` when every episode has run: a stopped run is clearly partial
     try:
-        with partial.open("wb", buffering=0) as f:  # unbuffered: each line is on disk whole, or not at all
+        try:  # "x": never over another run's partial set (one running now, or one stopped)
+            f = partial.open("xb", buffering=0)  # unbuffered: each line is on disk whole, or not at all
+        except FileExistsError:
+            raise ValueError(f"{partial} exists: another run is writing it, or one was stopped; move it aside (it "
+                             "is a usable partial set) or delete it, then run this again") from None  # fmt: skip
+        with f:
             await gather_all(*(one(t, s, f) for t, s in jobs))
     finally:
         await backend.aclose()

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from vivace.files import write_atomic
 from vivace.rl.packing import IGNORE, PACKED, Episode, forward_row, make_episode, pack, pack_episodes, row_tokens
+from vivace.signals import deferred_signals
 
 __all__ = [
     "IGNORE",
@@ -303,18 +304,22 @@ def evaluate_checkpoint(model_name: str, data: Path, seq_len: int = 16384, threa
     episodes = read_episodes(Path(data), min(len(tokenizer), model.config.vocab_size))
     kept = usable(episodes, longest)
     if not kept:
-        raise SftDataError(f"{data}: {_none_usable(episodes, longest)}")
+        raise SftDataError(_none_usable(episodes, longest, [Path(data)], "assistant"))
     result = evaluate(model, kept, seq_len, argument_spans(kept, tokenizer.decode))
     return {"model": model_name, "data": str(data), "episodes": len(kept), **result}
 
 
-def _none_usable(episodes: list[Episode], longest: int) -> str:
-    """Why no episode can be trained: none has a trained token, or those that do are too long."""
+def _none_usable(episodes: list[Episode], longest: int, files: list[Path], objective: str) -> str:
+    """Why no episode of `files` can be trained: none has a trained token, or those that do are too long."""
     trained = [e for e in episodes if any(t != IGNORE for t in e.labels)]
+    named = ", ".join(map(str, files))
+    if not trained and objective == "paths":
+        return (f"{named}: no episode has a tool call with a path argument to train on (--objective paths trains "
+                "those values only); use --objective assistant, or data from `vivace sft data`")  # fmt: skip
     if not trained:
-        return 'no episode has a trained token (every "loss_mask" is all 0); nothing to learn from this data'
+        return f'{named}: no episode has a trained token (every "loss_mask" is all 0); nothing to learn from this data'
     shortest = min(len(e.ids) for e in trained)
-    return (f"no episode with a trained token fits {longest} tokens (the shortest has {shortest}); "
+    return (f"{named}: no episode with a trained token fits {longest} tokens (the shortest has {shortest}); "
             "raise --seq-len (up to the model's context)")  # fmt: skip
 
 
@@ -414,7 +419,9 @@ def _save(model, tokenizer, out: Path) -> None:
         if failed_write := _os_error_of(e, tmp / "model.safetensors"):
             raise failed_write from e
         raise
-    for f in tmp.iterdir():
+    # config.json last: a directory with one is taken for a checkpoint (`--init`, the next run's --out check),
+    # so a kill between the moves must not leave one beside no weights.
+    for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
         os.replace(f, out / f.name)
     tmp.rmdir()
 
@@ -539,12 +546,17 @@ def train_sft(
     counts = {"episodes": len(episodes), "kept": len(kept), "too_long": too_long,
               "untrained": len(episodes) - len(kept) - too_long}  # fmt: skip
     if not kept:
-        raise SftDataError(_none_usable(episodes, longest))
-    evals = read_episodes(Path(eval_data), vocab, turn_start) if eval_data else []
+        raise SftDataError(_none_usable(episodes, longest, [Path(p) for p in data], objective))
+    # The eval episodes keep the assistant mask whatever the objective, so that every run's eval numbers
+    # (and `sft eval`'s) measure the same thing: what the policy writes.
+    evals = read_episodes(Path(eval_data), vocab) if eval_data else []
     eval_info = None
     if eval_data:
         eval_info = {"path": str(eval_data), "sha256": _sha256(Path(eval_data)), "episodes": len(evals)}
-        evals = usable(evals, longest)
+        n_read, evals = len(evals), usable(evals, longest)
+        if not evals:  # skipping the eval without a word left a run with no eval numbers at all
+            raise SftDataError(f"--eval {eval_data}: none of its {n_read} episode(s) has a trained token and fits "
+                               f"{longest} tokens; give a larger --seq-len, or other eval episodes")  # fmt: skip
         eval_info["kept"] = len(evals)
     eval_spans = argument_spans(evals, tokenizer.decode) if evals else None
 
@@ -625,25 +637,31 @@ def train_sft(
             if not (math.isfinite(ce_total) and math.isfinite(grad_norm)):  # the step would poison every weight
                 raise _diverged("the loss" if not math.isfinite(ce_total) else "the gradient", state["step"] + 1,
                                 lr_now, saved, out)  # fmt: skip
-            optimizer.step()
-            restore_rows()
-            if not _weights_finite(model):  # a step too large: nothing past here is logged or saved
-                raise _diverged("the weights", state["step"] + 1, lr_now, saved, out)
-            dt = time.perf_counter() - s0
-            busy += dt
-            state["step"] += 1
-            state["tokens"] += step_tokens
-            state["trained_tokens"] += trained
-            state["loss"] = ce_total
-            if time_budget_s is not None and not planned:  # steps that fit the time left, for the progress bar
-                left = max(time_budget_s - (time.perf_counter() - t0), 0.0)
-                est = state["step"] + int(left / (busy / state["step"]))
-            else:
-                est = planned
-            record({"step": state["step"], "loss": round(ce_total, 5), "aux_loss": round(aux_total, 5),
-                    "tokens": step_tokens, "trained_tokens": trained, "tok_s": round(step_tokens / dt, 1),
-                    "lr": lr_now, "elapsed_s": round(time.perf_counter() - t0, 2), "grad_norm": round(grad_norm, 5),
-                    "planned_steps": est})  # fmt: skip
+            # Ctrl-C here would save a step half applied (some weights updated, others not, its NaN check
+            # skipped): a signal waits until the step is applied, checked and counted.
+            with deferred_signals():
+                optimizer.step()
+                restore_rows()
+                if not _weights_finite(model):  # a step too large: nothing past here is logged or saved
+                    raise _diverged("the weights", state["step"] + 1, lr_now, saved, out)
+                dt = time.perf_counter() - s0
+                busy += dt
+                state["step"] += 1
+                state["tokens"] += step_tokens
+                state["trained_tokens"] += trained
+                state["loss"] = ce_total
+                if time_budget_s is not None and not planned:  # steps that fit the time left, for the progress bar
+                    left = max(time_budget_s - (time.perf_counter() - t0), 0.0)
+                    est = state["step"] + int(left / (busy / state["step"]))
+                    # a time budget alone: warmup of at most a quarter of the steps it fits, as measured so far
+                    # (only ever shortened: a slower step later must not send the rate back into the ramp)
+                    warmup = min(warmup, max(est // 4, 1))
+                else:
+                    est = planned
+                record({"step": state["step"], "loss": round(ce_total, 5), "aux_loss": round(aux_total, 5),
+                        "tokens": step_tokens, "trained_tokens": trained, "tok_s": round(step_tokens / dt, 1),
+                        "lr": lr_now, "elapsed_s": round(time.perf_counter() - t0, 2),
+                        "grad_norm": round(grad_norm, 5), "planned_steps": est})  # fmt: skip
             if eval_every and state["step"] % eval_every == 0:
                 run_eval()
             if save_every and state["step"] % save_every == 0:
@@ -655,4 +673,4 @@ def train_sft(
     if evals and state["stopped_by"] != "interrupted" and (not eval_every or state["step"] % eval_every):
         run_eval()
     _save(model, tokenizer, out)
-    return summary(finished=True)
+    return summary(finished=state["stopped_by"] != "interrupted")  # stopped short of its budget: not finished
