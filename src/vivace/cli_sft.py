@@ -137,6 +137,10 @@ def sft_data(
         if not tasks:
             raise ValueError(f"{tasks_path or f'suite {suite!r}'} has no tasks in split {split!r}; a task's split is "
                              "its metadata.split (train when it names none), and --split picks one")  # fmt: skip
+        if split in ("test", "validation"):  # deliberate, perhaps: but a warm start trained on them is not held out
+            err.print(f"[yellow]note:[/] expert data from the {split} split: a policy trained on it has seen those "
+                      f"tasks, so its {split} numbers (the benchmark's held-out ones) no longer measure held-out "
+                      "tasks")  # fmt: skip
         wanted = tuple(s.strip() for s in styles.split(",") if s.strip())
         if not wanted:
             raise ValueError(f"--styles {styles!r} names no style; choose from efficient, serial, redundant, no-tests")
