@@ -15,6 +15,7 @@ or per process. Vectors are L2-normalised float32; cosine similarity is a dot pr
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -34,6 +35,7 @@ QUERY_CACHE = 512
 SAVE_EVERY_S = 30.0  # a long embedding run saves what it has this often (a kill loses at most this much)
 MAX_SHARDS = 16  # past this many shards, loading merges them into one
 _SURROGATES = re.compile("[\ud800-\udfff]")  # undecodable bytes of a file name (surrogateescape)
+_SHARD = re.compile(r"shard-.*\.npz")
 log = logging.getLogger(__name__)
 
 
@@ -207,7 +209,9 @@ class EmbeddingCache:
                 return
             keys, self._new = self._new, []
             vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16)
-        _save_shard(self.dir, keys, vectors)
+        if not _save_shard(self.dir, keys, vectors):
+            with self._lock:  # still not on disk: the next flush tries them again
+                self._new[:0] = keys
 
     def _load(self) -> None:
         if self._loaded:
@@ -217,7 +221,8 @@ class EmbeddingCache:
                 self._loaded = True
                 return
             _sweep_unsaved(self.dir)
-            shards = sorted(self.dir.glob("shard-*.npz"))
+            shards = _shards(self.dir)
+            loaded: dict[Path, list[bytes]] = {}  # shard -> its keys, for merging
             for shard in shards:
                 try:
                     # Our own file object: np.load leaks the one it opens when the zip is damaged.
@@ -227,33 +232,53 @@ class EmbeddingCache:
                         raise ValueError(f"{keys.shape} keys with vectors of shape {vectors.shape}")
                     if not np.isfinite(vectors).all():
                         raise ValueError("a vector is not finite")
+                    keys = [bytes(k).ljust(16, b"\0") for k in keys]
                     for k, v in zip(keys, vectors, strict=True):
-                        self._vectors.setdefault(bytes(k).ljust(16, b"\0"), v)
+                        self._vectors.setdefault(k, v)
+                    loaded[shard] = keys
                 except FileNotFoundError:  # merged into one by another process meanwhile (_merge_shards)
                     continue
-                except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+                except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
                     # shards are renamed into place whole, so a bad one stays bad: drop it; it only
                     # costs re-embedding its texts (saved again in a new shard)
                     log.warning("search cache: dropping damaged embeddings %s (%s: %s)", shard, type(e).__name__, e)
                     with contextlib.suppress(OSError):
                         shard.unlink()
+                except OSError as e:  # EMFILE, EACCES, EIO...: may pass, and the shard may hold hours of work
+                    log.warning("search cache: could not read %s, skipped (%s)", shard, e)
             self._loaded = True
         if len(shards) > MAX_SHARDS:  # outside the lock, which merging takes
-            self._merge_shards(shards)
+            self._merge_shards(loaded)
 
-    def _merge_shards(self, shards: list[Path]) -> None:
-        """Every vector loaded, as one shard in place of `shards`: each flush adds a shard (each search
-        that embeds an edit), and 3,000 of them added 1.5 s to every process's first search. Written
-        before the old ones go, so a reader finds every vector in one or the other."""
+    def _merge_shards(self, loaded: dict[Path, list[bytes]]) -> None:
+        """The vectors of the `loaded` shards, as one shard in their place: each flush adds a shard (each
+        search that embeds an edit), and 3,000 of them added 1.5 s to every process's first search. Written
+        before the old ones go, so a reader finds every vector in one or the other. One process merges at
+        a time (others skip it), and only shards still there: processes starting together each wrote a
+        whole merged copy, deleting each other's."""
         assert self.dir is not None
-        with self._lock:
-            keys = list(self._vectors)
-            vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16) if keys else None
-        if vectors is None or not _save_shard(self.dir, keys, vectors):
+        try:
+            lock = os.open(self.dir / ".merge.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # a read-only cache: nothing could be merged anyway
             return
-        for shard in shards:
-            with contextlib.suppress(OSError):
-                shard.unlink()
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shards = _shards(self.dir)
+            merged = [s for s in shards if s in loaded]
+            if len(shards) <= MAX_SHARDS or len(merged) < 2:  # merged by another process meanwhile
+                return
+            keys = list(dict.fromkeys(k for s in merged for k in loaded[s]))
+            with self._lock:
+                vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16)
+            if not _save_shard(self.dir, keys, vectors):
+                return
+            for shard in merged:
+                with contextlib.suppress(OSError):
+                    shard.unlink()
+        except OSError:  # another process holds the lock, merging them (BlockingIOError), or no locks here
+            return
+        finally:
+            os.close(lock)
 
 
 def _save_shard(directory: Path, keys: list[bytes], vectors: np.ndarray) -> bool:
@@ -269,6 +294,16 @@ def _save_shard(directory: Path, keys: list[bytes], vectors: np.ndarray) -> bool
         with contextlib.suppress(OSError):
             tmp.unlink()
         return False
+
+
+def _shards(directory: Path) -> list[Path]:
+    """The shard files in `directory` (a directory of that name is not one: it would warn on every load)."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(Path(e.path) for e in entries if _SHARD.fullmatch(e.name) and e.is_file())
+    except OSError as e:  # unreadable for now: as if empty
+        log.warning("search cache: could not list %s (%s)", directory, e)
+        return []
 
 
 def _sweep_unsaved(directory: Path) -> None:

@@ -36,7 +36,9 @@ from vivace.search.scan import text_hash
 
 FORMAT = 1
 Progress = Callable[[str, int, int], None]  # (stage, done, total); may raise to stop a build between batches
-DAMAGED = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile)  # what a bad file raises
+# What a bad base raises. Not any OSError: EMFILE, EACCES or EIO may pass, and must not remove a good base.
+DAMAGED = (ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile, FileNotFoundError,
+           IsADirectoryError, NotADirectoryError)  # fmt: skip
 log = logging.getLogger(__name__)
 
 
@@ -131,6 +133,9 @@ class BaseIndex:
                 return cls._read(directory, model, dim)
             except (*DAMAGED, AttributeError) as e:
                 damage = e
+            except OSError as e:  # not damage: kept for the next process (this one builds the index again)
+                log.warning("search cache: could not read the index in %s, skipped (%s)", directory, e)
+                return None
             if _discard_if_unchanged(directory, seen):
                 log.warning(
                     "search cache: the index in %s is damaged (%s: %s); rebuilding it",
@@ -156,7 +161,10 @@ class BaseIndex:
             # every chunk NaN, so that dense search returns nothing for as long as the base is reused.
             if not np.isfinite(vectors).all():
                 raise ValueError(f"{int((~np.isfinite(vectors)).any(axis=-1).sum())} vectors hold NaN or inf")
-        return cls(meta["files"], chunks, vectors, model)
+        base = cls(meta["files"], chunks, vectors, model)
+        if base.root != meta.get("root"):  # a file's hash changed (still valid JSON): no longer this tree's
+            raise ValueError(f"its files' root is {base.root}, not {meta.get('root')}")
+        return base
 
 
 def _chunks(rows: Any, files: Any) -> list[Chunk]:
@@ -192,7 +200,7 @@ def _chunks(rows: Any, files: Any) -> list[Chunk]:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def bases_locked(directory: Path) -> Iterator[None]:
     """An exclusive lock (flock, so across processes too) over replacing or removing the bases in
     `directory`; readers never take it: they see a base whole or not at all."""
     fd = os.open(directory, os.O_RDONLY)
@@ -206,7 +214,7 @@ def _locked(directory: Path) -> Iterator[None]:
 def _publish(tmp: Path, directory: Path, meta: dict[str, Any]) -> None:
     """Rename `tmp` to `directory`. rename() replaces nothing but an empty directory, so a base another
     writer published first stays; one of another model or format (or a stray file) is replaced."""
-    with _locked(directory.parent):
+    with bases_locked(directory.parent):
         _sweep_leftovers(directory.parent, keep=tmp)
         try:
             os.rename(tmp, directory)
@@ -220,7 +228,7 @@ def _publish(tmp: Path, directory: Path, meta: dict[str, Any]) -> None:
         os.rename(tmp, directory)
 
 
-_LEFTOVER = re.compile(r"\.[0-9a-f]+\.(old\.)?[0-9a-f]{8}")  # save()'s and _discard()'s names
+_LEFTOVER = re.compile(r"\.[0-9a-f]+\.((old\.)?[0-9a-f]{8}|lock)")  # save()'s, _discard()'s and build locks' names
 LEFTOVER_AGE_S = 3600.0  # a save writes its copy in seconds: one untouched for an hour is no live writer's
 
 
@@ -243,11 +251,13 @@ def _sweep_leftovers(bases: Path, keep: Path) -> None:
 
 
 def _same_base(directory: Path, meta: dict[str, Any]) -> bool:
+    """Whether `directory` holds the base `meta` describes. By its files, not its "root" field: a meta.json
+    with one hash changed still names the right root, and was kept by every save while no load used it."""
     try:
         theirs = json.loads((directory / "meta.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(theirs, dict) and all(theirs.get(k) == meta[k] for k in ("format", "model", "root"))
+    return isinstance(theirs, dict) and all(theirs.get(k) == meta[k] for k in ("format", "model", "files"))
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -262,7 +272,7 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
 def _discard_if_unchanged(directory: Path, seen: tuple[int, int, int] | None) -> bool:
     """Remove the damaged base at `directory` unless another process replaced it since it was read."""
     try:
-        with _locked(directory.parent):
+        with bases_locked(directory.parent):
             if seen is None or _identity(directory) != seen:
                 return False
             _discard(directory)
@@ -271,11 +281,11 @@ def _discard_if_unchanged(directory: Path, seen: tuple[int, int, int] | None) ->
     return True
 
 
-def discard_base(directory: Path) -> None:
-    """Remove the saved base at `directory`, if any, under the bases' lock (a reader holding it open
-    keeps reading it; a later load rebuilds it)."""
+def discard_base(directory: Path, locked: bool = False) -> None:
+    """Remove the saved base at `directory`, if any, under the bases' lock (`locked`: the caller holds it;
+    a reader holding the base open keeps reading it; a later load rebuilds it)."""
     try:
-        with _locked(directory.parent):
+        with contextlib.nullcontext() if locked else bases_locked(directory.parent):
             if os.path.lexists(directory):
                 _discard(directory)
     except OSError as e:  # a read-only cache, or removed meanwhile: it only stays on disk

@@ -10,7 +10,9 @@ for that directory (`vivace index build`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -18,11 +20,11 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from vivace.search.embed import EmbeddingCache
-from vivace.search.index import BaseIndex, discard_base
+from vivace.search.index import LEFTOVER_AGE_S, BaseIndex, bases_locked, discard_base
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +60,14 @@ class BaseStore:
             return None
         dim = self.cache.embedder.dim if self.cache is not None else None
         base = BaseIndex.load(self.dir / "bases" / root, self.model, dim)
-        if base is not None and base.root == root:
+        if base is not None and base.root != root:  # kept, it would be read in vain by every process
+            log.warning("search cache: %s holds the index of another tree; rebuilding it", self.dir / "bases" / root)
+            discard_base(self.dir / "bases" / root)
+            return None
+        if base is not None:
             _mark_used(self.dir / "bases" / root)
             self._remember(base)
-            return base
-        return None
+        return base
 
     def put(self, base: BaseIndex, built: bool = True) -> None:
         self.builds += built
@@ -99,6 +104,35 @@ class BaseStore:
             removed.append(root)
             total -= size
         return removed
+
+    @contextlib.asynccontextmanager
+    async def building(self, root: str) -> AsyncIterator[None]:
+        """Held while `root`'s base is built, across processes: two builds of one tree at once each
+        embedded all of it. A waiter polls (so that Ctrl-C stops it) and should then look for the
+        base again. Without a writable cache, builds just go unserialised."""
+        fd, path = None, self.dir / "bases" / f".{root}.lock" if self.dir is not None else None
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(0.1)
+                except OSError:  # no locks on this file system
+                    break
+            yield
+        finally:
+            if fd is not None:
+                # Removed while held: a process that opened it meanwhile, then locks it, finds the base saved.
+                # One a killed build left is swept as a leftover (index._sweep_leftovers).
+                with contextlib.suppress(OSError):
+                    if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                        path.unlink()
+                os.close(fd)
 
     def saved(self, root: str) -> bool:
         """Whether the base of `root` is on disk, for other processes to reuse."""
@@ -150,30 +184,48 @@ class BaseStore:
         """Record `root` as `repo`'s index. The base it replaces is removed unless another directory's
         record names it: every `index build` of a changed tree saved a whole new base, and nothing
         removed the old ones (a daily build grew the cache by an index a day). Rebuilding a removed
-        base costs chunking and BM25 only: its vectors stay in the embedding cache."""
+        base costs chunking and BM25 only: its vectors stay in the embedding cache.
+
+        Under the bases' lock, and only to a base on disk: a search that opened an older base, recording
+        it after a build of the same directory had replaced it, removed the build's base and named one
+        already removed."""
         pointer = self._pointer(repo)
         if pointer is None:
             return
-        previous = self.last_root(repo)
         try:
-            pointer.parent.mkdir(parents=True, exist_ok=True)
-            tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
-            tmp.write_text(root + "\n")
-            tmp.replace(pointer)  # whole or not at all: a reader never finds half a root
+            with bases_locked(self.dir / "bases"):
+                if not self.saved(root):  # its save failed, or another build of `repo` replaced it since
+                    return
+                previous = self.last_root(repo)
+                pointer.parent.mkdir(parents=True, exist_ok=True)
+                _sweep_unsaved(pointer.parent)
+                tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
+                tmp.write_text(root + "\n")
+                tmp.replace(pointer)  # whole or not at all: a reader never finds half a root
+                if previous is not None and previous != root and previous not in self._recorded_roots():
+                    discard_base(self.dir / "bases" / previous, locked=True)
         except OSError as e:  # costs the next search a closest-base lookup, never a failure
             log.warning("search cache: could not record the index of %s: %s", repo, e)
-            return
-        if previous is not None and previous != root and previous not in self._recorded_roots():
-            discard_base(self.dir / "bases" / previous)
 
     def _recorded_roots(self) -> set[str]:
         """The roots some directory's record names."""
         repos = self.dir / "repos" if self.dir is not None else None
         roots = set()
         for pointer in repos.iterdir() if repos is not None and repos.is_dir() else ():  # none: nothing recorded
+            if pointer.name.startswith("."):  # a record being written, or one a killed writer left
+                continue
             with contextlib.suppress(OSError):
                 roots.add(pointer.read_bytes().decode("ascii", "replace").strip())
         return roots
+
+
+def _sweep_unsaved(repos: Path) -> None:
+    """Remove records a writer killed midway left (`.<key>.<pid>`, untouched for an hour: no live writer's)."""
+    cutoff = time.time() - LEFTOVER_AGE_S
+    for tmp in repos.glob(".*"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
 
 
 def _mark_used(directory: Path) -> None:

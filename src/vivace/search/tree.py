@@ -196,10 +196,13 @@ class Indexer:
             if base is None and share:
                 base = self.store.closest(tree.files, self.config.share_threshold)
             if base is None:
-                texts = await source.read(sorted(tree.files))
-                texts = {p: t for p, t in texts.items() if t is not None}
-                base = await asyncio.to_thread(BaseIndex.build, texts, self.cache, progress)
-                await asyncio.to_thread(self.store.put, base)
+                async with self.store.building(tree.root):
+                    base = await asyncio.to_thread(self.store.get, tree.root)  # built by another process meanwhile
+                    if base is None:
+                        texts = await source.read(sorted(tree.files))
+                        texts = {p: t for p, t in texts.items() if t is not None}
+                        base = await asyncio.to_thread(BaseIndex.build, texts, self.cache, progress)
+                        await asyncio.to_thread(self.store.put, base)
         return base
 
     async def refresh(self, source: Source, state: TreeState) -> int:
