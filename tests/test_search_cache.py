@@ -261,3 +261,36 @@ def test_a_directory_named_like_a_shard_is_not_damage(tmp_path, caplog):
     (tmp_path / "fake" / "shard-aaaaaaaaaaaa.npz").mkdir()
     EmbeddingCache(FakeEmbedder(), tmp_path).embed(["edit 0"])
     assert caplog.text == "" and (tmp_path / "fake" / "shard-aaaaaaaaaaaa.npz").is_dir()
+
+
+# -- reading the cache ------------------------------------------------------------------------------------
+
+
+def test_a_process_holds_the_vectors_it_looks_up_not_the_whole_cache(tmp_path):
+    """Every process that embedded anything loaded every vector ever cached (2.2 KB each: +1.1 GB at 500k);
+    now it reads the keys and maps the vectors, holding only those it looks up."""
+    texts = [f"def f{i}(): return {i}" for i in range(3000)]
+    first = EmbeddingCache(FakeEmbedder(), tmp_path)
+    expected = first.embed(texts)
+    first.flush()
+    later = EmbeddingCache(FakeEmbedder(), tmp_path)
+    wanted = [3, 1500, 2999]
+    got = later.embed([texts[i] for i in wanted] + ["def new(): pass"])
+    assert later.embedder.encoded == 1 and len(later) == 4  # the one new text; the others looked up
+    assert np.allclose(got[:3], expected[wanted], atol=1e-3)  # stored as float16
+    (shard,) = later._shards
+    assert isinstance(shard.vectors, np.memmap)
+
+
+def test_shards_written_unsorted_or_compressed_are_still_read(tmp_path):
+    """Shards from before keys were sorted, or written by another tool with compression: found all the same."""
+    texts = [f"text {i}" for i in range(50)]
+    vectors = FakeEmbedder()._vectors(texts).astype(np.float16)
+    keys = np.frombuffer(b"".join(embed.text_key(t) for t in texts), dtype="S16")
+    (tmp_path / "fake").mkdir()
+    np.savez(tmp_path / "fake" / "shard-000000000001.npz", keys=keys[:25][::-1], vectors=vectors[:25][::-1])
+    np.savez_compressed(tmp_path / "fake" / "shard-000000000002.npz", keys=keys[25:], vectors=vectors[25:])
+    cache = EmbeddingCache(FakeEmbedder(), tmp_path)
+    got = cache.embed(texts)
+    assert cache.embedder.encoded == 0 and np.allclose(got, vectors.astype(np.float32))
+    assert [isinstance(s.vectors, np.memmap) for s in cache._shards] == [True, False]

@@ -10,6 +10,11 @@ of its weight files, so a retrained model never reads an older model's vectors).
 shared by every index in the process (`shared`) and, when given a directory, persisted there
 in append-only shards, so a repository is embedded once per machine, not once per workspace
 or per process. Vectors are L2-normalised float32; cosine similarity is a dot product.
+
+A process reads a shard's keys (16 bytes a vector) and maps its vectors (np.savez stores them
+uncompressed, so they can be mapped where they lie in the file): it holds only the vectors it
+looks up, and the page cache holds the rest once for every process. Loading every vector made
+each process that embedded anything hold the whole cache (2.2 KB a vector: +1.1 GB at 500k).
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ import hashlib
 import logging
 import os
 import re
+import struct
 import threading
 import time
 import uuid
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -167,18 +174,24 @@ class EmbeddingCache:
     def __init__(self, embedder: Embedder, directory: Path | None = None):
         self.embedder = embedder
         self.dir = Path(directory) / embedder.id if directory is not None else None
-        self._vectors: dict[bytes, np.ndarray] = {}
+        self._vectors: dict[bytes, np.ndarray] = {}  # those this process embedded or looked up
         self._new: list[bytes] = []  # keys not yet written to disk
+        self._shards: list[_Shard] = []  # the shards on disk when this process first looked
         self._lock = threading.Lock()
         self._loaded = False
 
     def __len__(self) -> int:
+        """Vectors this process holds: those it embedded or looked up (not the whole cache on disk)."""
         return len(self._vectors)
 
     def embed(self, texts: Sequence[str], progress: Any = None) -> np.ndarray:
         """(len(texts), dim) vectors; `progress(done, total)` is called as missing texts are encoded."""
         self._load()
         keys = [text_key(t) for t in texts]
+        with self._lock:
+            unseen = list(dict.fromkeys(k for k in keys if k not in self._vectors))
+        if unseen and self._shards:
+            self._look_up(unseen)
         with self._lock:
             missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._vectors}
         uncached = list(missing.items())
@@ -213,6 +226,27 @@ class EmbeddingCache:
             with self._lock:  # still not on disk: the next flush tries them again
                 self._new[:0] = keys
 
+    def _look_up(self, keys: list[bytes]) -> None:
+        """Copy the vectors of `keys` found in the shards into memory (the first shard holding one wins)."""
+        wanted = np.frombuffer(b"".join(keys), dtype="S16")
+        left = np.arange(len(keys))
+        for shard in list(self._shards):
+            if not len(left):
+                return
+            at, vectors = shard.find(wanted[left])
+            whole = np.isfinite(vectors).all(axis=1)
+            damaged = not whole.all()  # a mapped shard's rows are checked as they are read
+            with self._lock:
+                for i, v in zip(left[at[whole]], vectors[whole], strict=True):
+                    if self._vectors.setdefault(keys[i], v) is v and damaged:
+                        self._new.append(keys[i])  # saved anew: the shard they came from goes
+            if damaged:  # renamed into place whole, so it stays bad: its other texts are embedded again
+                log.warning("search cache: dropping damaged embeddings %s (%d not finite)", shard.path, (~whole).sum())
+                self._shards.remove(shard)
+                with contextlib.suppress(OSError):
+                    shard.path.unlink()
+            left = np.delete(left, at[whole])
+
     def _load(self) -> None:
         if self._loaded:
             return
@@ -222,20 +256,9 @@ class EmbeddingCache:
                 return
             _sweep_unsaved(self.dir)
             shards = _shards(self.dir)
-            loaded: dict[Path, list[bytes]] = {}  # shard -> its keys, for merging
             for shard in shards:
                 try:
-                    # Our own file object: np.load leaks the one it opens when the zip is damaged.
-                    with open(shard, "rb") as f, np.load(f) as data:
-                        keys, vectors = data["keys"], data["vectors"].astype(np.float32)
-                    if keys.ndim != 1 or vectors.shape != (len(keys), self.embedder.dim):  # before any is used
-                        raise ValueError(f"{keys.shape} keys with vectors of shape {vectors.shape}")
-                    if not np.isfinite(vectors).all():
-                        raise ValueError("a vector is not finite")
-                    keys = [bytes(k).ljust(16, b"\0") for k in keys]
-                    for k, v in zip(keys, vectors, strict=True):
-                        self._vectors.setdefault(k, v)
-                    loaded[shard] = keys
+                    self._shards.append(_Shard.open(shard, self.embedder.dim))
                 except FileNotFoundError:  # merged into one by another process meanwhile (_merge_shards)
                     continue
                 except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
@@ -248,9 +271,9 @@ class EmbeddingCache:
                     log.warning("search cache: could not read %s, skipped (%s)", shard, e)
             self._loaded = True
         if len(shards) > MAX_SHARDS:  # outside the lock, which merging takes
-            self._merge_shards(loaded)
+            self._merge_shards(self._shards)
 
-    def _merge_shards(self, loaded: dict[Path, list[bytes]]) -> None:
+    def _merge_shards(self, loaded: list[_Shard]) -> None:
         """The vectors of the `loaded` shards, as one shard in their place: each flush adds a shard (each
         search that embeds an edit), and 3,000 of them added 1.5 s to every process's first search. Written
         before the old ones go, so a reader finds every vector in one or the other. One process merges at
@@ -264,29 +287,33 @@ class EmbeddingCache:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shards = _shards(self.dir)
-            merged = [s for s in shards if s in loaded]
+            merged = [s for s in loaded if s.path in shards]
             if len(shards) <= MAX_SHARDS or len(merged) < 2:  # merged by another process meanwhile
                 return
-            keys = list(dict.fromkeys(k for s in merged for k in loaded[s]))
-            with self._lock:
-                vectors = np.stack([self._vectors[k] for k in keys]).astype(np.float16)
+            keys, vectors = _merged(merged)
             if not _save_shard(self.dir, keys, vectors):
                 return
             for shard in merged:
                 with contextlib.suppress(OSError):
-                    shard.unlink()
+                    shard.path.unlink()
         except OSError:  # another process holds the lock, merging them (BlockingIOError), or no locks here
             return
         finally:
             os.close(lock)
 
 
-def _save_shard(directory: Path, keys: list[bytes], vectors: np.ndarray) -> bool:
-    """Write one shard, renamed into place whole (readers never see half of one); False on failure."""
+def _save_shard(directory: Path, keys: list[bytes] | np.ndarray, vectors: np.ndarray) -> bool:
+    """Write one shard, its keys sorted (so that a reader finds one without sorting them), renamed into place
+    whole (readers never see half of one); False on failure."""
     tmp = directory / f".{uuid.uuid4().hex}.npz"
+    if isinstance(keys, list):
+        keys = np.frombuffer(b"".join(keys), dtype="S16")
+    if len(keys) > 1 and not (keys[:-1] <= keys[1:]).all():  # a merge's are: no second copy of its vectors
+        order = np.argsort(keys, kind="stable")
+        keys, vectors = keys[order], vectors[order]
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        np.savez(tmp, keys=np.frombuffer(b"".join(keys), dtype="S16"), vectors=vectors)
+        np.savez(tmp, keys=keys, vectors=vectors)  # uncompressed: readers map the vectors
         tmp.rename(directory / f"shard-{uuid.uuid4().hex[:12]}.npz")
         return True
     except OSError as e:  # a read-only or full cache disk costs re-embedding later, never a failed build
@@ -294,6 +321,86 @@ def _save_shard(directory: Path, keys: list[bytes], vectors: np.ndarray) -> bool
         with contextlib.suppress(OSError):
             tmp.unlink()
         return False
+
+
+@dataclass
+class _Shard:
+    """One shard as a process reads it: its keys in memory, sorted (`rows`: where each key's vector is,
+    None when the file has them in order), and its vectors memory-mapped where the file can be mapped."""
+
+    path: Path
+    keys: np.ndarray  # S16, sorted
+    rows: np.ndarray | None
+    vectors: np.ndarray  # (len(keys), dim), as stored (float16)
+
+    @classmethod
+    def open(cls, path: Path, dim: int) -> _Shard:
+        """ValueError (or KeyError, BadZipFile...) for a damaged shard; OSError if it cannot be read now."""
+        with open(path, "rb") as f:  # our own file object: np.load leaks the one it opens when the zip is damaged
+            keys, _ = _member(f, path, "keys", mapped=False)
+            vectors, mapped = _member(f, path, "vectors", mapped=True)
+        if keys.ndim != 1 or keys.dtype.kind != "S" or vectors.shape != (len(keys), dim):  # before any is used
+            raise ValueError(f"{keys.shape} keys with vectors of shape {vectors.shape}")
+        keys = keys.astype("S16")
+        if not mapped and not np.isfinite(vectors).all():  # a mapped shard's rows are checked as they are read
+            raise ValueError("a vector is not finite")
+        if len(keys) > 1 and not (keys[:-1] <= keys[1:]).all():  # written before shards were sorted
+            rows = np.argsort(keys, kind="stable")
+            return cls(path, keys[rows], rows, vectors)
+        return cls(path, keys, None, vectors)
+
+    def find(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the positions in `wanted` of the keys held here, their vectors as float32)."""
+        if not len(self.keys):
+            return np.zeros(0, np.int64), np.zeros((0, self.vectors.shape[1]), np.float32)
+        at = np.minimum(np.searchsorted(self.keys, wanted), len(self.keys) - 1)
+        hit = self.keys[at] == wanted
+        rows = at[hit] if self.rows is None else self.rows[at[hit]]
+        order = np.argsort(rows)  # read the file forwards
+        vectors = np.empty((len(rows), self.vectors.shape[1]), np.float32)
+        vectors[order] = self.vectors[rows[order]]
+        return np.flatnonzero(hit), vectors
+
+
+def _merged(shards: list[_Shard]) -> tuple[np.ndarray, np.ndarray]:
+    """The keys of `shards`, sorted and each once (the earlier shard's), and their vectors: the one copy of
+    them held, filled from each shard's map in turn."""
+    keys, first = np.unique(np.concatenate([s.keys for s in shards]), return_index=True)
+    which = np.repeat(np.arange(len(shards)), [len(s.keys) for s in shards])[first]
+    starts = np.cumsum([0] + [len(s.keys) for s in shards])
+    vectors = np.empty((len(keys), shards[0].vectors.shape[1]), np.float16)
+    for i, shard in enumerate(shards):
+        picked = np.flatnonzero(which == i)
+        at = first[picked] - starts[i]  # positions in this shard's sorted keys
+        vectors[picked] = shard.vectors[at if shard.rows is None else shard.rows[at]]
+    return keys, vectors
+
+
+def _member(f: Any, path: Path, name: str, mapped: bool) -> tuple[np.ndarray, bool]:
+    """Array `name` of the .npz open as `f`: memory-mapped (`mapped` and stored uncompressed, as np.savez
+    writes it), else read whole; and whether it is mapped."""
+    with zipfile.ZipFile(f) as z:
+        info = z.getinfo(f"{name}.npy")
+        if not mapped or info.compress_type != zipfile.ZIP_STORED:
+            with z.open(info) as member:
+                return np.lib.format.read_array(member, allow_pickle=False), False
+    f.seek(info.header_offset)
+    local = f.read(30)  # the member's own header: its name and extra field come before its data
+    if len(local) < 30 or local[:4] != b"PK\x03\x04":
+        raise ValueError(f"{name}.npy: no local file header")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    f.seek(info.header_offset + 30 + name_len + extra_len)
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f"{name}.npy: .npy format version {version}")
+    if dtype.hasobject or not shape or not all(shape):  # nothing to map (mmap refuses an empty range)
+        return np.zeros(shape, dtype), True
+    order = "F" if fortran else "C"
+    return np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape, order=order), True
 
 
 def _shards(directory: Path) -> list[Path]:
