@@ -126,3 +126,11 @@ def test_bundled_repository_shape(repo):
     assert 300 <= lines <= 1500, lines
     assert len({p.parent for p in source}) >= 1 and len(source) >= 4
     assert list((root / "tests").glob("test_*.py"))
+
+
+def test_a_repository_named_twice_gives_its_tasks_once():
+    """`--repos textkit,textkit` wrote each task twice: a file no loader accepts (duplicate task ids)."""
+    from vivace.tasks.generate import candidates
+
+    once, twice = candidates(["textkit"], 0), candidates(["textkit", "textkit"], 0)
+    assert len(twice) == len(once) and len({(m.path, m.line, m.kind, m.after) for m in twice}) == len(twice)

@@ -23,7 +23,7 @@ from conftest import make_backend
 from vivace.sandbox.snapshot import SnapshotSource
 from vivace.tasks import format as fmt
 from vivace.tasks.format import Task, TaskFormatError, load_jsonl, load_task_dir, load_tasks, save_jsonl
-from vivace.tasks.swebench import from_swebench, load_swebench_jsonl, sanitize_id
+from vivace.tasks.swebench import from_swebench, load_repo_runs, load_swebench_jsonl, sanitize_id
 
 # --------------------------------------------------------------------------- task format
 
@@ -782,3 +782,64 @@ def test_patched_trees_are_a_cache_the_least_recently_used_leave(tmp_path, monke
     assert (second / "calc.py").read_text() == "X = 2\n" and not first.exists()  # the older one went
     assert tree(tasks[0]) == first and (first / "calc.py").read_text() == "X = 1\n"
     assert not second.exists() and [p.name for p in (state / "task-trees").iterdir() if p.is_dir()] == [first.name]
+
+
+def test_from_swebench_pins_a_ref_to_its_commit(swe):
+    """A base_commit given as a ref (HEAD, a branch, a short SHA) was stored as given, so the task moved on with
+    the clone: once the fix was committed there, scripted:null solved it."""
+    task = from_swebench({**swe.record, "base_commit": swe.base[:10]}, swe.clone)
+    assert task.repo.commit == swe.base and task.metadata["base_commit"] == swe.base[:10]
+    assert from_swebench(swe.record, swe.clone).metadata.get("base_commit") is None  # a full SHA is the commit
+
+
+def test_from_swebench_refuses_a_test_patch_over_the_files_the_fix_changes(swe):
+    """The hidden test files are written whole at scoring: a test_patch that also changes a file the fix changes
+    wrote the unfixed file back over the agent's fix, and even the oracle failed."""
+    from vivace.tasks.format import TaskFormatError
+
+    test_patch = swe.record["test_patch"] + swe.record["patch"].replace("return hi", "return hi  # checked")
+    with pytest.raises(TaskFormatError, match=r"test_patch and patch both change calc/ops.py: .* leave this record"):
+        from_swebench({**swe.record, "test_patch": test_patch}, swe.clone)
+
+
+def test_cli_swebench_and_select_refuse_to_write_over_their_input(swe, tmp_path):
+    from typer.testing import CliRunner
+
+    from vivace.cli import app
+
+    records = tmp_path / "swe.jsonl"
+    records.write_text(_lines(swe.record))
+    before = records.read_text()
+    result = _cli(str(records), "--repos", f"acme/calc={swe.clone}", "--out", str(records))
+    assert result.exit_code == 2 and "is an input of this command" in " ".join(result.output.split())
+    assert records.read_text() == before
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps({"task_id": "t", "resolved": True, "model": "m"}) + "\n")
+    kept = results.read_text()
+    for args in (["--results", str(results), "--out", str(results)],
+                 ["--results", str(results), "--results", str(results), "--out", str(tmp_path / "o.jsonl")]):  # fmt: skip
+        result = CliRunner().invoke(app, ["tasks", "select", *args])
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2 and ("is an input" in said or "given twice" in said), said
+    assert results.read_text() == kept
+
+
+def test_cli_swebench_repo_config_names_match_as_github_does_and_strays_are_named(swe, tmp_path, caplog):
+    records = tmp_path / "swe.jsonl"
+    records.write_text(_lines(swe.record))
+    config = tmp_path / "repos.json"
+    config.write_text(json.dumps({"Acme/Calc": {"test_command": "python -m pytest -x"}, "acme/calx": {}}))
+    tasks = load_swebench_jsonl(records, {"acme/calc": swe.clone}, repo_runs=load_repo_runs(config))
+    assert tasks[0].tests.command == "python -m pytest -x"  # GitHub's names are case-insensitive
+    assert "names acme/calx, which no record" in caplog.text
+
+
+def test_hidden_file_paths_must_name_files(tmp_path):
+    from vivace.tasks.format import TaskFormatError, load_jsonl
+
+    for bad in ("tests/", "tests//a.py", "./a.py"):
+        f = tmp_path / "t.jsonl"
+        f.write_text(json.dumps({"id": "t", "repo": {"path": "."}, "request": "r",
+                                 "tests": {"fail_to_pass": ["a"], "files": {bad: ""}}}) + "\n")  # fmt: skip
+        with pytest.raises(TaskFormatError, match="must name a file"):
+            load_jsonl(f)

@@ -175,3 +175,12 @@ def test_a_summary_without_its_final_line_is_named_as_the_reason(tmp_path):
     assert run.outcomes == {}  # no final line: nothing is read (it is what proves the PASSED lines)
     reason = no_outcome_reason(run, ["test_sample.py::test_ok"])
     assert reason.startswith("exit code 0: pytest printed its summary without the final") and "-q" in reason
+
+
+def test_ids_whose_path_holds_a_space_are_read():
+    """`\\S+?::` stopped at the space: a test under "tests/sub dir/" had no outcome, and the oracle failed with
+    "no pytest -rA summary" as the reason."""
+    out = ("===== short test summary info =====\nPASSED tests/sub dir/test_a.py::test_ok\nFAILED tests/sub dir/test_a.py::test_bad[x y] - assert 1\n"
+           "===== 1 failed, 1 passed in 0.01s =====\n")  # fmt: skip
+    assert parse_outcomes(out) == {"tests/sub dir/test_a.py::test_ok": "PASSED",
+                                   "tests/sub dir/test_a.py::test_bad[x y]": "FAILED"}  # fmt: skip

@@ -448,3 +448,16 @@ def test_bench_and_serve_refuse_a_model_whose_vocab_is_smaller_than_its_tokenize
         load_model(str(model))  # what bench, serve, the agent and sft train load with
     padded = _small_checkpoint(tmp_path / "padded", Qwen3Config(vocab_size=vocab + 64, head_dim=8, **SMALL_DIMS))
     assert load_model(str(padded)).model.config.vocab_size == vocab + 64  # more rows than ids: fine
+
+
+def test_config_files_no_parser_reads_are_refused_naming_the_file(tmp_path):
+    """Arrays nested 3,000 deep gave a RecursionError traceback; a 5,000-digit integer an error naming no file;
+    a NUL in a path passed, to fail later as "embedded null byte"."""
+    cases = [("deep.json", "[" * 3000 + "]" * 3000, "nested too deeply"),
+             ("big.json", '{"train": {"steps": ' + "9" * 5000 + "}}", "cannot read it"),
+             ("nul.json", json.dumps({"sandbox": {"state_dir": "/tmp/a\u0000b"}}), "sandbox.state_dir: .*NUL")]  # fmt: skip
+    for name, text, said in cases:
+        f = tmp_path / name
+        f.write_text(text)
+        with pytest.raises(ValueError, match=rf"^{f}: .*{said}"):
+            load_config("smoke", f)

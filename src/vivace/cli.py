@@ -178,6 +178,15 @@ def check_out(path: Path, directory: bool, option: str = "--out") -> None:
         fail(f"{option}: {problem}")
 
 
+def check_not_an_input(out: Path, inputs: list[Path], option: str = "--out") -> None:
+    """Exit 2 when `out` is one of the command's input files: writing it would replace what it reads
+    (`tasks select --results R --out R` replaced the bench results with tasks)."""
+    for given in inputs:
+        same = out.exists() and given.exists() and os.path.samefile(out, given)
+        if same or out.absolute() == given.absolute():
+            fail(f"{option} {out} is an input of this command ({given}); give another {option}")
+
+
 def check_writable(path: Path, directory: bool, option: str = "--out") -> None:
     """check_out, then a file made and removed in the directory `path` goes to (the nearest one there is:
     permission bits alone do not say it for root, a read-only mount or a full disk): exit 2 with one line

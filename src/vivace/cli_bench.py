@@ -23,6 +23,7 @@ from vivace.cli import (
     StateOpt,
     _config,
     app,
+    check_not_an_input,
     check_out,
     check_writable,
     err,
@@ -55,7 +56,7 @@ def tasks_generate(
 
     check_writable(out_dir, directory=True)
     cfg = _config(preset, backend, state_dir)
-    names = [r.strip() for r in repos.split(",")] if repos else bundled_repos()
+    names = list(dict.fromkeys(r.strip() for r in repos.split(","))) if repos else bundled_repos()  # each once
     unknown = sorted(set(names) - set(bundled_repos()))
     if unknown:
         fail(f"unknown repositories {unknown}; bundled: {', '.join(bundled_repos())}")
@@ -202,6 +203,7 @@ def tasks_swebench(
     from vivace.tasks.format import TaskFormatError, save_jsonl
     from vivace.tasks.swebench import load_repo_runs, load_swebench_jsonl
 
+    check_not_an_input(out_file, [records, *([repo_config] if repo_config else [])])
     check_writable(out_file, directory=False)
     try:
         if split not in ("train", "validation", "test"):
@@ -304,6 +306,7 @@ def tasks_select(
     from vivace.tasks.select import read_pass_rates, select_tasks
     from vivace.tasks.suites import load_suite
 
+    check_not_an_input(out_file, [*results, Path(suite)])
     check_writable(out_file, directory=False)
     try:
         tasks = load_suite(suite, split)

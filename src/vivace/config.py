@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 
 def cache_root() -> Path:
@@ -39,7 +39,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
 
-PathSetting = Annotated[Path, Strict(False)]  # a path's JSON or TOML value is a string
+def _no_nul(path: Path) -> Path:
+    if "\0" in str(path):  # no file system allows it: the first use would fail with "embedded null byte"
+        raise ValueError("a path cannot hold a NUL character")
+    return path
+
+
+PathSetting = Annotated[Path, Strict(False), AfterValidator(_no_nul)]  # a path's JSON or TOML value is a string
 
 
 # The devices the engine runs on (inference.samplers.resolve_device, which also checks that torch sees it);
@@ -626,6 +632,10 @@ def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
         raise ValueError(f"{config_file}: not valid TOML ({e}); fix the file's syntax") from None
     except DuplicateKey as e:
         raise ValueError(f"{config_file}: {e}; give each setting once (merge the two)") from None
+    except RecursionError:  # arrays nested thousands deep: no config is
+        raise ValueError(f"{config_file}: nested too deeply to read; a config is a table of sections") from None
+    except ValueError as e:  # an integer of thousands of digits (Python's int limit)
+        raise ValueError(f"{config_file}: cannot read it ({e}); fix the value") from None
     if not isinstance(overrides, dict):
         raise ValueError(f"{config_file}: expected a table of sections (sandbox, agent, engine, train, ...)")
     try:

@@ -135,6 +135,8 @@ class TestSpec(_Strict):
             parts = path.split("/")
             if not path or path.startswith("/") or ".." in parts:
                 raise ValueError(f"hidden file path {path!r} must be relative to the workspace root, without '..'")
+            if "" in parts or "." in parts:  # "tests/" named a directory: every episode failed writing it
+                raise ValueError(f"hidden file path {path!r} must name a file: no empty, '.' or trailing '/' parts")
         return files
 
 

@@ -59,7 +59,7 @@ def candidates(repos: list[str], seed: int) -> list[Mutation]:
     """All candidate mutations, shuffled by the seed and interleaved over (kind, repository)."""
     rng = random.Random(seed)
     buckets: dict[tuple[str, str], list[Mutation]] = {}
-    for repo in repos:
+    for repo in dict.fromkeys(repos):  # a repository named twice would give each of its tasks twice
         root = BUNDLED_REPOS / repo
         for rel in source_files(root):
             for m in mutations(f"{repo}/{rel}", (root / rel).read_text()):

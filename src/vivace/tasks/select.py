@@ -34,7 +34,9 @@ def read_pass_rates(paths: list[Path], model: str | None = None) -> dict[str, Pa
     episodes of the model and are left out."""
     counts: dict[str, list[int]] = {}
     models: set[str] = set()
-    for path in paths:
+    for i, path in enumerate(paths):  # one file twice counted each episode twice (and kept tasks solved once)
+        if any(path.exists() and p.exists() and path.samefile(p) for p in paths[:i]):
+            raise TaskFormatError(f"{path}: given twice; give each results file once")
         try:
             rows = list(result_rows(path))
         except (OSError, UnicodeDecodeError) as e:  # missing, a directory, unreadable, not text

@@ -33,6 +33,7 @@ non-UTF-8 files it adds are left out (listed in metadata `test_patch_binary`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -48,6 +49,7 @@ from vivace.tasks.format import Task, TaskFormatError, _validate, problems
 
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS")
 KEPT_METADATA = ("version", "environment_setup_commit", "hints_text", "created_at")
+log = logging.getLogger(__name__)
 
 _ID_BAD = re.compile(r"[^A-Za-z0-9._+-]+")
 # Variables that would make our git calls look at another repository, index or object store.
@@ -104,9 +106,16 @@ def from_swebench(
     found = _git(repo, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
     if base.startswith("-") or found.returncode != 0:
         raise TaskFormatError(f"{where}: base_commit: {base!r} is not a commit of the repository {repo}")
-    files, deleted, binary = _test_files(repo, found.stdout.decode().strip(), record["test_patch"], where)
+    commit = found.stdout.decode().strip()  # a ref (HEAD, a branch) would move on with the clone, and the task with it
+    files, deleted, binary = _test_files(repo, commit, record["test_patch"], where)
+    if overlap := sorted(set(files) & _patch_paths(record.get("patch") or "")):
+        raise TaskFormatError(f"{where}: test_patch and patch both change {', '.join(overlap)}: the hidden test files "
+                              "are written whole over the workspace when it is scored, undoing the fix there; leave "
+                              "this record out, or move its test changes out of those files")  # fmt: skip
 
     metadata: dict[str, Any] = {"kind": "swebench", "repo": record["repo"], "instance_id": record["instance_id"]}
+    if base != commit:
+        metadata["base_commit"] = base  # as the record gave it
     metadata.update({k: record[k] for k in KEPT_METADATA if record.get(k) not in (None, "")})
     if deleted:
         metadata["test_patch_deleted"] = deleted
@@ -119,7 +128,7 @@ def from_swebench(
         tests["command"] = test_command
     data = {
         "id": task_id,
-        "repo": {"path": str(repo), "commit": base},
+        "repo": {"path": str(repo), "commit": commit},
         "request": record["problem_statement"],
         "tests": tests,
         "reference_patch": record["patch"],
@@ -196,6 +205,9 @@ def load_swebench_jsonl(
     tasks: list[Task] = []
     seen: dict[str, int] = {}
     total = sum(1 for line in lines if line.strip())
+    # GitHub's names are case-insensitive: "acme/Calc" in the config is repo "acme/calc" of the records
+    runs = {name.lower(): run for name, run in (repo_runs or {}).items()}
+    unused = {name.lower(): name for name in repo_runs or {}}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -210,9 +222,8 @@ def load_swebench_jsonl(
             if not isinstance(record.get("repo"), str) or not record["repo"]:
                 raise TaskFormatError("SWE-bench record: repo: missing or not a string")
             repo = record["repo"]
-            task = from_swebench(
-                record, _clone_for(repo, repo_dirs), **_with_repo_run(options, (repo_runs or {}).get(repo))
-            )
+            unused.pop(repo.lower(), None)
+            task = from_swebench(record, _clone_for(repo, repo_dirs), **_with_repo_run(options, runs.get(repo.lower())))
         except TaskFormatError as e:
             raise TaskFormatError(f"{where}: {e}") from None
         if task.id in seen:
@@ -221,6 +232,8 @@ def load_swebench_jsonl(
         tasks.append(task)
         if progress is not None:
             progress(len(tasks), total)
+    if unused:  # a typo would run the default test command without a word
+        log.warning("the repository config names %s, which no record of %s is from", ", ".join(unused.values()), p)
     return tasks
 
 
@@ -327,6 +340,14 @@ def _test_files(repo: Path, base: str, test_patch: str, where: str) -> tuple[dic
     if not files and not deleted and not binary:
         raise TaskFormatError(f"{where}: test_patch: changes no file")
     return files, deleted, binary
+
+
+_PATCHED = re.compile(r"^(?:\+\+\+ b|--- a)/(.+?)\t?$", re.MULTILINE)
+
+
+def _patch_paths(patch: str) -> set[str]:
+    """The paths a unified diff changes (as `git diff` names them)."""
+    return {m.group(1) for m in _PATCHED.finditer(patch)}
 
 
 def _err(proc: subprocess.CompletedProcess[bytes]) -> str:

@@ -34,8 +34,9 @@ NO_PLUGIN_AUTOLOAD = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 # Parameters may hold spaces and " - ": a PASSED line's id is the whole rest of the line; for
 # the others the id ends at the first `]` before " - ". Misreading such a failing id is harmless:
 # an id with no outcome counts as not passed, which it did not.
-_SUMMARY = re.compile(r"^(FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+?::[^\s\[]+(?:\[.*?\])?)(?= - |\s*$)", re.M)
-_PASSED = re.compile(r"^PASSED\s+(\S+?::.*?)\s*$", re.M)
+# A path may hold spaces too ("tests/sub dir/test_a.py"): it runs to the first "::".
+_SUMMARY = re.compile(r"^(FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S.*?::[^\s\[]+(?:\[.*?\])?)(?= - |\s*$)", re.M)
+_PASSED = re.compile(r"^PASSED\s+(\S.*?::.*?)\s*$", re.M)
 _HEADER = re.compile(r"^=+ short test summary info =+$")
 # `1 failed, 2 passed, 1 warning in 0.12s` (`=`-framed without -q; "in 0.12 seconds" before pytest 5.3),
 # with one of pytest's own counts in it, so that a program's "3 files written in 2s" is not taken for it.
