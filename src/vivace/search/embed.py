@@ -242,7 +242,9 @@ class EmbeddingCache:
                         self._new.append(keys[i])  # saved anew: the shard they came from goes
             if damaged:  # renamed into place whole, so it stays bad: its other texts are embedded again
                 log.warning("search cache: dropping damaged embeddings %s (%d not finite)", shard.path, (~whole).sum())
-                self._shards.remove(shard)
+                with self._lock:
+                    if shard in self._shards:  # another thread may have dropped it too
+                        self._shards.remove(shard)
                 with contextlib.suppress(OSError):
                     shard.path.unlink()
             left = np.delete(left, at[whole])
@@ -323,7 +325,7 @@ def _save_shard(directory: Path, keys: list[bytes] | np.ndarray, vectors: np.nda
         return False
 
 
-@dataclass
+@dataclass(eq=False)  # one shard is one object: compared by identity, never by its arrays
 class _Shard:
     """One shard as a process reads it: its keys in memory, sorted (`rows`: where each key's vector is,
     None when the file has them in order), and its vectors memory-mapped where the file can be mapped."""
