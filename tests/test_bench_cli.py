@@ -108,6 +108,20 @@ def test_bench_lists_every_unsound_task_with_why_and_what_to_do(repo, tmp_path, 
     assert "unsound in this environment" not in result.output and "Unsound tasks" not in result.output
 
 
+def test_a_run_where_no_task_could_start_blames_the_tasks_not_the_model(repo, tmp_path, state_dir):
+    """Every task with a repository that is gone: the run ended "nothing was measured … --resume", which would
+    fail the same way; the fix is in the tasks' file."""
+    sound, _ = _tasks(repo)
+    gone = sound.model_copy(update={"id": "calc-gone", "repo": RepoSpec(path=str(tmp_path / "no-such-repo"))})
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl([gone], tasks_file)
+    args = ["bench", "--model", "scripted:random-edit", "--tasks", str(tasks_file), "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 1 and "no task could start (e.g. calc-gone:" in said, said
+    assert "fix the tasks' repo, patch or setup in their file" in said
+
+
 def test_tasks_that_cannot_start_are_named_as_the_tasks_problem(repo, tmp_path, state_dir):
     """A missing repository or a failing setup command was reported as episodes that "could not run", with
     --resume as the next step, which failed the same way; the setup's error was cut mid-word. Now each such

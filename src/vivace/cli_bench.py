@@ -505,4 +505,9 @@ def bench(
         out.print(f"report: {out_dir / 'report.html'} ({seconds:.0f} s)", soft_wrap=True, markup=False, highlight=False)
     # A model none of whose episodes could run (its endpoint down) measured nothing: a script must see that.
     if unmeasured := [m for m in model if all("error" in r for r in rows if r.get("model") == m)]:
+        if rows and all(r["error"].startswith(task_error) for r in rows if r.get("model") in unmeasured):
+            # the tasks, not the model: running them again as they are would fail the same way
+            fail(f"no episode of {', '.join(unmeasured)} could run: no task could start (e.g. {rows[0]['task_id']}: "
+                 f"{rows[0]['error'].removeprefix(task_error)}); fix the tasks' repo, patch or setup in their file, "
+                 f"then {again}", 1)  # fmt: skip
         fail(f"no episode of {', '.join(unmeasured)} could run: nothing was measured for it; {again}", 1)
