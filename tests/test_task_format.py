@@ -163,7 +163,11 @@ MALFORMED = {
     "id-not-string": ("dir", minimal(id=7), ["id", "string"]),
     "negative-timeout": ("dir", minimal(tests={"fail_to_pass": ["a"], "timeout_s": -1}), ["tests.timeout_s"]),
     "files-not-strings": ("jsonl", _lines(minimal(tests={"fail_to_pass": ["a"], "files": {"t.py": 1}})), ["files"]),
-    "duplicate-ids": ("jsonl", _lines(minimal(), minimal(id="t2"), minimal()), ["duplicate task id 't1'"]),
+    "duplicate-ids": (
+        "jsonl",
+        _lines(minimal(), minimal(id="t2"), minimal()),
+        [":3: duplicate task id 't1' (first at", ":1)"],
+    ),
     "env-bad-name": ("dir", minimal(env={"A=B": "1"}), ["env", "'A=B'"]),
     "env-leading-digit": ("jsonl", _lines(minimal(env={"1X": "1"})), [":1:", "env", "'1X'"]),
     "env-nul-in-value": ("dir", minimal(env={"X": "a\u0000b"}), ["env", "NUL"]),
@@ -212,8 +216,8 @@ def test_load_tasks(tmp_path):
     with pytest.raises(TaskFormatError, match="no tasks found"):
         load_tasks(tasks_dir / "empty-dir")
     (tasks_dir / "dup.jsonl").write_text(_lines(minimal(id="a")))
-    with pytest.raises(TaskFormatError, match="duplicate task id 'a'"):
-        load_tasks(tasks_dir)
+    with pytest.raises(TaskFormatError, match=r"dup.jsonl:1: duplicate task id 'a' \(first at .*a-task\)"):
+        load_tasks(tasks_dir)  # both places named: the directory alone left the user to search it
     with pytest.raises(TaskFormatError, match="not a task directory"):
         load_task_dir(tasks_dir / "empty-dir")
     (tmp_path / "blank.jsonl").write_text("\n \n")

@@ -251,8 +251,14 @@ def load_task_dir(path: str | Path) -> Task:
 
 
 def load_jsonl(path: str | Path) -> list[Task]:
-    p = Path(path)
-    tasks = []
+    tasks, origins = _jsonl_with_origins(Path(path))
+    _check_unique(tasks, origins)
+    return tasks
+
+
+def _jsonl_with_origins(p: Path) -> tuple[list[Task], list[str]]:
+    """A .jsonl file's tasks, and where each is (file:line)."""
+    tasks, origins = [], []
     # Lines end at "\n" only: JSON strings may hold U+2028, U+2029 and U+0085 unescaped (json.dumps with
     # ensure_ascii=False writes them), which str.splitlines() would break a record at.
     for n, line in enumerate(_read(p).split("\n"), 1):
@@ -263,8 +269,8 @@ def load_jsonl(path: str | Path) -> list[Task]:
         except json.JSONDecodeError as e:
             raise TaskFormatError(f"{p}:{n}: invalid JSON: {e}") from None
         tasks.append(_validate(data, f"{p}:{n}", p.parent))
-    _check_unique(tasks, str(p))
-    return tasks
+        origins.append(f"{p}:{n}")
+    return tasks, origins
 
 
 def load_tasks(path: str | Path) -> list[Task]:
@@ -282,14 +288,17 @@ def load_tasks(path: str | Path) -> list[Task]:
     if not p.is_dir():
         raise TaskFormatError(f"{p}: no such task file or directory")
     tasks: list[Task] = []
+    origins: list[str] = []
     for child in sorted(p.iterdir()):
         if (child / "task.json").is_file():
             tasks.append(load_task_dir(child))
+            origins.append(str(child))
         elif child.suffix == ".jsonl":  # a directory or FIFO of that name is refused by _read, not skipped
-            tasks += load_jsonl(child)
+            more, where = _jsonl_with_origins(child)
+            tasks, origins = tasks + more, origins + where
     if not tasks:
         raise TaskFormatError(f"{p}: no tasks found (expected task directories or .jsonl files)")
-    _check_unique(tasks, str(p))
+    _check_unique(tasks, origins)
     return tasks
 
 
@@ -326,9 +335,10 @@ def _read(path: Path) -> str:
         os.close(fd)
 
 
-def _check_unique(tasks: list[Task], where: str) -> None:
-    seen: set[str] = set()
-    for t in tasks:
+def _check_unique(tasks: list[Task], origins: list[str]) -> None:
+    """TaskFormatError naming both places of the first task id given twice (origins: where each task is)."""
+    seen: dict[str, str] = {}
+    for t, where in zip(tasks, origins, strict=True):
         if t.id in seen:
-            raise TaskFormatError(f"{where}: duplicate task id {t.id!r}")
-        seen.add(t.id)
+            raise TaskFormatError(f"{where}: duplicate task id {t.id!r} (first at {seen[t.id]})")
+        seen[t.id] = where
