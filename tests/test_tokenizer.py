@@ -315,3 +315,15 @@ def test_the_code_corpus_is_the_same_when_vivace_is_installed_under_a_hidden_dir
     (copy / ".hidden.py").write_text("x = 1\n")  # still left out
     monkeypatch.setattr(corpus, "VIVACE_SRC", copy)
     assert [p.relative_to(copy) for p in corpus.code_files()] == here and len(here) > 100
+
+
+def test_cli_train_says_when_the_corpus_gave_fewer_tokens_than_asked(tmp_path, monkeypatch):
+    """--vocab-size 5,000,000 gave 25,731 tokens without a word: a model sized for the request wastes rows."""
+    from vivace.model import tokenizer as T
+
+    real = T.train_tokenizer
+    monkeypatch.setattr(T, "train_tokenizer", lambda texts, size: real(texts, 300))  # as a small corpus would
+    res = CliRunner().invoke(app, ["tokenizer", "train", "--out", str(tmp_path), "--vocab-size", "400", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["vocab_size"] == 300
+    assert "the corpus gave 300 tokens, fewer than --vocab-size 400" in " ".join(res.stderr.split())

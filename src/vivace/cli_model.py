@@ -17,6 +17,7 @@ from vivace.cli import (
     LoggedProgress,
     app,
     check_writable,
+    err,
     fail,
     out,
     sigterm_interrupts,
@@ -94,6 +95,9 @@ def tokenizer_train(
         "chars_per_token_conversations": round(conversation_cpt, 3),
         "files": written,
     }
+    if len(tok) < vocab_size:  # BPE ran out of pairs worth merging: a model sized for vocab_size wastes rows
+        err.print(f"[yellow]note:[/] the corpus gave {len(tok):,} tokens, fewer than --vocab-size {vocab_size:,}; "
+                  "give more text for more, or size the model's vocabulary to this one")  # fmt: skip
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
         return
