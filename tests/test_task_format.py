@@ -726,6 +726,10 @@ def test_cli_swebench_check_leaves_out_unsound_tasks(swe, tmp_path, state_dir):
     assert result.exit_code == 1 and "no task passed the check" in said, said
     assert "left out acme__calc-1: the scripted:oracle episode failed" in said and "exit 3" in said
     assert not (tmp_path / "none.jsonl").exists()
+    result = _cli(str(records), "--repos", str(swe.clone.parent), "--out", str(tmp_path / "none.jsonl"), "--check",
+                  "--setup", "exit 3", "--backend", backend, "--state-dir", str(state_dir), "--json")  # fmt: skip
+    report = json.loads(result.stdout)  # stdout said nothing: a script learnt nothing of why
+    assert result.exit_code == 1 and report["tasks"] == 0 and "exit 3" in report["left_out"]["acme__calc-1"]
 
 
 def test_cli_swebench_repo_config(swe, tmp_path):

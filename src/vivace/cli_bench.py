@@ -230,6 +230,8 @@ def tasks_swebench(
         for task_id, why in unsound.items():
             err.print(f"left out {task_id}: {why}", markup=False, highlight=False)
         if not tasks:
+            if as_json:  # a script reading stdout still learns why each was left out
+                print_json({"tasks": 0, "repos": {}, "out": None, "left_out": unsound})
             fail(f"no task passed the check; nothing written (episodes in {check_dir})", 1)
     with writes_or_exit(out_file, f"the {len(tasks)} tasks were not saved; give an --out you can write and run "
                         "the command again"):  # fmt: skip
