@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import time
 from pathlib import Path
 
 
@@ -22,6 +24,16 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_stale(directory: Path, pattern: str, age_s: float) -> None:
+    """Remove the files in `directory` matching `pattern` untouched for `age_s`: temporary files a writer killed
+    midway left (no live writer's is that old), which nothing else would ever remove."""
+    cutoff = time.time() - age_s
+    for path in directory.glob(pattern):
+        with contextlib.suppress(OSError):  # removed meanwhile, or not a file
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
 
 
 def sync_tree(root: Path) -> None:

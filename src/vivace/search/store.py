@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
+from vivace.files import remove_stale
 from vivace.search.embed import EmbeddingCache
 from vivace.search.index import LEFTOVER_AGE_S, BaseIndex, bases_locked, discard_base
 
@@ -198,7 +199,7 @@ class BaseStore:
                     return
                 previous = self.last_root(repo)
                 pointer.parent.mkdir(parents=True, exist_ok=True)
-                _sweep_unsaved(pointer.parent)
+                remove_stale(pointer.parent, ".*", LEFTOVER_AGE_S)  # records a writer killed midway left
                 tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
                 tmp.write_text(root + "\n")
                 tmp.replace(pointer)  # whole or not at all: a reader never finds half a root
@@ -217,15 +218,6 @@ class BaseStore:
             with contextlib.suppress(OSError):
                 roots.add(pointer.read_bytes().decode("ascii", "replace").strip())
         return roots
-
-
-def _sweep_unsaved(repos: Path) -> None:
-    """Remove records a writer killed midway left (`.<key>.<pid>`, untouched for an hour: no live writer's)."""
-    cutoff = time.time() - LEFTOVER_AGE_S
-    for tmp in repos.glob(".*"):
-        with contextlib.suppress(OSError):
-            if tmp.stat().st_mtime < cutoff:
-                tmp.unlink()
 
 
 def _mark_used(directory: Path) -> None:

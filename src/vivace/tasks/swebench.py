@@ -44,6 +44,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from vivace.bench.patch import parse_patch
 from vivace.sandbox.base import check_env
 from vivace.tasks.format import Task, TaskFormatError, _validate, problems
 
@@ -108,7 +109,7 @@ def from_swebench(
         raise TaskFormatError(f"{where}: base_commit: {base!r} is not a commit of the repository {repo}")
     commit = found.stdout.decode().strip()  # a ref (HEAD, a branch) would move on with the clone, and the task with it
     files, deleted, binary = _test_files(repo, commit, record["test_patch"], where)
-    if overlap := sorted(set(files) & _patch_paths(record.get("patch") or "")):
+    if overlap := sorted(set(files) & {change.path for change in parse_patch(record.get("patch") or "")}):
         raise TaskFormatError(f"{where}: test_patch and patch both change {', '.join(overlap)}: the hidden test files "
                               "are written whole over the workspace when it is scored, undoing the fix there; leave "
                               "this record out, or move its test changes out of those files")  # fmt: skip
@@ -340,14 +341,6 @@ def _test_files(repo: Path, base: str, test_patch: str, where: str) -> tuple[dic
     if not files and not deleted and not binary:
         raise TaskFormatError(f"{where}: test_patch: changes no file")
     return files, deleted, binary
-
-
-_PATCHED = re.compile(r"^(?:\+\+\+ b|--- a)/(.+?)\t?$", re.MULTILINE)
-
-
-def _patch_paths(patch: str) -> set[str]:
-    """The paths a unified diff changes (as `git diff` names them)."""
-    return {m.group(1) for m in _PATCHED.finditer(patch)}
 
 
 def _err(proc: subprocess.CompletedProcess[bytes]) -> str:
