@@ -583,3 +583,31 @@ def test_pruning_without_any_directory_record_removes_idle_bases(tmp_path, monke
     store.put(BaseIndex.build({"b.py": "def b():\n    return 1\n"}, None))
     assert not (tmp_path / "cache" / "bases" / idle.root).exists()
     assert "could not save" not in caplog.text
+
+
+def test_pruning_spares_a_base_recorded_while_it_waited_for_the_lock(tmp_path, monkeypatch):
+    """prune read the directories' records before taking the bases' lock: a `vivace index build` recording
+    an idle base meanwhile (under that lock) had it removed right after naming it."""
+    import threading
+
+    from vivace.search import store as store_mod
+    from vivace.search.index import bases_locked
+    from vivace.search.store import BaseStore
+
+    monkeypatch.setattr(store_mod, "MAX_BASES_BYTES", 0)
+    store = BaseStore(None, tmp_path / "cache")
+    bases = tmp_path / "cache" / "bases"
+    idle = BaseIndex.build({"a.py": "def a():\n    return 1\n"}, None)
+    store.put(idle)
+    hour_ago = time.time() - 3700
+    os.utime(bases / idle.root, (hour_ago, hour_ago))
+    with bases_locked(bases):  # as set_last_root holds it: prune waits, then must see the new record
+        pruning = threading.Thread(target=store.prune)
+        pruning.start()
+        time.sleep(0.5)
+        pointer = store._pointer(tmp_path)
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        pointer.write_text(idle.root + "\n")
+    pruning.join(10)
+    assert (bases / idle.root / "meta.json").is_file()
+    assert store.last_root(tmp_path) == idle.root

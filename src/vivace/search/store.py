@@ -95,15 +95,19 @@ class BaseStore:
         total = sum(size for _, size, _ in entries)
         if total <= MAX_BASES_BYTES:
             return []
-        removed, recorded, now = [], self._recorded_roots(), time.time()
-        for last_use, size, root in sorted(entries):
-            if total <= MAX_BASES_BYTES or now - last_use < MIN_IDLE_S:
-                break
-            if root in recorded:
-                continue
-            discard_base(bases / root)
-            removed.append(root)
-            total -= size
+        removed = []
+        # Under the bases' lock, which set_last_root holds while it records a root: records read before
+        # it could miss one written meanwhile, and remove the base it had just named.
+        with bases_locked(bases):
+            recorded, now = self._recorded_roots(), time.time()
+            for last_use, size, root in sorted(entries):
+                if total <= MAX_BASES_BYTES or now - last_use < MIN_IDLE_S:
+                    break
+                if root in recorded or _used_since(bases / root, last_use):
+                    continue
+                discard_base(bases / root, locked=True)
+                removed.append(root)
+                total -= size
         return removed
 
     @contextlib.asynccontextmanager
@@ -224,6 +228,14 @@ def _mark_used(directory: Path) -> None:
     """Note that the saved base was used now (its directory's mtime), for `prune`'s order."""
     with contextlib.suppress(OSError):  # removed meanwhile, or a read-only cache
         os.utime(directory)
+
+
+def _used_since(directory: Path, last_use: float) -> bool:
+    """Whether the saved base was used (or removed) after `last_use`, the time prune read."""
+    try:
+        return directory.stat().st_mtime != last_use
+    except OSError:
+        return True
 
 
 def _usage(directory: Path) -> tuple[float, int]:
