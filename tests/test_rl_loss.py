@@ -205,6 +205,11 @@ async def test_run_attempt_adds_milestone_rewards_to_the_benchmark_score():
     result = await run_attempt([object()], None, None, "p", task, cfg, None, episode=episode)
     assert (result.status, result.rollout, result.error) == ("env_failed", None, "sampler unreachable")
 
+    # One whose workspace could not be diffed was not scored: nothing to train on either.
+    traj = traj.model_copy(update={"unavailable": False, "diff_failed": True, "error": "could not compute the diff"})
+    result = await run_attempt([object()], None, None, "p", task, cfg, None, episode=episode)
+    assert (result.status, result.rollout, result.error) == ("env_failed", None, "could not compute the diff")
+
 
 def test_negative_scale_shrinks_only_negative_advantages():
     from vivace.config import load_preset

@@ -410,28 +410,38 @@ async def test_a_background_child_neither_holds_the_command_nor_outlives_it(make
     assert _procs_with(f"sleep 1{nonce}") + _procs_with(f"sleep 2{nonce}") == []
 
 
-async def test_plain_setsid_daemon_holds_exec_only_briefly_and_dies_with_the_workspace(plain_ws):
-    """A daemon that left the command's process group (setsid) is out of the plain backend's reach
-    while the workspace lives: it keeps the output open, but the command is over when its shell
-    exits (after DRAIN_S of reading), and closing the workspace kills it (its cwd is in there)."""
+async def test_plain_setsid_daemon_holds_exec_only_briefly_and_dies_when_no_command_runs(plain_ws):
+    """A daemon that left the command's process group (setsid) keeps the output open, but the command
+    is over when its shell exits (after DRAIN_S of reading). It lived on until the workspace closed, so
+    it could rewrite the tests while the scorer ran them; now it dies once no command of the workspace
+    runs (its cwd is in there), as in the isolated backend, and not while another command still runs."""
     nonce = f"3{os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
+    other = asyncio.create_task(plain_ws.exec("until [ -f go ]; do sleep 0.05; done", timeout=30))
+    await asyncio.sleep(0.2)
     r = await plain_ws.exec(f"setsid sleep {nonce} & sleep 0.3; echo started", timeout=8)
     assert (r.exit_code, r.timed_out, r.stdout) == (0, False, "started\n"), r
     assert r.duration_s < 0.3 + process.DRAIN_S + 1.5, r
-    assert _procs_with(f"sleep {nonce}"), "the daemon should still run: nothing kills it before close"
-    await _close_and_see_gone(plain_ws, f"sleep {nonce}")
+    assert not other.done() and _procs_with(f"sleep {nonce}"), "alive while a command of the workspace runs"
+    await plain_ws.write_text("go", "")
+    assert (await other).exit_code == 0
+    assert _procs_with(f"sleep {nonce}") == []
+    await plain_ws.close()
 
 
-async def test_plain_setsid_daemon_deeper_than_path_max_dies_with_the_workspace(plain_ws):
-    """Close finds a plain workspace's daemons by their working directory's path, which a directory
+async def test_plain_setsid_daemon_deeper_than_path_max_dies(plain_ws):
+    """A plain workspace's daemons are found by their working directory's path, which a directory
     deeper than PATH_MAX does not have to read (ENAMETOOLONG): such a daemon outlived the workspace."""
     nonce = f"4{os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
     daemon = ("import os, time\nfor i in range(30):\n    os.mkdir('d' * 200); os.chdir('d' * 200)\n"
               f"os.execvp('sleep', ['sleep', '{nonce}'])")  # fmt: skip
+    holder = asyncio.create_task(plain_ws.exec("sleep 3", timeout=8))  # keeps it alive until close
+    await asyncio.sleep(0.2)
     r = await plain_ws.exec(f'setsid python3 -c "{daemon}" >/dev/null 2>&1 </dev/null & sleep 1; echo started')
     assert r.stdout == "started\n", r
     assert _procs_with(f"sleep {nonce}"), "the daemon should be running"
     await _close_and_see_gone(plain_ws, f"sleep {nonce}")
+    with contextlib.suppress(Exception):
+        await holder
 
 
 async def _close_and_see_gone(ws, command: str) -> None:

@@ -314,8 +314,11 @@ async def _episode(
     path = out_dir / "trajectories" / slug(model) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     traj.save(path)
-    if traj.unavailable:  # the policy's server was down or kept failing: no measure of the model
-        row.update(error=f"the policy failed: {traj.error}", resolved=False, total=0.0,
+    # The policy's server was down or kept failing, or the workspace could not be diffed (so not
+    # scored): no measure of the model.
+    if traj.unavailable or traj.diff_failed:
+        why = f"the policy failed: {traj.error}" if traj.unavailable else f"not scored: {traj.error}"
+        row.update(error=why, resolved=False, total=0.0,
                    trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)  # fmt: skip
         return row
     row.update(result.model_dump(), trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from vivace.bench.guard import guard_runner, unguard_runner
+from vivace.bench.guard import SAFE_GIT, guard_runner, unguard_runner
 from vivace.bench.patch import FileChange, is_test_path, parse_patch
 from vivace.config import ScoreConfig
 from vivace.harness.agent import WAITING_FOR_POLICY
@@ -71,6 +71,10 @@ async def score(
     """`setup_diff`: the workspace's diff after the task's setup commands ran, before the agent (they
     run in the workspace, so what they changed is in the episode's diff too, and is not the agent's)."""
     w = weights or ScoreConfig()
+    if traj.diff_failed:  # what the agent changed is unknown: nothing could be undone or set aside for the tests
+        reason = traj.error or "the workspace diff could not be computed"
+        zero = dict(total=0.0, correctness=0.0, adherence=0.0, efficiency=0.0, claims=0.0, format=0.0)
+        return Score(task_id=task.id, **zero, resolved=False, details={"not_scored": reason})
     agent, by_setup = agent_changes(traj.diff, setup_diff)
     reference = parse_patch(task.reference_patch)
     tests, test_details = await _correctness(task, agent, workspace, _test_files(task, reference))
@@ -125,7 +129,9 @@ async def _correctness(
     test_edits = [c for c in agent if is_test_path(c.path) or c.path in own_tests]
     if test_edits:  # undo them: the hidden tests judge the code, not tests the agent rewrote
         await ws.write_text(_REVERT_PATCH, "".join(c.text for c in test_edits))
-        undo = await ws.exec(f"git apply -R --unsafe-paths {_REVERT_PATCH}; rc=$?; rm -f {_REVERT_PATCH}; exit $rc")
+        undo = await ws.exec(
+            f"{SAFE_GIT} apply -R --unsafe-paths {_REVERT_PATCH}; rc=$?; rm -f {_REVERT_PATCH}; exit $rc"
+        )
         if undo.exit_code in (126, 127):  # no git in the workspace: the environment's failure
             raise RuntimeError(f"could not undo the agent's test edits: {undo.stderr.strip()}")
         if undo.exit_code != 0:  # tests the agent made into what its diff cannot take back (a symlink)

@@ -78,7 +78,9 @@ async def run_attempt(
     if router.lost is not None:  # the loop recorded the failure as the episode's end: not a real one
         return EpisodeResult("sampler_lost", sampler=router.lost, error=traj.error,
                              dead_samplers=sorted(router.seen_dead | {router.lost}))  # fmt: skip
-    if traj.unavailable:  # a sampler server (HTTP) down or failing: nothing the policy did, so not a rollout to train
+    # A sampler server (HTTP) down or failing, or a workspace that could not be diffed (so not scored):
+    # nothing to train on.
+    if traj.unavailable or traj.diff_failed:
         return EpisodeResult("env_failed", sampler=router.chosen, error=traj.error,
                              dead_samplers=sorted(router.seen_dead))  # fmt: skip
     components = {k: getattr(score, k) for k in ("correctness", "adherence", "efficiency", "claims", "format")}

@@ -258,6 +258,7 @@ class LocalWorkspace(TextFilesMixin):
         finally:
             self._running -= 1
             if not self._running:
+                self.backend.commands_done(self)
                 self._idle.set()
         if self._destroying and result.exit_code >= 128 and not result.timed_out:
             # Killed by the close's teardown after its grace, not by anything the command did: an
@@ -520,6 +521,11 @@ class LocalBackend(abc.ABC):
 
     def upper_dir(self, ws: LocalWorkspace) -> Path | None:
         """The directory holding exactly what `ws` changed, where the backend keeps one."""
+        return None
+
+    def commands_done(self, ws: LocalWorkspace) -> None:
+        """None of `ws`'s commands runs any more: what they left running ends here (the isolated
+        backend's end with each command's PID namespace, so it has nothing to do)."""
         return None
 
     def describe(self) -> dict[str, Any]:

@@ -5,10 +5,13 @@ locked-down CI runner) and as the full-copy baseline of `vivace sandbox bench`. 
 see the whole host filesystem and network as the current user; only the environment is
 clean and memory, file size and CPU time are capped with rlimits. When a command's main
 process exits its process group is killed, so what it ran in the background ends with it,
-as in the isolated backend. Not contained: a process that left the group (setsid, setpgid,
-a daemon) outlives the command (its output is read for process.DRAIN_S seconds more, not
-waited for), and is killed when the workspace closes only if its working directory is
-still in the workspace. Creating a workspace costs a copy of the repository (`copy_tree`:
+as in the isolated backend. A process that left the group (setsid, setpgid, a daemon) is
+killed when no command of the workspace runs any more (its output is read for
+process.DRAIN_S seconds more, not waited for), and again when the workspace closes, only if
+its working directory is in the workspace: one that changed directory elsewhere outlives
+both. Such a daemon could change files while the hidden tests run, and a command can write
+the Python environment the tests run with: rewards on this backend are only as trustworthy
+as the model. Creating a workspace costs a copy of the repository (`copy_tree`:
 GNU cp where it is the machine's cp, shutil elsewhere); its diff reads only the files
 changed since (`changed_paths`).
 """
@@ -84,6 +87,11 @@ class PlainBackend(LocalBackend):
     def _sweep_owner(self, owner_dir: Path) -> None:
         kill_processes_in(owner_dir)
         remove_tree(owner_dir)
+
+    def commands_done(self, ws: LocalWorkspace) -> None:
+        # Run synchronously (a /proc scan: ~0.3 ms with 70 processes) so that a cancelled command's
+        # daemons die too: one left running could rewrite files while the scorer runs the tests.
+        kill_processes_in(ws.root.parent)
 
     async def run(self, ws: LocalWorkspace, argv: list[str], timeout: float, env: dict[str, str]) -> ExecResult:
         limits = [str(self.config.memory_mb * 1024), str(self.config.disk_mb * 2048), str(int(timeout) + 1)]
