@@ -438,3 +438,67 @@ def test_a_low_precision_engine_on_a_cpu_warns_that_its_memory_grows():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_for_engine("tiny-init", EngineConfig(dtype="float32", device="cpu"))
+
+
+async def test_a_request_whose_cache_cannot_be_allocated_fails_alone(model):
+    """Admission took a request off the queue before allocating its cache; an allocation that raised
+    (a large max_tokens on a full GPU) left it in no queue, so its caller waited forever, and failed
+    every request running beside it."""
+    engine = Engine(model, max_batch=4)
+    allocate = engine.forward.new_cache
+
+    def new_cache(capacity):
+        if capacity > 300:
+            raise torch.OutOfMemoryError("simulated: out of memory for the cache")
+        return allocate(capacity)
+
+    engine.forward.new_cache = new_cache
+    front = AsyncEngine(engine)
+    try:
+        running = asyncio.ensure_future(front.generate([1, 2, 3], SamplingParams(max_tokens=150, seed=1)))
+        await asyncio.sleep(0.2)
+        with pytest.raises(RuntimeError, match="generation failed: simulated"):
+            await asyncio.wait_for(front.generate([4, 5], SamplingParams(max_tokens=400, seed=2)), 10)
+        assert len((await asyncio.wait_for(running, 20)).token_ids) == 150
+        assert not engine.running and not engine.waiting
+    finally:
+        front.close()
+    with pytest.raises(RuntimeError, match="generation failed: simulated"):
+        engine.run([[4, 5]], SamplingParams(max_tokens=400))
+
+
+def test_a_stream_whose_event_loop_closed_fails_no_other_request(model):
+    """A stream's tokens go to its reader's event loop; once that loop closed (asyncio.run in a thread,
+    left mid-stream), handing over a token raised in the engine's step and failed every request in it."""
+    front = AsyncEngine(Engine(model, max_batch=8))
+    try:
+
+        async def leave_mid_stream():
+            async for _ in front.stream([7, 8, 9], SamplingParams(max_tokens=400, seed=3)):
+                break
+
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(leave_mid_stream())
+        loop.close()  # without the stream's cleanup having run
+
+        async def others_beside_it():
+            params = [SamplingParams(max_tokens=60, seed=i) for i in range(6)]
+            return await asyncio.wait_for(
+                asyncio.gather(*(front.generate([i + 1, 2], p) for i, p in enumerate(params))), 30
+            )
+
+        others = asyncio.run(others_beside_it())
+        assert [len(c.token_ids) for c in others] == [60] * 6
+    finally:
+        front.close()
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-30, 5e-5])
+def test_a_temperature_near_zero_is_greedy(model, temperature):
+    """1/T overflowed below ~1e-38: NaN logprobs, and the last token id drawn every time."""
+    engine = Engine(model)
+    prompt = prompts(1)[0]
+    near = engine.run([prompt], SamplingParams(max_tokens=8, temperature=temperature, seed=0))[0]
+    greedy = engine.run([prompt], SamplingParams(max_tokens=8, temperature=0))[0]
+    assert near.token_ids == greedy.token_ids
+    assert near.logprobs == pytest.approx(reference_logprobs(model, prompt, greedy.token_ids), abs=1e-4)

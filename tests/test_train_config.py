@@ -111,10 +111,18 @@ def _warnings(**sections) -> list[str]:
     return check_train_config(cfg, training_tasks(cfg))
 
 
-@pytest.mark.parametrize("engine", [{"temperature": 0}, {"top_k": 1}])
+@pytest.mark.parametrize("engine", [{"temperature": 0}, {"temperature": 1e-39}, {"top_k": 1}])
 def test_greedy_rollouts_warn(engine):
     (said,) = _warnings(engine=engine)
     assert "rollouts are greedy" in said and "train nothing" in said
+
+
+@pytest.mark.parametrize("engine", [{"top_p": 0.9}, {"top_k": 50}])
+def test_cut_sampling_warns_that_importance_weights_are_off(engine):
+    """The sampler reports (and the trainer computes) logprobs of the whole distribution, while top-p and
+    top-k rollouts are drawn from the cut one: every importance weight was off by the kept mass, silently."""
+    (said,) = _warnings(engine=engine)
+    assert "importance weight is off" in said and "engine.top_p 1 and engine.top_k 0" in said
 
 
 def test_bf16_training_on_a_cpu_warns(monkeypatch):

@@ -30,6 +30,7 @@ import concurrent.futures
 import contextlib
 import functools
 import itertools
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -44,6 +45,8 @@ from vivace.inference.sampling import most_likely, sample
 
 # A sampled token's most likely alternatives, most likely first: ((token id, logprob), ...).
 TopLogprobs = tuple[tuple[int, float], ...]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Request:
     kv_version: int = -1  # weights version at admission: its keys/values are all of it while it stays current
     finish_reason: str | None = None
     cancelled: bool = False
+    error: Exception | None = None  # why it failed on its own (its cache could not be allocated)
     future: concurrent.futures.Future | None = None
 
     @functools.cached_property
@@ -183,6 +187,7 @@ class Engine:
         self.generator = torch.Generator().manual_seed(seed)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._failed: list[Request] = []  # failed while being admitted: returned by the step
         self.stats = EngineStats()
         self._ids = itertools.count()
 
@@ -274,7 +279,8 @@ class Engine:
         self.stats.batch_sum += len(rows)
         self.stats.finished += len(done)
         self.stats.busy_s += time.perf_counter() - t0
-        return finished + done
+        failed, self._failed = self._failed, []
+        return finished + done + failed
 
     def _admit(self) -> None:
         """Moves waiting requests into the batch, each starting from the longest prefix it can copy:
@@ -285,21 +291,31 @@ class Engine:
         deferred: deque[Request] = deque()
         while self.waiting and len(self.running) < self.max_batch:
             req = self.waiting.popleft()
-            n, cached = self.prefix.match(req.prompt_tensor)
-            shared, leader = self._running_prefix(req)
-            if shared >= n + self.min_shared_prefix:
-                if leader.cache.length < shared:
+            try:
+                if not self._start(req):
                     deferred.append(req)
-                    continue
-                n, cached = shared, leader.cache
-            capacity = min(len(req.prompt) + req.params.max_tokens, self.max_positions)
-            req.cache, req.kv_version = self.forward.new_cache(capacity), self.version
-            if cached is not None:
-                req.cache.copy_prefix(cached, n)
-                req.reused = n
-                self.stats.reused_tokens += n
-            self.running.append(req)
+            except Exception as e:  # its cache could not be had (out of memory): it fails alone
+                req.cache, req.error, req.finish_reason = None, e, "error"
+                self._failed.append(req)
         self.waiting.extendleft(reversed(deferred))  # in their order, ahead of later arrivals
+
+    def _start(self, req: Request) -> bool:
+        """Gives `req` its cache, copying the longest prefix it can, and runs it; False: it must wait
+        for a running sequence to compute the prefix they share."""
+        n, cached = self.prefix.match(req.prompt_tensor)
+        shared, leader = self._running_prefix(req)
+        if shared >= n + self.min_shared_prefix:
+            if leader.cache.length < shared:
+                return False
+            n, cached = shared, leader.cache
+        capacity = min(len(req.prompt) + req.params.max_tokens, self.max_positions)
+        req.cache, req.kv_version = self.forward.new_cache(capacity), self.version
+        if cached is not None:
+            req.cache.copy_prefix(cached, n)
+            req.reused = n
+            self.stats.reused_tokens += n
+        self.running.append(req)
+        return True
 
     def _running_prefix(self, req: Request) -> tuple[int, Request | None]:
         """The longest prompt prefix `req` shares with a running request (at most all but its last
@@ -332,11 +348,15 @@ class Engine:
         self.stats.generated_tokens += 1
         if req.top_logprobs:
             req.top.append(top or ())
-        if req.on_token is not None:
-            if req.top_logprobs:
-                req.on_token(tok, logprob, top or ())
-            else:
-                req.on_token(tok, logprob)
+        if req.on_token is not None and not req.cancelled:
+            try:
+                if req.top_logprobs:
+                    req.on_token(tok, logprob, top or ())
+                else:
+                    req.on_token(tok, logprob)
+            except Exception as e:  # its reader is gone (a closed event loop): it ends, not the whole batch
+                log.debug("request %s: on_token failed (%s); cancelling it", req.id, e)
+                req.cancelled = True
         if tok in req.params.stop_token_ids:
             req.finish_reason = "stop"
         elif len(req.output) >= req.params.max_tokens or req.known >= req.cache.capacity:
@@ -350,6 +370,8 @@ class Engine:
         reqs = [self.add(p, sp) for p, sp in zip(prompts, plist, strict=True)]
         while self.has_work:
             self.step()
+        if failed := next((r for r in reqs if r.error is not None), None):
+            raise RuntimeError(f"generation failed: {failed.error}") from failed.error
         return [r.completion() for r in reqs]
 
     # ---- weights ------------------------------------------------------------------------------
@@ -381,6 +403,13 @@ class Engine:
         self.prefix.clear()
         self.version = self.version + 1 if version is None else version
         return self.version
+
+
+def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: object) -> None:
+    """Hands `item` to a stream's reader on its event loop; nothing when that loop has closed (the
+    reader left without the stream's cleanup)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(queue.put_nowait, item)
 
 
 class AsyncEngine:
@@ -424,7 +453,7 @@ class AsyncEngine:
         req = self._submit(
             prompt_ids, params, lambda *item: loop.call_soon_threadsafe(queue.put_nowait, item), top_logprobs
         )
-        req.future.add_done_callback(lambda f: loop.call_soon_threadsafe(queue.put_nowait, f))
+        req.future.add_done_callback(functools.partial(_post, loop, queue))
         try:
             while True:
                 item = await queue.get()
@@ -520,8 +549,8 @@ class AsyncEngine:
                     finished = self.engine.step()
                     error = None
                 except Exception as exc:  # a bad step fails its requests, not the engine
-                    finished = list(self.engine.running)
-                    self.engine.running = []
+                    finished = list(self.engine.running) + self.engine._failed
+                    self.engine.running, self.engine._failed = [], []
                     error = exc
             for r in finished:
                 if r.future is None or r.future.done():
@@ -530,8 +559,8 @@ class AsyncEngine:
                 # done() above; setting it then raises, and that must not end this thread (every later request
                 # would wait forever).
                 with contextlib.suppress(concurrent.futures.InvalidStateError):
-                    if error is not None:
-                        r.future.set_exception(RuntimeError(f"generation failed: {error}"))
+                    if error is not None or r.error is not None:
+                        r.future.set_exception(RuntimeError(f"generation failed: {error or r.error}"))
                     elif r.finish_reason == "cancelled":
                         r.future.cancel()
                     else:

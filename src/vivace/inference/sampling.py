@@ -2,7 +2,7 @@
 
 The logprob returned for a sampled token is under the temperature-scaled distribution, before
 top-k/top-p truncation: `log_softmax(logits / T)`, and the raw `log_softmax(logits)` for greedy
-(T = 0) decoding. That is what a trainer recomputes from its own forward pass given the same
+(T = 0, or below MIN_TEMPERATURE) decoding. That is what a trainer recomputes from its own forward pass given the same
 temperature, so sampler/trainer mismatch is measured like for like (T = 1: the model's own
 distribution). `most_likely` reports the top alternatives from that same distribution (a sampled
 token among them has its logprob there, to float rounding). Randomness comes from a
@@ -18,12 +18,20 @@ import torch
 
 from vivace.harness.policy import SamplingParams
 
+# Below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38 (NaN logprobs, and the
+# last token id drawn every time), and well before that the distribution is one token anyway.
+MIN_TEMPERATURE = 1e-4
+
+
+def is_greedy(temperature: float) -> bool:
+    return temperature < MIN_TEMPERATURE
+
 
 def sample(
     logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
 ) -> tuple[list[int], list[float]]:
     """logits [B, V] (float32) -> (token per row, its logprob per row)."""
-    greedy = torch.tensor([p.temperature <= 0 for p in params], device=logits.device)
+    greedy = torch.tensor([is_greedy(p.temperature) for p in params], device=logits.device)
     scaled = _scale(logits, params)
     logp = torch.log_softmax(scaled, dim=-1)
     filtered = _truncate(scaled, params)
@@ -48,8 +56,8 @@ def most_likely(
 
 
 def _scale(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """logits / T per row (T = 0, greedy: the logits as they are)."""
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
+    """logits / T per row (greedy, T below MIN_TEMPERATURE: the logits as they are)."""
+    temps = torch.tensor([1.0 if is_greedy(p.temperature) else p.temperature for p in params], device=logits.device)
     return logits / temps[:, None]
 
 

@@ -122,6 +122,7 @@ from vivace.inference.replies import (
     reply,
     stream_choice,
 )
+from vivace.inference.sampling import MIN_TEMPERATURE
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,6 @@ MAX_STOPS = 4  # as OpenAI's API
 MAX_STOP_CHARS = 1000  # per stop string: a streamed reply holds back what may begin one, checked per token
 MAX_CHOICES = 16  # n
 MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API
-MIN_TEMPERATURE = 1e-4  # below this (and above 0) sampling is greedy: 1/T overflows float32 near 1e-38
 MAX_NESTING = 64  # arrays and objects within one message or tool: the chat template recurses over them
 # Once told to stop (SIGTERM, Ctrl-C), how long running requests may still finish before they are cut
 # short; and uvicorn's own wait, a backstop (sandbox.background.ClosingServer runs the stop): well inside

@@ -63,6 +63,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from vivace.config import TrainConfig
+from vivace.inference.sampling import is_greedy
 from vivace.model.checkpoint import load_model, load_tokenizer, model_config, require_weights, save_checkpoint
 from vivace.model.rows import CheckpointRows
 from vivace.model.stream_save import save_streamed, streamable
@@ -276,8 +277,8 @@ class Trainer:
         init_distributed(rank, world_size)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         # The policy being trained is the one the sampler draws from: logits / temperature
-        # (0, greedy, has no logprobs to train on and counts as 1).
-        self.temperature = temperature if temperature > 0 else 1.0
+        # (greedy, below MIN_TEMPERATURE, has no logprobs to train on and counts as 1, as in the sampler).
+        self.temperature = 1.0 if is_greedy(temperature) else temperature
         self.device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         param_dtype = getattr(torch, cfg.param_dtype)
         self.model, self.tokenizer = load_sharded(model_spec, self.device, param_dtype)
