@@ -212,6 +212,20 @@ def test_bench_names_an_empty_tasks_file_and_refuses_an_unknown_split(tmp_path):
         assert result.exit_code == 2 and "unknown split 'nosplit'; use train, validation, test" in result.output
 
 
+def test_bench_on_a_tasks_generate_directory_says_to_give_one_of_its_files(repo, tmp_path):
+    """`tasks generate --out DIR` writes tasks.jsonl and a copy per split: `--tasks DIR` read each task
+    twice and said only "duplicate task id", not what to give instead."""
+    tasks = _tasks(repo)
+    save_jsonl(tasks, tmp_path / "tasks.jsonl")
+    for split in ("train", "validation", "test"):
+        save_jsonl([t for t in tasks if t.split == split], tmp_path / f"{split}.jsonl")
+    result = CliRunner().invoke(app, ["bench", "--model", "scripted:null", "--tasks", str(tmp_path)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "duplicate task id 'calc-add'" in said, result.output
+    assert "holds tasks.jsonl and its per-split copies (train.jsonl, validation.jsonl, test.jsonl)" in said
+    assert f"give one of those files, e.g. {tmp_path / 'test.jsonl'}" in said
+
+
 def test_progress_shows_as_plain_lines_when_stderr_is_not_a_terminal(capsys):
     """Where rich would draw nothing until the end (a log, a pipe, CI), the bar becomes a line per tenth."""
     from vivace.cli import LoggedProgress

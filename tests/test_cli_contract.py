@@ -110,6 +110,7 @@ STATE = ["--state-dir", "NEW"]
         ("pipeline", [*PIPELINE, "--replicas", "0"], "--replicas"),
         ("serve", ["serve", "bench", "--n", "0"], "--n"),
         ("serve", ["serve", "--model", "tiny", "--port", "70000"], "--port"),
+        ("serve", ["serve", "--model", "gone/ckpt"], "gone/ckpt: no such checkpoint directory; give a directory as"),
     ],
 )
 def test_bad_values_are_refused_with_one_line_before_any_work(paths, tmp_path, monkeypatch, work, args, says):
@@ -120,6 +121,43 @@ def test_bad_values_are_refused_with_one_line_before_any_work(paths, tmp_path, m
     assert result.exit_code == 2 and says in said, result.output
     assert "Traceback" not in result.output and result.stdout == ""
     assert not (tmp_path / "new").exists() and not (tmp_path / "runs").exists()  # nothing made
+
+
+@pytest.mark.parametrize(
+    "command, option, says",
+    [
+        (["serve"], "--model", "tiny, or a local checkpoint directory (required)."),
+        (["sft", "train"], "--data", "[default: runs/sft/expert.jsonl]"),
+        (["sft", "augment"], "--data", "[default: runs/sft/expert.jsonl]"),
+        (["sandbox", "serve"], "--port", "TCP port (default: the config's server.port, 8765)."),
+        (["sandbox", "run"], "--timeout", "(default: the preset's sandbox.timeout_s, 120 s in the default preset)."),
+    ],
+)
+def test_help_says_what_an_option_without_a_shown_default_does_when_left_out(command, option, says):
+    """These showed neither a default nor that they are required, though each has one or is."""
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.strip("│ ").startswith(f"{option} "))
+    assert says in " ".join(row.split()), row
+
+
+@pytest.mark.parametrize(
+    "command, says",
+    [
+        (["serve", "--model", "tiny", "--port", "0", "--device", "gpu"], "error: --device: unknown device 'gpu'; use"),
+        (["serve", "bench", "--device", "gpu"], "error: --device: unknown device 'gpu'; use"),
+        (["config", "show", "--config", "gpu.json"], "gpu.json: engine.device: unknown device 'gpu'; use"),
+    ],
+)
+def test_a_bad_device_is_named_without_pydantics_prefix(tmp_path, monkeypatch, command, says):
+    """`--device gpu` said "--device: Value error, unknown device 'gpu'; …"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpu.json").write_text('{"engine": {"device": "gpu"}}')
+    monkeypatch.setattr("vivace.cli_serve._engine", _ran)
+    monkeypatch.setattr("vivace.inference.samplers.load_for_engine", _ran)
+    result = CliRunner().invoke(app, command)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and says in said and "Value error" not in said, said
 
 
 @pytest.mark.parametrize("command", [["serve", "--model", "tiny"], ["sandbox", "serve", *STATE]])
@@ -157,6 +195,27 @@ def test_tasks_generate_and_families_print_one_json_document(paths, tmp_path, mo
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"tasks": 1, "counts": {"train/fam": 1}, "out": "f.jsonl"}
     assert (tmp_path / "f.jsonl").is_file() and (tmp_path / "gen" / "test.jsonl").is_file()
+
+
+def test_tasks_generate_refuses_an_out_holding_tasks_unless_forced(paths, tmp_path, monkeypatch):
+    """It replaced tasks.jsonl and the split files of an earlier run without a word (100 tasks became 2)."""
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "tasks.jsonl").write_text("earlier\n")
+    monkeypatch.setattr("vivace.tasks.generate.generate", _ran)
+    args = ["tasks", "generate", "--out", "gen", "--n", "2", *_args(STATE, paths)]
+    result = CliRunner().invoke(app, args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--out gen already holds tasks (tasks.jsonl and its split files)" in said, said
+    assert "give another --out, remove them first, or add --force to replace them" in said
+    assert (tmp_path / "gen" / "tasks.jsonl").read_text() == "earlier\n"
+
+    async def generate(workspace, n, seed, names, concurrency, report):
+        return [_task(0, "train"), _task(1, "test")]
+
+    monkeypatch.setattr("vivace.tasks.generate.generate", generate)
+    result = CliRunner().invoke(app, [*args, "--force"])
+    assert result.exit_code == 0, result.output
+    assert len((tmp_path / "gen" / "tasks.jsonl").read_text().splitlines()) == 2
 
 
 def test_a_relative_state_dir_is_made_absolute(tmp_path, monkeypatch):

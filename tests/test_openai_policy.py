@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import socket
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ from vivace.config import AgentConfig
 from vivace.harness.agent import run_episode
 from vivace.harness.messages import Message, ToolCall
 from vivace.harness.policies import OpenAIPolicy
-from vivace.harness.policy import Conversation, PolicyError, close_policy
+from vivace.harness.policy import Conversation, PolicyError, PolicyUnavailable, close_policy
 from vivace.sandbox.background import BackgroundServer
 
 # --- the fake server --------------------------------------------------------------------------
@@ -560,6 +561,26 @@ async def test_model_must_be_named_unless_the_server_lists_exactly_one(models, s
     finally:
         await policy.aclose()
         background.stop(10)
+
+
+async def test_an_endpoint_that_cannot_be_reached_is_said_to_be_unreachable_not_unnamed():
+    """A server that was down got "could not list models: APIConnectionError …; name the model as
+    URL#MODEL", as if naming the model would help."""
+    with socket.socket() as held:  # a port nothing listens on
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+    policy = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", None, name="down", max_retries=0)
+    try:
+        with pytest.raises(PolicyUnavailable) as raised:
+            await policy.act(conversation())
+    finally:
+        await policy.aclose()
+    said = str(raised.value)
+    assert "could not list models: APIConnectionError" in said and "URL#MODEL" not in said
+    assert (
+        f"the endpoint is unreachable: check the URL, or start the server (e.g. `vivace serve --model tiny --port {port}`)"
+        in said
+    )
 
 
 @pytest.mark.parametrize(

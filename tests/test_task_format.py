@@ -631,6 +631,7 @@ def test_cli_swebench_writes_tasks(swe, tmp_path):
         (["--repos", "acme/calc=/nowhere"], "not a directory"),
         (["--repos", "acme/other=/x"], "no clone given for 'acme/calc'"),
         (["--repos", "/a", "--repos", "/b"], "one directory of clones"),
+        (["--repos", "/nowhere/clones"], "--repos /nowhere/clones does not exist; give the directory holding the"),
     ],
 )
 def test_cli_swebench_errors(swe, tmp_path, args, message):

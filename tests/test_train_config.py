@@ -75,7 +75,15 @@ def test_a_model_directory_without_weights_is_refused_up_front(tmp_path):
 
 def test_an_unknown_model_names_the_setting(tmp_path):
     said = _refused(tmp_path, {"train": {"model": "gpt-4"}})
-    assert "train.model: 'gpt-4' has no tokenizer" in said
+    assert "train.model: 'gpt-4' is not `tiny`, `tiny-init` or a checkpoint directory" in said
+
+
+@pytest.mark.parametrize("model", ["path/to/hf-checkpoint", "./ckpt", "~/no-such-vivace-ckpt"])
+def test_a_model_path_that_does_not_exist_is_said_to_be_missing(tmp_path, monkeypatch, model):
+    """It was reported as a tokenizer problem: "'path/to/hf-checkpoint' has no tokenizer"."""
+    monkeypatch.chdir(tmp_path)
+    said = _refused(tmp_path, {"train": {"model": model}})
+    assert f"train.model: {model}: no such checkpoint directory" in said and "tokenizer" not in said
 
 
 def test_all_zero_score_weights_are_refused(tmp_path):

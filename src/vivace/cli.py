@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vivace import __version__
-from vivace.config import PRESETS, ServerConfig, VivaceConfig, load_config
+from vivace.config import PRESETS, SandboxConfig, ServerConfig, VivaceConfig, error_message, load_config
 
 app = typer.Typer(help="vivace: train fast coding agents with RL in real sandboxed environments.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="Sandboxed workspaces (environment servers).", no_args_is_help=True)
@@ -490,7 +490,13 @@ def sandbox_run(
     repo: Annotated[Path, typer.Option("--repo", help="Directory, tarball or git repository to start from.")],
     commit: Annotated[str | None, typer.Option(help="Git revision (makes --repo a git snapshot).")] = None,
     keep_diff: Annotated[bool, typer.Option("--keep-diff", help="Print the workspace diff after the command.")] = False,
-    timeout: Annotated[float | None, typer.Option(help="Wall-clock limit, seconds.")] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Wall-clock limit, seconds (default: the preset's sandbox.timeout_s, "
+            f"{SandboxConfig.model_fields['timeout_s'].default:g} s in the default preset)."
+        ),
+    ] = None,
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
@@ -638,7 +644,12 @@ def _bench_scaling(steps_text: str, files: int, as_json: bool, cfg: VivaceConfig
 @sandbox_app.command("serve")
 def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="TCP port.")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help=f"TCP port (default: the config's server.port, {ServerConfig.model_fields['port'].default})."
+        ),
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option(
@@ -661,7 +672,8 @@ def sandbox_serve(
     try:  # the config file's values were checked as it loaded: a bad one here is an option's
         cfg.server = ServerConfig.model_validate({**cfg.server.model_dump(), **updates})
     except ValidationError as e:
-        problems = "; ".join(f"--{x['loc'][0]}: {x['msg']}" for x in e.errors())  # no value: --token is a secret
+        # No value in the message: --token is a secret.
+        problems = "; ".join(f"--{x['loc'][0]}: {error_message(x)}" for x in e.errors())
         fail(problems)
     serve(cfg, bound_or_exit(cfg.server.host, cfg.server.port))
 

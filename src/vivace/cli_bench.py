@@ -47,6 +47,9 @@ def tasks_generate(
     preset: PresetOpt = "default",
     backend: BackendOpt = None,
     state_dir: StateOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the tasks files an earlier run left in --out.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Inject bugs into the bundled repositories; keep those the tests catch; write the tasks."""
@@ -55,6 +58,9 @@ def tasks_generate(
     from vivace.tasks.generate import generate
 
     check_writable(out_dir, directory=True)
+    if (out_dir / "tasks.jsonl").exists() and not force:  # said before minutes of work, not replaced after them
+        fail(f"--out {out_dir} already holds tasks (tasks.jsonl and its split files); give another --out, remove them "
+             "first, or add --force to replace them")  # fmt: skip
     cfg = _config(preset, backend, state_dir)
     names = list(dict.fromkeys(r.strip() for r in repos.split(","))) if repos else bundled_repos()  # each once
     unknown = sorted(set(names) - set(bundled_repos()))
@@ -271,6 +277,10 @@ def _repo_dirs(values: list[str]) -> dict[str, str] | str:
     if not pairs:
         if len(values) != 1:
             raise ValueError("--repos: give one directory of clones, or OWNER/NAME=PATH for each repository")
+        if not Path(values[0]).is_dir():  # else every record is "no clone found", naming paths under it
+            what = "is not a directory" if Path(values[0]).exists() else "does not exist"
+            raise ValueError(f"--repos {values[0]} {what}; give the directory holding the clones (named owner__name "
+                             "or name), or OWNER/NAME=PATH for each repository")  # fmt: skip
         return values[0]
     if len(pairs) != len(values):
         raise ValueError("--repos: give one directory of clones, or only OWNER/NAME=PATH pairs, not both")

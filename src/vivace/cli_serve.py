@@ -11,12 +11,12 @@ from typing import Annotated
 import typer
 
 from vivace.cli import app, bound_or_exit, err, fail, out, sigterm_interrupts, status_say, stopped_by_signal
-from vivace.config import EngineConfig
+from vivace.config import EngineConfig, error_message
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
 app.add_typer(serve_app, name="serve")
 
-ModelOpt = Annotated[str | None, typer.Option("--model", help="tiny, or a local checkpoint directory.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="tiny, or a local checkpoint directory (required).")]
 MaxBatchOpt = Annotated[int, typer.Option(min=1, help="Sequences generating at once.")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16.")]
@@ -75,7 +75,7 @@ def _engine_config(**options) -> EngineConfig:
     try:
         return EngineConfig(**options)
     except ValidationError as exc:
-        problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {error_message(e)}" for e in exc.errors())
         fail(problems)
 
 

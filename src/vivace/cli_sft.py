@@ -201,8 +201,8 @@ def _context_of(model: str) -> int:
 @sft_app.command("augment")
 def sft_augment(
     data: Annotated[
-        list[Path] | None, typer.Option("--data", help="Expert episodes from `vivace sft data` (repeat for several).")
-    ] = None,
+        list[Path], typer.Option("--data", help="Expert episodes from `vivace sft data` (repeat for several).")
+    ] = (Path("runs/sft/expert.jsonl"),),
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/augmented.jsonl"),
     variants: Annotated[int, typer.Option(min=1, help="Renamed, cut-short copies per episode.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the new names and cuts.")] = 0,
@@ -247,7 +247,7 @@ def sft_augment(
             fail(f"{name} {share}: give a share between 0 and 1")
     if bad := [c for c in cuts if c not in (*CUTS, "whole", "retry", "retry_edit")]:
         fail(f"unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit")
-    files = data or [Path("runs/sft/expert.jsonl")]
+    files = list(data)
     try:
         _fresh_file(out_file)
         rows = [row for path in files for row in read_expert_rows(path)]
@@ -528,8 +528,8 @@ FRESH_LR, CONTINUE_LR = 2e-3, 1e-4  # `sft train`'s default peak rates: an untra
 @sft_app.command("train")
 def sft_train(
     data: Annotated[
-        list[str] | None, typer.Option("--data", help="Episode JSONL file(s): repeat, or separate with commas.")
-    ] = None,
+        list[str], typer.Option("--data", help="Episode JSONL file(s): repeat, or separate with commas.")
+    ] = ("runs/sft/expert.jsonl",),
     out_dir: Annotated[Path, typer.Option("--out", help="Checkpoint directory (with train_log.jsonl).")] = Path(
         "runs/sft/model"
     ),
@@ -600,7 +600,7 @@ def sft_train(
     empty directory). Ctrl-C or SIGTERM stops at once, drops the step in flight and saves the weights of
     the last whole step (exit 130/143); a run does not resume, but the next one can start from its
     checkpoint (--init OUT)."""
-    files = [Path(f.strip()) for d in (data or ["runs/sft/expert.jsonl"]) for f in d.split(",") if f.strip()]
+    files = [Path(f.strip()) for d in data for f in d.split(",") if f.strip()]
     if lr is None:  # the from-scratch rate on the shipped warm start sent its loss from 1.43 to 8.28 in two steps
         lr = FRESH_LR if init == "tiny-init" else CONTINUE_LR
     for name, value in (("--lr", lr), ("--epochs", epochs), ("--minutes", minutes)):

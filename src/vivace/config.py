@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 
 def cache_root() -> Path:
@@ -646,12 +647,17 @@ def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
         raise ValueError(f"{config_file}: {e}") from None
 
 
+def error_message(item: ErrorDetails) -> str:
+    """pydantic's message for one error, less the "Value error, " it puts before a validator's own words."""
+    return item["msg"].removeprefix("Value error, ")
+
+
 def validation_message(error: ValidationError) -> str:
     """pydantic's errors as one line: each as `section.field: problem`, then where to look."""
     problems = []
     for item in error.errors():
         where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]).lstrip(".")
-        said = item["msg"]
+        said = error_message(item)
         if item["type"] == "extra_forbidden":
             said = "unknown section" if len(item["loc"]) == 1 else "unknown setting"
         problems.append(f"{where}: {said}" if where else said)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from vivace.harness.messages import AssistantTurn, Message, ToolCall, decode_call
 from vivace.harness.policy import CONTEXT_TOO_LONG, Conversation, Policy, PolicyError, http_failure
+from vivace.model.spec import missing_checkpoint
 
 if TYPE_CHECKING:
     from vivace.config import EngineConfig
@@ -85,9 +86,8 @@ def load_policy(spec: str, engine: EngineConfig | None = None) -> Policy:
     if Path(spec).expanduser().is_dir():  # meant as a checkpoint: say what it lacks, not only the forms
         raise ValueError(f"{spec} is not a checkpoint (no config.json in {spec}); give a directory as "
                          "`vivace sft train` or any Hugging Face model saves it")  # fmt: skip
-    if "/" in spec or spec.startswith((".", "~")):  # reads as a path: say it is missing, not only the forms
-        raise ValueError(f"{spec}: no such checkpoint directory; give a directory as `vivace sft train` or any "
-                         f"Hugging Face model saves it, or another form: {', '.join(SPEC_FORMS)}")  # fmt: skip
+    if missing := missing_checkpoint(spec):  # reads as a path: say it is missing, not only the forms
+        raise ValueError(f"{missing}, or another form: {', '.join(SPEC_FORMS)}")
     raise ValueError(f"unknown policy spec {spec!r}; valid forms: {', '.join(SPEC_FORMS)}")
 
 
@@ -223,6 +223,11 @@ class OpenAIPolicy:
             hint = "; name the model as URL#MODEL"
             try:
                 models = [m.id async for m in self.client.models.list()]
+            except self._openai.APIConnectionError as e:  # no answer at all (a timeout is one): not a naming matter
+                port = self.client.base_url.port
+                serve = "vivace serve --model tiny" + (f" --port {port}" if port else "")
+                raise http_failure(f"{self.name}: could not list models: {_describe(e)}; the endpoint is unreachable: "
+                                   f"check the URL, or start the server (e.g. `{serve}`)", None) from None  # fmt: skip
             except self._openai.OpenAIError as e:
                 status = getattr(e, "status_code", None)
                 raise http_failure(f"{self.name}: could not list models: {_describe(e)}{hint}", status) from None

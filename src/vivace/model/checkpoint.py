@@ -589,6 +589,11 @@ def generation_eos_ids(path: str | Path) -> list[int]:
 def _tokenizer_of(path: Path, spec: str) -> PreTrainedTokenizerBase:
     """A checkpoint directory's tokenizer; a directory without one is refused (transformers would
     otherwise hand back an empty tokenizer, and every prompt would be empty)."""
+    if missing := model_spec.missing_checkpoint(spec):  # a path that is not there: not a tokenizer's problem
+        raise ValueError(missing)
+    if not path.exists():
+        raise ValueError(f"{spec!r} is not `tiny`, `tiny-init` or a checkpoint directory (there is no {path}); give "
+                         "one of those")  # fmt: skip
     if not (path / "tokenizer_config.json").is_file():
         raise ValueError(f"{spec!r} has no tokenizer: expected `tiny` or a checkpoint directory with tokenizer files")
     try:

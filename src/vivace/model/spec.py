@@ -27,9 +27,21 @@ def initialised(spec: str) -> bool:
     return True
 
 
+def missing_checkpoint(spec: str) -> str | None:
+    """The error for a `spec` that reads as a path (it holds a '/' or starts with '.' or '~') where nothing
+    is: "SPEC: no such checkpoint directory; …"; None otherwise (a bare name is the caller's to answer with
+    the forms it accepts)."""
+    if not ("/" in spec or spec.startswith((".", "~"))) or Path(spec).expanduser().exists():
+        return None
+    return (f"{spec}: no such checkpoint directory; give a directory as `vivace sft train` or any Hugging Face "
+            "model saves it")  # fmt: skip
+
+
 def model_dir(spec: str) -> Path:
     """The checkpoint directory `spec` names (`tiny`: the shipped one); ValueError if it holds no model."""
     path = TINY_DIR if spec == "tiny" else Path(spec).expanduser()
+    if spec != "tiny" and (missing := missing_checkpoint(spec)):
+        raise ValueError(missing)
     if not (path / "config.json").is_file() or _train_run_policy(path):
         raise ValueError(
             f"{spec!r} is not a model: expected `tiny` or a checkpoint directory with config.json "

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vivace.config import error_message
 from vivace.files import write_atomic
 from vivace.sandbox.base import check_env
 from vivace.sandbox.snapshot import SnapshotSource
@@ -215,7 +216,7 @@ def bundled_repos() -> list[str]:
 
 def problems(e: ValidationError, whole: str) -> str:
     """pydantic's errors as "field.path: message; …" (`whole` names an error of the value itself)."""
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}" for err in e.errors())
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or whole}: {error_message(err)}" for err in e.errors())
 
 
 def _validate(data: Any, where: str, base_dir: Path | None) -> Task:
@@ -298,7 +299,14 @@ def load_tasks(path: str | Path) -> list[Task]:
             tasks, origins = tasks + more, origins + where
     if not tasks:
         raise TaskFormatError(f"{p}: no tasks found (expected task directories or .jsonl files)")
-    _check_unique(tasks, origins)
+    try:
+        _check_unique(tasks, origins)
+    except TaskFormatError as e:
+        copies = [f"{split}.jsonl" for split in SPLITS if (p / f"{split}.jsonl").is_file()]
+        if (p / "tasks.jsonl").is_file() and copies:  # as `vivace tasks generate` writes: every task twice
+            raise TaskFormatError(f"{e}; {p} holds tasks.jsonl and its per-split copies ({', '.join(copies)}): "
+                                  f"give one of those files, e.g. {p / copies[-1]}") from None  # fmt: skip
+        raise
     return tasks
 
 
