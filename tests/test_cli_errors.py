@@ -55,7 +55,10 @@ CASES = [
     (["agent", "x", "--repo", "/nonexistent/dir[abc]", "--model", "scripted:null"], "--repo /nonexistent/dir[abc] is"),
     (["sandbox", "run", "--repo", "/nonexistent/r[/x]", "--", "true"], "--repo /nonexistent/r[/x] does not exist"),
     (["sandbox", "run", "--repo", "/nonexistent/r[bold]b", "--", "true"], "--repo /nonexistent/r[bold]b does not"),
-    (["serve", "--model", "/nonexistent/ckpt[abc]", "--port", "0", "--device", "cpu"], "'/nonexistent/ckpt[abc]'"),
+    (
+        ["serve", "--model", "/nonexistent/ckpt[abc]", "--port", "0", "--device", "cpu"],
+        "/nonexistent/ckpt[abc]: no such",
+    ),
     (["bench", "--model", "scripted:null", "--tasks", "/nonexistent/[t].jsonl"], "/nonexistent/[t].jsonl: no such"),
     (["tasks", "select", "--results", "/nonexistent/[r].jsonl", "--out", "o.jsonl"], "/nonexistent/[r].jsonl: cannot"),
     (["train", "--local", "--config", "/nonexistent/[c].json"], "/nonexistent/[c].json: cannot read it"),

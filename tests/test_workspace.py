@@ -424,7 +424,11 @@ async def test_plain_setsid_daemon_holds_exec_only_briefly_and_dies_when_no_comm
     assert not other.done() and _procs_with(f"sleep {nonce}"), "alive while a command of the workspace runs"
     await plain_ws.write_text("go", "")
     assert (await other).exit_code == 0
+    deadline = time.monotonic() + 3  # killed as the last command ended; gone once init reaps it
+    while _procs_with(f"sleep {nonce}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert _procs_with(f"sleep {nonce}") == []
+    assert not plain_ws.closed
     await plain_ws.close()
 
 
