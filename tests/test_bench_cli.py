@@ -676,3 +676,30 @@ def test_episodes_the_policy_ended_in_an_error_are_counted_apart_from_weak_ones(
     assert summary["m"]["policy_errors"] == 2 and summary["m"]["errors"] == 0 and summary["m"]["success"] == 0
     table = markdown(summary, "t")
     assert "| format errors | policy errors |" in table and "| 0 | 2 |" in table  # format errors 0, policy errors 2
+
+
+def test_an_episode_whose_trajectory_cannot_be_saved_keeps_its_row_and_the_run_goes_on(
+    repo, tmp_path, state_dir, monkeypatch
+):
+    """Saving was outside the per-episode guard: one record that could not be written (a lone surrogate
+    the model sampled, a full disk) cancelled every other episode of the run."""
+    from vivace.harness.trajectory import Trajectory
+
+    real = Trajectory.save
+
+    def save(self, path):
+        if "calc-add" in str(path):
+            raise OSError(28, "No space left on device")
+        real(self, path)
+
+    monkeypatch.setattr(Trajectory, "save", save)
+    tasks_file = tmp_path / "tasks.jsonl"
+    save_jsonl(_tasks(repo), tasks_file)
+    out = tmp_path / "run"
+    args = ["bench", "--model", "scripted:oracle", "--tasks", str(tasks_file), "--out", str(out), "--json"]
+    result = CliRunner().invoke(app, [*args, "--backend", BACKEND, "--state-dir", str(state_dir)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["summary"]["scripted:oracle"]["success"] == 1.0  # both episodes measured
+    rows = {r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert rows["calc-add"]["resolved"] and "No space left" in rows["calc-add"]["trajectory_error"]
+    assert "trajectory" not in rows["calc-add"] and (out / rows["calc-sub"]["trajectory"]).is_file()

@@ -374,7 +374,19 @@ MALFORMED = {
         "grep",
         "nested too deep",
     ),
-}
+    # Recorded as NaN or inf, saved as null: the trajectory trained on said other arguments than were sampled.
+    "NaN in the arguments": ('<tool_call>{"name": "read_file", "arguments": {"path": "a", "offset": NaN}}</tool_call>',
+                             "read_file", "nan, which is not a JSON number"),
+    "a number too large for a float": ('<tool_call>{"name": "read_file", "arguments": {"offset": 1e999}}</tool_call>',
+                                       "read_file", "inf, which is not a JSON number"),
+    "Infinity in an arguments string": ('<tool_call>{"name": "grep", "arguments": "{\\"x\\": -Infinity}"}</tool_call>',
+                                        "grep", "-Infinity is not a JSON value"),
+    # A lone surrogate (six ASCII characters a model can sample) made saving the trajectory fail.
+    "a lone surrogate in an argument": ('<tool_call>{"name": "grep", "arguments": {"pattern": "\\ud800"}}</tool_call>',
+                                        "grep", "lone surrogate"),
+    "a lone surrogate in the name": ('<tool_call>{"name": "gr\\udfffep", "arguments": {}}</tool_call>',
+                                     "gr\\udfffep", "lone surrogate"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", MALFORMED)
@@ -425,3 +437,17 @@ def test_parse_never_raises(chat):
     vocab = len(chat.tokenizer)
     for _ in range(200):
         chat.parse([rng.randrange(-2, vocab + 2) for _ in range(rng.randint(0, 60))])
+
+
+def test_a_trajectory_holding_a_lone_surrogate_saves_and_loads(tmp_path):
+    """A workspace file name's stray byte reaches a tool result as a surrogate: saving failed
+    (PydanticSerializationError), and with it the benchmark run."""
+    from vivace.harness.trajectory import Trajectory
+
+    traj = Trajectory(request="r", policy="p", system_prompt="s", system_prompt_version="1", stop_reason="done",
+                      final_message="renamed n\udcffame.txt")  # fmt: skip
+    traj.save(tmp_path / "t.json")
+    assert Trajectory.load(tmp_path / "t.json") == traj
+    (tmp_path / "bad.json").write_text('{"request": ')
+    with pytest.raises(ValueError):  # a damaged file is still refused as before (pydantic's error)
+        Trajectory.load(tmp_path / "bad.json")

@@ -208,6 +208,36 @@ async def test_python_syntax_warning(pctx):
     assert text.endswith("Warning: this edit introduced a syntax error at line 2: '(' was never closed"), text
 
 
+async def test_a_python_file_too_large_to_compile_cheaply_gets_no_syntax_check(pctx):
+    """compile() ran in the harness on every .py write and edit, at ~170 MB and ~1 s per MB of source: a
+    20 MB file the model generated took the harness to 5.6 GB and its episode 57 s past the wall-clock limit."""
+    import time
+
+    from vivace.harness.tools.files import MAX_SYNTAX_CHECK_CHARS
+
+    big = "x = 1\n" * (MAX_SYNTAX_CHECK_CHARS // 6 + 1) + "def (:\n"
+    t0 = time.perf_counter()
+    assert "Warning" not in await ok(pctx, "write_file", path="big.py", content=big)
+    text = await ok(pctx, "edit_file", path="big.py", old_string="def (:", new_string="def f(:")
+    assert "Warning" not in text and time.perf_counter() - t0 < 5
+    assert "Warning: this edit introduced" in await ok(pctx, "write_file", path="small.py", content="def (:\n")
+
+
+async def test_the_whitespace_blind_match_gives_up_on_a_long_old_string_that_recurs(pctx):
+    """Each place the first line matched was compared line by line: 2,000 lines against a file of 20,000
+    alike lines held the event loop for seconds (5,000 in 100,000: 50 s)."""
+    import time
+
+    await pctx.workspace.write_text("same.py", "x = 1\n" * 20_000)
+    t0 = time.perf_counter()
+    text = await err(pctx, "edit_file", path="same.py", old_string="  x = 1\n" * 2_000 + "  y = 2\n", new_string="z")
+    assert "too long to look for ignoring whitespace" in text and time.perf_counter() - t0 < 2, text
+    # A short one still matches ignoring whitespace (the fallback as before).
+    await pctx.workspace.write_text("one.py", "def f():\n    return 1\n")
+    await ok(pctx, "edit_file", path="one.py", old_string="def f():\n  return 1", new_string="def f():\n  return 2")
+    assert await pctx.workspace.read_text("one.py") == "def f():\n    return 2\n"
+
+
 # -- write_file, delete_file, list_dir ---------------------------------------------------------------
 
 

@@ -312,16 +312,19 @@ async def _episode(
         return row
     name = f"{task.id}.json" if sample == 0 else f"{task.id}.s{sample}.json"
     path = out_dir / "trajectories" / slug(model) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    traj.save(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        traj.save(path)
+        record = {"trajectory": str(path.relative_to(out_dir))}
+    except (OSError, ValueError) as e:  # one episode's record failing must not end the run either: its row stays
+        record = {"trajectory_error": f"{type(e).__name__}: {e}"}
     # The policy's server was down or kept failing, or the workspace could not be diffed (so not
     # scored): no measure of the model.
     if traj.unavailable or traj.diff_failed:
         why = f"the policy failed: {traj.error}" if traj.unavailable else f"not scored: {traj.error}"
-        row.update(error=why, resolved=False, total=0.0,
-                   trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)  # fmt: skip
+        row.update(error=why, resolved=False, total=0.0, **record, seconds=time.monotonic() - t0)
         return row
-    row.update(result.model_dump(), trajectory=str(path.relative_to(out_dir)), seconds=time.monotonic() - t0)
+    row.update(result.model_dump(), **record, seconds=time.monotonic() - t0)
     row["details"]["reference_tokens"] = reference_tokens(traj)
     return row
 

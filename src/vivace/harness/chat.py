@@ -577,8 +577,8 @@ def _parse_body(call_id: str, raw: str) -> ToolCall:
         got = f" (got {', '.join(map(json.dumps, extra))})" if extra else ""
         return ToolCall(call_id, name, raw, f'the tool call must have exactly the keys "name" and "arguments"{got}')
     decoded = decode_call(call_id, name, obj["arguments"])
-    if decoded.error is not None:
-        return ToolCall(call_id, name, raw, decoded.error)
+    if decoded.error is not None:  # its name as decode_call records it (a lone surrogate escaped)
+        return ToolCall(call_id, decoded.name, raw, decoded.error)
     spelled = _member_text(raw, "arguments")
     if spelled is not None and spelled.startswith("{"):  # an object as written (not a JSON string of one)
         return ToolCall(call_id, name, SpelledArguments(decoded.arguments, spelled))

@@ -10,6 +10,7 @@ through the loop as data and comes back to the model as an error result.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -139,17 +140,25 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
     if not isinstance(name, str) or not name:
         return ToolCall(call_id, "", arguments, "the tool call has no tool name")
     text = arguments if isinstance(arguments, str) else None
+    if not _recordable(name):
+        return ToolCall(call_id, recordable(name), recordable(text if text is not None else json.dumps(arguments)),
+                        "the tool name holds a lone surrogate (a \\ud800-\\udfff escape), which is no character")  # fmt: skip
     if text is not None:
         try:
-            arguments = json.loads(text) if text.strip() else {}
+            arguments = json.loads(text, parse_constant=_not_json, parse_float=_finite) if text.strip() else {}
         except ValueError as e:  # JSONDecodeError, and a lone surrogate's UnicodeError
-            return ToolCall(call_id, name, text, f"the arguments are not valid JSON ({e})")
+            return ToolCall(call_id, name, recordable(text), f"the arguments are not valid JSON ({e})")
         except RecursionError:
-            return ToolCall(call_id, name, text, _too_deep())
+            return ToolCall(call_id, name, recordable(text), _too_deep())
     # Depth first, whatever the type: a list nested past the cap kept decoded would be rendered again,
     # recursing over it (from Python 3.12 json decodes 5,000 deep; 3.11 stops near 1,000).
     if nesting(arguments) > MAX_ARGUMENT_NESTING:
-        return ToolCall(call_id, name, arguments if text is None else text, _too_deep())
+        return ToolCall(call_id, name, arguments if text is None else recordable(text), _too_deep())
+    # What the record could not hold as it is: a lone surrogate made saving the trajectory fail (and with
+    # it a whole benchmark run), and NaN or infinity was saved as null, so training read other arguments.
+    if why := _unrecordable(arguments):
+        return ToolCall(call_id, name, recordable(text if text is not None else json.dumps(arguments)),
+                        f"the arguments hold {why}")  # fmt: skip
     if not isinstance(arguments, dict):
         return ToolCall(
             call_id, name, arguments, f"the arguments must be a JSON object, got {type(arguments).__name__}"
@@ -157,6 +166,46 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
     if text is not None and text[:1] == "{" and text[-1:] == "}":  # the object as written: keep its spelling
         return ToolCall(call_id, name, SpelledArguments(arguments, text))
     return ToolCall(call_id, name, arguments)
+
+
+def recordable(text: str) -> str:
+    """`text` with any lone surrogate written as its escape (\\udXXX): what a trajectory can save."""
+    return text if _recordable(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _recordable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unrecordable(value: Any) -> str | None:
+    """What in a decoded JSON value a trajectory cannot save as it is; None when nothing. Iterative."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str) and not _recordable(item):
+            return "a lone surrogate (a \\ud800-\\udfff escape), which is no character"
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{item}, which is not a JSON number"
+        if isinstance(item, dict):
+            todo += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            todo += item
+    return None
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"{number[:40]} is too large for a number")
+    return value
 
 
 def nesting(value: Any) -> int:

@@ -8,10 +8,12 @@ chat messages (`to_messages`) for viewing or supervised fine-tuning.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from vivace.harness.messages import Message, ToolCall
 
@@ -94,8 +96,20 @@ class Trajectory(BaseModel):
         return out
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.model_dump_json(indent=1))
+        try:
+            text = self.model_dump_json(indent=1)
+        except PydanticSerializationError:  # a lone surrogate (a file name's stray byte): written as its escape
+            text = json.dumps(self.model_dump(mode="json"), indent=1)
+        Path(path).write_text(text)
 
     @classmethod
     def load(cls, path: str | Path) -> Trajectory:
-        return cls.model_validate_json(Path(path).read_text())
+        text = Path(path).read_text()
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as e:  # pydantic's parser refuses a lone surrogate's escape, which json reads
+            try:
+                data = json.loads(text)
+            except ValueError:
+                raise e from None
+            return cls.model_validate(data)

@@ -234,7 +234,7 @@ def measure_shift(
     starting policy's first episode of each task (~20 s on 2 cores for the tiny preset)."""
     episodes: dict[tuple[str, int], dict[str, Trajectory]] = {}
     for r in rows:
-        if r["model"] in (before, after) and "error" not in r:
+        if r["model"] in (before, after) and "error" not in r and "trajectory" in r:  # not one whose save failed
             key = (r["task_id"], r.get("sample", 0))
             episodes.setdefault(key, {})[r["model"]] = Trajectory.load(out_dir / r["trajectory"])
     pairs = [(e[before], e[after]) for e in episodes.values() if before in e and after in e]
@@ -304,7 +304,7 @@ def policy_stats(rows: list[dict[str, Any]], by_id: dict[str, Task], harder: set
     scored = [r for r in rows if "error" not in r]
     solved = [r for r in scored if r["resolved"]]
     d = [r["details"] for r in scored]
-    moves = [behaviour(Trajectory.load(out_dir / r["trajectory"])) for r in scored]
+    moves = [behaviour(Trajectory.load(out_dir / r["trajectory"])) for r in scored if "trajectory" in r]
     fam = {r["task_id"]: by_id[r["task_id"]].family for r in rows}
     per_family: dict[str, dict[str, Any]] = {}
     for r in rows:

@@ -124,11 +124,18 @@ def numbered(n: int, line: str) -> str:
     return f"{n:>6}\t{line}"
 
 
+# Files past this are not compiled for the syntax warning: compile() runs in the harness's process and
+# holds the event loop, at ~170 MB and ~1 s per MB of source here (a 20 MB file the model generated
+# took an episode's harness to 5.6 GB and 57 s past its wall-clock limit).
+MAX_SYNTAX_CHECK_CHARS = 256 * 1024
+
+
 def syntax_warning(path: str, before: str | None, after: str) -> str:
-    """A warning when a .py file stopped compiling because of this change ('' otherwise)."""
-    if not path.endswith((".py", ".pyi")):
+    """A warning when a .py file stopped compiling because of this change ('' otherwise, and for a file
+    over MAX_SYNTAX_CHECK_CHARS)."""
+    if not path.endswith((".py", ".pyi")) or len(after) > MAX_SYNTAX_CHECK_CHARS:
         return ""
-    if before is not None and _syntax_error(before) is not None:
+    if before is not None and (len(before) > MAX_SYNTAX_CHECK_CHARS or _syntax_error(before) is not None):
         return ""  # it was already broken: not this edit's doing
     err = _syntax_error(after)
     if err is None:
@@ -386,24 +393,38 @@ def _find_all(text: str, needle: str) -> list[int]:
     return out
 
 
+FUZZY_MATCH_BUDGET = 2_000_000  # line comparisons the whitespace-blind match may make
+
+
 def _fuzzy_replace(text: str, old: str, new: str, path: str) -> tuple[str, list[Span], bool] | ToolResult:
     """Match old_string line by line with each line's surrounding whitespace stripped; replace
     the whole matched lines with new_string, its indentation carried over to the file's."""
     advice = "read the file and copy the text exactly, including indentation"
-    not_found = error(f"old_string was not found in {path}; {advice}.{closest_text(text, old, path)}")
+
+    def not_found() -> ToolResult:
+        return error(f"old_string was not found in {path}; {advice}.{closest_text(text, old, path)}")
+
     want = old.split("\n")
     while want and not want[0].strip():
         want.pop(0)
     while want and not want[-1].strip():
         want.pop()
     if not want:
-        return not_found
+        return not_found()
     lines = text.split("\n")
     key = [w.strip() for w in want]
-    hits = [i for i in range(len(lines) - len(key) + 1) if all(lines[i + j].strip() == k for j, k in enumerate(key))]
+    stripped = [line.strip() for line in lines]
+    starts = [i for i in range(len(lines) - len(key) + 1) if stripped[i] == key[0]]
+    # Each start compares up to len(key) lines: a long old_string whose first line recurs (blank-ish
+    # lines, a repeated statement) made this quadratic, on the event loop (5,000 lines in 100,000: 50 s).
+    if len(starts) * len(key) > FUZZY_MATCH_BUDGET:
+        return error(f"old_string was not found in {path} as written, and it is too long to look for ignoring "
+                     f"whitespace ({len(key)} lines, whose first occurs {len(starts)} times); {advice}, or edit "
+                     "a shorter, unique part")  # fmt: skip
+    hits = [i for i in starts if stripped[i : i + len(key)] == key]
     if len(hits) != 1:
         if not hits:
-            return not_found
+            return not_found()
         return error(
             f"old_string was not found in {path} (ignoring whitespace it matches {len(hits)} places); {advice}."
         )
