@@ -202,11 +202,60 @@ async def test_grep_timeout_keeps_partial_results_and_says_so(pctx, monkeypatch)
 async def test_walker_grep_timeout_hands_back_the_files_done(pctx, monkeypatch):
     ws = pctx.workspace
     await ws.write_text("a1.py", "import x\n")
-    await ws.write_text("zz.txt", "x" * 40 + "\n")  # (x+x+)+y backtracks for ages on it
+    await ws.write_text("zz.txt", "x" * 40 + "\n")  # (x|x)+y backtracks for ages on it
     monkeypatch.setattr(search, "SEARCH_TIMEOUT_S", 1.0)
-    got = await _run(pctx, Grep(use_rg=False), pattern="(x+x+)+y|import x", path=".")
+    # Overlapping alternatives: exponential, and not a nested repeat, which the walker refuses up front.
+    got = await _run(pctx, Grep(use_rg=False), pattern="(x|x)+y|import x", path=".")
     assert not got.is_error, got.text
     assert got.text.startswith("a1.py:1:import x\n") and "timed out after 1 s" in got.text, got.text
+
+
+async def test_grep_caps_the_pattern_and_the_walker_refuses_nested_repeats(pctx, monkeypatch):
+    """rg took 7 s on a 30,000-character literal; Python's re in the walker ran `(a+)+$` on a 41-character
+    line to the timeout. Both now answer at once with an error that says what to change."""
+    await pctx.workspace.write_text("aaa.txt", "a" * 40 + "b\n")
+    monkeypatch.setattr(search, "SEARCH_TIMEOUT_S", 3.0)
+    for grep in (Grep(), Grep(use_rg=False)):
+        bad = parse_args(grep, {"pattern": "a" * (search.MAX_PATTERN_CHARS + 1)})
+        assert isinstance(bad, ToolResult) and bad.is_error, bad
+        assert f"over the limit of {search.MAX_PATTERN_CHARS}; search for a shorter" in bad.text, bad.text
+    got = await _run(pctx, Grep(use_rg=False), pattern="(a+)+$")
+    assert got.is_error and "no ripgrep" in got.text and "without nested quantifiers" in got.text, got.text
+    assert (await _run(pctx, Grep(use_rg=False), pattern="(ab{2})+|a+b$")).text == "aaa.txt:1:" + "a" * 40 + "b"
+    assert [search.nested_repeat(p) for p in ("(x+x+)+y", r"(?:foo(\w*))*", "(a+){2}", "a+b*", "[(a+)+]")] == [
+        True, True, False, False, False,
+    ]  # fmt: skip
+
+
+async def test_glob_with_many_wildcards_answers_at_once(pctx, monkeypatch):
+    """Each `*` was a `[^/]*` for re to backtrack through: 28 stars took 2 minutes on one 25-character name.
+    Runs of stars now merge, and a pattern with more choice points runs on an NFA (linear in the path)."""
+    await pctx.workspace.write_text("a" * 40 + ".txt", "x\n")
+    monkeypatch.setattr(search, "SEARCH_TIMEOUT_S", 5.0)
+    for pattern in ("*" * 40 + "b", "*a" * 14 + "b", "**/a" * 14 + "b", "{,}" * 40 + "b", "*?" * 20 + "b"):
+        got = await _run(pctx, GlobFileSearch(), glob_pattern=pattern)
+        assert got.text == f"No files match {pattern!r} in ..", got.text
+    got = await _run(pctx, GlobFileSearch(), glob_pattern="*a" * 14 + "*.txt")
+    assert got.text == "a" * 40 + ".txt", got.text
+
+
+def test_glob_nfa_agrees_with_the_regex_translation():
+    """The NFA (many wildcards) against the plain regex of the same tokens, on small patterns where re is fast."""
+    import random
+    import re
+
+    walker, rng = _load_walker(), random.Random(7)
+    atoms = ["*", "**", "**/", "?", "a", "b", "/", ".", "[ab]", "[!a]", "{a,b*}", "{,}", "{*/,x}", "ab"]
+    for _ in range(400):
+        pat = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 6)))
+        for gitignore in (False, True):
+            toks = walker.glob_tokens(pat, gitignore)
+            rx = re.compile(walker.tokens_re(toks), re.DOTALL)
+            nfa = walker.Nfa(toks, re.DOTALL)
+            for _ in range(20):
+                name = "".join(rng.choice("ab/.x") for _ in range(rng.randint(0, 8)))
+                assert nfa.fullmatch(name) == bool(rx.fullmatch(name)), (pat, gitignore, name)
+    assert walker.pattern_re("**/**/**/*") == "(?:.*/)?[^/]*" and walker.pattern_re("a***b") == "a.*b"
 
 
 # -- codebase_search ---------------------------------------------------------------------------------

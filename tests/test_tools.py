@@ -631,6 +631,13 @@ async def test_read_lints_without_ruff(pctx):
     assert result.is_error and "ruff is not installed" in result.text
 
 
+async def test_read_lints_truncates_its_notes(ctx):
+    """2,000 missing paths made 93,000 characters of "(ignored ...)" notes, returned whole."""
+    text = await ok(ctx, "read_lints", paths=[f"p{i}.py" for i in range(2000)])
+    assert text.startswith("No Python files to lint.\n(ignored p0.py: no such file or directory)")
+    assert len(text) <= ctx.max_result_chars + 300 and "lint fewer paths at a time" in text, len(text)
+
+
 # -- run_terminal_cmd --------------------------------------------------------------------------------
 
 
@@ -701,6 +708,20 @@ async def test_todo_write(pctx):
     assert await ok(pctx, "todo_write", todos=[{"id": "a", "content": "only this"}]) == (
         "[ ] a: only this\n(1 items: 1 pending)"
     )
+
+
+async def test_todo_write_caps_the_list_and_its_result(pctx):
+    """5,000 items answered with 5 MB, stored again in every call's meta: the list is capped, the text truncated."""
+    many = [{"id": str(i), "content": "x" * 1000} for i in range(5000)]
+    assert (
+        "todos: Value error, 5000 items, over the limit of 100" in parse_args(TOOLS["todo_write"], {"todos": many}).text
+    )
+    full = [{"id": str(i), "content": "x" * 500} for i in range(100)]
+    result = await call(pctx, "todo_write", todos=full)
+    assert not result.is_error and len(result.text) <= pctx.max_result_chars + 300, len(result.text)
+    assert "characters omitted" in result.text and result.text.endswith("(100 items: 100 pending)")
+    text = await err(pctx, "todo_write", todos=[{"id": "new", "content": "one more"}], merge=True)
+    assert "would hold 101 items, over the limit of 100; nothing was changed" in text and len(pctx.todos) == 100
 
 
 async def test_two_todo_writes_in_one_turn_keep_order():

@@ -35,6 +35,7 @@ import weakref
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from re import _parser as sre_parse  # the parser Python's re compiles with (3.11+)
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, field_validator
@@ -55,6 +56,7 @@ from vivace.search.lexical import import_bm25s, tokenize
 from vivace.search.types import SearchHit, quote_query
 
 SEARCH_TIMEOUT_S = 60.0
+MAX_PATTERN_CHARS = 4_096  # grep and glob patterns: rg took 7 s on a 30,000-character literal, over 60 s on 100,000
 MAX_GLOB_RESULTS = 200
 MAX_INDEX_FILES, MAX_INDEX_FILE_BYTES = 5_000, 1_000_000
 CHUNK_LINES, CHUNK_OVERLAP = 40, 10
@@ -131,7 +133,21 @@ class _PerWorkspace(dict):
 # -- grep -------------------------------------------------------------------------------------------
 
 
+def short_pattern(pattern: str) -> str:
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"the pattern has {len(pattern)} characters, over the limit of {MAX_PATTERN_CHARS}; search for a "
+                         "shorter, distinctive part")  # fmt: skip
+    return pattern
+
+
 class GrepArgs(ToolArgs):
+    @field_validator("pattern")
+    @classmethod
+    def _short_pattern(cls, pattern: str) -> str:
+        return short_pattern(pattern)
+
+    # Limits are checked by validators, not Field constraints: those would show in the tool's schema, and
+    # change the system prompt the shipped policy was trained with.
     pattern: str = Field(description="Regular expression to search for (ripgrep syntax).")
     path: WorkspacePath = Field(".", description="File or directory to search, relative to the workspace root.")
     glob: str | None = Field(None, description="Only search files matching this glob, e.g. '*.py' or 'src/**/*.ts'.")
@@ -174,6 +190,8 @@ class Grep:
             res = await self._search(ctx.workspace, args, path, before, after)
         except EXPECTED as e:
             return error(f"grep could not run in the workspace: {e}")
+        if isinstance(res, ToolResult):
+            return res
         stdout = res.stdout
         if res.timed_out and not stdout.endswith("\n"):
             stdout = stdout[: stdout.rfind("\n") + 1]  # the line being written when the search was killed
@@ -205,10 +223,47 @@ class Grep:
                 self._has_rg.set_for(ws, True)
                 return res
             self._has_rg.set_for(ws, False)
+        if nested_repeat(args.pattern):
+            return error(
+                f"this workspace has no ripgrep, and the Python regex engine grep falls back on can take "
+                f"exponential time on a repeated group that holds a repeat, as in {args.pattern[:100]!r}; rewrite "
+                "the pattern without nested quantifiers (e.g. `a+` for `(a+)+`, or `(ab)+` for `(a+b)+`) or grep "
+                "for a literal part of it."
+            )
         mode = {"files_with_matches": "files"}.get(args.output_mode, args.output_mode)
         spec = {"pattern": args.pattern, "path": path, "glob": args.glob, "mode": mode}
         spec |= {"before": before, "after": after, "ignore_case": args.case_insensitive}
         return await _walker(ws, spec)
+
+
+_REPEATS = (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, sre_parse.POSSESSIVE_REPEAT)
+
+
+def nested_repeat(pattern: str, tree: Any = None, inside: bool = False) -> bool:
+    """Whether a regex repeats a group that itself holds a repeat of varying length (`(a+)+$`, `(x+x+)+y`,
+    `(\\w*)*`): the shape on which Python's backtracking re takes exponential time (on a 41-character line,
+    `(a+)+$` ran past the 60 s timeout). Fixed counts (`(ab{2})+`) pass. Other exponential shapes, such as
+    overlapping alternatives (`(a|a)+`), are not caught: the search timeout still ends those. A pattern that
+    does not parse passes too: the walker reports the error."""
+    if tree is None:
+        try:
+            tree = sre_parse.parse(pattern)
+        except (re.error, RecursionError, OverflowError):
+            return False
+    for op, av in tree:
+        if op in _REPEATS and av[0] != av[1] and av[1] > 1:
+            if inside or nested_repeat(pattern, av[2], True):
+                return True
+        elif any(nested_repeat(pattern, sub, inside) for sub in _subpatterns(av)):
+            return True
+    return False
+
+
+def _subpatterns(av: Any) -> list[Any]:
+    """The parsed sub-patterns in one node's argument (a group's body, a branch's alternatives, ...)."""
+    if isinstance(av, sre_parse.SubPattern):
+        return [av]
+    return [sub for x in av for sub in _subpatterns(x)] if isinstance(av, (tuple, list)) else []
 
 
 def _rg_args(args: GrepArgs, path: str, before: int, after: int) -> list[str]:
@@ -251,6 +306,11 @@ def _finish(lines: list[str], head_limit: int | None, dropped: int, budget: int,
 
 
 class GlobArgs(ToolArgs):
+    @field_validator("glob_pattern")
+    @classmethod
+    def _short_pattern(cls, pattern: str) -> str:
+        return short_pattern(pattern)
+
     glob_pattern: str = Field(
         description="Glob such as '*.py' (no '/': matches file names at any depth), 'src/**/*.ts' or 'tests/test_*.py'."
     )

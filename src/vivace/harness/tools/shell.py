@@ -89,7 +89,7 @@ class ReadLints:
                     else:
                         targets.append(rel)
             if not targets:
-                return ToolResult("No Python files to lint.\n" + "\n".join(notes))
+                return ToolResult(_lint_text(["No Python files to lint."] + notes, ctx))
         else:
             try:
                 targets = _changed_python_files(await ctx.workspace.diff())
@@ -157,12 +157,19 @@ async def _lint(ctx: ToolContext, targets: list[str], notes: list[str]) -> ToolR
     files = {r[0] for r in rows}
     shown = ", ".join(targets[:10]) + (f" and {len(targets) - 10} more" if len(targets) > 10 else "")
     if not rows:
-        return ToolResult("\n".join([f"No lint errors in {shown}."] + notes), meta={"problems": 0, "diagnostics": []})
+        return ToolResult(
+            _lint_text([f"No lint errors in {shown}."] + notes, ctx), meta={"problems": 0, "diagnostics": []}
+        )
     lines = [f"{path}:{line}:{col}: {code} {msg}" for path, line, col, code, msg in rows]
     lines.append(f"{len(rows)} problem(s) in {len(files)} file(s).")
-    text = truncate("\n".join(lines + notes) + "\n", ctx.max_result_chars, hint="lint fewer paths at a time")
-    text = text.rstrip("\n")
-    return ToolResult(text, meta={"problems": len(rows), "files": len(files), "diagnostics": rows})
+    return ToolResult(
+        _lint_text(lines + notes, ctx), meta={"problems": len(rows), "files": len(files), "diagnostics": rows}
+    )
+
+
+def _lint_text(lines: list[str], ctx: ToolContext) -> str:
+    """The result's lines under the one truncation rule (2,000 ignored paths made 93,000 characters of notes)."""
+    return truncate("\n".join(lines) + "\n", ctx.max_result_chars, hint="lint fewer paths at a time").rstrip("\n")
 
 
 def _row(d: dict, roots: tuple[str, str]) -> tuple[str, int, int, str, str]:

@@ -92,16 +92,21 @@ def files(root, hidden=False, own_repo=False):
     return sorted(out, key=lambda p: p.split("/"))
 
 
-def pattern_re(pat, gitignore=False):
-    """A regex matching a whole path for a glob (`**`, `*`, `?`, `[...]`, `{a,b}`) or, with `gitignore`,
-    for one .gitignore pattern (no leading '!' or trailing '/'; `\\` escapes; `**` only as a whole segment)."""
-    i, out = 0, ""
+STAR, DSTAR, DIRS = "[^/]*", ".*", "(?:.*/)?"  # `*`, `**` and `**/` as regex
+
+
+def glob_tokens(pat, gitignore=False):
+    """A glob (`**`, `*`, `?`, `[...]`, `{a,b}`) or, with `gitignore`, one .gitignore pattern (no leading '!'
+    or trailing '/'; `\\` escapes; `**` only as a whole segment) as tokens: regexes for one character,
+    STAR, DSTAR or DIRS, and a list of token lists for `{a,b}`."""
+    i, out = 0, []
     while i < len(pat):
         c = pat[i]
         whole = (i == 0 or pat[i - 1] == "/") and pat[i + 2 : i + 3] in ("/", "")
         if pat.startswith("**", i) and (whole or not gitignore):
             slash = pat[i + 2 : i + 3] == "/"
-            out, i = out + ("(?:.*/)?" if slash else ".*"), i + (3 if slash else 2)
+            wildcard(out, DIRS if slash else DSTAR)
+            i += 3 if slash else 2
             continue
         j = -1
         if c == "[":
@@ -109,22 +114,134 @@ def pattern_re(pat, gitignore=False):
         elif c == "{" and not gitignore:
             j = pat.find("}", i)
         if c == "\\" and gitignore and i + 1 < len(pat):
-            out, i = out + re.escape(pat[i + 1]), i + 1
+            out.append(re.escape(pat[i + 1]))
+            i += 1
         elif c == "*":
-            out += "[^/]*"
+            wildcard(out, STAR)
         elif c == "?":
-            out += "[^/]"
+            out.append("[^/]")
         elif c == "[" and j > 0:
             body = pat[i + 1 : j]
-            out += "[" + ("^" + body[1:] if body[:1] in ("!", "^") else body).replace("\\", "\\\\") + "]"
+            out.append("[" + ("^" + body[1:] if body[:1] in ("!", "^") else body).replace("\\", "\\\\") + "]")
             i = j
         elif c == "{" and j > 0:
-            out += "(?:" + "|".join(pattern_re(x) for x in pat[i + 1 : j].split(",")) + ")"
+            out.append([glob_tokens(x) for x in pat[i + 1 : j].split(",")])
             i = j
         else:
-            out += re.escape(c)
+            out.append(re.escape(c))
         i += 1
     return out
+
+
+def wildcard(out, tok):
+    """Append a wildcard, merged with one just before it (`***`, `**/**/`) into one matching the same paths:
+    each wildcard in a row multiplies the ways a regex can split a name, and re tries them all."""
+    last = out[-1] if out else None
+    if last == DSTAR and tok in (STAR, DSTAR, DIRS) or last == tok:
+        return
+    if tok == DSTAR and last in (STAR, DIRS):
+        out[-1] = DSTAR
+    else:
+        out.append(tok)
+
+
+def tokens_re(toks):
+    return "".join("(?:" + "|".join(map(tokens_re, t)) + ")" if isinstance(t, list) else t for t in toks)
+
+
+def pattern_re(pat, gitignore=False):
+    """A regex matching a whole path for a glob or .gitignore pattern (see glob_tokens)."""
+    return tokens_re(glob_tokens(pat, gitignore))
+
+
+def branches(toks):
+    """How many places in toks a backtracking regex can choose among several ways (wildcards, `{a,b}`)."""
+    return sum(1 + sum(map(branches, t)) if isinstance(t, list) else t in (STAR, DSTAR, DIRS) for t in toks)
+
+
+def compile_glob(pat, gitignore=False, flags=0):
+    """`fullmatch(path) -> bool` for a glob or .gitignore pattern. re backtracks through every way to split a
+    path among the wildcards (28 `*` took minutes on one name; `{,}` doubles per group), so a pattern with
+    more than two choice points runs on a Thompson NFA instead: time linear in the path for a given pattern."""
+    toks = glob_tokens(pat, gitignore)
+    if branches(toks) <= 2:
+        rx = re.compile(tokens_re(toks), flags)
+        return lambda p: rx.fullmatch(p) is not None
+    return Nfa(toks, flags).fullmatch
+
+
+class Nfa:
+    """A Thompson NFA for glob tokens, run over all its states at once (no backtracking); the sets of states
+    met are cached per character, as a lazily built DFA."""
+
+    def __init__(self, toks, flags=0):
+        self.flags, self.ops, self.cache = flags, [], {}  # ops: ("c", one-char test) | ("split", a, b) | ("jmp", a)
+        self.emit(toks)
+        self.start = self.closure([0])
+
+    def char(self, rx):
+        self.ops.append(("c", re.compile(rx, self.flags).fullmatch))
+
+    def emit(self, toks):
+        ops = self.ops
+        for t in toks:
+            at = len(ops)
+            if isinstance(t, list):  # split to each alternative; each jumps past the last
+                jumps = []
+                for k, alt in enumerate(t):
+                    split = len(ops)
+                    if k < len(t) - 1:
+                        ops.append(None)
+                    self.emit(alt)
+                    if k < len(t) - 1:
+                        jumps.append(len(ops))
+                        ops.append(None)
+                        ops[split] = ("split", split + 1, len(ops))
+                for j in jumps:
+                    ops[j] = ("jmp", len(ops))
+            elif t in (STAR, DSTAR):  # at: split(at+1, at+3); at+1: one char; at+2: jmp at
+                ops.append(("split", at + 1, at + 3))
+                self.char("[^/]" if t == STAR else ".")
+                ops.append(("jmp", at))
+            elif t == DIRS:  # (?:.*/)?
+                ops.append(("split", at + 1, at + 5))
+                ops.append(("split", at + 2, at + 4))
+                self.char(".")
+                ops.append(("jmp", at + 1))
+                self.char("/")
+            else:
+                self.char(t)
+
+    def closure(self, pcs):
+        seen, todo = set(), list(pcs)
+        while todo:
+            pc = todo.pop()
+            if pc in seen:
+                continue
+            seen.add(pc)
+            op = self.ops[pc] if pc < len(self.ops) else None  # len(ops): the match state
+            if op and op[0] == "split":
+                todo += op[1:]
+            elif op and op[0] == "jmp":
+                todo.append(op[1])
+        return frozenset(seen)
+
+    def fullmatch(self, s):
+        states = self.start
+        for ch in s:
+            key = (states, ch)
+            nxt = self.cache.get(key)
+            if nxt is None:
+                if len(self.cache) > 100_000:
+                    self.cache.clear()
+                step = [
+                    pc + 1 for pc in states if pc < len(self.ops) and self.ops[pc][0] == "c" and self.ops[pc][1](ch)
+                ]
+                nxt = self.cache[key] = self.closure(step)
+            states = nxt
+            if not states:
+                return False
+        return len(self.ops) in states
 
 
 def ignore_rules(path, base):
@@ -151,7 +268,7 @@ def ignore_rules(path, base):
             continue
         anchored = "/" in line
         try:
-            rx = re.compile(pattern_re(line.lstrip("/"), gitignore=True), re.DOTALL)
+            rx = compile_glob(line.lstrip("/"), gitignore=True, flags=re.DOTALL)
         except re.error:
             continue
         rules.append((base, rx, negated, dir_only, anchored))
@@ -186,7 +303,7 @@ class Ignores:
             if dir_only and not is_dir:
                 continue
             rel = path if base == "." else path[len(base) + 1 :] if path.startswith(base + "/") else None
-            if rel is not None and rx.fullmatch(rel if anchored else name):
+            if rel is not None and rx(rel if anchored else name):
                 hit = not negated
         return hit
 
@@ -207,8 +324,8 @@ def matcher(pat):
     if not pat:
         return lambda p: True
     pat = pat[2:] if pat.startswith("./") else pat.lstrip("/")
-    rx = re.compile(pattern_re(pat))
-    return lambda p: bool(rx.fullmatch(p if "/" in pat else p.rsplit("/", 1)[-1]))
+    fullmatch = compile_glob(pat)
+    return lambda p: fullmatch(p if "/" in pat else p.rsplit("/", 1)[-1])
 
 
 def text_of(p):
