@@ -109,7 +109,11 @@ def messages_from_openai(raw: Any, where: str = "messages") -> list[Message]:
         for key in ("tool_call_id", "name"):
             if not isinstance(m.get(key), str | None):
                 raise ValueError(f"{at}.{key} must be a string")
-        out.append(Message.from_openai({**m, "role": role, "content": _text(m.get("content"), at, role)}))
+        message = Message.from_openai({**m, "role": role, "content": _text(m.get("content"), at, role)})
+        for call in message.tool_calls:  # no UTF-8 spells it: the tokenizer would fail on it
+            if call.error is not None and LONE_SURROGATE in call.error:
+                raise ValueError(f"{at}: {call.error}")
+        out.append(message)
     return out
 
 
@@ -132,7 +136,7 @@ def _text(content: Any, where: str, role: str = "user") -> str:
     return "".join(texts)
 
 
-def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
+def decode_call(call_id: str, name: Any, arguments: Any, lone_surrogates_ok: bool = False) -> ToolCall:
     """A ToolCall from a name and arguments that may be a JSON string (OpenAI) or an object. Whatever
     cannot be taken as arguments is a malformed call (its `error` says why), never an exception:
     text that is not JSON, JSON nested deeper than the decoder recurses (RecursionError), and
@@ -142,7 +146,7 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
     text = arguments if isinstance(arguments, str) else None
     if not _recordable(name):
         return ToolCall(call_id, recordable(name), recordable(text if text is not None else json.dumps(arguments)),
-                        "the tool name holds a lone surrogate (a \\ud800-\\udfff escape), which is no character")  # fmt: skip
+                        f"the tool name holds {LONE_SURROGATE}")  # fmt: skip
     if text is not None:
         try:
             arguments = json.loads(text, parse_constant=_not_json, parse_float=_finite) if text.strip() else {}
@@ -156,7 +160,7 @@ def decode_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
         return ToolCall(call_id, name, arguments if text is None else recordable(text), _too_deep())
     # What the record could not hold as it is: a lone surrogate made saving the trajectory fail (and with
     # it a whole benchmark run), and NaN or infinity was saved as null, so training read other arguments.
-    if why := _unrecordable(arguments):
+    if why := _unrecordable(arguments, lone_surrogates_ok):
         return ToolCall(call_id, name, recordable(text if text is not None else json.dumps(arguments)),
                         f"the arguments hold {why}")  # fmt: skip
     if not isinstance(arguments, dict):
@@ -181,13 +185,17 @@ def _recordable(text: str) -> bool:
     return True
 
 
-def _unrecordable(value: Any) -> str | None:
-    """What in a decoded JSON value a trajectory cannot save as it is; None when nothing. Iterative."""
+LONE_SURROGATE = "a lone surrogate (a \\ud800-\\udfff escape), which is no character"
+
+
+def _unrecordable(value: Any, lone_surrogates_ok: bool = False) -> str | None:
+    """What in a decoded JSON value a trajectory cannot save as it is; None when nothing. Iterative.
+    `lone_surrogates_ok`: the caller replaces them (an endpoint's reply, read leniently)."""
     todo = [value]
     while todo:
         item = todo.pop()
-        if isinstance(item, str) and not _recordable(item):
-            return "a lone surrogate (a \\ud800-\\udfff escape), which is no character"
+        if isinstance(item, str) and not lone_surrogates_ok and not _recordable(item):
+            return LONE_SURROGATE
         if isinstance(item, float) and not math.isfinite(item):
             return f"{item}, which is not a JSON number"
         if isinstance(item, dict):

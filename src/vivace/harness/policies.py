@@ -417,7 +417,7 @@ def _call(raw: Any, call_id: str, finish: str) -> ToolCall:
     if not isinstance(fn, dict):
         return ToolCall(call_id, "", raw, "the tool call has no function (a name and arguments)")
     arguments = fn.get("arguments")
-    call = decode_call(call_id, fn.get("name"), {} if arguments is None else arguments)
+    call = decode_call(call_id, fn.get("name"), {} if arguments is None else arguments, lone_surrogates_ok=True)
     if call.error is None:  # "\\ud83d" alone in the arguments' JSON decodes to a str no file can hold
         without_lone_surrogates(call.arguments)  # (in place: a SpelledArguments keeps its text)
     if call.error is not None and finish == "length":
