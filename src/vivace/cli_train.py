@@ -357,12 +357,9 @@ def check_train_config(cfg: VivaceConfig, tasks: list) -> list[str]:
     context, prompt = check_model_and_data(cfg)
     if tc.eval_tasks:
         _check_baselines(tc.eval_baselines)
-    if is_greedy(cfg.engine.temperature) or cfg.engine.top_k == 1:
-        knob = (
-            f"engine.temperature is {cfg.engine.temperature:g}"
-            if is_greedy(cfg.engine.temperature)
-            else "engine.top_k is 1"
-        )
+    greedy = is_greedy(cfg.engine.temperature)
+    if greedy or cfg.engine.top_k == 1:
+        knob = f"engine.temperature is {cfg.engine.temperature:g}" if greedy else "engine.top_k is 1"
         warnings.append(f"{knob}: rollouts are greedy, so a group's {tc.group_size} rollouts come out the same, "
                         "score alike and train nothing; sample (engine.temperature 0.7, engine.top_k 0) to train, "
                         "and set train.eval_temperature 0 for a greedy evaluation")  # fmt: skip

@@ -72,7 +72,10 @@ class Message:
         calls = []
         for i, c in enumerate(d.get("tool_calls") or ()):
             fn = c.get("function", c)
-            calls.append(decode_call(c.get("id") or f"call_{i}", fn.get("name", ""), fn.get("arguments", {})))
+            # Given, not sampled: a lone surrogate stays in the decoded arguments for the reader to judge (the
+            # server refuses it, as it does in any other field).
+            calls.append(decode_call(c.get("id") or f"call_{i}", fn.get("name", ""), fn.get("arguments", {}),
+                                     lone_surrogates_ok=True))  # fmt: skip
         return Message(
             role=d["role"],
             content=d.get("content") or "",
@@ -109,11 +112,7 @@ def messages_from_openai(raw: Any, where: str = "messages") -> list[Message]:
         for key in ("tool_call_id", "name"):
             if not isinstance(m.get(key), str | None):
                 raise ValueError(f"{at}.{key} must be a string")
-        message = Message.from_openai({**m, "role": role, "content": _text(m.get("content"), at, role)})
-        for call in message.tool_calls:  # no UTF-8 spells it: the tokenizer would fail on it
-            if call.error is not None and LONE_SURROGATE in call.error:
-                raise ValueError(f"{at}: {call.error}")
-        out.append(message)
+        out.append(Message.from_openai({**m, "role": role, "content": _text(m.get("content"), at, role)}))
     return out
 
 
@@ -140,13 +139,15 @@ def decode_call(call_id: str, name: Any, arguments: Any, lone_surrogates_ok: boo
     """A ToolCall from a name and arguments that may be a JSON string (OpenAI) or an object. Whatever
     cannot be taken as arguments is a malformed call (its `error` says why), never an exception:
     text that is not JSON, JSON nested deeper than the decoder recurses (RecursionError), and
-    arguments nested over MAX_ARGUMENT_NESTING deep, which rendering them again would recurse over."""
+    arguments nested over MAX_ARGUMENT_NESTING deep, which rendering them again would recurse over; and
+    what a trajectory cannot record as it is: NaN or infinity, and a lone surrogate (unless
+    `lone_surrogates_ok`, for a caller that deals with them)."""
     if not isinstance(name, str) or not name:
         return ToolCall(call_id, "", arguments, "the tool call has no tool name")
     text = arguments if isinstance(arguments, str) else None
     if not _recordable(name):
         return ToolCall(call_id, recordable(name), recordable(text if text is not None else json.dumps(arguments)),
-                        f"the tool name holds {LONE_SURROGATE}")  # fmt: skip
+                        f"the tool name holds {_LONE_SURROGATE}")  # fmt: skip
     if text is not None:
         try:
             arguments = json.loads(text, parse_constant=_not_json, parse_float=_finite) if text.strip() else {}
@@ -185,17 +186,18 @@ def _recordable(text: str) -> bool:
     return True
 
 
-LONE_SURROGATE = "a lone surrogate (a \\ud800-\\udfff escape), which is no character"
+_LONE_SURROGATE = "a lone surrogate (a \\ud800-\\udfff escape), which is no character"
 
 
 def _unrecordable(value: Any, lone_surrogates_ok: bool = False) -> str | None:
     """What in a decoded JSON value a trajectory cannot save as it is; None when nothing. Iterative.
-    `lone_surrogates_ok`: the caller replaces them (an endpoint's reply, read leniently)."""
+    `lone_surrogates_ok`: the caller deals with them (an endpoint's reply, read as U+FFFD; messages a client
+    gave, which the server refuses)."""
     todo = [value]
     while todo:
         item = todo.pop()
         if isinstance(item, str) and not lone_surrogates_ok and not _recordable(item):
-            return LONE_SURROGATE
+            return _LONE_SURROGATE
         if isinstance(item, float) and not math.isfinite(item):
             return f"{item}, which is not a JSON number"
         if isinstance(item, dict):
