@@ -55,6 +55,14 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def seed_in_range(seed: int | None) -> int | None:
+    """A --seed option's check (typer callback): torch.manual_seed takes 64 bits, and a larger seed fails
+    deep in a run with "Overflow when unpacking long long"."""
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise typer.BadParameter(f"{seed} does not fit in 64 bits; give a seed from -2**63 to 2**63 - 1")
+    return seed
+
+
 class LoggedProgress(Progress):
     """rich's progress bar on stderr (default columns: description, bar, done/total, time). Where stderr is
     not a terminal (a log file, a pipe, CI) rich draws nothing until the end, so there it prints a plain

@@ -30,6 +30,7 @@ from vivace.cli import (
     fail,
     out,
     print_json,
+    seed_in_range,
     sigterm_interrupts,
     stopped_by_signal,
     tasks_app,
@@ -41,7 +42,7 @@ from vivace.cli import (
 def tasks_generate(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for tasks.jsonl and one file per split.")],
     n: Annotated[int, typer.Option("--n", min=1, help="Bug tasks to keep.")] = 100,
-    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
+    seed: Annotated[int, typer.Option(callback=seed_in_range, help="Seed: the same seed gives the same tasks.")] = 0,
     repos: Annotated[str | None, typer.Option(help="Comma-separated bundled repositories (default: all).")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Mutants tested at the same time.")] = 2,
     preset: PresetOpt = "default",
@@ -122,7 +123,7 @@ def tasks_families(
     train: Annotated[int, typer.Option(min=0, help="Training tasks (themes of the train split).")] = 840,
     validation: Annotated[int, typer.Option(min=0, help="Validation tasks.")] = 70,
     test: Annotated[int, typer.Option(min=0, help="Held-out test tasks (themes never seen in training).")] = 210,
-    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
+    seed: Annotated[int, typer.Option(callback=seed_in_range, help="Seed: the same seed gives the same tasks.")] = 0,
     workers: Annotated[int, typer.Option(min=1, help="Test runs at the same time.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:

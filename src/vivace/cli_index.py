@@ -26,6 +26,7 @@ from vivace.cli import (
     fail,
     out,
     print_json,
+    seed_in_range,
     sigterm_interrupts,
     stopped_by_signal,
 )
@@ -261,7 +262,9 @@ def index_train_embedder(
     batch_size: Annotated[int, typer.Option(min=2, help="Pairs per step (the in-batch negatives).")] = 16,
     lr: Annotated[float, typer.Option(help="Learning rate (AdamW).")] = 3e-5,
     holdout: Annotated[float, typer.Option(min=0.05, max=0.9, help="Fraction of tasks held out.")] = 0.25,
-    seed: Annotated[int, typer.Option(help="Seed of the held-out split and the shuffling.")] = 0,
+    seed: Annotated[
+        int, typer.Option(callback=seed_in_range, help="Seed of the held-out split and the shuffling.")
+    ] = 0,
     model: ModelOpt = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Where task trees are built.")] = None,
     as_json: JsonOpt = False,

@@ -10,7 +10,17 @@ from typing import Annotated
 
 import typer
 
-from vivace.cli import app, bound_or_exit, err, fail, out, sigterm_interrupts, status_say, stopped_by_signal
+from vivace.cli import (
+    app,
+    bound_or_exit,
+    err,
+    fail,
+    out,
+    seed_in_range,
+    sigterm_interrupts,
+    status_say,
+    stopped_by_signal,
+)
 from vivace.config import EngineConfig, error_message
 
 serve_app = typer.Typer(help="Serve a model over an OpenAI-compatible API; `serve bench` measures the engine.")
@@ -103,7 +113,7 @@ def serve_bench(
     model: Annotated[str, typer.Option("--model", help="tiny, or a local checkpoint directory.")] = "tiny",
     n: Annotated[int, typer.Option("--n", min=1, help="Requests in the mixed-length workload.")] = 64,
     max_batch: MaxBatchOpt = 16,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    seed: Annotated[int, typer.Option(callback=seed_in_range, help="Workload seed.")] = 0,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,

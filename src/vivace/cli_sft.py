@@ -39,6 +39,7 @@ from vivace.cli import (
     out,
     path_problem,
     run_cancelling_on_sigterm,
+    seed_in_range,
     sigterm_interrupts,
     stopped_by_signal,
 )
@@ -205,7 +206,7 @@ def sft_augment(
     ] = (Path("runs/sft/expert.jsonl"),),
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/augmented.jsonl"),
     variants: Annotated[int, typer.Option(min=1, help="Renamed, cut-short copies per episode.")] = 4,
-    seed: Annotated[int, typer.Option(help="Seed of the new names and cuts.")] = 0,
+    seed: Annotated[int, typer.Option(callback=seed_in_range, help="Seed of the new names and cuts.")] = 0,
     model: Annotated[str, typer.Option(help="Whose tokenizer renders the tokens: tiny or a checkpoint.")] = "tiny",
     cut: Annotated[
         list[str] | None,
@@ -307,7 +308,7 @@ def sft_copies(
         bool, typer.Option(help="Put each row behind the harness's system turn, where the agent copies.")
     ] = False,
     model: Annotated[str, typer.Option(help="Whose tokenizer renders the system turn: tiny or a checkpoint.")] = "tiny",
-    seed: Annotated[int, typer.Option(help="Seed of the tokens.")] = 0,
+    seed: Annotated[int, typer.Option(callback=seed_in_range, help="Seed of the tokens.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the count as JSON.")] = False,
 ) -> None:
     """Synthetic copying sequences (a random span repeated after random fillers; loss on the repeats):
@@ -364,7 +365,7 @@ def sft_drills(
     data: Annotated[list[Path], typer.Option("--data", help="Episode JSONL file(s) with ids and loss_mask.")],
     out_file: Annotated[Path, typer.Option("--out", help="JSONL file to write.")] = Path("runs/sft/drills.jsonl"),
     window: Annotated[int, typer.Option(min=1, help="Most tokens of context kept before each path.")] = 1024,
-    seed: Annotated[int, typer.Option(help="Seed of the window lengths.")] = 0,
+    seed: Annotated[int, typer.Option(callback=seed_in_range, help="Seed of the window lengths.")] = 0,
     model: Annotated[str, typer.Option(help="Whose tokenizer wrote the ids: tiny or a checkpoint.")] = "tiny",
     argument: Annotated[
         list[str] | None, typer.Option(help="Tool-call arguments to drill (repeat; default: path).")
@@ -565,7 +566,7 @@ def sft_train(
     save_every: Annotated[
         int, typer.Option(min=0, help="Save the checkpoint every N steps (and at the end; 0: at the end).")
     ] = 200,
-    seed: Annotated[int, typer.Option(help="Seed of the packing and the episode order.")] = 0,
+    seed: Annotated[int, typer.Option(callback=seed_in_range, help="Seed of the packing and the episode order.")] = 0,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch (default: torch's choice).")] = None,
     device: Annotated[str, typer.Option(help="auto (the GPU if torch sees one), cpu, cuda or cuda:N.")] = "auto",
     objective: Annotated[

@@ -37,7 +37,6 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from vivace.bench.results import result_rows
 from vivace.cli import (
     BackendOpt,
     ConfigOpt,
@@ -51,6 +50,7 @@ from vivace.cli import (
     fail,
     out,
     run_cancelling_on_sigterm,
+    seed_in_range,
     sigterm_interrupts,
     status_say,
     stopped_by_signal,
@@ -67,6 +67,7 @@ from vivace.rl.runs import (
     latest_checkpoint,
     load_run_config,
     lock_run,
+    metrics_rows,
     run_path,
 )
 
@@ -81,7 +82,10 @@ def train_command(
     config_file: ConfigOpt = None,
     steps: Annotated[int | None, typer.Option(help="Steps in the run (default: the config's).")] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed of the task order, sampling and held-out draw (default: the config's).")
+        int | None,
+        typer.Option(
+            callback=seed_in_range, help="Seed of the task order, sampling and held-out draw (default: the config's)."
+        ),
     ] = None,
     name: Annotated[
         str | None, typer.Option(help="Run directory name under train.runs_dir (default: train-DATE-TIME).")
@@ -409,7 +413,7 @@ def _check_baselines(specs: list[str]) -> None:
 
 def _nothing_trained(run_dir: Path, steps: int) -> str:
     """Why a run whose steps all trained nothing did so, from its metrics: the policy is unchanged."""
-    rows = [row for _, row in result_rows(run_dir / "metrics.jsonl", "metrics row")][-steps:]
+    rows = metrics_rows(run_dir / "metrics.jsonl")[-steps:]
     keys = ("groups_zero_variance", "groups_same_correctness", "rollouts_failed", "samples_too_stale",
             "samples_masked_truncated", "samples_without_tokens")  # fmt: skip
     why = ", ".join(f"{k} {n}" for k in keys if (n := sum(r.get(k, 0) for r in rows)))
@@ -588,12 +592,18 @@ def report_command(
         from vivace.rl.evaluate import held_out_tasks, markdown_report, trained_policy  # after the cheap refusals
 
         trained_policy(run_dir)
+        metrics_rows(run_dir / "metrics.jsonl")  # a damaged row is found now, not after the whole evaluation
         chosen = held_out_tasks(cfg, tasks or cfg.train.eval_tasks or None, split)
-    except ValueError as e:
+        # The run's lock: a second report (or the run itself) would clear RUN/eval/ under this one's episodes.
+        lock = lock_run(run_dir)
+    except (ValueError, OSError, RunInUse) as e:
         fail(str(e))
     received: list[int] = []
     try:
-        with sigterm_interrupts(received):  # SIGTERM as Ctrl-C: the earlier report is put back, not left moved away
+        with (
+            lock,
+            sigterm_interrupts(received),
+        ):  # SIGTERM as Ctrl-C: the earlier report is put back, not left moved away
             report, path = _evaluate(cfg, run_dir.resolve(), chosen)
     except ValueError as e:  # a checkpoint that cannot be loaded (damaged, of a model the engine cannot run)
         with contextlib.suppress(OSError):

@@ -217,7 +217,8 @@ class EngineConfig(_Strict):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature for agent turns (0: greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k cut (0: none).")
-    seed: int = Field(0, description="Seed of the engine's sampling generator.")
+    # torch.manual_seed's range: a larger seed overflows only when a run starts its engine.
+    seed: int = Field(0, ge=-(2**63), le=2**64 - 1, description="Seed of the engine's sampling generator.")
 
     @field_validator("device")
     @classmethod
@@ -432,7 +433,8 @@ class TrainConfig(_Strict):
         "file at a time as the ranks gather them, so it holds at most one file's worth (save_pretrained's "
         "default is 50 GB; a 30B model in fp32 is 120 GB).",
     )
-    seed: int = Field(0, description="Seed of the data order, sampling and initialisation.")
+    # int64, so the engines' seeds derived from it (seed + version + 1000 * replica) stay in torch's range.
+    seed: int = Field(0, ge=-(2**63), le=2**63 - 1, description="Seed of the data order, sampling and initialisation.")
     runs_dir: PathSetting = Field(Path("runs"), description="Where run directories are made.")
     eval_tasks: int = Field(
         0, ge=0, description="Held-out tasks in the before/after benchmark that ends the run (0: no evaluation)."

@@ -14,7 +14,8 @@ measured). Everything a step produced goes to the run directory:
     runs/NAME/timeline.jsonl      every episode attempt: start, end, worker, sampler, versions,
                                   per-turn model/tool time, outcome (finished, requeued, ...)
     runs/NAME/checkpoints/step_N/ weights (HF directory), optimizer, step, data position, RNG
-    runs/NAME/summary.json        the run's first and last numbers, written at the end
+    runs/NAME/summary.json        the run's first and last numbers, written at the end (its
+                                  pipeline counts are this process's, from pipeline_from_step on)
 
 Resume (`--resume runs/NAME`): the last checkpoint's weights, optimizer and RNG are loaded and the
 task order continues from its data position (groups opened but not yet trained are opened
@@ -40,13 +41,12 @@ from typing import Any
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from vivace.bench.results import result_rows
 from vivace.config import TrainConfig, VivaceConfig
 from vivace.files import sync_tree, write_atomic
 from vivace.rl.metrics import behaviour, mean, percentile
 from vivace.rl.pipeline import Pipeline
 from vivace.rl.rollout import Rollout, to_samples
-from vivace.rl.runs import latest_checkpoint, prune_checkpoints
+from vivace.rl.runs import latest_checkpoint, metrics_rows, prune_checkpoints
 from vivace.rl.trainer import failed_writes_as_oserror
 from vivace.rl.workers import RayWorkers
 from vivace.tasks.format import Task
@@ -312,7 +312,7 @@ async def train(
         final = await pipeline.close() if pipeline is not None else {}
         board.close()
         await workers.close()
-    return write_summary(run_dir, final, stopped_by)
+    return write_summary(run_dir, final, stopped_by, first_step=start + 1)
 
 
 async def _expert_file(cfg: VivaceConfig, run_dir: Path, tasks: list[Task], note: Callable[[str], None]) -> Path:
@@ -437,8 +437,14 @@ def _resume_state(ckpt: Path) -> dict[str, Any]:
     run directory may come from elsewhere, and a pickle could run code); StartFailed when either is damaged."""
     try:
         state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
-        if not isinstance(state, dict) or not isinstance(state.get("step"), int) or state["step"] < 1:
+        if not isinstance(state, dict) or not _count(state.get("step")) or state["step"] < 1:
             raise ValueError(f"state.json holds no step number: {str(state)[:60]}")
+        # The other fields as _checkpoint writes them: a damaged one must stop here, not inside the pipeline.
+        pending, order = state.get("pending", []), state.get("order")
+        if not _count(state.get("data_position", 0)) or not isinstance(pending, list) or not all(map(_count, pending)):
+            raise ValueError(f"state.json's data_position or pending is not what a checkpoint holds: {str(state)[:80]}")
+        if order is not None and not isinstance(order, dict):
+            raise ValueError(f"state.json's order is not an object: {str(order)[:60]}")
         torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=True)["torch"])
     except (OSError, ValueError, KeyError, TypeError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
@@ -449,17 +455,25 @@ def _resume_state(ckpt: Path) -> dict[str, Any]:
     return state
 
 
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0  # bool is an int, and not a count
+
+
 def _truncate_metrics(run_dir: Path, step: int) -> None:
     """metrics.jsonl up to `step`, the checkpoint a resume starts from; a last line cut short by a kill
     mid-append goes too (the next step's line would be glued to it)."""
     path = run_dir / "metrics.jsonl"
     if path.exists():
-        keep = [row for _, row in result_rows(path, "metrics row") if row["step"] <= step]
+        keep = [row for row in metrics_rows(path) if row["step"] <= step]
         write_atomic(path, "".join(json.dumps(row) + "\n" for row in keep))
 
 
-def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped_by: str = "steps") -> dict[str, Any]:
-    rows = [row for _, row in result_rows(run_dir / "metrics.jsonl", "metrics row")]
+def write_summary(
+    run_dir: Path, pipeline: dict[str, Any] | None = None, stopped_by: str = "steps", first_step: int = 1
+) -> dict[str, Any]:
+    """summary.json: the run's first and last steps, its totals, and this process's pipeline counts,
+    which cover the steps from `first_step` on (a resumed run starts them afresh, as its timeline does)."""
+    rows = metrics_rows(run_dir / "metrics.jsonl")
     first, last = rows[0], rows[-1]
     keys = ("reward_mean", "success_rate", "agent_turns", "agent_tool_calls_per_turn", "loss", "entropy")
     summary = {
@@ -472,6 +486,7 @@ def write_summary(run_dir: Path, pipeline: dict[str, Any] | None = None, stopped
         "wall_s": sum(r["step_s"] for r in rows),
         "checkpoint": str(latest_checkpoint(run_dir)),
         "pipeline": pipeline or {},
+        "pipeline_from_step": first_step,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

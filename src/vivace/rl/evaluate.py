@@ -64,13 +64,12 @@ from typing import Any
 
 from vivace.bench.report import _plot as success_vs_tokens_plot
 from vivace.bench.report import summarize
-from vivace.bench.results import result_rows
 from vivace.bench.runner import run_benchmark
 from vivace.config import VivaceConfig
 from vivace.harness.policies import deterministic
 from vivace.harness.trajectory import Trajectory
 from vivace.rl.metrics import behaviour
-from vivace.rl.runs import latest_checkpoint
+from vivace.rl.runs import checkpoint_step, latest_checkpoint, metrics_rows
 from vivace.rl.shift import divergence, policy_shift
 from vivace.tasks.format import Task
 from vivace.tasks.suites import load_suite
@@ -260,7 +259,12 @@ def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: 
                 "bench": bench.get(label, {})}
         for label, spec in roles.items()
     }  # fmt: skip
+    # The rows of the steps the evaluated checkpoint holds: a run killed after a step's row but before its
+    # checkpoint has rows the trained policy never saw.
+    trained = checkpoint_step(Path(roles["after"]))
     curves = training_curves(run_dir / "metrics.jsonl")
+    later = [c for c in curves if trained is not None and c["step"] > trained]
+    curves = [c for c in curves if c not in later]
     return {
         "run": run_dir.name,
         "run_dir": str(run_dir),
@@ -272,7 +276,7 @@ def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: 
         "paired": paired(rows, roles["before"], roles["after"]),
         "curves": curves,
         "training": {"steps": len(curves), "first": curves[0] if curves else None, "last": curves[-1] if curves else None,
-                     "supervised": supervised_term(run_dir)},
+                     "supervised": supervised_term(run_dir), "steps_after_checkpoint": len(later)},
         "eval_seconds": seconds,
     }  # fmt: skip
 
@@ -406,10 +410,7 @@ def training_curves(metrics_file: Path) -> list[dict[str, Any]]:
     """The curve keys of each step in metrics.jsonl. A last line cut short (the run was killed while
     appending it) is left out, as bench.results does for results.jsonl: it must not cost the report
     after the whole evaluation has run."""
-    if not metrics_file.is_file():
-        return []
-    rows = [row for _, row in result_rows(metrics_file, "metrics row")]
-    return [{"step": r["step"], **{k: r[k] for k in CURVE_KEYS if k in r}} for r in rows]
+    return [{"step": r["step"], **{k: r[k] for k in CURVE_KEYS if k in r}} for r in metrics_rows(metrics_file)]
 
 
 def _rate(rows: list[dict[str, Any]]) -> float | None:
@@ -550,7 +551,14 @@ def _intro(report: dict[str, Any]) -> list[str]:
         + (f" (one for {', '.join(f'`{k}`' for k in once)}: scripted, the same every time)" if once else "")
         + f" (split {', '.join(report['task_splits'])}) over "
         f"{len(fams)} families: {', '.join(fams)}" + (f" (harder: {', '.join(harder)})" if harder else ""),
-        f"- training: {report['training']['steps']} steps; evaluation took {report['eval_seconds']:.0f} s"
+        f"- training: {report['training']['steps']} steps"
+        + (
+            f" (the checkpoint evaluated; {later} later step{'s' * (later > 1)}, killed before its checkpoint, left "
+            "out)"
+            if (later := report["training"].get("steps_after_checkpoint"))
+            else ""
+        )
+        + f"; evaluation took {report['eval_seconds']:.0f} s"
         + (f" at temperature {report['temperature']:g}" if report.get("temperature") is not None else ""),
         *_supervised_line(report["training"].get("supervised")),
         *_errors_line(p),

@@ -13,10 +13,11 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pydantic import ValidationError
 
+from vivace.bench.results import result_rows
 from vivace.config import VivaceConfig, validation_message
 from vivace.files import write_atomic
 from vivace.locks import Locked, lock_exclusively
@@ -24,8 +25,13 @@ from vivace.locks import Locked, lock_exclusively
 
 def run_path(cfg: VivaceConfig, name: str | None) -> Path:
     """Where a new run named `name` goes (absolute; train-DATE-TIME when None), not made yet; a
-    FileExistsError when a run already lives there."""
+    FileExistsError when a run already lives there, a ValueError for a name that would leave
+    train.runs_dir (absolute, `..`) or is it."""
     name = name or time.strftime("train-%Y%m%d-%H%M%S")
+    parts = Path(name).parts
+    if not parts or Path(name).is_absolute() or ".." in parts or all(p == "." for p in parts):
+        raise ValueError(f"--name {name!r}: give a name for a directory under train.runs_dir "
+                         f"({cfg.train.runs_dir}), e.g. --name exp1; to put runs elsewhere, set train.runs_dir")  # fmt: skip
     return _untaken((cfg.train.runs_dir / name).resolve())  # absolute: actors write into it from their own cwd
 
 
@@ -47,8 +53,8 @@ def lock_run(run_dir: Path) -> IO[str]:
     try:
         return lock_exclusively(run_dir / ".lock")
     except Locked as e:
-        raise RunInUse(f"{run_dir} is in use by another `vivace train` (pid {e.holder}); wait for it to end, or "
-                       "stop it first") from None  # fmt: skip
+        raise RunInUse(f"{run_dir} is in use by another `vivace train` or `vivace train report` (pid {e.holder}); "
+                       "wait for it to end, or stop it first") from None  # fmt: skip
 
 
 def claim_run_dir(path: Path, cfg: VivaceConfig, *, unnamed: bool) -> tuple[Path, IO[str]]:
@@ -58,10 +64,14 @@ def claim_run_dir(path: Path, cfg: VivaceConfig, *, unnamed: bool) -> tuple[Path
     free suffix: -2, -3, ..."""
     for n in itertools.count(1):
         here = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        if here.exists() and not here.is_dir():
+            if unnamed:
+                continue
+            raise FileExistsError(f"{here} is a file, not a run directory; pick another --name")
         try:
             here.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot make the run directory {here} ({e.strerror}); set train.runs_dir "
+        except OSError as e:  # the message alone: str() of OSError(errno, text) starts "[Errno N]"
+            raise OSError(f"cannot make the run directory {here} ({e.strerror}); set train.runs_dir "
                           "(--config) to a directory you can write") from None  # fmt: skip
         try:
             lock = lock_run(here)
@@ -86,9 +96,39 @@ def new_run_dir(cfg: VivaceConfig, name: str | None) -> Path:
 
 
 def _untaken(path: Path) -> Path:
+    """`path` when a new run may go there: nothing there yet, or a run that never finished a step (its
+    config.json and lock only). A directory of other files is not written into: the run's config.json,
+    checkpoints/ and the rest would land beside, or over, someone's own files."""
     if (path / "metrics.jsonl").exists():
         raise FileExistsError(f"{path} already holds a run; resume it with --resume {path} or pick another --name")
+    if path.is_dir() and not (path / "config.json").exists() and any(p.name != ".lock" for p in path.iterdir()):
+        raise FileExistsError(f"{path} already exists and holds other files, not a run; pick another --name")
     return path
+
+
+def metrics_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a run's metrics.jsonl (none before the file exists), each checked to carry its step
+    number, so a hand-edited or foreign line is a ValueError naming the file and line before anything
+    expensive, not a KeyError inside a resume or after a report's whole evaluation. A last line cut
+    short by a kill is left out (bench.results.result_rows); reading errors are the caller's."""
+    if not path.is_file():
+        return []
+    rows = []
+    for n, row in result_rows(path, "metrics row"):
+        step = row.get("step")
+        if type(step) is not int or step < 1:  # bool is an int, and not a step
+            raise ValueError(f"{path}:{n}: not a metrics row (no step number: {json.dumps(row)[:80]})")
+        rows.append(row)
+    return rows
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a checkpoint directory (RUN/checkpoints/step_N) or of its model/ inside; None for anything else."""
+    for p in (path, path.parent):
+        step = p.name.removeprefix("step_")
+        if p.name.startswith("step_") and step.isdecimal() and p.parent.name == "checkpoints":
+            return int(step)
+    return None
 
 
 def load_run_config(run_dir: Path) -> VivaceConfig:
