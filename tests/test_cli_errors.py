@@ -198,7 +198,7 @@ def test_sft_eval_stopped_by_sigterm_keeps_the_numbers_it_has(tmp_path, monkeypa
         calls.append(model)
         if len(calls) == 2:
             signal.raise_signal(signal.SIGTERM)
-        return {"episodes": 1, "eval_loss": 1.25, "eval_token_acc": 0.5}
+        return {"episodes": 1, "read": 1, "too_long": 0, "untrained": 0, "eval_loss": 1.25, "eval_token_acc": 0.5}
 
     monkeypatch.setattr(sft_train, "evaluate_checkpoint", evaluate)
     args = ["sft", "eval", "--data", str(data), "--model", "tiny", "--model", "tiny"]

@@ -371,7 +371,8 @@ def test_ship_rounds_to_bf16_and_loads_as_a_checkpoint(tmp_path):
     save_checkpoint(model, load_tokenizer("tiny"), tmp_path / "trained")
     (tmp_path / "trained" / "sft_summary.json").write_text(json.dumps({"step": 7, "finished": True}))
     (tmp_path / "tiny").mkdir()
-    (tmp_path / "tiny" / "stale.bin").write_text("old")  # what the destination held is replaced
+    (tmp_path / "tiny" / "config.json").write_text("{}")  # an earlier checkpoint: replaced, with its every file
+    (tmp_path / "tiny" / "stale.bin").write_text("old")
     record = ship_checkpoint(tmp_path / "trained", tmp_path / "tiny")
     assert record["dtype"] == "bfloat16" and record["sft_summary"] == {"step": 7, "finished": True}
     assert not (tmp_path / "tiny" / "stale.bin").exists()

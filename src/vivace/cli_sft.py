@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -76,15 +78,40 @@ def _written(path: Path) -> Iterator[TextIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     try:
-        with partial.open("w") as f:
+        f = _locked_partial(partial, path)
+        try:  # renamed or removed while still locked: no second writer can open it in between
             yield f
-        partial.replace(path)
+            f.flush()
+            partial.replace(path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        finally:
+            f.close()
     except BaseException as e:
-        partial.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename in (None, str(partial), str(path)):
             fail(f"cannot write {path}: {e.strerror or e}; nothing was written: free some space or give an --out "
                  "you can write, and run the command again", 1)  # fmt: skip
         raise
+
+
+def _locked_partial(partial: Path, path: Path) -> TextIO:
+    """PARTIAL, empty and open for writing under an exclusive flock, so that a second command writing the
+    same --out at the same time is refused (two interleaved their lines into one file, and each said it
+    had written it). A partial left by a killed run holds no lock and is started over."""
+    while True:
+        f = partial.open("a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            fail(f"another command is writing {path} now ({partial} is in use); wait for it to end, or give "
+                 "another --out")  # fmt: skip
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(partial).st_ino == os.fstat(f.fileno()).st_ino:
+                f.truncate(0)
+                return f
+        f.close()  # locked a file the other writer had just renamed to its --out: not ours to write; again
 
 
 def _say_written(out_file: Path, n: int, what: str, as_json: bool) -> None:
@@ -240,7 +267,7 @@ def sft_augment(
     from vivace.harness.tools import default_tools
     from vivace.harness.tools.base import tool_schema
     from vivace.model.checkpoint import load_tokenizer
-    from vivace.rl.sft_augment import CUTS, augment_episodes, read_expert_rows
+    from vivace.rl.sft_augment import CUTS, augment_episodes, check_package_names, read_expert_rows
 
     cuts = tuple(cut or CUTS)
     for name, share in (("--invented-share", invented_share), ("--letters-share", letters_share)):
@@ -250,6 +277,7 @@ def sft_augment(
         fail(f"unknown --cut {', '.join(bad)}; choose from first_file, first_edit, whole, retry, retry_edit")
     files = list(data)
     try:
+        check_package_names(package or ())
         _fresh_file(out_file)
         rows = [row for path in files for row in read_expert_rows(path)]
         chat = ChatFormat(load_tokenizer(model))
@@ -423,11 +451,15 @@ def sft_eval(
     whole value are the greedy choice — the numbers `sft train --eval` logs."""
     from rich.table import Table
 
-    from vivace.rl.sft_train import check_files, evaluate_checkpoint
+    from vivace.model.checkpoint import load_tokenizer
+    from vivace.rl.sft_train import check_files, evaluate_checkpoint, read_episodes
 
-    try:  # checked before any model loads: a typo in the last file or model wastes no evaluation
+    try:  # checked before any model loads: a typo or a bad line in the last file or model wastes no evaluation
         check_files(data)
         _same_tokenizer(model)
+        vocab = len(load_tokenizer(model[0]))
+        for d in data:
+            read_episodes(d, vocab)
     except ValueError as e:
         fail(str(e))
     table = Table(
@@ -452,6 +484,8 @@ def sft_eval(
                 try:
                     r = evaluate_checkpoint(m, d, seq_len, threads)
                 except (ValueError, FileNotFoundError) as e:
+                    if finished and not as_json:  # the numbers already measured are not thrown away
+                        out.print(table)
                     fail(str(e))
                 err.print(f"[{i}/{len(pairs)}] done in {time.monotonic() - t0:.0f} s", markup=False, highlight=False)
                 finished = i
@@ -460,7 +494,13 @@ def sft_eval(
                     continue
                 probes = [f"{r[f'eval_first_{a}']:.2f} / {r[f'eval_exact_{a}']:.2f}" if f"eval_first_{a}" in r
                           else "-" for a in ("path", "old_string", "new_string")]  # fmt: skip
-                table.add_row(Path(m).name, d.name, str(r["episodes"]), f"{r['eval_loss']:.3f}",
+                left_out = r["read"] - r["episodes"]
+                if left_out:  # a model with a shorter context scores a smaller subset: said, not hidden
+                    err.print(f"note: {left_out} of {r['read']} episodes of {d} left out ({r['too_long']} longer "
+                              f"than the context or --seq-len, {r['untrained']} with no trained token)",
+                              markup=False, highlight=False)  # fmt: skip
+                shown = f"{r['episodes']} of {r['read']}" if left_out else str(r["episodes"])
+                table.add_row(Path(m).name, d.name, shown, f"{r['eval_loss']:.3f}",
                               f"{r['eval_token_acc']:.3f}", *probes)  # fmt: skip
     except KeyboardInterrupt:
         if finished and not as_json:  # the numbers already measured are not thrown away
@@ -608,28 +648,33 @@ def sft_train(
         if value is not None and not (math.isfinite(value) and value > 0):  # inf trained NaN weights; NaN passed
             fail(f"{name} {value:g}: give a finite number above 0")
     check_writable(out_dir, directory=True)
-    _check_fresh_run_dir(out_dir)
-    # after the refusals above, which need no torch: they answer in under a second, not after its import
-    from vivace.model.checkpoint import parse_arch
-    from vivace.rl.sft_train import SftDiverged, train_sft
-
+    lock = _OutLock(out_dir)  # before the check: a second run must not clear what the first is writing
     try:
-        overrides = parse_arch(arch) if arch else None
-    except ValueError as e:
-        fail(f"--arch: {e}")
-    rows = None
-    if embedding_rows is not None:
+        _check_fresh_run_dir(out_dir)
+        # after the refusals above, which need no torch: they answer in under a second, not after its import
+        from vivace.model.checkpoint import parse_arch
+        from vivace.rl.sft_train import SftDiverged, train_sft
+
         try:
-            rows = json.loads(embedding_rows.read_text())
-        except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-            fail(f"--embedding-rows {embedding_rows}: {e}")
-        if not isinstance(rows, list) or not all(type(i) is int for i in rows):
-            fail(f"--embedding-rows {embedding_rows}: expected a JSON list of token ids")
+            overrides = parse_arch(arch) if arch else None
+        except ValueError as e:
+            fail(f"--arch: {e}")
+        rows = None
+        if embedding_rows is not None:
+            try:
+                rows = json.loads(embedding_rows.read_text())
+            except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+                fail(f"--embedding-rows {embedding_rows}: {e}")
+            if not isinstance(rows, list) or not all(type(i) is int for i in rows):
+                fail(f"--embedding-rows {embedding_rows}: expected a JSON list of token ids")
+    except BaseException:  # a refusal: the lock is let go at once (a process that goes on, as in tests)
+        lock.release()
+        raise
     columns = (TextColumn("sft step"), MofNCompleteColumn(), BarColumn(),
                TextColumn("loss {task.fields[loss]}  {task.fields[tok_s]} tok/s  {task.fields[eval]}"), TimeElapsedColumn())  # fmt: skip
     received: list[int] = []  # SIGTERM (a scheduler's limit) stops and saves as Ctrl-C does, then exits 143
     try:
-        with LoggedProgress(*columns) as bar, sigterm_interrupts(received):
+        with lock, LoggedProgress(*columns) as bar, sigterm_interrupts(received):
             job = bar.add_task("sft", total=steps, loss="-", tok_s="-", eval="")
 
             def show(line: dict) -> None:
@@ -658,6 +703,9 @@ def sft_train(
     if result["counts"]["too_long"]:
         err.print(f"[yellow]note:[/] {result['counts']['too_long']} episode(s) longer than --seq-len {seq_len} "
                   "were skipped")  # fmt: skip
+    if result["counts"]["untrained"]:
+        err.print(f"[yellow]note:[/] {result['counts']['untrained']} episode(s) with no trained token (an all-0 "
+                  "loss_mask, or none left by --objective) were skipped")  # fmt: skip
     if as_json:
         print(json.dumps(result))
     else:
@@ -673,18 +721,48 @@ def sft_train(
 _BEFORE_FIRST_SAVE = {".saving", "train_log.jsonl", "sft_summary.json"}
 
 
+class _OutLock:
+    """An exclusive flock on the `sft train --out` directory itself, held for the run: two runs into one
+    --out at once interleaved their train_log.jsonl and saved over each other (the weights left could be
+    either run's). No file is left for it; a directory made for it and still empty when it is let go (a
+    refusal) is removed, as if the command had never run."""
+
+    def __init__(self, out_dir: Path):
+        self.dir, self.made = out_dir, not out_dir.exists()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            fail(f"--out {out_dir} is in use by another `vivace sft train`; wait for it to end, or give another --out")
+
+    def release(self) -> None:
+        if self.made:
+            with contextlib.suppress(OSError):  # not empty: what the run wrote stays
+                self.dir.rmdir()
+        os.close(self.fd)
+
+    def __enter__(self) -> _OutLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 def _check_fresh_run_dir(out_dir: Path) -> None:
     """Exit 2 unless `sft train --out` is new or empty. What a run stopped before its first save left (its
     log, a first save cut short in OUT/.saving) is removed, with a note: the rerun its own message advises
     must not be refused. A directory with a model is pointed at --init."""
     if out_dir.is_dir() and not (out_dir / "config.json").is_file():
-        left = {p.name for p in out_dir.iterdir()}
-        if left and left <= _BEFORE_FIRST_SAVE:
-            shutil.rmtree(out_dir / ".saving", ignore_errors=True)
-            for name in left - {".saving"}:
-                (out_dir / name).unlink(missing_ok=True)
+        entries = list(out_dir.iterdir())
+        # By kind too: a directory the user named train_log.jsonl is not a leftover to unlink.
+        left = [p for p in entries if p.name in _BEFORE_FIRST_SAVE and p.is_dir() == (p.name == ".saving")]
+        if entries and len(left) == len(entries):
+            for p in left:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
             err.print(f"[yellow]note:[/] removed what a run stopped before its first save left in "
-                      f"{escape(str(out_dir))} ({', '.join(sorted(left))})")  # fmt: skip
+                      f"{escape(str(out_dir))} ({', '.join(sorted(p.name for p in left))})")  # fmt: skip
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     if (out_dir / "config.json").is_file():

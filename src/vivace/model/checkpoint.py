@@ -706,12 +706,20 @@ def ship_checkpoint(
     """Copies a trained checkpoint into the package as `tiny` (weights rounded to `dtype`: half the
     bytes of fp32, and `load_model` computes in fp32 again), with `warm_start.json` saying where it
     came from (its `sft train` summary, `recipe` in words, and the record of what it replaces, as
-    "previous"). Returns that record. Replaces what `dest` held; on any error `dest` is left as it was.
-    ValueError for a run that stopped short of its budget (unless `allow_unfinished`) or an unreadable
-    summary, before anything is written."""
+    "previous"). Returns that record. Replaces the checkpoint `dest` held; on any error `dest` is left as
+    it was. ValueError, before anything is written, for a `dest` that holds anything but a checkpoint
+    (or holds `source`), a run that stopped short of its budget (unless `allow_unfinished`) or an
+    unreadable summary."""
     import shutil
 
     source = Path(source)
+    old, tmp = dest.with_name(dest.name + ".old"), dest.with_name(dest.name + ".new")
+    if source.resolve().is_relative_to(dest.resolve()):
+        raise ValueError(f"{source} is inside --dest {dest}, which shipping replaces; ship it into another directory")
+    for path in (dest, old, tmp):  # each is removed or replaced below: only a checkpoint's own files may go
+        if problem := _not_replaceable(path):
+            raise ValueError(f"{path} {problem}; shipping replaces it, so give --dest a new directory or a "
+                             "checkpoint directory to replace")  # fmt: skip
     sft_summary = _read_record(source / "sft_summary.json")
     if sft_summary is not None and sft_summary.get("finished") is not True and not allow_unfinished:
         at = f"step {sft_summary.get('step')}" + (f" of {p}" if (p := sft_summary.get("planned_steps")) else "")
@@ -721,7 +729,6 @@ def ship_checkpoint(
     previous = _read_record(dest / "warm_start.json")
     loaded = load_model(str(source))
     model = loaded.model.to(dtype)
-    tmp = dest.with_name(dest.name + ".new")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         save_checkpoint(model, loaded.tokenizer, tmp)
@@ -744,7 +751,6 @@ def ship_checkpoint(
         # The old one aside, the new one in, then the old one removed: a kill at any point leaves a whole
         # checkpoint at dest or beside it (spec.initialised refuses a missing one with one beside it), where
         # removing dest first and then renaming left `--model tiny` the untrained model, silently.
-        old = dest.with_name(dest.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         if dest.exists():
             dest.rename(old)
@@ -754,6 +760,24 @@ def ship_checkpoint(
         raise
     shutil.rmtree(old, ignore_errors=True)
     return record
+
+
+def _not_replaceable(path: Path) -> str | None:
+    """Why `ship_checkpoint` must not remove `path`, or None: nothing there, an empty directory, or a
+    checkpoint (config.json, beside files and the tokenizer's additional_chat_templates/ only), such as
+    an earlier ship or one a killed ship left beside it. A user's own directory given as --dest was
+    removed whole, the checkpoint being shipped with it when it lay inside."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    if path.is_symlink() or not path.is_dir():
+        return "is not a directory"
+    entries = list(path.iterdir())
+    if not entries:
+        return None
+    if not (path / "config.json").is_file():
+        return "holds files and is not a checkpoint (no config.json)"
+    others = [e.name for e in entries if not (e.is_file() or e.name == "additional_chat_templates")]
+    return f"holds more than a checkpoint ({', '.join(sorted(others)[:3])})" if others else None
 
 
 def _read_record(path: Path) -> dict | None:

@@ -94,7 +94,7 @@ def reference_tokenizer() -> PreTrainedTokenizerBase:
     if missing:
         raise FileNotFoundError(
             f"the reference tokenizer is incomplete: {', '.join(missing)} missing from {REFERENCE_DIR}; "
-            "rebuild it with `vivace tokenizer train` (writes there by default)"
+            "the install is damaged: reinstall vivace (in a checkout, `git checkout -- src/vivace/model/assets`)"
         )
     from transformers import AutoTokenizer  # imports torch: only when loading
 

@@ -177,8 +177,12 @@ def argument_values(
     start: int = 1,
 ) -> Iterator[tuple[str, int, int]]:
     """(argument name, first, last) token positions of every string value of `arguments` that the
-    assistant wrote (loss_mask 1) in a tool call; `last` is the token holding the closing quote."""
+    assistant wrote (loss_mask 1) in a tool call; `last` is the token holding the closing quote.
+    A value whose closing quote is not in the same trained run (the turn ends first) is left out:
+    cut short, a drill would train on part of it and the eval would score part of it as the whole.
+    Linear in len(ids): values do not overlap, and an unclosed one leaves no key after it in its run."""
     keys = tuple(f'"{name}": "' for name in arguments)
+    run_end = 0  # the end (exclusive) of the trained run holding s
     for s in range(max(start, 1), len(ids)):
         if not mask[s] or mask[s - 1] == 0:
             continue
@@ -186,13 +190,25 @@ def argument_values(
         key = next((k for k in keys if before.endswith(k)), None)
         if key is None:
             continue
-        e = s  # the value ends with the token that closes the string (an escaped quote does not)
-        while e < len(ids) - 1 and e - s < 64 and not _closes(decode(ids[e - 1 : e]), decode([ids[e]])):
-            e += 1
-        yield key[1 : key.index('"', 1)], s, e
+        run_end = max(run_end, s)
+        while run_end < len(ids) and mask[run_end]:
+            run_end += 1
+        e = _closing_quote(ids, s, run_end, decode)
+        if e is not None:
+            yield key[1 : key.index('"', 1)], s, e
 
 
-def _closes(before: str, token: str) -> bool:
-    """Whether `token` (decoded; `before`: the text just before it) holds an unescaped quote."""
-    text = before + token
-    return any(text[j] == '"' and text[j - 1 : j] != "\\" for j in range(len(before), len(text)))
+def _closing_quote(ids: list[int], s: int, end: int, decode: Callable[[list[int]], str]) -> int | None:
+    """The position in [s, end) of the token holding the quote that closes a JSON string whose text
+    starts at token `s` (a quote after an odd run of backslashes is escaped); None when none does.
+    Token by token: a quote or backslash is one byte, never part of another character's bytes."""
+    escaped = False
+    for e in range(s, end):
+        for ch in decode([ids[e]]):
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                return e
+    return None

@@ -28,10 +28,11 @@ checking the renamed code still runs (nothing executes it; the tool results are 
 from __future__ import annotations
 
 import json
+import keyword
 import random
 import re
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,6 @@ def name_pool(limit: int = 20_000) -> list[str]:
             continue
         if len(words) >= limit:
             break
-    import keyword
-
     return sorted(words - held_out_words() - set(keyword.kwlist) - {"tests", "test", "core", "util", "report"})
 
 
@@ -77,14 +76,45 @@ def read_expert_rows(path: Path) -> list[dict[str, Any]]:
             keys = ", ".join(sorted(row)[:4]) or "none"
             raise SftDataError(f'{where}: no "messages" (keys: {keys}); augment reads the expert episodes that '
                                "`vivace sft data` writes, not rendered training rows")  # fmt: skip
+        if not isinstance(row.get("task_id"), str | None):
+            raise SftDataError(f'{where}: "task_id" must be a string (the task the episode solves) or null, '
+                               f"got {type(row['task_id']).__name__}")  # fmt: skip
         try:
-            messages_from_openai(row["messages"], where=f"{where}: messages")
+            check_characters(messages_from_openai(row["messages"], where=f"{where}: messages"), f"{where}: messages")
         except ValueError as e:
             raise SftDataError(str(e)) from None
         rows.append(row)
     if not rows:
         raise SftDataError(f"{path}: no episodes (the file is empty)")
     return rows
+
+
+def check_characters(messages: list[Message], where: str = "messages") -> None:
+    """A ValueError naming the first field that holds a lone surrogate (JSON's "\\ud800" outside a
+    pair). `messages_from_openai` keeps them (the server refuses them itself), but no UTF-8 spells
+    one, so the tokenizer would fail on it halfway through the run instead of naming the line."""
+    for i, m in enumerate(messages):
+        fields = {"content": m.content, "name": m.name, "tool_call_id": m.tool_call_id}
+        for j, c in enumerate(m.tool_calls):
+            at = f"tool_calls[{j}]"
+            fields |= {f"{at}.id": c.id, f"{at}.function.name": c.name, f"{at}.function.arguments": c.arguments}
+        for field, value in fields.items():
+            try:
+                json.dumps(value, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"{where}[{i}].{field} holds a lone surrogate (a \\ud800-\\udfff escape outside "
+                                 "a pair), which is no character and cannot be tokenized; remove it from the line"
+                                 ) from None  # fmt: skip
+
+
+def check_package_names(names: Iterable[str]) -> None:
+    """A ValueError for the first of `names` (`--package`) that cannot name a Python package: the
+    name goes into every path (`NAME/core.py`) and import of the renamed episode, so an empty name
+    wrote `/core.py`, and `a-b`, `a.b` or `1x` wrote code that cannot import."""
+    for name in names:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise ValueError(f"--package {name!r} is not a Python package name; give an identifier "
+                             "(letters, digits and _, not starting with a digit, not a keyword), e.g. lighthouse")  # fmt: skip
 
 
 def package_of(messages: list[dict[str, Any]]) -> str | None:
@@ -324,6 +354,7 @@ def augment_episodes(
     `letters_share`: the share of invented names that are random letters (`random_letters`).
     `packages`: the package's new name is one of these words (e.g. a probe of how well a model copies
     names of a kind it never trained on); the other renamed words are drawn as usual."""
+    check_package_names(packages or ())
     rng = random.Random(seed)
     pool = name_pool()
     for n, row in enumerate(rows, 1):
@@ -331,7 +362,7 @@ def augment_episodes(
         old = package_of(row.get("messages") or [])
         if old is None:
             continue
-        messages = [Message.from_openai(m) for m in row["messages"]]
+        messages = messages_from_openai(row["messages"])  # as checked: content parts joined, developer as system
         theme = theme_of(row.get("task_id")) if theme_names else None
         for _ in range(variants):
             if theme is not None:

@@ -306,7 +306,10 @@ def evaluate_checkpoint(model_name: str, data: Path, seq_len: int = 16384, threa
     if not kept:
         raise SftDataError(_none_usable(episodes, longest, [Path(data)], "assistant"))
     result = evaluate(model, kept, seq_len, argument_spans(kept, tokenizer.decode))
-    return {"model": model_name, "data": str(data), "episodes": len(kept), **result}
+    # What was left out, counted: models of other contexts would otherwise score other subsets unremarked.
+    too_long = sum(len(e.ids) > longest for e in episodes)
+    return {"model": model_name, "data": str(data), "episodes": len(kept), "read": len(episodes),
+            "too_long": too_long, "untrained": len(episodes) - len(kept) - too_long, **result}  # fmt: skip
 
 
 def _none_usable(episodes: list[Episode], longest: int, files: list[Path], objective: str) -> str:
@@ -332,15 +335,20 @@ def lr_at(step: int, progress: float, lr: float, warmup: int, min_lr_ratio: floa
 
 
 def pick_device(device: str) -> torch.device:
-    """`auto`: the GPU when torch sees one, else the CPU; otherwise the named torch device."""
+    """`auto`: the GPU when torch sees one, else the CPU; otherwise cpu, cuda or cuda:N, checked against
+    what torch sees here (training is written for those two: meta, mps or xpu failed mid-setup)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"--device {device}: not a torch device; use auto, cpu, cuda or cuda:N") from None
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: torch sees no CUDA GPU here; use --device cpu (or auto)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) here (cuda:0 ...)")
     return dev
 
 
