@@ -120,3 +120,32 @@ def test_eval_checks_every_file_first_and_says_what_it_left_out(tmp_path):
     said = _said(result)
     assert result.exit_code == 0 and "1 of 3 episodes of" in said and "1 longer than the context" in said, said
     assert "2 of 3" in said
+
+
+def test_a_null_loss_mask_is_refused_not_read_as_train_everything(tmp_path):
+    """`"loss_mask": null` trained every token (425 of 430) without a word; only a missing key means that."""
+    from vivace.rl.sft_train import SftDataError, read_episodes
+
+    row = _episodes(1)[0]
+    _write(tmp_path / "d.jsonl", [row, {**row, "loss_mask": None}])
+    with pytest.raises(SftDataError, match=r'd.jsonl:2: "loss_mask" is null; give one 0/1 per id, or drop the key'):
+        read_episodes(tmp_path / "d.jsonl", 4096)
+    _write(tmp_path / "d.jsonl", [{"ids": row["ids"]}])
+    assert len(read_episodes(tmp_path / "d.jsonl", 4096)) == 1
+
+
+def test_a_stopped_run_says_which_rate_to_train_on_from_it_with(tmp_path, monkeypatch):
+    """The stop message advised --init OUT, whose default rate for trained weights is 20x below the
+    from-scratch one: a continued tiny-init run silently trained on at 1e-4, with a new warmup."""
+    import vivace.rl.sft_train as sft_train
+
+    monkeypatch.setattr(sft_train, "train_sft", lambda *a, **k: {"stopped_by": "interrupted", "step": 3,
+                        "counts": {"too_long": 0, "untrained": 0}})  # fmt: skip
+    data = _write(tmp_path / "d.jsonl", _episodes(2))
+    result = CliRunner().invoke(app, ["sft", "train", "--data", str(data), "--out", str(tmp_path / "o"),
+                                      "--init", "tiny-init", "--json"])  # fmt: skip
+    said = _said(result)
+    assert (
+        result.exit_code == 130
+        and f"give --init {tmp_path / 'o'}, --lr 0.002 (a checkpoint's default is 0.0001)" in (said)
+    ), said

@@ -712,8 +712,9 @@ def sft_train(
         out.print_json(json.dumps(result))
     if result["stopped_by"] == "interrupted":
         raise stopped_by_signal(received, f"after step {result['step']}{f' of {steps}' if steps else ''}, the "
-                                f"checkpoint so far is in {out_dir}; to train on from it, give --init {out_dir} and "
-                                "a new --out (the optimizer state is not saved)")  # fmt: skip
+                                f"checkpoint so far is in {out_dir}; to train on from it, give --init {out_dir}, "
+                                f"--lr {lr:g} (a checkpoint's default is {CONTINUE_LR:g}) and a new --out (the "
+                                "optimizer state is not saved)")  # fmt: skip
 
 
 # What `sft train` writes in --out before its first save: a run that failed or was killed before it (a

@@ -136,6 +136,9 @@ def read_episodes(path: Path, vocab_size: int, turn_start: int | None = None) ->
             raise SftDataError(f"{where}: token id {bad} is outside the vocabulary (0..{vocab_size - 1}); "
                                "render the data with this model's tokenizer (`vivace sft data --model`)")  # fmt: skip
         mask = row.get("loss_mask")
+        if mask is None and "loss_mask" in row:  # a writer that lost its mask, more likely than a wish to train all
+            raise SftDataError(f'{where}: "loss_mask" is null; give one 0/1 per id, or drop the key to train on '
+                               "every token")  # fmt: skip
         if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids)
                                  or any(type(m) is not int or m not in (0, 1) for m in mask)):  # fmt: skip
             got = f"{len(mask)} entries" if isinstance(mask, list) else type(mask).__name__
