@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -45,6 +44,7 @@ from vivace.cli import (
     sigterm_interrupts,
     stopped_by_signal,
 )
+from vivace.locks import try_lock
 
 sft_app = typer.Typer(help="Supervised warm start: expert data, training.", no_args_is_help=True)
 app.add_typer(sft_app, name="sft")
@@ -101,9 +101,7 @@ def _locked_partial(partial: Path, path: Path) -> TextIO:
     had written it). A partial left by a killed run holds no lock and is started over."""
     while True:
         f = partial.open("a")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_lock(f):
             f.close()
             fail(f"another command is writing {path} now ({partial} is in use); wait for it to end, or give "
                  "another --out")  # fmt: skip
@@ -732,9 +730,7 @@ class _OutLock:
         self.dir, self.made = out_dir, not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_lock(self.fd):
             os.close(self.fd)
             fail(f"--out {out_dir} is in use by another `vivace sft train`; wait for it to end, or give another --out")
 

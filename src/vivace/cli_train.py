@@ -600,10 +600,8 @@ def report_command(
         fail(str(e))
     received: list[int] = []
     try:
-        with (
-            lock,
-            sigterm_interrupts(received),
-        ):  # SIGTERM as Ctrl-C: the earlier report is put back, not left moved away
+        # SIGTERM as Ctrl-C: the earlier report is put back, not left moved away
+        with lock, sigterm_interrupts(received):
             report, path = _evaluate(cfg, run_dir.resolve(), chosen)
     except ValueError as e:  # a checkpoint that cannot be loaded (damaged, of a model the engine cannot run)
         with contextlib.suppress(OSError):

@@ -18,12 +18,19 @@ class Locked(Exception):
         self.holder = holder
 
 
-def lock_exclusively(path: Path) -> IO[str]:
-    """The open file `path`, exclusively locked and holding this process's pid; Locked when another holds it."""
-    f = path.open("a+")
+def try_lock(f: IO | int) -> bool:
+    """An exclusive flock on the open file or descriptor `f`, without waiting: False when another holds it."""
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        return False
+    return True
+
+
+def lock_exclusively(path: Path) -> IO[str]:
+    """The open file `path`, exclusively locked and holding this process's pid; Locked when another holds it."""
+    f = path.open("a+")
+    if not try_lock(f):
         f.seek(0)
         holder = f.read().strip() or "unknown"
         f.close()

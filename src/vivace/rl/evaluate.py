@@ -262,9 +262,8 @@ def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: 
     # The rows of the steps the evaluated checkpoint holds: a run killed after a step's row but before its
     # checkpoint has rows the trained policy never saw.
     trained = checkpoint_step(Path(roles["after"]))
-    curves = training_curves(run_dir / "metrics.jsonl")
-    later = [c for c in curves if trained is not None and c["step"] > trained]
-    curves = [c for c in curves if c not in later]
+    every = training_curves(run_dir / "metrics.jsonl")
+    curves = [c for c in every if trained is None or c["step"] <= trained]
     return {
         "run": run_dir.name,
         "run_dir": str(run_dir),
@@ -276,7 +275,7 @@ def build_report(run_dir: Path, roles: dict[str, str], tasks: list[Task], rows: 
         "paired": paired(rows, roles["before"], roles["after"]),
         "curves": curves,
         "training": {"steps": len(curves), "first": curves[0] if curves else None, "last": curves[-1] if curves else None,
-                     "supervised": supervised_term(run_dir), "steps_after_checkpoint": len(later)},
+                     "supervised": supervised_term(run_dir), "steps_after_checkpoint": len(every) - len(curves)},
         "eval_seconds": seconds,
     }  # fmt: skip
 

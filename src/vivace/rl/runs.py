@@ -29,7 +29,7 @@ def run_path(cfg: VivaceConfig, name: str | None) -> Path:
     train.runs_dir (absolute, `..`) or is it."""
     name = name or time.strftime("train-%Y%m%d-%H%M%S")
     parts = Path(name).parts
-    if not parts or Path(name).is_absolute() or ".." in parts or all(p == "." for p in parts):
+    if not parts or Path(name).is_absolute() or ".." in parts:  # "." and "./." have no parts
         raise ValueError(f"--name {name!r}: give a name for a directory under train.runs_dir "
                          f"({cfg.train.runs_dir}), e.g. --name exp1; to put runs elsewhere, set train.runs_dir")  # fmt: skip
     return _untaken((cfg.train.runs_dir / name).resolve())  # absolute: actors write into it from their own cwd
