@@ -5,6 +5,10 @@ errors that say what to do, and the long benchmarks (slow): `index bench` at a s
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -94,6 +98,63 @@ def test_terminal_escapes_in_a_repository_are_shown_not_obeyed(tmp_path):
     assert code == 0, out
     assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, repr(out)
     assert "evil\\x1b[2Jname.py:1-2 (payload_marker)" in out and "\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m" in out, out
+
+
+def test_a_newline_in_a_file_name_stays_on_its_result_line(tmp_path):
+    """A file named "a\\n9999 fake" printed raw split the header into a line that read as a line of code."""
+    repo, cache = tmp_path / "repo", str(tmp_path / "cache")
+    repo.mkdir()
+    (repo / "real\n9999  import os\tx.py").write_text("def payload_marker():\n    return 1\n")
+    code, out = invoke("index", "search", "payload_marker", "--repo", str(repo), "--cache-dir", cache, "--mode", "bm25")
+    assert code == 0, out
+    assert out.splitlines()[0].startswith("real\\n9999  import os\\tx.py:1-2 (payload_marker)  "), out
+    assert len(out.splitlines()) == 3, out  # the header and the two lines of the chunk
+
+
+def _bogus_model(tmp_path):
+    model = tmp_path / "bogus_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # looks like a model until it loads
+    return str(model)
+
+
+def test_a_broken_model_over_a_saved_index_says_so(tmp_path):
+    """The saved index of a repository asks the model for its width when it is read: a model that does
+    not load gave a 190-line traceback there (exit 1) instead of the message a first build gives."""
+    repo, cache = tmp_path / "repo", str(tmp_path / "cache")
+    repo.mkdir()
+    (repo / "src.py").write_text("def f():\n    pass\n")
+    assert invoke("index", "build", "--repo", str(repo), "--cache-dir", cache)[0] == 0
+    code, out = invoke(
+        "index", "search", "f", "--repo", str(repo), "--cache-dir", cache, "--model", _bogus_model(tmp_path)
+    )
+    assert code == 2 and "could not load the embedding model" in out and "Traceback" not in out, out
+
+
+def test_index_bench_with_a_broken_model_says_so(tmp_path):
+    code, out = invoke("index", "bench", "--files", "2", "--chunks", "2", "--workspaces", "1",
+                       "--model", _bogus_model(tmp_path))  # fmt: skip
+    assert code == 2 and "could not load the embedding model" in out, out
+
+
+def test_sigterm_stops_index_bench_and_removes_its_temporary_directory(tmp_path):
+    """`timeout` (SIGTERM) killed the bench outright, leaving its synthetic repositories in /tmp."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vivace", "index", "bench", "--files", "400", "--chunks", "4000", "--workspaces", "2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stderr:  # the run is under way once it says what it measures first
+            if "localization" in line:
+                break
+        assert list(tmp_path.glob("vivace-index-bench-*")), "the bench made no temporary directory under TMPDIR"
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in rest, rest
+    assert not list(tmp_path.glob("vivace-index-bench-*"))
 
 
 def test_index_errors(tmp_path):

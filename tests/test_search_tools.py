@@ -349,6 +349,20 @@ def test_visible_escapes_every_control_but_newline_and_tab():
     assert colour_diff("+a\x1b[2J\r\n-b\x0cc\n").plain == "+a\\x1b[2J\\r\n-b\\x0cc\n"
 
 
+def test_the_apply_report_lists_each_path_on_one_line():
+    """A path holding a newline ("a\\n  b.py") printed raw read as two paths applied."""
+    from vivace.harness.display import print_apply_report
+    from vivace.sandbox.apply import ApplyReport
+
+    buf = io.StringIO()
+    report = ApplyReport(applied=["ok.py", "a\n  b.py"], left={"c\td.py": "binary"})
+    print_apply_report(Console(file=buf, width=300), report, "/repo\nx", stopped=True)
+    assert buf.getvalue().splitlines() == [
+        "stopped while applying; changed in /repo\\nx before the stop:", "  ok.py", "  a\\n  b.py",
+        "not applied (the diff above has them):", "  c\\td.py: binary", "the rest of the diff above is not applied",
+    ]  # fmt: skip
+
+
 def test_a_huge_diff_is_shown_cut_with_a_note():
     """`rm -rf` of a large directory plus one edit in a minified bundle printed a 3.5 MB diff whole."""
     from vivace.harness.display import SHOWN_LINE_CHARS

@@ -26,6 +26,7 @@ from vivace.cli import (
     fail,
     out,
     print_json,
+    run_cancelling_on_sigterm,
     seed_in_range,
     sigterm_interrupts,
     stopped_by_signal,
@@ -95,7 +96,8 @@ def _open(indexer, repo: Path, quiet: bool, share: bool = True):
     from vivace.search.tree import DirectorySource
 
     if share and (last := indexer.store.last_root(repo)):
-        indexer.store.get(last)  # in memory now: a changed tree reuses it with an overlay
+        with _model_errors():  # loading a saved base asks the model for its width
+            indexer.store.get(last)  # in memory now: a changed tree reuses it with an overlay
     progress = LoggedProgress(quiet=quiet, transient=True)
     tasks: dict[str, Any] = {}  # stage -> its own task: a finished stage's count never hides the next one's
     stop = threading.Event()
@@ -165,7 +167,7 @@ def index_search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search DIR's index (built or brought up to date first)."""
-    from vivace.harness.display import visible
+    from vivace.harness.display import visible, visible_line
     from vivace.search.types import MODES, quote_query
 
     if mode not in MODES:
@@ -184,8 +186,8 @@ def index_search(
     for h in hits:
         # A repository's text is shown with its control characters as escapes (`visible`): a file holding
         # ESC sequences must not drive the terminal of whoever searches it.
-        symbol = f" ({escape(visible(h.symbol))})" if h.symbol else ""
-        out.print(f"[bold]{escape(visible(h.path))}:{h.start_line}-{h.end_line}[/]{symbol}  [dim]{h.score:.4f}[/]",
+        symbol = f" ({escape(visible_line(h.symbol))})" if h.symbol else ""
+        out.print(f"[bold]{escape(visible_line(h.path))}:{h.start_line}-{h.end_line}[/]{symbol}  [dim]{h.score:.4f}[/]",
                   highlight=False)  # fmt: skip
         first = h.snippet_line or h.start_line
         for i, line in enumerate(h.snippet.split("\n")):
@@ -211,7 +213,14 @@ def index_bench(
     if cache_dir is not None:
         check_out(cache_dir, directory=True, option="--cache-dir")
     cfg = _config(model, None).model_copy(update={"cache_dir": cache_dir})
-    result = asyncio.run(run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{escape(s)}[/]")))
+    received: list[int] = []  # SIGTERM cancels the run as Ctrl-C does, so its temporary directory is removed
+    try:
+        with _model_errors():
+            result = run_cancelling_on_sigterm(
+                received, run_bench(cfg, files, chunks, workspaces, say=lambda s: err.print(f"[dim]{escape(s)}[/]"))
+            )
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise stopped_by_signal(received, "nothing was measured to the end; no result is printed") from None
     if as_json:
         print_json(result)
         return

@@ -37,6 +37,12 @@ def visible(text: str) -> str:
     return _CONTROL.sub(lambda m: "\\r" if m.group() == "\r" else f"\\x{ord(m.group()):02x}", text)
 
 
+def visible_line(text: str) -> str:
+    """`visible(text)` with \\n and \\t escaped too: a name (a path, a symbol) shown on one line of a
+    listing, where a newline in a file's name would otherwise start a line that looks like another entry."""
+    return visible(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 class EpisodePrinter:
     """An observer for `run_episode` that prints to a rich console."""
 
@@ -109,11 +115,11 @@ class EpisodePrinter:
 def print_apply_report(console: Console, report: ApplyReport, repo: object, stopped: bool = False) -> None:
     """What applying the diff did to `repo`: each path left as it was and why, the paths merged
     with the developer's own edits and, when a Ctrl-C `stopped` it part-way, the paths it changed."""
-    where, left = escape(visible(str(repo))), len(report.left)
+    where, left = escape(visible_line(str(repo))), len(report.left)
     if stopped:
         console.print(f"[yellow]stopped while applying[/yellow]; changed in {where} before the stop:")
         for path in report.applied:
-            console.print(f"  {escape(visible(path))}")
+            console.print(f"  {escape(visible_line(path))}")
     elif left:
         total = len(report.applied) + left
         console.print(f"[yellow]applied {total - left} of {total} paths to {where}[/yellow]")
@@ -122,11 +128,11 @@ def print_apply_report(console: Console, report: ApplyReport, repo: object, stop
     if left:
         console.print("not applied (the diff above has them):")
     for path, why in report.left.items():
-        console.print(f"  {escape(visible(path))}: {escape(visible(why))}")
+        console.print(f"  {escape(visible_line(path))}: {escape(visible(why))}")
     if report.merged:
         console.print("merged with the changes made there while the agent ran:")
         for path in report.merged:
-            console.print(f"  {escape(visible(path))}")
+            console.print(f"  {escape(visible_line(path))}")
     if stopped:
         console.print("[yellow]the rest of the diff above is not applied[/yellow]")
 
