@@ -12,9 +12,9 @@ from vivace.tasks.format import RepoSpec, Task, TaskFormatError, TestSpec, load_
 from vivace.tasks.select import read_pass_rates, select_tasks
 
 
-def _task(task_id: str, family: str = "f") -> Task:
+def _task(task_id: str, family: str = "f", split: str = "train") -> Task:
     return Task(id=task_id, repo=RepoSpec(bundled="_blank"), request="fix it", tests=TestSpec(fail_to_pass=["t.py"]),
-                metadata={"split": "train", "family": family})  # fmt: skip
+                metadata={"split": split, "family": family})  # fmt: skip
 
 
 def _rows(path, outcomes: dict[str, list[bool]], model: str = "tiny") -> None:
@@ -107,3 +107,21 @@ def test_cli_writes_a_train_suite(tmp_path):
     out.unlink()
     r = CliRunner().invoke(app, [*args, "--min-solved", "3"])
     assert r.exit_code == 1 and "no task meets the bounds" in r.output and not out.exists()
+
+
+def test_cli_split_all_selects_over_every_split(tmp_path):
+    """`--split all` was refused as an unknown split although the command's own messages name it."""
+    suite = tmp_path / "suite.jsonl"
+    save_jsonl([_task("t1"), _task("t2", split="test"), _task("t3", split="validation")], suite)
+    results = tmp_path / "results.jsonl"
+    _rows(results, {"t1": [True, False], "t2": [True, False], "t3": [False, False]})
+    out = tmp_path / "pool.jsonl"
+    args = ["tasks", "select", "--results", str(results), "--suite", str(suite), "--out", str(out)]
+    r = CliRunner().invoke(app, [*args, "--split", "all", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tasks"] == 3 and [t.id for t in load_jsonl(out)] == ["t1", "t2"]
+    r = CliRunner().invoke(app, args)  # train only, by default: the other measured tasks are named
+    assert r.exit_code == 0 and [t.id for t in load_jsonl(out)] == ["t1"], r.output
+    assert "2 measured tasks are not in" in r.output and "(train)" in r.output, r.output
+    r = CliRunner().invoke(app, [*args, "--split", "dev"])
+    assert r.exit_code == 2 and "unknown split 'dev'" in r.output, r.output

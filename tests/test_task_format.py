@@ -485,6 +485,32 @@ def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, bundled, swe):
     assert SEPARATORS in load_swebench_jsonl(swe_path, {"acme/calc": swe.clone})[0].request
 
 
+def test_a_byte_order_mark_before_the_json_is_dropped(tmp_path, swe):
+    """A JSONL or task.json saved by a Windows editor or PowerShell starts with U+FEFF: every reader
+    refused it ("invalid JSON: Unexpected UTF-8 BOM") on its first line. A BOM inside a hidden file is kept."""
+    from vivace.bench.results import result_rows
+    from vivace.rl.sft_train import jsonl_objects
+
+    def bom_file(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text("\ufeff" + text, encoding="utf-8")
+        return path
+
+    (tmp_path / "repo").mkdir()
+    tasks = bom_file("tasks.jsonl", json.dumps(minimal()) + "\n" + json.dumps(minimal(id="t2")) + "\n")
+    assert [t.id for t in load_jsonl(tasks)] == ["t1", "t2"]
+    root = write_task_dir(tmp_path / "dir" / "t1", minimal(repo={"path": str(tmp_path / "repo")}),
+                          hidden={"tests/test_x.py": "\ufeffdef test_add(): pass\n"})  # fmt: skip
+    (root / "task.json").write_text("\ufeff" + (root / "task.json").read_text(), encoding="utf-8")
+    assert load_task_dir(root).tests.files == {"tests/test_x.py": "\ufeffdef test_add(): pass\n"}
+    swe_path = bom_file("swe.jsonl", json.dumps(swe.record) + "\n")
+    assert [t.id for t in load_swebench_jsonl(swe_path, {"acme/calc": swe.clone})] == ["acme__calc-1"]
+    rows = bom_file("results.jsonl", '{"task_id": "t1", "resolved": true}\n')
+    assert list(result_rows(rows)) == [(1, {"task_id": "t1", "resolved": True})]
+    episodes = bom_file("episodes.jsonl", '{"messages": []}\n{"messages": [1]}\n')
+    assert [row for _, row in jsonl_objects(episodes)] == [{"messages": []}, {"messages": [1]}]
+
+
 async def test_swebench_task_in_sandbox(swe, state_dir):
     """The task's hidden tests fail at the base commit and pass with the reference fix."""
     task = from_swebench(swe.record, swe.clone)

@@ -206,6 +206,14 @@ def test_config_file_errors_keep_their_style(tmp_path):
             load_config("smoke", f)
 
 
+def test_a_config_file_saved_with_a_byte_order_mark_loads(tmp_path):
+    """Notepad and PowerShell start a UTF-8 file with U+FEFF: both formats refused it as bad syntax."""
+    for name, text in [("c.json", '{"train": {"steps": 7}}'), ("c.toml", "[train]\nsteps = 7\n")]:
+        f = tmp_path / name
+        f.write_text("\ufeff" + text, encoding="utf-8")
+        assert load_config("smoke", f).train.steps == 7
+
+
 def _tiny_copy(tmp_path: Path) -> Path:
     import shutil
 

@@ -307,14 +307,15 @@ def tasks_select(
     ],
     out_file: Annotated[Path, typer.Option("--out", help="Tasks file to write (a train.suite).")],
     suite: Annotated[str, typer.Option(help="Suite name or tasks path the results were measured on.")] = "families",
-    split: Annotated[str | None, typer.Option(help="Only this split (train, validation, test).")] = "train",
+    split: Annotated[str, typer.Option(help="Only this split (train, validation, test), or all.")] = "train",
     model: Annotated[str | None, typer.Option(help="Only rows of this policy spec (needed if results mix).")] = None,
     min_solved: Annotated[int, typer.Option(min=0, help="Keep tasks solved at least this often.")] = 1,
     max_rate: Annotated[float, typer.Option(min=0, max=1, help="Keep tasks solved at most this share.")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts per family as JSON.")] = False,
 ) -> None:
-    """Keep the tasks a policy solves sometimes (pass-rate filtering), measured by `vivace bench
-    --samples K`: RL learns only from groups whose rollouts differ in outcome."""
+    """Keep the tasks a policy solved at least --min-solved times and at most --max-rate of the time
+    (pass-rate filtering), measured by `vivace bench --samples K`. RL learns only from groups whose
+    rollouts differ in outcome: a --max-rate below 1 also leaves out the tasks it always solves."""
     from vivace.tasks.format import TaskFormatError, save_jsonl
     from vivace.tasks.select import read_pass_rates, select_tasks
     from vivace.tasks.suites import load_suite
@@ -322,7 +323,7 @@ def tasks_select(
     check_not_an_input(out_file, [*results, Path(suite)])
     check_writable(out_file, directory=False)
     try:
-        tasks = load_suite(suite, split)
+        tasks = load_suite(suite, None if split == "all" else split)
         rates = read_pass_rates(results, model)
     except (ValueError, TaskFormatError) as e:
         fail(str(e))
@@ -350,7 +351,7 @@ def tasks_select(
         "out": str(out_file),
     }
     if not report["measured"]:  # "no task meets the bounds" would send the user lowering them
-        where = f"suite {suite}" + (f", split {split}" if split else "")
+        where = f"suite {suite}" + (f", split {split}" if split != "all" else "")
         fail(f"none of the {len(rates)} tasks in the results is in {where}; give the --suite (and --split) the "
              "results were measured on")  # fmt: skip
     if not chosen:
@@ -365,7 +366,7 @@ def tasks_select(
         out.print(f"{family:>24}: kept {c['kept']:>3} of {c['measured']:>3} measured ({c['tasks']} in the suite)")
     if report["results_not_in_suite"]:
         err.print(
-            f"[yellow]{report['results_not_in_suite']} measured tasks are not in {escape(suite)} ({split or 'all'})[/yellow]"
+            f"[yellow]{report['results_not_in_suite']} measured tasks are not in {escape(suite)} ({split})[/yellow]"
         )
     out.print(f"wrote {len(chosen)} tasks to {out_file}")
 

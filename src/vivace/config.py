@@ -614,7 +614,7 @@ def load_config(preset: str, config_file: Path | None = None) -> VivaceConfig:
             "rename or convert it"
         )
     try:
-        text = config_file.read_bytes().decode("utf-8")
+        text = config_file.read_bytes().decode("utf-8-sig")  # -sig: a byte-order mark (Windows editors) is dropped
     except OSError as e:
         raise ValueError(
             f"{config_file}: cannot read it ({e.strerror}); give the path of a .json or .toml file"

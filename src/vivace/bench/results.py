@@ -14,7 +14,7 @@ def result_rows(path: Path, what: str = "benchmark result row") -> Iterator[tupl
     a run's metrics.jsonl). A last line cut short (the process was killed while writing it) is left
     out; any other line that is not a JSON object raises ValueError naming the file and line. Reading
     errors (OSError, UnicodeDecodeError) are the caller's."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = path.read_text(encoding="utf-8-sig").split("\n")  # -sig: a byte-order mark is dropped
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -192,7 +192,7 @@ def jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         for n, raw in enumerate(f, 1):
             where = f"{path}:{n}"
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # -sig: a byte-order mark is dropped
             except UnicodeDecodeError as e:
                 raise SftDataError(f"{where}: not UTF-8 text (byte {e.start} of the line)") from None
             if not line.strip():

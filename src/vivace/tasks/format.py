@@ -43,6 +43,7 @@ class TaskFormatError(ValueError):
 
 
 SPLITS = ("train", "validation", "test")  # a task's metadata `split`
+BOM = "\ufeff"  # a byte-order mark some editors put before JSON; JSON readers may drop it, and these do
 
 
 def check_split(split: str | None) -> None:
@@ -235,7 +236,7 @@ def load_task_dir(path: str | Path) -> Task:
     root = Path(path)
     spec = root / "task.json"
     try:
-        data = json.loads(_read(spec))
+        data = json.loads(_read(spec).removeprefix(BOM))
     except json.JSONDecodeError as e:
         raise TaskFormatError(f"{spec}: invalid JSON: {e}") from None
     if isinstance(data, dict):
@@ -262,7 +263,7 @@ def _jsonl_with_origins(p: Path) -> tuple[list[Task], list[str]]:
     tasks, origins = [], []
     # Lines end at "\n" only: JSON strings may hold U+2028, U+2029 and U+0085 unescaped (json.dumps with
     # ensure_ascii=False writes them), which str.splitlines() would break a record at.
-    for n, line in enumerate(_read(p).split("\n"), 1):
+    for n, line in enumerate(_read(p).removeprefix(BOM).split("\n"), 1):
         if not line.strip():
             continue
         try:

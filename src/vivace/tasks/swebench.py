@@ -158,7 +158,7 @@ def load_repo_runs(path: str | Path) -> dict[str, RepoRun]:
     """A JSON object from "owner/name" to a RepoRun ({"test_command", "setup", "env"})."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as e:
         raise TaskFormatError(f"{p}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
@@ -200,7 +200,9 @@ def load_swebench_jsonl(
     (`_with_repo_run`); `progress(done, total)` is called after each record."""
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").split("\n")  # not splitlines(): U+2028 may sit inside a string
+        # utf-8-sig: a byte-order mark (Windows editors, PowerShell) is dropped. Not splitlines(): U+2028 may
+        # sit inside a string.
+        lines = p.read_text(encoding="utf-8-sig").split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise TaskFormatError(f"{p}: cannot read: {e}") from None
     tasks: list[Task] = []
