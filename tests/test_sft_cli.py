@@ -177,6 +177,10 @@ def test_copies_augment_drills_refuse_counts_that_make_nothing(tmp_path):
                        (["copies", "--repeats", "0"], "--repeats"),
                        (["copies", "--n", "2", "--vocab", "300:999999"], "ids 0..4095 only"),
                        (["copies", "--n", "2", "--vocab", "abc"], "give LO:HI"),
+                       # random ids that include <|im_end|> and <tool_call> teach the model to write them anywhere
+                       (["copies", "--n", "2", "--vocab", "0:300"], "control tokens (0 <|im_start|>, 1 <|im_end|>, "
+                        "2 <tool_call>, 3 </tool_call> and 3 more); give a LO:HI without them, e.g. 7:300"),
+                       (["copies", "--n", "2", "--vocab", "6:7"], "(6 <|endoftext|>); give a LO:HI without them"),
                        (["augment", "--data", str(data), "--variants", "0"], "--variants"),
                        (["drills", "--data", str(data), "--window", "-5"], "--window")):  # fmt: skip
         out = tmp_path / "out.jsonl"

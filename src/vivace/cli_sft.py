@@ -353,7 +353,8 @@ def sft_copies(
         from vivace.model.checkpoint import load_tokenizer
         from vivace.rl.copying import LOOKBACK_SPAN, copy_sequences, lookback_sequences, name_pieces, system_opening
 
-        vocab_size = len(load_tokenizer(model))
+        tokenizer = load_tokenizer(model)
+        vocab_size = len(tokenizer)
         pool = name_pieces(model) if vocab == "pieces" else None
         if pool is not None and lookback is None:
             raise ValueError("--vocab pieces goes with --lookback")
@@ -363,6 +364,16 @@ def sft_copies(
         if hi > vocab_size:
             raise ValueError(f"--vocab {vocab}: {model}'s tokenizer has ids 0..{vocab_size - 1} only; keep HI <= "
                              f"{vocab_size} (ids past it cannot be trained)")  # fmt: skip
+        # The chat's control tokens (<|im_end|>, <tool_call>, ...) drawn as random text would teach the model
+        # to write them anywhere, ending turns and opening calls at random.
+        # (`pieces` are pieces of names, never control tokens.)
+        if pool is None and (control := sorted(i for i in tokenizer.added_tokens_decoder if lo <= i < hi)):
+            names = ", ".join(f"{i} {tokenizer.convert_ids_to_tokens(i)}" for i in control[:4])
+            more = f" and {len(control) - 4} more" if len(control) > 4 else ""
+            above, below = (max(control) + 1, hi), (lo, min(control))
+            instead = next((f", e.g. {a}:{b}" for a, b in (above, below) if a < b), "")
+            raise ValueError(f"--vocab {vocab}: holds the chat's control tokens ({names}{more}); give a LO:HI "
+                             f"without them{instead}")  # fmt: skip
         gap = span("--filler", filler)
         if not 0 <= gap[0] <= gap[1]:
             raise ValueError(f"--filler must be LO:HI with 0 <= LO <= HI, got {filler!r}")
